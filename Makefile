@@ -1,0 +1,43 @@
+# kbd — two commands for a newcomer: `make demo` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v /usr/bin/python3 || command -v python3)
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+DEMO_ROOT ?= .demo
+
+.PHONY: venv demo test lint typecheck unit security bench nightly clean
+
+$(BIN)/kbd: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $@
+
+venv: $(BIN)/kbd
+
+# Build a fresh demo root and show what kbd resolves for the demo consumer.
+demo: venv
+	@bash scripts/demo.sh $(BIN)/kbd $(DEMO_ROOT)
+
+lint: venv
+	$(BIN)/ruff check kbd tests bench
+	$(BIN)/ruff format --check kbd tests bench
+
+typecheck: venv
+	$(BIN)/mypy
+
+# The whole suite: lint, strict types, every test (security suite on the CI hypothesis profile).
+test: lint typecheck
+	$(BIN)/pytest -q
+
+security: venv
+	$(BIN)/pytest -q tests/security
+
+# Longer hypothesis runs for a nightly job.
+nightly: venv
+	HYPOTHESIS_PROFILE=nightly $(BIN)/pytest -q tests/security tests/unit
+
+bench: venv
+	$(BIN)/python bench/registry.py
+
+clean:
+	rm -rf $(VENV) $(DEMO_ROOT) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info

@@ -1,0 +1,3 @@
+from kbd.cli import main
+
+main(prog_name="kbd")

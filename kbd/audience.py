@@ -1,0 +1,79 @@
+"""Who may read, write, manage and grant (DESIGN §3). Pure functions.
+
+``audience(w)`` is everyone who can read ``w``'s outputs: effective owners,
+editors and readers. A workflow with no effective owner (no ``access.owners``
+and no ``created_by``) is *legacy*: account-visible under the host's rules.
+
+Decisions recorded here (README "Access rules"):
+
+* Enabled admins never narrow: they can read anything, so an admin in a
+  consumer's audience is not required to be in the source's audience.
+  Disabled admins are ordinary members (fail closed).
+* Principal IDs in an audience that are unknown or disabled still count as
+  members: removing a principal from principals.yaml must not widen what a
+  consumer may attach.
+* Unknown list-valued ``access`` tiers count in a consumer's audience, never in
+  a source's (see :class:`kbd.manifest.AccessBlock`).
+"""
+
+from __future__ import annotations
+
+from kbd.manifest import Manifest
+from kbd.principals import Principal, Principals
+
+
+def audience(m: Manifest) -> frozenset[str]:
+    """Who can read ``m`` as a source."""
+    return frozenset(m.effective_owners) | frozenset(m.access.editors) | frozenset(m.access.readers)
+
+
+def consumer_audience(m: Manifest) -> frozenset[str]:
+    """Who can read what ``m`` produces, including tiers kbd does not model."""
+    return audience(m) | frozenset(m.access.other_tiers)
+
+
+def can_read(consumer: Manifest, source: Manifest, principals: Principals) -> bool:
+    """May the whole audience of ``consumer`` read ``source``?"""
+    if source.is_legacy:
+        return True
+    if consumer.is_legacy:
+        # Account-visible consumer: everyone on the account would see the source.
+        return False
+    allowed = audience(source)
+    return all(p in allowed or principals.is_enabled_admin(p) for p in consumer_audience(consumer))
+
+
+def can_write(consumer: Manifest, source: Manifest, principals: Principals) -> bool:
+    """can_read, a non-legacy source, and the source's owner named the consumer."""
+    return (
+        can_read(consumer, source, principals)
+        and not source.is_legacy
+        and consumer.id in source.access.allowed_kb_writers
+    )
+
+
+def can_inspect(actor: Principal, m: Manifest) -> bool:
+    """May ``actor`` see ``m``'s configuration and attachment statuses?"""
+    if actor.disabled:
+        return False
+    if actor.enabled_admin or actor.is_service or m.is_legacy:
+        return True
+    return actor.id in consumer_audience(m)
+
+
+def can_manage_sources(actor: Principal, m: Manifest) -> bool:
+    """Owners and editors (any enabled account user on a legacy workflow) or an admin."""
+    if actor.disabled:
+        return False
+    if actor.enabled_admin:
+        return True
+    if m.is_legacy:
+        return not actor.is_service
+    return actor.id in m.effective_owners or actor.id in m.access.editors
+
+
+def can_grant_writers(actor: Principal, source: Manifest) -> bool:
+    """Only the source's effective owners or an admin."""
+    if actor.disabled:
+        return False
+    return actor.enabled_admin or actor.id in source.effective_owners

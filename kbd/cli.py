@@ -1,0 +1,482 @@
+"""The ``kbd`` command line (DESIGN §6).
+
+A thin layer: parse arguments, call :mod:`kbd.ops`, print. Errors reach the
+user here and only here: ``error[<code>]: <message>`` and ``hint: …`` on
+stderr, and the error's exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+import orjson
+
+from kbd import audit as audit_log
+from kbd.config import default_root
+from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, PermissionDenied
+from kbd.manifest import parse_manifest
+from kbd.ops import Host
+from kbd.principals import Principal
+from kbd.rootinit import init_root
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _fail(err: KbdError) -> NoReturn:
+    click.echo(f"error[{err.code}]: {err.message}", err=True)
+    if err.hint:
+        click.echo(f"hint: {err.hint}", err=True)
+    sys.exit(err.exit_code)
+
+
+class KbdGroup(click.Group):
+    """Turns every KbdError (and stray OSError) into the contract's output."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KbdError as err:
+            _fail(err)
+        except OSError as exc:
+            _fail(
+                KbdError(
+                    f"unexpected I/O error: {exc.strerror or exc}",
+                    hint="check the root's permissions; run `kbd doctor`",
+                )
+            )
+
+
+def _emit(data: Any) -> None:
+    click.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
+
+
+def json_option(f: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON (the contract's shapes).")(f)
+
+
+def as_option(f: F) -> F:
+    return click.option(
+        "--as",
+        "as_",
+        metavar="PRINCIPAL",
+        help="Principal acting (default: $KBD_AS, else the principal mapped to your uid).",
+    )(f)
+
+
+class Ctx:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._host: Host | None = None
+
+    @property
+    def host(self) -> Host:
+        if self._host is None:
+            self._host = Host(self.root)
+        return self._host
+
+    def actor(self, as_: str | None) -> Principal:
+        pid = as_ or os.environ.get("KBD_AS")
+        if pid:
+            return self.host.actor(pid)
+        mapped = self.host.principals.by_uid(os.getuid())
+        if mapped is None:
+            raise PermissionDenied(
+                f"no principal is mapped to uid {os.getuid()}",
+                hint="pass --as PRINCIPAL (or set KBD_AS), or add uid: to your entry in principals.yaml",
+            )
+        return self.host.actor(mapped.id)
+
+
+pass_ctx = click.make_pass_decorator(Ctx)
+
+
+@click.group(cls=KbdGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--root",
+    type=click.Path(path_type=Path, file_okay=False),
+    envvar="KBD_ROOT",
+    help="kbd root (default: $KBD_ROOT, else $XDG_DATA_HOME/kbd, else ~/.local/share/kbd).",
+)
+@click.version_option(package_name="kbd")
+@click.pass_context
+def main(ctx: click.Context, root: Path | None) -> None:
+    """kbd: attach workflow knowledge bases to each other, under kernel-enforced grants."""
+    ctx.obj = Ctx(root if root is not None else default_root())
+
+
+# -- init / doctor / validate ---------------------------------------------------
+
+
+@main.command()
+@click.option("--demo", is_flag=True, help="Add example principals and workflows with KB content.")
+@click.option("--host", "host_name", metavar="NAME", help="This execution host's name (default: hostname).")
+@click.option("--force", is_flag=True, help="Rewrite kbd.yaml and principals.yaml of an existing root.")
+@json_option
+@pass_ctx
+def init(c: Ctx, demo: bool, host_name: str | None, force: bool, as_json: bool) -> None:
+    """Create a kbd root (kbd.yaml, principals.yaml, workflows/, state/)."""
+    result = init_root(c.root, host=host_name, force=force, demo=demo)
+    if as_json:
+        _emit(result)
+        return
+    click.echo(f"initialised kbd root {result['root']} (host {result['host']})")
+    for wid in result["demo_workflows"]:
+        click.echo(f"  demo workflow {wid}")
+
+
+@main.command()
+@json_option
+@pass_ctx
+def doctor(c: Ctx, as_json: bool) -> None:
+    """Check the root, its config, principals and registry health."""
+    checks: list[dict[str, Any]] = []
+    ok = True
+
+    def record(name: str, good: bool, detail: str) -> None:
+        nonlocal ok
+        ok = ok and good
+        checks.append({"check": name, "ok": good, "detail": detail})
+
+    try:
+        host = c.host
+    except KbdError as err:
+        record("config", False, f"{err.code}: {err.message}")
+        host = None
+    if host is not None:
+        record("config", True, f"host {host.config.host}, root {host.config.root}")
+        ps = list(host.principals)
+        record(
+            "principals",
+            True,
+            f"{len(ps)} principals, {sum(p.enabled_admin for p in ps)} enabled admins",
+        )
+        folders = host.registry.folders()
+        bad = [(f, host.registry.status_of(f)) for f in folders]
+        bad = [(f, s) for f, s in bad if s != "ok"]
+        record(
+            "registry",
+            not bad,
+            f"{len(folders)} workflow folders; "
+            + ("all ok" if not bad else "; ".join(f"{f.path}: {s} ({f.known_id})" for f, s in bad)),
+        )
+        if host.registry.truncated:
+            record(
+                "registry-depth",
+                False,
+                f"walk stopped at depth limit under {host.registry.truncated[0]}",
+            )
+    if as_json:
+        _emit({"ok": ok, "checks": checks})
+    else:
+        for ch in checks:
+            click.echo(f"{'ok  ' if ch['ok'] else 'FAIL'} {ch['check']}: {ch['detail']}")
+    if not ok:
+        sys.exit(65)
+
+
+@main.command()
+@click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
+@json_option
+def validate(file: Path, as_json: bool) -> None:
+    """Validate a workflow.json file (syntax and field rules, not reachability)."""
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {file}: {exc.strerror}") from exc
+    m = parse_manifest(data)
+    if m.sources_problem:
+        raise ManifestUnreadable(m.sources_problem)
+    problems = [f"knowledgebase_sources[{e.index}]: {e.problem}" for e in m.entries if e.problem]
+    if as_json:
+        _emit({"workflow_id": m.id, "valid": not problems, "problems": problems, "version": m.version})
+    if problems:
+        raise InvalidInput(
+            f"{file}: " + "; ".join(problems), hint="each problem names the entry and the field"
+        )
+    if not as_json:
+        click.echo(f"{file}: valid ({len(m.entries)} sources)")
+
+
+# -- workflows ----------------------------------------------------------------------
+
+
+@main.group()
+def workflows() -> None:
+    """Discovered workflows."""
+
+
+@workflows.command("list")
+@as_option
+@json_option
+@pass_ctx
+def workflows_list(c: Ctx, as_: str | None, as_json: bool) -> None:
+    """List workflows (with registry problems: ambiguous IDs, unreadable manifests)."""
+    rows = c.host.list_workflows(c.actor(as_))
+    if as_json:
+        _emit({"workflows": rows})
+        return
+    for r in rows:
+        status = "" if r["status"] == "ok" else f"  [{r['status']}]"
+        click.echo(f"{r['id'] or '?':<24} {r['label'] or '':<28} {r['path']}{status}")
+
+
+def _attachment_line(a: dict[str, Any]) -> str:
+    """One attachment (contract JSON shape) for people."""
+    if a["available"]:
+        state = "available"
+        if a["write"] is not None:
+            state += ", writable" if a["write"]["available"] else f", write pending ({a['write']['reason']})"
+        where = f"${a['env']} = {a['path']}"
+    else:
+        state = f"UNAVAILABLE {a['reason']}"
+        where = a["message"] or ""
+    return f"  {a['alias'] or '?':<14} {a['workflow_id'] or '?':<16} {a['access']:<5}  {state}\n      {where}"
+
+
+@workflows.command("show")
+@click.argument("wf")
+@as_option
+@json_option
+@pass_ctx
+def workflows_show(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
+    """Everything a builder needs: attachments, write grants, candidates."""
+    data = c.host.show(wf, c.actor(as_))
+    if as_json:
+        _emit(data)
+        return
+    click.echo(f"{data['workflow_id']}  {data['label']}  ({data['path']})")
+    owners = ", ".join(data["owners"]) or "none (legacy, account-visible)"
+    click.echo(
+        f"  owners: {owners}; editors: {', '.join(data['editors']) or '-'}; readers: {', '.join(data['readers']) or '-'}"
+    )
+    click.echo("attached knowledge bases:")
+    for a in data["sources"]:
+        click.echo(_attachment_line(a))
+    if not data["sources"]:
+        click.echo("  (none)")
+    click.echo(f"writes into: {', '.join(data['writes_into']) or '-'}")
+    click.echo(
+        f"workflows allowed to write into this KB's notes/: {', '.join(data['allowed_kb_writers']) or '-'}"
+    )
+    click.echo(
+        "could attach now: "
+        + (", ".join(f"{x['workflow_id']} ({x['label']})" for x in data["candidates"]) or "-")
+    )
+
+
+# -- sources ------------------------------------------------------------------------
+
+
+@main.group()
+def sources() -> None:
+    """A workflow's attached knowledge bases."""
+
+
+@sources.command("list")
+@click.argument("wf")
+@as_option
+@json_option
+@pass_ctx
+def sources_list(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
+    """Each attachment with its status and reason."""
+    m, attachments = c.host.sources(wf, c.actor(as_))
+    if as_json:
+        _emit(
+            {
+                "workflow_id": m.id,
+                "version": m.version,
+                "sources": [a.to_json() for a in attachments],
+            }
+        )
+        return
+    for a in attachments:
+        click.echo(_attachment_line(a.to_json()))
+
+
+@sources.command("attach")
+@click.argument("wf")
+@click.argument("source_id")
+@click.option("--alias", required=True, help="Local name: ^[a-z][a-z0-9_]{0,47}$, not 'access'.")
+@click.option("--access", type=click.Choice(["read", "write"]), default="read", show_default=True)
+@as_option
+@json_option
+@pass_ctx
+def sources_attach(
+    c: Ctx, wf: str, source_id: str, alias: str, access: str, as_: str | None, as_json: bool
+) -> None:
+    """Attach SOURCE_ID's knowledge base to WF under ALIAS."""
+    a = c.host.attach(wf, source_id, alias=alias, access=access, actor=c.actor(as_))
+    if as_json:
+        _emit(a.to_json())
+        return
+    click.echo(f"attached {source_id} to {wf} as {alias}")
+    click.echo(_attachment_line(a.to_json()))
+
+
+@sources.command("detach")
+@click.argument("wf")
+@click.argument("alias")
+@as_option
+@json_option
+@pass_ctx
+def sources_detach(c: Ctx, wf: str, alias: str, as_: str | None, as_json: bool) -> None:
+    """Remove the attachment ALIAS from WF."""
+    c.host.detach(wf, alias, actor=c.actor(as_))
+    if as_json:
+        _emit({"workflow_id": wf, "detached": alias})
+    else:
+        click.echo(f"detached {alias} from {wf}")
+
+
+@sources.command("set")
+@click.argument("wf")
+@click.option(
+    "--file",
+    "file",
+    required=True,
+    metavar="F|-",
+    help="JSON array of entries; - reads stdin; [] detaches all.",
+)
+@click.option(
+    "--expected-version",
+    metavar="VERSION",
+    help="Refuse (exit 75) unless the manifest is at this version.",
+)
+@as_option
+@json_option
+@pass_ctx
+def sources_set(
+    c: Ctx, wf: str, file: str, expected_version: str | None, as_: str | None, as_json: bool
+) -> None:
+    """Replace WF's whole attachment list."""
+    try:
+        data = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {file}: {exc.strerror}") from exc
+    try:
+        raw = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"{'stdin' if file == '-' else file} is not valid JSON: {exc}") from exc
+    saved = c.host.set_sources(wf, raw, actor=c.actor(as_), expected_version=expected_version)
+    attachments = c.host.resolve(saved)
+    if as_json:
+        _emit(
+            {
+                "workflow_id": saved.id,
+                "version": saved.version,
+                "sources": [a.to_json() for a in attachments],
+            }
+        )
+        return
+    click.echo(f"{wf}: {len(attachments)} sources saved")
+    for a in attachments:
+        click.echo(_attachment_line(a.to_json()))
+
+
+@sources.command("candidates")
+@click.argument("wf")
+@as_option
+@json_option
+@pass_ctx
+def sources_candidates(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
+    """Workflow IDs WF could attach right now."""
+    rows = c.host.candidates(wf, c.actor(as_))
+    if as_json:
+        _emit({"workflow_id": wf, "candidates": rows})
+        return
+    for r in rows:
+        click.echo(f"{r['workflow_id']:<24} {r['label']}{'  (write granted)' if r['write_granted'] else ''}")
+
+
+# -- writers ---------------------------------------------------------------------------
+
+
+@main.group()
+def writers() -> None:
+    """Which consumer workflows may write into a source's notes/."""
+
+
+@writers.command("list")
+@click.argument("source_wf")
+@as_option
+@json_option
+@pass_ctx
+def writers_list(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> None:
+    data = c.host.writers(source_wf, c.actor(as_))
+    if as_json:
+        _emit(data)
+        return
+    for w in data["writers"]:
+        click.echo(f"{w['workflow_id']}{'' if w['exists'] else '  (no such workflow now)'}")
+
+
+@writers.command("grant")
+@click.argument("source_wf")
+@click.argument("consumer_wf")
+@as_option
+@json_option
+@pass_ctx
+def writers_grant(c: Ctx, source_wf: str, consumer_wf: str, as_: str | None, as_json: bool) -> None:
+    """Let CONSUMER_WF write into SOURCE_WF's notes/ (source owners and admins only)."""
+    changed = c.host.grant(source_wf, consumer_wf, actor=c.actor(as_))
+    if as_json:
+        _emit(
+            {
+                "source": source_wf,
+                "consumer": consumer_wf.strip(),
+                "granted": True,
+                "changed": changed,
+            }
+        )
+    else:
+        click.echo(
+            f"{consumer_wf.strip()} may write into {source_wf}'s notes/"
+            + ("" if changed else " (already granted)")
+        )
+
+
+@writers.command("revoke")
+@click.argument("source_wf")
+@click.argument("consumer_wf")
+@as_option
+@json_option
+@pass_ctx
+def writers_revoke(c: Ctx, source_wf: str, consumer_wf: str, as_: str | None, as_json: bool) -> None:
+    """Withdraw CONSUMER_WF's write grant on SOURCE_WF."""
+    changed = c.host.revoke(source_wf, consumer_wf, actor=c.actor(as_))
+    if as_json:
+        _emit(
+            {
+                "source": source_wf,
+                "consumer": consumer_wf.strip(),
+                "granted": False,
+                "changed": changed,
+            }
+        )
+    else:
+        click.echo(
+            f"{consumer_wf.strip()} may no longer write into {source_wf}"
+            + ("" if changed else " (was not granted)")
+        )
+
+
+# -- audit ------------------------------------------------------------------------------
+
+
+@main.command("audit")
+@json_option
+@pass_ctx
+def audit_cmd(c: Ctx, as_json: bool) -> None:
+    """Show the audit log (grants, revokes, refusals, source changes)."""
+    events = audit_log.read(c.host.config.state_dir)
+    if as_json:
+        _emit({"events": events})
+        return
+    for e in events:
+        rest = " ".join(f"{k}={v}" for k, v in e.items() if k not in ("ts", "event"))
+        click.echo(f"{e.get('ts')} {e.get('event')} {rest}")

@@ -1,0 +1,193 @@
+"""The kbd root: where it is, and its two config files (DESIGN §2).
+
+Root precedence, highest first: ``--root`` argument → ``KBD_ROOT`` →
+``$XDG_DATA_HOME/kbd`` → ``~/.local/share/kbd``. Both files are validated
+strictly: an unknown key is an error naming the key and the file, so a typo can
+never silently leave a safety switch at its default.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kbd.errors import InvalidConfig, RootError
+from kbd.ids import id_problem
+from kbd.strict import (
+    check_keys,
+    expect_bool,
+    expect_mapping,
+    expect_number,
+    expect_str,
+    expect_str_list,
+    load_yaml,
+)
+
+CONFIG_NAME = "kbd.yaml"
+PRINCIPALS_NAME = "principals.yaml"
+STATE_DIR = "state"
+
+NETWORK_MODES = ("none", "host")
+BACKENDS = ("auto", "bwrap", "landlock")
+
+
+def default_root(environ: dict[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    if env.get("KBD_ROOT"):
+        return Path(env["KBD_ROOT"])
+    xdg = env.get("XDG_DATA_HOME")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "kbd"
+    return Path(env.get("HOME") or os.path.expanduser("~")) / ".local" / "share" / "kbd"
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    backend: str = "auto"
+    network: str = "none"
+    # Landlock alone cannot keep notes/_index.json read-only inside a writable
+    # notes/ (DESIGN §5): write grants need an explicit, loudly named opt-in.
+    unsafe_landlock_writes: bool = False
+    unsafe_no_sandbox: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    root: Path
+    host: str
+    workflow_roots: tuple[Path, ...]
+    folder_roots: tuple[Path, ...] = ()
+    socket: Path | None = None
+    lock_timeout: float = 10.0
+    revoke_grace: float = 5.0
+    revoke_immediately: bool = False
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / STATE_DIR
+
+    @property
+    def socket_path(self) -> Path:
+        return self.socket if self.socket is not None else self.state_dir / "run" / "kbd.sock"
+
+
+_TOP_KEYS = ("host", "workflow_roots", "folder_roots", "socket", "locks", "sandbox", "revocation")
+
+
+def _abs_under(root: Path, value: str, *, where: str, source: str) -> Path:
+    if not value or "\x00" in value:
+        raise InvalidConfig(f"{source}: {where} must be a non-empty path without NUL")
+    p = Path(value)
+    return p if p.is_absolute() else root / p
+
+
+def parse_config(data: Any, *, root: Path, source: str = CONFIG_NAME) -> Config:
+    """Validate the parsed kbd.yaml document. Raises InvalidConfig."""
+    doc = expect_mapping(data, where="", source=source)
+    check_keys(doc, allowed=_TOP_KEYS, where="", source=source)
+    if "host" not in doc:
+        raise InvalidConfig(f"{source}: missing required key host (this execution host's name)")
+    host = expect_str(doc["host"], where="host", source=source)
+    if problem := id_problem(host):
+        raise InvalidConfig(f"{source}: host {problem}")
+    roots_raw = expect_str_list(
+        doc.get("workflow_roots", ["workflows"]), where="workflow_roots", source=source
+    )
+    if not roots_raw:
+        raise InvalidConfig(f"{source}: workflow_roots must name at least one folder")
+    roots = tuple(_abs_under(root, r, where="workflow_roots", source=source) for r in roots_raw)
+    folder_raw = expect_str_list(doc.get("folder_roots", []), where="folder_roots", source=source)
+    folders = tuple(_abs_under(root, r, where="folder_roots", source=source) for r in folder_raw)
+    for f in folders:
+        if f == Path("/"):
+            raise InvalidConfig(f"{source}: folder_roots must not contain / (that approves everything)")
+    sock = None
+    if doc.get("socket") is not None:
+        sock = _abs_under(
+            root,
+            expect_str(doc["socket"], where="socket", source=source),
+            where="socket",
+            source=source,
+        )
+
+    locks = expect_mapping(doc.get("locks", {}), where="locks", source=source)
+    check_keys(locks, allowed=("timeout_seconds",), where="locks", source=source)
+    timeout = expect_number(
+        locks.get("timeout_seconds", 10),
+        where="locks.timeout_seconds",
+        source=source,
+        minimum=0,
+        maximum=3600,
+    )
+
+    sb = expect_mapping(doc.get("sandbox", {}), where="sandbox", source=source)
+    check_keys(
+        sb,
+        allowed=("backend", "network", "unsafe_landlock_writes", "unsafe_no_sandbox"),
+        where="sandbox",
+        source=source,
+    )
+    backend = expect_str(sb.get("backend", "auto"), where="sandbox.backend", source=source)
+    if backend not in BACKENDS:
+        raise InvalidConfig(f"{source}: sandbox.backend is {backend!r}; allowed: {', '.join(BACKENDS)}")
+    network = expect_str(sb.get("network", "none"), where="sandbox.network", source=source)
+    if network not in NETWORK_MODES:
+        raise InvalidConfig(f"{source}: sandbox.network is {network!r}; allowed: {', '.join(NETWORK_MODES)}")
+    sandbox = SandboxConfig(
+        backend=backend,
+        network=network,
+        unsafe_landlock_writes=expect_bool(
+            sb.get("unsafe_landlock_writes", False),
+            where="sandbox.unsafe_landlock_writes",
+            source=source,
+        ),
+        unsafe_no_sandbox=expect_bool(
+            sb.get("unsafe_no_sandbox", False), where="sandbox.unsafe_no_sandbox", source=source
+        ),
+    )
+
+    rv = expect_mapping(doc.get("revocation", {}), where="revocation", source=source)
+    check_keys(rv, allowed=("immediate", "grace_seconds"), where="revocation", source=source)
+    return Config(
+        root=root,
+        host=host,
+        workflow_roots=roots,
+        folder_roots=folders,
+        socket=sock,
+        lock_timeout=timeout,
+        revoke_grace=expect_number(
+            rv.get("grace_seconds", 5),
+            where="revocation.grace_seconds",
+            source=source,
+            minimum=0,
+            maximum=600,
+        ),
+        revoke_immediately=expect_bool(
+            rv.get("immediate", False), where="revocation.immediate", source=source
+        ),
+        sandbox=sandbox,
+    )
+
+
+def read_text(path: Path, *, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except FileNotFoundError as exc:
+        raise RootError(f"{what} not found at {path}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidConfig(f"{what} at {path} is unreadable: {exc}") from exc
+
+
+def load_config(root: Path) -> Config:
+    """Load ``<root>/kbd.yaml``. Raises RootError when the root has no config."""
+    if not root.is_dir():
+        raise RootError(f"kbd root {root} does not exist")
+    path = root / CONFIG_NAME
+    text = read_text(path, what=f"{CONFIG_NAME}")
+    # Resolve the root once for display and canonical paths; the root is operator
+    # configuration, trusted like a git repository's location.
+    return parse_config(load_yaml(text, source=str(path)), root=root.resolve(), source=str(path))

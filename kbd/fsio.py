@@ -1,0 +1,105 @@
+"""Durable file I/O: atomic replacement and bounded no-follow reads.
+
+Atomic replacement (DESIGN §7, "lose nothing"): a random temp name created with
+``O_CREAT|O_EXCL|O_NOFOLLOW`` beside the target, write, fsync, ``rename`` over
+the target, fsync the folder. The final name is never opened for writing, so a
+symlink or hardlink planted there is replaced, not written through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+from pathlib import Path
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+def write_atomic(path: Path, data: bytes, *, mode: int = 0o644, keep_owner: bool = True) -> None:
+    """Replace ``path`` atomically with ``data``.
+
+    If ``path`` exists as a regular file its permission bits (and, when running
+    as root, its owner) are carried over, so saving a user's manifest does not
+    hand it to root. Raises OSError; on failure the target is untouched and the
+    temp file removed.
+    """
+    dfd = os.open(path.parent, _DIR_FLAGS)
+    try:
+        write_atomic_at(dfd, path.name, data, mode=mode, keep_owner=keep_owner)
+    finally:
+        os.close(dfd)
+
+
+def write_atomic_at(dfd: int, name: str, data: bytes, *, mode: int = 0o644, keep_owner: bool = True) -> None:
+    """Like :func:`write_atomic`, beneath an already pinned directory fd."""
+    if "/" in name or name in {"", ".", ".."} or "\x00" in name:
+        raise ValueError(f"not a plain file name: {name!r}")
+    uid = gid = -1
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode):
+            mode = stat.S_IMODE(st.st_mode)
+            if keep_owner and os.geteuid() == 0:
+                uid, gid = st.st_uid, st.st_gid
+    except FileNotFoundError:
+        pass
+    tmp = f".{name[:64]}.kbd-{secrets.token_hex(8)}.tmp"
+    fd = os.open(
+        tmp,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
+        dir_fd=dfd,
+    )
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fchmod(fd, mode)
+            if uid != -1:
+                os.fchown(fd, uid, gid)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dfd)
+        raise
+    os.fsync(dfd)
+
+
+def read_regular_nofollow(path: Path, *, limit: int) -> tuple[bytes, os.stat_result]:
+    """Read a regular file without following a final symlink, at most ``limit`` bytes.
+
+    Raises OSError (ELOOP for a symlink, EFBIG when too large, EINVAL when not a
+    regular file). ``O_NONBLOCK`` keeps a FIFO planted at the name from hanging us.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(22, "not a regular file", str(path))
+        if st.st_size > limit:
+            raise OSError(27, f"larger than {limit} bytes", str(path))
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > limit:
+                raise OSError(27, f"larger than {limit} bytes", str(path))
+            chunks.append(chunk)
+        return b"".join(chunks), st
+    finally:
+        os.close(fd)
+
+
+def ensure_private_dir(path: Path, mode: int = 0o750) -> None:
+    """Create a kbd-owned folder (and parents) if missing."""
+    path.mkdir(mode=mode, parents=True, exist_ok=True)

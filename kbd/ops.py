@@ -1,0 +1,333 @@
+"""Management operations on a kbd root, shared by the CLI and the daemon.
+
+Each operation authorizes its actor, does its work through the pure core
+(manifest, audience, resolve) and the registry, and raises a
+:class:`kbd.errors.KbdError` when it refuses. Results are plain JSON-ready data;
+formatting for people lives in the CLI.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kbd import audience, audit, manifest_store
+from kbd.config import Config, load_config
+from kbd.errors import (
+    AmbiguousWorkflow,
+    InvalidInput,
+    InvalidManifest,
+    ManifestUnreadable,
+    NotFound,
+    PermissionDenied,
+    SourceUnusable,
+    WorkflowNotFound,
+)
+from kbd.manifest import (
+    Entry,
+    Manifest,
+    SourceRef,
+    validate_sources,
+    validate_writers,
+    with_sources,
+    with_writers,
+)
+from kbd.principals import Principal, Principals, load_principals
+from kbd.registry import Ambiguous, Found, KbProblem, Lookup, Missing, Registry, kb_problem
+from kbd.resolve import Attachment, resolve_all, resolve_entry
+
+
+class Host:
+    """One kbd root: config, principals and the workflow registry."""
+
+    def __init__(self, root: Path, *, sweep_interval: float = 1.0) -> None:
+        self.config: Config = load_config(root)
+        self.principals: Principals = load_principals(self.config.root)
+        self.registry = Registry(
+            [r.resolve() for r in self.config.workflow_roots],
+            cache_path=self.config.state_dir / "cache" / "registry.json",
+            sweep_interval=sweep_interval,
+        )
+
+    # -- SourceView for the resolver ----------------------------------------
+    def find(self, workflow_id: str) -> Lookup:
+        return self.registry.find(workflow_id)
+
+    def kb_problem(self, workflow_folder: Path) -> KbProblem | None:
+        return kb_problem(workflow_folder)
+
+    # -- helpers -------------------------------------------------------------
+    def actor(self, pid: str) -> Principal:
+        return self.principals.actor(pid)
+
+    def audit(self, event: str, **fields: Any) -> None:
+        audit.append(self.config.state_dir, event, **fields)
+
+    def workflow(self, wid: str) -> Found:
+        """The one readable folder holding ``wid``, or a specific error."""
+        found = self.registry.find(wid)
+        if isinstance(found, Missing):
+            raise WorkflowNotFound(f"no workflow with ID {wid!r} on this host")
+        if isinstance(found, Ambiguous):
+            raise AmbiguousWorkflow(f"{len(found.folders)} folders claim workflow ID {wid!r}")
+        if not isinstance(found, Found):
+            raise ManifestUnreadable(
+                f"workflow {wid!r} has an unreadable workflow.json: {found.folder.problem}"
+            )
+        return found
+
+    def _inspectable(self, wid: str, actor: Principal) -> Found:
+        found = self.workflow(wid)
+        if not audience.can_inspect(actor, found.manifest):
+            # Same answer as a missing workflow: do not confirm what exists.
+            raise WorkflowNotFound(f"no workflow with ID {wid!r} on this host")
+        return found
+
+    def resolve(self, consumer: Manifest) -> list[Attachment]:
+        if consumer.sources_problem is not None:
+            raise ManifestUnreadable(f"workflow {consumer.id!r}: {consumer.sources_problem}")
+        return resolve_all(consumer, view=self, principals=self.principals, host=self.config.host)
+
+    # -- queries ---------------------------------------------------------------
+    def list_workflows(self, actor: Principal) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for folder in self.registry.folders():
+            status = self.registry.status_of(folder)
+            m = folder.manifest
+            if m is not None and status == "ok" and not audience.can_inspect(actor, m):
+                continue
+            if m is None and not (actor.enabled_admin or actor.is_service):
+                continue
+            out.append(
+                {
+                    "id": m.id if m else folder.known_id,
+                    "label": m.label if m else None,
+                    "path": str(folder.path),
+                    "status": status,
+                    "problem": folder.problem if m is None else None,
+                }
+            )
+        return out
+
+    def sources(self, wid: str, actor: Principal) -> tuple[Manifest, list[Attachment]]:
+        found = self._inspectable(wid, actor)
+        return found.manifest, self.resolve(found.manifest)
+
+    def candidates(self, wid: str, actor: Principal) -> list[dict[str, Any]]:
+        """Workflow IDs ``wid`` could attach now: readable by its whole audience,
+        on this host, not itself, not ambiguous, KB present. Labels, never paths."""
+        consumer = self._inspectable(wid, actor).manifest
+        attached = {e.workflow_id for e in consumer.entries}
+        out: list[dict[str, Any]] = []
+        for folder in self.registry.folders():
+            source = folder.manifest
+            if source is None or source.id == consumer.id or source.id in attached:
+                continue
+            if self.registry.status_of(folder) != "ok":
+                continue
+            if source.host is not None and source.host != self.config.host:
+                continue
+            if not audience.can_read(consumer, source, self.principals):
+                continue
+            if kb_problem(folder.path) is not None:
+                continue
+            out.append(
+                {
+                    "workflow_id": source.id,
+                    "label": source.label,
+                    "write_granted": audience.can_write(consumer, source, self.principals),
+                }
+            )
+        return sorted(out, key=lambda c: c["workflow_id"])
+
+    def show(self, wid: str, actor: Principal) -> dict[str, Any]:
+        found = self._inspectable(wid, actor)
+        m = found.manifest
+        attachments = self.resolve(m)
+        return {
+            "workflow_id": m.id,
+            "label": m.label,
+            "path": str(found.folder.path),
+            "version": m.version,
+            "host": m.host,
+            "legacy": m.is_legacy,
+            "owners": list(m.effective_owners),
+            "editors": list(m.access.editors),
+            "readers": list(m.access.readers),
+            "sources": [a.to_json() for a in attachments],
+            "writes_into": [a.workflow_id for a in attachments if a.writable],
+            "allowed_kb_writers": list(m.access.allowed_kb_writers),
+            "candidates": self.candidates(wid, actor),
+            "can_manage": audience.can_manage_sources(actor, m),
+        }
+
+    def writers(self, wid: str, actor: Principal) -> dict[str, Any]:
+        m = self._inspectable(wid, actor).manifest
+        rows = []
+        for w in m.access.allowed_kb_writers:
+            f = self.registry.find(w)
+            rows.append({"workflow_id": w, "exists": isinstance(f, Found)})
+        return {"workflow_id": m.id, "writers": rows, "legacy": m.is_legacy}
+
+    # -- changes -----------------------------------------------------------------
+    def _require_manage(self, actor: Principal, m: Manifest, action: str) -> None:
+        if not audience.can_manage_sources(actor, m):
+            self.audit("sources_refused", workflow_id=m.id, actor=actor.id, action=action)
+            raise PermissionDenied(
+                f"{actor.id!r} may not manage the sources of {m.id!r} (owners, editors and admins may; "
+                "readers only inspect)"
+            )
+
+    def _check_new_entries(self, consumer: Manifest, old: tuple[Entry, ...], refs: list[SourceRef]) -> None:
+        """Every new or changed entry must resolve now; unchanged ones may stay as they are."""
+        unchanged = {e.ref for e in old if e.ref is not None}
+        for i, ref in enumerate(refs):
+            if ref in unchanged:
+                continue
+            entry = Entry(i, ref, None, ref.alias, ref.workflow_id, ref.access)
+            att = resolve_entry(entry, consumer, view=self, principals=self.principals, host=self.config.host)
+            if not att.available:
+                raise SourceUnusable(
+                    f"cannot attach {ref.workflow_id!r} as {ref.alias!r}: {att.reason}: {att.message}",
+                    reason=att.reason or "invalid_entry",
+                )
+            if ref.access == "write" and att.write is not None and not att.write.available:
+                found = self.registry.find(ref.workflow_id)
+                if isinstance(found, Found) and found.manifest.is_legacy:
+                    raise SourceUnusable(
+                        f"cannot attach {ref.workflow_id!r} with write access: it has no owner, "
+                        "so nobody can ever grant write access",
+                        reason="write_not_granted",
+                        hint="attach it with --access read, or give the source an owner first",
+                    )
+
+    def _save_sources(
+        self,
+        wid: str,
+        actor: Principal,
+        build: Any,
+        *,
+        action: str,
+        expected_version: str | None = None,
+    ) -> Manifest:
+        folder = self.workflow(wid).folder
+
+        def change(current: Manifest) -> dict[str, Any]:
+            self._require_manage(actor, current, action)
+            if current.sources_problem is not None and action != "set":
+                raise InvalidManifest(
+                    f"{current.sources_problem}; replace the whole list with `kbd sources set`"
+                )
+            refs = build(current)
+            self._check_new_entries(current, current.entries, refs)
+            return with_sources(current.raw, refs)
+
+        saved = manifest_store.update(
+            folder.path,
+            change,
+            state_dir=self.config.state_dir,
+            timeout=self.config.lock_timeout,
+            expected_version=expected_version,
+        )
+        self.audit(
+            "sources_changed",
+            workflow_id=wid,
+            actor=actor.id,
+            action=action,
+            sources=[e.ref.to_json() for e in saved.entries if e.ref is not None],
+        )
+        return saved
+
+    @staticmethod
+    def _current_refs(current: Manifest) -> list[SourceRef]:
+        bad = [e for e in current.entries if e.ref is None]
+        if bad:
+            raise InvalidManifest(
+                f"knowledgebase_sources[{bad[0].index}] is invalid ({bad[0].problem}); "
+                "detach or replace it before other changes",
+                hint=f"`kbd sources detach WF {bad[0].alias}` or `kbd sources set WF --file -`"
+                if bad[0].alias
+                else "`kbd sources set WF --file -` replaces the whole list",
+            )
+        return [e.ref for e in current.entries if e.ref is not None]
+
+    def attach(self, wid: str, source_id: str, *, alias: str, access: str, actor: Principal) -> Attachment:
+        def build(current: Manifest) -> list[SourceRef]:
+            refs = self._current_refs(current)
+            entry = {"workflow_id": source_id, "alias": alias, "access": access}
+            return validate_sources([r.to_json() for r in refs] + [entry], self_id=current.id)
+
+        saved = self._save_sources(wid, actor, build, action="attach")
+        return next(a for a in self.resolve(saved) if a.alias == alias)
+
+    def detach(self, wid: str, alias: str, *, actor: Principal) -> None:
+        def build(current: Manifest) -> list[SourceRef]:
+            if not any(e.alias == alias for e in current.entries):
+                raise NotFound(
+                    f"workflow {wid!r} has no attachment with alias {alias!r}",
+                    hint=f"`kbd sources list {wid}` shows the attached aliases",
+                )
+            keep = [e for e in current.entries if e.alias != alias]
+            bad = [e for e in keep if e.ref is None]
+            if bad:
+                raise InvalidManifest(
+                    f"knowledgebase_sources[{bad[0].index}] is invalid ({bad[0].problem}); "
+                    "detach or replace it too"
+                )
+            return [e.ref for e in keep if e.ref is not None]
+
+        self._save_sources(wid, actor, build, action="detach")
+
+    def set_sources(
+        self, wid: str, raw: Any, *, actor: Principal, expected_version: str | None = None
+    ) -> Manifest:
+        def build(current: Manifest) -> list[SourceRef]:
+            return validate_sources(raw, self_id=current.id)
+
+        return self._save_sources(wid, actor, build, action="set", expected_version=expected_version)
+
+    def _change_writers(self, source_id: str, consumer_id: str, *, actor: Principal, grant: bool) -> bool:
+        folder = self.workflow(source_id).folder
+        event = "writer_granted" if grant else "writer_revoked"
+        changed = False
+
+        def change(current: Manifest) -> dict[str, Any]:
+            nonlocal changed
+            if not audience.can_grant_writers(actor, current):
+                self.audit(
+                    "writer_grant_refused" if grant else "writer_revoke_refused",
+                    source=source_id,
+                    consumer=consumer_id,
+                    actor=actor.id,
+                )
+                raise PermissionDenied(
+                    f"{actor.id!r} may not change who writes into {source_id!r}: only its owners or an admin may",
+                    hint="ask an owner of the source workflow to run `kbd writers grant`",
+                )
+            writers = list(current.access.allowed_kb_writers)
+            if grant:
+                if current.is_legacy:
+                    raise InvalidInput(
+                        f"{source_id!r} has no owner; a legacy workflow cannot grant write access",
+                        hint="set access.owners on the source first",
+                    )
+                target = validate_writers([consumer_id], self_id=current.id)[0]
+                self.workflow(target)  # must exist and be unambiguous now
+                new = validate_writers([*writers, target], self_id=current.id)
+            else:
+                target = consumer_id.strip()
+                new = [w for w in writers if w != target]
+            changed = new != writers
+            return with_writers(current.raw, new) if changed else current.raw
+
+        manifest_store.update(
+            folder.path, change, state_dir=self.config.state_dir, timeout=self.config.lock_timeout
+        )
+        self.audit(event, source=source_id, consumer=consumer_id.strip(), actor=actor.id, changed=changed)
+        return changed
+
+    def grant(self, source_id: str, consumer_id: str, *, actor: Principal) -> bool:
+        return self._change_writers(source_id, consumer_id, actor=actor, grant=True)
+
+    def revoke(self, source_id: str, consumer_id: str, *, actor: Principal) -> bool:
+        return self._change_writers(source_id, consumer_id, actor=actor, grant=False)

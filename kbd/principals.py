@@ -1,0 +1,125 @@
+"""Principals: the users and services known to this host (principals.yaml).
+
+A principal acts for every management command (``--as``) and, in the daemon,
+for every request. Unknown and disabled principals are refused everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kbd.config import PRINCIPALS_NAME, read_text
+from kbd.errors import InvalidConfig, PermissionDenied
+from kbd.ids import id_problem
+from kbd.strict import check_keys, expect_bool, expect_mapping, expect_str, load_yaml
+
+KINDS = ("user", "service")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Principal:
+    id: str
+    kind: str = "user"
+    admin: bool = False
+    disabled: bool = False
+    token_sha256: str | None = None
+    uid: int | None = None
+
+    @property
+    def enabled_admin(self) -> bool:
+        return self.admin and not self.disabled
+
+    @property
+    def is_service(self) -> bool:
+        return self.kind == "service"
+
+
+@dataclass(frozen=True)
+class Principals:
+    by_id: Mapping[str, Principal]
+
+    def __iter__(self) -> Iterator[Principal]:
+        return iter(self.by_id.values())
+
+    def get(self, pid: str) -> Principal | None:
+        return self.by_id.get(pid)
+
+    def is_enabled_admin(self, pid: str) -> bool:
+        p = self.by_id.get(pid)
+        return p is not None and p.enabled_admin
+
+    def actor(self, pid: str) -> Principal:
+        """The enabled principal ``pid``, or PermissionDenied naming why not."""
+        p = self.by_id.get(pid)
+        if p is None:
+            raise PermissionDenied(
+                f"unknown principal {pid!r}",
+                hint="principals are listed in principals.yaml; pass --as with one of them",
+            )
+        if p.disabled:
+            raise PermissionDenied(f"principal {pid!r} is disabled", hint="ask an admin to re-enable it")
+        return p
+
+    def by_uid(self, uid: int) -> Principal | None:
+        for p in self.by_id.values():
+            if p.uid == uid:
+                return p
+        return None
+
+
+_KEYS = ("id", "kind", "admin", "disabled", "token_sha256", "uid")
+
+
+def parse_principals(data: Any, *, source: str = PRINCIPALS_NAME) -> Principals:
+    doc = expect_mapping(data, where="", source=source)
+    check_keys(doc, allowed=("principals",), where="", source=source)
+    raw = doc.get("principals", [])
+    if not isinstance(raw, list):
+        raise InvalidConfig(f"{source}: principals must be a list")
+    out: dict[str, Principal] = {}
+    uids: dict[int, str] = {}
+    for i, item in enumerate(raw):
+        where = f"principals[{i}]"
+        entry = expect_mapping(item, where=where, source=source)
+        check_keys(entry, allowed=_KEYS, where=where, source=source)
+        if "id" not in entry:
+            raise InvalidConfig(f"{source}: {where}.id is required")
+        pid = expect_str(entry["id"], where=f"{where}.id", source=source)
+        if problem := id_problem(pid):
+            raise InvalidConfig(f"{source}: {where}.id {problem}")
+        if pid in out:
+            raise InvalidConfig(f"{source}: {where}.id {pid!r} is listed twice")
+        kind = expect_str(entry.get("kind", "user"), where=f"{where}.kind", source=source)
+        if kind not in KINDS:
+            raise InvalidConfig(f"{source}: {where}.kind is {kind!r}; allowed: {', '.join(KINDS)}")
+        token = entry.get("token_sha256")
+        if token is not None and not (isinstance(token, str) and _SHA256.fullmatch(token)):
+            raise InvalidConfig(f"{source}: {where}.token_sha256 must be 64 lowercase hex digits")
+        uid = entry.get("uid")
+        if uid is not None:
+            if isinstance(uid, bool) or not isinstance(uid, int) or uid < 0:
+                raise InvalidConfig(f"{source}: {where}.uid must be a non-negative integer")
+            if uid in uids:
+                raise InvalidConfig(f"{source}: {where}.uid {uid} is already mapped to {uids[uid]!r}")
+            uids[uid] = pid
+        out[pid] = Principal(
+            id=pid,
+            kind=kind,
+            admin=expect_bool(entry.get("admin", False), where=f"{where}.admin", source=source),
+            disabled=expect_bool(entry.get("disabled", False), where=f"{where}.disabled", source=source),
+            token_sha256=token,
+            uid=uid,
+        )
+    return Principals(by_id=out)
+
+
+def load_principals(root: Path) -> Principals:
+    path = root / PRINCIPALS_NAME
+    return parse_principals(
+        load_yaml(read_text(path, what=PRINCIPALS_NAME), source=str(path)), source=str(path)
+    )

@@ -1,0 +1,404 @@
+"""Workflow discovery: stable ID → canonical workflow folder (DESIGN §2, §9).
+
+Discovery walks each configured workflow root recursively, stops at the first
+folder holding ``workflow.json`` (nested workflows inside a workflow are not
+discovered), and never follows a symlinked folder or a symlinked
+``workflow.json``. Folders that share an ID are reported as ``ambiguous_id`` and
+resolve to nothing (fail closed); unreadable manifests are reported as
+``manifest_unreadable`` under the ID they last had (or still declare), never
+silently dropped.
+
+Caching: the index is kept in memory and in ``state/cache/registry.json``.
+It is revalidated by ``lstat`` of every walked non-workflow folder (a new,
+removed or renamed child changes a folder's mtime/ctime) and, per lookup, of the
+matched ``workflow.json``. Like git's "racy clean" rule, a folder or manifest
+modified within :data:`RACY_NS` of the moment it was read is never trusted from
+cache, because coarse file timestamps could hide a second change in the same
+tick. The cache is an optimisation only: a corrupt cache is ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from kbd.errors import ManifestUnreadable
+from kbd.fsio import ensure_private_dir, read_regular_nofollow, write_atomic
+from kbd.linux import mount_info
+from kbd.manifest import MAX_MANIFEST_BYTES, Manifest, extract_id, parse_manifest
+
+MANIFEST = "workflow.json"
+KB_DIR = "knowledgebase"
+RACY_NS = 200_000_000  # 200 ms: well above any coarse timestamp granularity
+MAX_DEPTH = 32
+_CACHE_FORMAT = 1
+
+Sig = tuple[int, int, int, int, int]  # dev, ino, size, mtime_ns, ctime_ns
+
+
+def _sig(st: os.stat_result) -> Sig:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _racy(st: os.stat_result, now_ns: int) -> bool:
+    return max(st.st_mtime_ns, st.st_ctime_ns) >= now_ns - RACY_NS
+
+
+@dataclass(frozen=True)
+class Folder:
+    """One discovered workflow folder."""
+
+    path: Path
+    manifest: Manifest | None
+    problem: str | None  # why the manifest is unreadable
+    known_id: str | None  # manifest ID, or the ID it last had / still declares
+    sig: Sig | None  # None: do not trust from cache (unreadable or racy)
+
+    @property
+    def readable(self) -> bool:
+        return self.manifest is not None
+
+
+@dataclass(frozen=True)
+class Found:
+    folder: Folder
+
+    @property
+    def manifest(self) -> Manifest:
+        assert self.folder.manifest is not None
+        return self.folder.manifest
+
+
+@dataclass(frozen=True)
+class Missing:
+    workflow_id: str
+
+
+@dataclass(frozen=True)
+class Ambiguous:
+    workflow_id: str
+    folders: tuple[Folder, ...]
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    folder: Folder
+
+
+Lookup = Found | Missing | Ambiguous | Unreadable
+
+
+def _load_folder(path: Path, *, previous_id: str | None, now_ns: int) -> Folder:
+    try:
+        data, st = read_regular_nofollow(path / MANIFEST, limit=MAX_MANIFEST_BYTES)
+    except OSError as exc:
+        why = "is a symlink" if exc.errno == 40 else (exc.strerror or str(exc))
+        return Folder(path, None, f"workflow.json cannot be read: {why}", previous_id, None)
+    try:
+        manifest = parse_manifest(data)
+    except ManifestUnreadable as exc:
+        return Folder(path, None, exc.message, extract_id(data) or previous_id, None)
+    return Folder(path, manifest, None, manifest.id, None if _racy(st, now_ns) else _sig(st))
+
+
+class Registry:
+    """ID → workflow folder index over the configured roots.
+
+    Not thread-safe by itself; the daemon guards it with a lock.
+    """
+
+    def __init__(
+        self, roots: Sequence[Path], *, cache_path: Path | None = None, sweep_interval: float = 1.0
+    ) -> None:
+        self.roots = tuple(roots)
+        self.cache_path = cache_path
+        # How long a long-lived process trusts that no *other* folder changed its
+        # manifest ID in place. A hit is always verified against its own manifest;
+        # a miss always sweeps. A new process (every CLI call) sweeps once.
+        self.sweep_interval = sweep_interval
+        self._swept_at = float("-inf")
+        self._folders: dict[Path, Folder] = {}
+        self._by_id: dict[str, list[Path]] = {}
+        self._dirs: dict[str, tuple[int, int, int]] = {}
+        self._loaded = False
+        self.scans = 0  # for tests and benchmarks: how many full walks happened
+        self.truncated: list[Path] = []
+
+    # -- discovery -------------------------------------------------------
+    def _walk(self) -> tuple[list[Path], dict[str, tuple[int, int, int]]]:
+        found: list[Path] = []
+        dirs: dict[str, tuple[int, int, int]] = {}
+        self.truncated = []
+        now_ns = time.time_ns()
+        for root in self.roots:
+            stack: list[tuple[Path, int]] = [(root, 0)]
+            while stack:
+                path, depth = stack.pop()
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    # A missing root is recorded so its creation invalidates the cache.
+                    dirs[str(path)] = (-1, -1, -1)
+                    continue
+                if not stat.S_ISDIR(st.st_mode):
+                    continue
+                dirs[str(path)] = (
+                    (-1, -1, -1) if _racy(st, now_ns) else (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+                )
+                if depth >= MAX_DEPTH:
+                    self.truncated.append(path)
+                    continue
+                try:
+                    with os.scandir(path) as it:
+                        children = [e.name for e in it if e.is_dir(follow_symlinks=False)]
+                except OSError:
+                    continue
+                for name in sorted(children, reverse=True):
+                    child = path / name
+                    try:
+                        os.lstat(child / MANIFEST)
+                    except FileNotFoundError:
+                        stack.append((child, depth + 1))
+                        continue
+                    except OSError:
+                        pass
+                    found.append(child)
+        return found, dirs
+
+    def rescan(self) -> None:
+        previous = {p: f.known_id for p, f in self._folders.items()}
+        paths, dirs = self._walk()
+        now_ns = time.time_ns()
+        folders: dict[Path, Folder] = {}
+        for path in paths:
+            old = self._folders.get(path)
+            if old is not None and old.sig is not None and self._still(old):
+                folders[path] = old
+            else:
+                folders[path] = _load_folder(path, previous_id=previous.get(path), now_ns=now_ns)
+        self._set(folders, dirs)
+        self.scans += 1
+        self._swept_at = time.monotonic()
+        self._save_cache()
+
+    def _sweep(self) -> None:
+        """Re-verify every known manifest by lstat; re-read the changed ones."""
+        now_ns = time.time_ns()
+        folders = dict(self._folders)
+        ids_changed = False
+        for path, old in self._folders.items():
+            if old.sig is not None and self._still(old):
+                continue
+            new = _load_folder(path, previous_id=old.known_id, now_ns=now_ns)
+            folders[path] = new
+            ids_changed = ids_changed or new.known_id != old.known_id
+        self._swept_at = time.monotonic()
+        self._set(folders, self._dirs)
+        if ids_changed:
+            self._save_cache()
+
+    def _set(self, folders: dict[Path, Folder], dirs: dict[str, tuple[int, int, int]]) -> None:
+        self._folders = folders
+        self._dirs = dirs
+        by_id: dict[str, list[Path]] = {}
+        for path, folder in folders.items():
+            if folder.known_id is not None:
+                by_id.setdefault(folder.known_id, []).append(path)
+        self._by_id = by_id
+        self._loaded = True
+
+    @staticmethod
+    def _still(folder: Folder) -> bool:
+        try:
+            return _sig(os.lstat(folder.path / MANIFEST)) == folder.sig
+        except OSError:
+            return False
+
+    def _dirs_fresh(self) -> bool:
+        for path, rec in self._dirs.items():
+            if rec[0] == -1:
+                return False
+            try:
+                st = os.lstat(path)
+            except OSError:
+                return False
+            if (st.st_ino, st.st_mtime_ns, st.st_ctime_ns) != rec:
+                return False
+        return True
+
+    def _ensure(self) -> bool:
+        """Make the index current enough; True when it was fully verified just now."""
+        if not self._loaded:
+            self._load_cache()
+        if not self._loaded or not self._dirs_fresh():
+            self.rescan()
+            return True
+        if time.monotonic() - self._swept_at >= self.sweep_interval:
+            self._sweep()
+            return True
+        return False
+
+    # -- persistent cache -------------------------------------------------
+    def _load_cache(self) -> None:
+        if self.cache_path is None:
+            return
+        try:
+            with open(self.cache_path, "rb") as fh:
+                doc = orjson.loads(fh.read())
+            if doc.get("format") != _CACHE_FORMAT or doc.get("roots") != [str(r) for r in self.roots]:
+                return
+            dirs = {str(k): (int(v[0]), int(v[1]), int(v[2])) for k, v in doc["dirs"].items()}
+            folders: dict[Path, Folder] = {}
+            for item in doc["folders"]:
+                path = Path(item["path"])
+                raw_sig = item.get("sig")
+                sig: Sig | None = None
+                if isinstance(raw_sig, list) and len(raw_sig) == 5:
+                    sig = (
+                        int(raw_sig[0]),
+                        int(raw_sig[1]),
+                        int(raw_sig[2]),
+                        int(raw_sig[3]),
+                        int(raw_sig[4]),
+                    )
+                kid = item.get("id")
+                # Manifests are parsed lazily; a cached entry only remembers the ID
+                # and the stat signature it had when parsed.
+                folders[path] = Folder(
+                    path,
+                    None,
+                    "not loaded",
+                    kid if isinstance(kid, str) else None,
+                    sig,
+                )
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+            return
+        self._set(folders, dirs)
+
+    def _save_cache(self) -> None:
+        if self.cache_path is None:
+            return
+        doc = {
+            "format": _CACHE_FORMAT,
+            "roots": [str(r) for r in self.roots],
+            "dirs": self._dirs,
+            "folders": [
+                {"path": str(f.path), "id": f.known_id, "sig": list(f.sig) if f.sig else None}
+                for f in self._folders.values()
+            ],
+        }
+        with contextlib.suppress(OSError):
+            ensure_private_dir(self.cache_path.parent)
+            write_atomic(self.cache_path, orjson.dumps(doc), mode=0o640)
+
+    # -- lookups -----------------------------------------------------------
+    def _current(self, path: Path) -> Folder:
+        """The folder at ``path`` with its manifest verified against the disk now."""
+        folder = self._folders[path]
+        if folder.manifest is not None and folder.sig is not None and self._still(folder):
+            return folder
+        fresh = _load_folder(path, previous_id=folder.known_id, now_ns=time.time_ns())
+        self._folders[path] = fresh
+        return fresh
+
+    def folders(self) -> list[Folder]:
+        """Every discovered folder, manifests verified now, sorted by path."""
+        self._ensure()
+        out = [self._current(p) for p in sorted(self._folders)]
+        self._set({f.path: f for f in out}, self._dirs)
+        return out
+
+    def find(self, workflow_id: str) -> Lookup:
+        """Resolve a workflow ID. Re-walks only when the cached index is stale."""
+        verified = self._ensure()
+        for attempt in range(3):
+            paths = self._by_id.get(workflow_id, [])
+            current: list[Folder] = []
+            stale = False
+            for path in paths:
+                try:
+                    os.lstat(path / MANIFEST)
+                except OSError:
+                    stale = True
+                    break
+                folder = self._current(path)
+                if folder.known_id != workflow_id:
+                    stale = True
+                    break
+                current.append(folder)
+            if stale and attempt == 0:
+                self.rescan()
+                verified = True
+                continue
+            if not current and not verified:
+                # A miss may be a folder whose manifest took this ID in place.
+                self._sweep()
+                verified = True
+                continue
+            break
+        if not current:
+            return Missing(workflow_id)
+        if len(current) > 1:
+            return Ambiguous(workflow_id, tuple(current))
+        only = current[0]
+        if only.manifest is None:
+            return Unreadable(only)
+        return Found(only)
+
+    def status_of(self, folder: Folder) -> str:
+        if folder.known_id is not None and len(self._by_id.get(folder.known_id, [])) > 1:
+            return "ambiguous_id"
+        return "ok" if folder.manifest is not None else "manifest_unreadable"
+
+    def ids(self) -> Iterable[str]:
+        self._ensure()
+        return list(self._by_id)
+
+
+@dataclass(frozen=True)
+class KbProblem:
+    reason: str
+    message: str
+
+
+def kb_problem(workflow_folder: Path) -> KbProblem | None:
+    """Why ``<workflow>/knowledgebase`` cannot be attached right now, or None.
+
+    Checked at every lookup: missing, not a folder, a symlink (even one pointing
+    inside the same workflow: the attached folder must be the folder itself), or
+    a mount point (e.g. a bind mount of someone else's KB on the same filesystem).
+    """
+    kb = workflow_folder / KB_DIR
+    try:
+        info = mount_info(kb)
+    except FileNotFoundError:
+        return KbProblem("kb_missing", "the source has no knowledgebase/ folder")
+    except NotADirectoryError:
+        return KbProblem("kb_missing", "the source workflow folder is gone")
+    except OSError as exc:
+        return KbProblem("kb_missing", f"the source's knowledgebase/ cannot be inspected: {exc.strerror}")
+    if stat.S_ISLNK(info.mode):
+        return KbProblem("kb_symlinked", "the source's knowledgebase/ is a symbolic link, not a folder")
+    if not stat.S_ISDIR(info.mode):
+        return KbProblem("kb_not_dir", "the source's knowledgebase is not a folder")
+    try:
+        parent = mount_info(workflow_folder)
+    except OSError:
+        return KbProblem("kb_missing", "the source workflow folder is gone")
+    if (
+        info.mount_root
+        or info.dev != parent.dev
+        or (info.mnt_id is not None and parent.mnt_id is not None and info.mnt_id != parent.mnt_id)
+    ):
+        return KbProblem(
+            "kb_mountpoint",
+            "the source's knowledgebase/ is a mount point, not part of the workflow's own folder",
+        )
+    return None

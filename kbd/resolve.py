@@ -1,0 +1,182 @@
+"""Attachment resolution: each entry of a consumer → a status (DESIGN §3).
+
+Pure decisions over a :class:`SourceView` (the registry and KB probe behind a
+small interface), so the rules can be tested with fakes and a fleet index could
+replace the folder scan (DESIGN §9). Every call re-runs every check: nothing is
+remembered between lookups, so editing JSON by hand never grants more.
+
+Attachments are not transitive: only the consumer's own entries are looked at;
+a source's ``knowledgebase_sources`` are never read here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from kbd import audience
+from kbd.ids import env_name
+from kbd.manifest import Entry, Manifest
+from kbd.principals import Principals
+from kbd.registry import KB_DIR, Ambiguous, Found, KbProblem, Lookup, Missing, Unreadable
+
+REASONS = (
+    "not_found",
+    "ambiguous_id",
+    "manifest_unreadable",
+    "audience_denied",
+    "other_host",
+    "kb_missing",
+    "kb_not_dir",
+    "kb_symlinked",
+    "kb_mountpoint",
+    "invalid_entry",
+)
+WRITE_NOT_GRANTED = "write_not_granted"
+
+
+class SourceView(Protocol):
+    def find(self, workflow_id: str) -> Lookup: ...
+    def kb_problem(self, workflow_folder: Path) -> KbProblem | None: ...
+
+
+@dataclass(frozen=True)
+class WriteStatus:
+    available: bool
+    reason: str | None
+    message: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"available": self.available, "reason": self.reason, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """The status of one attachment, in the contract's JSON shape."""
+
+    alias: str
+    workflow_id: str
+    label: str | None
+    access: str
+    available: bool
+    reason: str | None
+    message: str | None
+    write: WriteStatus | None
+    path: Path | None  # canonical KB folder; None whenever not available
+    source_folder: Path | None = None  # workflow folder, only when available
+
+    @property
+    def env(self) -> str:
+        return env_name(self.alias) if self.alias else ""
+
+    @property
+    def writable(self) -> bool:
+        return self.write is not None and self.write.available
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "alias": self.alias,
+            "workflow_id": self.workflow_id,
+            "label": self.label,
+            "access": self.access,
+            "available": self.available,
+            "reason": self.reason,
+            "message": self.message,
+            "write": None if self.write is None else self.write.to_json(),
+            "env": self.env,
+            "path": None if self.path is None else str(self.path),
+        }
+
+
+def _unavailable(entry: Entry, reason: str, message: str, *, label: str | None = None) -> Attachment:
+    write = WriteStatus(False, reason, message) if entry.access == "write" else None
+    return Attachment(
+        alias=entry.alias,
+        workflow_id=entry.workflow_id,
+        label=label,
+        access=entry.access if entry.access in ("read", "write") else "read",
+        available=False,
+        reason=reason,
+        message=message,
+        write=write,
+        path=None,
+    )
+
+
+def resolve_entry(
+    entry: Entry, consumer: Manifest, *, view: SourceView, principals: Principals, host: str
+) -> Attachment:
+    """Resolve one entry of ``consumer``. Never raises for an unusable source:
+    the attachment is returned unavailable with its reason."""
+    if entry.ref is None:
+        return _unavailable(entry, "invalid_entry", f"this entry is invalid: {entry.problem}")
+    ref = entry.ref
+    found = view.find(ref.workflow_id)
+    if isinstance(found, Missing):
+        return _unavailable(
+            entry, "not_found", f"no workflow with ID {ref.workflow_id!r} exists on this host"
+        )
+    if isinstance(found, Ambiguous):
+        return _unavailable(
+            entry,
+            "ambiguous_id",
+            f"{len(found.folders)} workflow folders claim ID {ref.workflow_id!r}; "
+            "none is used until the copies get distinct IDs",
+        )
+    if isinstance(found, Unreadable):
+        return _unavailable(
+            entry,
+            "manifest_unreadable",
+            f"the source's workflow.json is unreadable: {found.folder.problem}",
+        )
+    assert isinstance(found, Found)
+    source = found.manifest
+    if source.host is not None and source.host != host:
+        return _unavailable(entry, "other_host", f"the source lives on host {source.host!r}, not on {host!r}")
+    if not audience.can_read(consumer, source, principals):
+        return _unavailable(
+            entry,
+            "audience_denied",
+            "not everyone who can read this workflow may read the source"
+            if not consumer.is_legacy
+            else "this workflow has no owner (account-visible), so it may only attach account-visible sources",
+        )
+    # The label is shown only once the consumer's audience may read the source.
+    problem = view.kb_problem(found.folder.path)
+    if problem is not None:
+        return _unavailable(entry, problem.reason, problem.message, label=source.label)
+    write: WriteStatus | None = None
+    if ref.access == "write":
+        if audience.can_write(consumer, source, principals):
+            write = WriteStatus(True, None)
+        elif source.is_legacy:
+            write = WriteStatus(
+                False, WRITE_NOT_GRANTED, "the source has no owner who could grant write access"
+            )
+        else:
+            write = WriteStatus(
+                False,
+                WRITE_NOT_GRANTED,
+                f"the source's owner has not granted {consumer.id!r} write access "
+                f"(`kbd writers grant {ref.workflow_id} {consumer.id}`)",
+            )
+    return Attachment(
+        alias=ref.alias,
+        workflow_id=ref.workflow_id,
+        label=source.label,
+        access=ref.access,
+        available=True,
+        reason=None,
+        message=None,
+        write=write,
+        path=found.folder.path / KB_DIR,
+        source_folder=found.folder.path,
+    )
+
+
+def resolve_all(
+    consumer: Manifest, *, view: SourceView, principals: Principals, host: str
+) -> list[Attachment]:
+    """Every entry of ``consumer``, in manifest order, none dropped."""
+    return [resolve_entry(e, consumer, view=view, principals=principals, host=host) for e in consumer.entries]

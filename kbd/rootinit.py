@@ -1,0 +1,198 @@
+"""``kbd init``: create a root's config files, and optionally the demo workflows."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from kbd.config import CONFIG_NAME, PRINCIPALS_NAME, STATE_DIR
+from kbd.errors import RootError, RootExists
+from kbd.fsio import write_atomic
+from kbd.ids import id_problem
+
+CONFIG_TEMPLATE = """\
+# kbd host configuration. Unknown keys are errors.
+host: {host}
+# Folders searched (recursively) for workflow folders holding workflow.json.
+# Relative paths are relative to this root.
+workflow_roots: [workflows]
+# Operator-approved roots that folder_access grants must lie under.
+folder_roots: [folders]
+locks:
+  timeout_seconds: 10        # how long a writer waits for a notes/ or manifest lock
+sandbox:
+  backend: auto              # auto | bwrap | landlock
+  network: none              # none | host: network inside `kbd exec` sandboxes
+  unsafe_landlock_writes: false
+  unsafe_no_sandbox: false
+revocation:
+  immediate: false           # terminate running commands when their grants shrink
+  grace_seconds: 5
+"""
+
+
+def _safe_name(value: str, fallback: str) -> str:
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", value).strip("-.") or fallback
+    return cleaned if id_problem(cleaned) is None else fallback
+
+
+def init_root(root: Path, *, host: str | None, force: bool, demo: bool) -> dict[str, Any]:
+    """Write kbd.yaml and principals.yaml (and the demo) into ``root``.
+
+    Refuses a root that already has kbd.yaml unless ``force``. Never deletes.
+    """
+    if root.exists() and not root.is_dir():
+        raise RootError(f"{root} exists and is not a folder")
+    if (root / CONFIG_NAME).exists() and not force:
+        raise RootExists(f"{root} already holds a kbd root ({CONFIG_NAME} exists)")
+    host_name = host if host is not None else _safe_name(socket.gethostname(), "localhost")
+    if (problem := id_problem(host_name)) is not None:
+        raise RootError(f"--host {problem}")
+    root.mkdir(parents=True, exist_ok=True, mode=0o750)
+    for sub in ("workflows", "folders", STATE_DIR):
+        (root / sub).mkdir(exist_ok=True, mode=0o750)
+    write_atomic(root / CONFIG_NAME, CONFIG_TEMPLATE.format(host=host_name).encode(), mode=0o640)
+    principals = demo_principals() if demo else default_principals()
+    write_atomic(
+        root / PRINCIPALS_NAME,
+        yaml.safe_dump({"principals": principals}, sort_keys=False).encode(),
+        mode=0o640,
+    )
+    created: list[str] = []
+    if demo:
+        created = create_demo_workflows(root / "workflows")
+    return {"root": str(root.resolve()), "host": host_name, "demo_workflows": created}
+
+
+def default_principals() -> list[dict[str, Any]]:
+    """One admin mapped to the uid running init, so the CLI works without --as."""
+    try:
+        name = getpass.getuser()
+    except (KeyError, OSError):
+        name = "operator"
+    return [{"id": _safe_name(name, "operator"), "kind": "user", "admin": True, "uid": os.getuid()}]
+
+
+def demo_principals() -> list[dict[str, Any]]:
+    return [
+        {"id": "alice", "kind": "user"},
+        {"id": "bob", "kind": "user"},
+        {"id": "carol", "kind": "user"},
+        {"id": "ops", "kind": "user", "admin": True, "uid": os.getuid()},
+        {"id": "exec-host", "kind": "service"},
+        {"id": "mallory", "kind": "user", "disabled": True},
+    ]
+
+
+# (folder, manifest, {relative file: content}) — wired so `workflows show wf_perf`
+# shows each status the README walks through.
+DEMO: list[tuple[str, dict[str, Any], dict[str, str]]] = [
+    (
+        "rts",
+        {
+            "id": "wf_rts",
+            "label": "RTS platform",
+            "access": {"owners": ["alice"], "readers": ["bob"]},
+            "schedule": {"cron": "0 6 * * *"},
+        },
+        {
+            "knowledgebase/context/architecture.md": "# RTS architecture\nEdge -> router -> livekit SFU.\n",
+            "knowledgebase/notes/services.md": "# Services\n- router: routes rooms (verified 2026-11-02)\n",
+        },
+    ),
+    (
+        "security",
+        {
+            "id": "wf_security",
+            "label": "Security review",
+            "access": {"owners": ["bob"], "readers": ["alice"], "allowed_kb_writers": ["wf_perf"]},
+            "knowledgebase_sources": [{"workflow_id": "wf_rts", "alias": "rts", "access": "read"}],
+        },
+        {
+            "knowledgebase/context/threat-model.md": "# Threat model\nTenants must not read each other's rooms.\n",
+            "knowledgebase/notes/findings.md": "# Findings\n- TURN credentials rotate daily.\n",
+        },
+    ),
+    (
+        "cost",
+        {
+            "id": "wf_cost",
+            "label": "Cost tracking",
+            "access": {"owners": ["carol"], "readers": ["alice"]},
+        },
+        {"knowledgebase/notes/budget.md": "# Budget\nSFU egress is 62% of spend.\n"},
+    ),
+    (
+        "payroll",
+        {"id": "wf_payroll", "label": "Payroll (private)", "access": {"owners": ["carol"]}},
+        {"knowledgebase/notes/salaries.md": "# Private\n"},
+    ),
+    (
+        "docs",
+        {"id": "wf_docs", "label": "Shared docs (legacy, no owner)"},
+        {"knowledgebase/context/glossary.md": "# Glossary\nSFU: selective forwarding unit.\n"},
+    ),
+    (
+        "perf",
+        {
+            "id": "wf_perf",
+            "label": "RTS performance",
+            "access": {"owners": ["alice"]},
+            "knowledgebase_sources": [
+                {"workflow_id": "wf_rts", "alias": "rts", "access": "read"},
+                {"workflow_id": "wf_security", "alias": "security", "access": "write"},
+                {"workflow_id": "wf_cost", "alias": "cost", "access": "write"},
+                {"workflow_id": "wf_payroll", "alias": "payroll", "access": "read"},
+                {"workflow_id": "wf_archived", "alias": "archive", "access": "read"},
+            ],
+        },
+        {"knowledgebase/notes/latency.md": "# Latency\np99 join time 840 ms.\n"},
+    ),
+]
+
+
+def create_demo_workflows(workflows: Path) -> list[str]:
+    created = []
+    for folder, manifest, files in DEMO:
+        base = workflows / folder
+        if base.exists():
+            continue
+        for sub in (
+            "knowledgebase/context",
+            "knowledgebase/notes",
+            "soul",
+            "learnings",
+            "runs",
+            "credentials",
+        ):
+            (base / sub).mkdir(parents=True, exist_ok=True)
+        index = {
+            "notes": [
+                {
+                    "path": name.split("knowledgebase/notes/", 1)[1],
+                    "title": body.splitlines()[0].lstrip("# "),
+                }
+                for name, body in files.items()
+                if name.startswith("knowledgebase/notes/")
+            ]
+        }
+        files = {
+            **files,
+            "knowledgebase/notes/_index.json": orjson.dumps(index, option=orjson.OPT_INDENT_2).decode()
+            + "\n",
+            "soul/persona.md": f"# {manifest['label']} persona (private)\n",
+            "learnings/lessons.md": "# Lessons (private)\n",
+            "credentials/token": f"secret-token-of-{manifest['id']}\n",
+        }
+        for name, body in files.items():
+            (base / name).write_text(body, encoding="utf-8")
+        (base / "workflow.json").write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2) + b"\n")
+        created.append(manifest["id"])
+    return created
