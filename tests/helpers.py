@@ -1,0 +1,113 @@
+"""Test helpers: build roots and workflows on disk, run the real CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from kbd.ops import Host
+from kbd.rootinit import init_root
+
+PRINCIPALS: list[dict[str, Any]] = [
+    {"id": "alice"},
+    {"id": "bob"},
+    {"id": "carol"},
+    {"id": "dave"},
+    {"id": "ops", "admin": True},
+    {"id": "svc", "kind": "service"},
+    {"id": "mallory", "disabled": True},
+    {"id": "exadmin", "admin": True, "disabled": True},
+]
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return orjson.loads(self.out)
+
+
+@dataclass
+class KbRoot:
+    root: Path
+
+    @classmethod
+    def create(cls, root: Path, *, host: str = "test-host", principals: list[dict[str, Any]] | None = None) -> KbRoot:
+        init_root(root, host=host, force=False, demo=False)
+        (root / "principals.yaml").write_text(yaml.safe_dump({"principals": principals or PRINCIPALS}))
+        return cls(root)
+
+    @property
+    def workflows(self) -> Path:
+        return self.root / "workflows"
+
+    def workflow(
+        self,
+        wid: str,
+        *,
+        folder: str | None = None,
+        kb: bool = True,
+        sources: list[dict[str, Any]] | None = None,
+        **fields: Any,
+    ) -> Path:
+        """Create a workflow folder with a KB (context/, notes/fact.md, notes/_index.json)
+        and private folders. Extra keyword fields go into workflow.json as given."""
+        path = self.workflows / (folder or wid)
+        path.mkdir(parents=True)
+        doc: dict[str, Any] = {"id": wid, **fields}
+        if sources is not None:
+            doc["knowledgebase_sources"] = sources
+        self.write_manifest(path, doc)
+        if kb:
+            (path / "knowledgebase" / "context").mkdir(parents=True)
+            (path / "knowledgebase" / "notes").mkdir()
+            (path / "knowledgebase" / "context" / "about.md").write_text(f"about {wid}\n")
+            (path / "knowledgebase" / "notes" / "fact.md").write_text(f"{wid}\n")
+            (path / "knowledgebase" / "notes" / "_index.json").write_text('{"notes": ["fact.md"]}\n')
+        for private in ("soul", "learnings", "runs", "credentials"):
+            (path / private).mkdir()
+        (path / "credentials" / "token").write_text(f"secret-{wid}\n")
+        return path
+
+    @staticmethod
+    def write_manifest(path: Path, doc: dict[str, Any]) -> None:
+        (path / "workflow.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+
+    @staticmethod
+    def read_manifest(path: Path) -> dict[str, Any]:
+        data: dict[str, Any] = orjson.loads((path / "workflow.json").read_bytes())
+        return data
+
+    def edit(self, path: Path, **changes: Any) -> None:
+        """Hand-edit workflow.json (as a user with an editor would)."""
+        doc = self.read_manifest(path)
+        doc.update(changes)
+        self.write_manifest(path, doc)
+
+    def host(self) -> Host:
+        # sweep_interval=0: every lookup re-verifies every manifest, as a fresh CLI call does.
+        return Host(self.root, sweep_interval=0)
+
+    def cli(self, *args: str, input: bytes | None = None, env: dict[str, str] | None = None) -> CliResult:
+        """Run the real `kbd` command in a subprocess against this root."""
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("KBD_")}
+        full_env.update(env or {})
+        proc = subprocess.run(
+            [sys.executable, "-m", "kbd", "--root", str(self.root), *args],
+            input=input,
+            capture_output=True,
+            env=full_env,
+            timeout=60,
+            check=False,
+        )
+        return CliResult(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
