@@ -1,4 +1,4 @@
-"""Durable file I/O: atomic replacement and bounded no-follow reads.
+"""Durable file I/O: atomic replacement of a file beneath a folder.
 
 Atomic replacement (DESIGN §7, "lose nothing"): a random temp name created with
 ``O_CREAT|O_EXCL|O_NOFOLLOW`` beside the target, write, fsync, ``rename`` over
@@ -70,34 +70,6 @@ def write_atomic_at(dfd: int, name: str, data: bytes, *, mode: int = 0o644, keep
             os.unlink(tmp, dir_fd=dfd)
         raise
     os.fsync(dfd)
-
-
-def read_regular_nofollow(path: Path, *, limit: int) -> tuple[bytes, os.stat_result]:
-    """Read a regular file without following a final symlink, at most ``limit`` bytes.
-
-    Raises OSError (ELOOP for a symlink, EFBIG when too large, EINVAL when not a
-    regular file). ``O_NONBLOCK`` keeps a FIFO planted at the name from hanging us.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(22, "not a regular file", str(path))
-        if st.st_size > limit:
-            raise OSError(27, f"larger than {limit} bytes", str(path))
-        chunks: list[bytes] = []
-        total = 0
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            total += len(chunk)
-            if total > limit:
-                raise OSError(27, f"larger than {limit} bytes", str(path))
-            chunks.append(chunk)
-        return b"".join(chunks), st
-    finally:
-        os.close(fd)
 
 
 def ensure_private_dir(path: Path, mode: int = 0o750) -> None:

@@ -35,7 +35,7 @@ class MountInfo:
     mount_root: bool | None
 
 
-def mount_info(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> MountInfo:
+def mount_info(path: str | os.PathLike[str], *, dir_fd: int | None = None, flags: int = 0) -> MountInfo:
     """Identity and mount of ``path`` without following a final symlink.
 
     Falls back to ``lstat`` (mnt_id and mount_root unknown) where statx or
@@ -46,7 +46,7 @@ def mount_info(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> Mo
         rc = _statx(
             AT_FDCWD if dir_fd is None else dir_fd,
             os.fsencode(path),
-            AT_SYMLINK_NOFOLLOW,
+            AT_SYMLINK_NOFOLLOW | flags,
             STATX_BASIC_STATS | STATX_MNT_ID,
             buf,
         )
@@ -64,5 +64,5 @@ def mount_info(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> Mo
         err = ctypes.get_errno()
         if err != 38:  # ENOSYS: fall through to lstat
             raise OSError(err, os.strerror(err), os.fspath(path))
-    st = os.lstat(path, dir_fd=dir_fd)
+    st = os.fstat(dir_fd) if flags & AT_EMPTY_PATH and dir_fd is not None else os.lstat(path, dir_fd=dir_fd)
     return MountInfo(mode=st.st_mode, dev=st.st_dev, ino=st.st_ino, mnt_id=None, mount_root=None)

@@ -12,20 +12,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kbd.errors import ManifestUnreadable, VersionConflict
-from kbd.fsio import read_regular_nofollow, write_atomic
+from kbd.errors import KbdError, ManifestUnreadable, VersionConflict
+from kbd.fsio import write_atomic_at
 from kbd.locks import held
 from kbd.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest, render
 from kbd.registry import MANIFEST
+from kbd.safepath import pin_dir, read_file_stat
+
+
+def _read_at(dirfd: int) -> Manifest:
+    try:
+        data, _ = read_file_stat(dirfd, MANIFEST, limit=MAX_MANIFEST_BYTES, allow_hardlinks=True)
+    except KbdError as exc:
+        raise ManifestUnreadable(f"workflow.json cannot be read: {exc.message}") from exc
+    return parse_manifest(data)
 
 
 def read(folder: Path) -> Manifest:
-    """Read and parse ``<folder>/workflow.json`` strictly (no symlink, bounded)."""
-    try:
-        data, _ = read_regular_nofollow(folder / MANIFEST, limit=MAX_MANIFEST_BYTES)
-    except OSError as exc:
-        raise ManifestUnreadable(f"workflow.json cannot be read: {exc.strerror or exc}") from exc
-    return parse_manifest(data)
+    """Read and parse ``<folder>/workflow.json`` strictly through the path layer."""
+    with pin_dir(folder) as pinned:
+        return _read_at(pinned.fd)
 
 
 def update(
@@ -42,8 +48,13 @@ def update(
     lock timeout, and whatever ``change`` raises; in every error case the file
     is byte-identical to before.
     """
-    with held(state_dir, "manifest", str(folder), timeout=timeout, what=f"workflow.json of {folder.name}"):
-        current = read(folder)
+    with (
+        held(state_dir, "manifest", str(folder), timeout=timeout, what=f"workflow.json of {folder.name}"),
+        pin_dir(folder) as pinned,
+    ):
+        # Read and replace through one pinned folder fd: a folder swapped for a
+        # link between the two steps cannot redirect the write.
+        current = _read_at(pinned.fd)
         if expected_version is not None and expected_version != current.version:
             raise VersionConflict(
                 f"workflow.json is at version {current.version}, not the expected {expected_version}"
@@ -53,5 +64,5 @@ def update(
             return current  # nothing to change: keep the file and its formatting
         data = render(doc)
         saved = parse_manifest(data)  # never write what we could not read back
-        write_atomic(folder / MANIFEST, data)
+        write_atomic_at(pinned.fd, MANIFEST, data)
         return saved

@@ -33,7 +33,7 @@ from kbd.manifest import (
     with_writers,
 )
 from kbd.principals import Principal, Principals, load_principals
-from kbd.registry import Ambiguous, Found, KbProblem, Lookup, Missing, Registry, kb_problem
+from kbd.registry import Ambiguous, Found, KbProbe, Lookup, Missing, Registry, probe_kb
 from kbd.resolve import Attachment, resolve_all, resolve_entry
 
 
@@ -53,8 +53,8 @@ class Host:
     def find(self, workflow_id: str) -> Lookup:
         return self.registry.find(workflow_id)
 
-    def kb_problem(self, workflow_folder: Path) -> KbProblem | None:
-        return kb_problem(workflow_folder)
+    def probe_kb(self, workflow_folder: Path) -> KbProbe:
+        return probe_kb(workflow_folder)
 
     # -- helpers -------------------------------------------------------------
     def actor(self, pid: str) -> Principal:
@@ -129,7 +129,7 @@ class Host:
                 continue
             if not audience.can_read(consumer, source, self.principals):
                 continue
-            if kb_problem(folder.path) is not None:
+            if probe_kb(folder.path).problem is not None:
                 continue
             out.append(
                 {

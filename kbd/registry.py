@@ -29,10 +29,11 @@ from pathlib import Path
 
 import orjson
 
-from kbd.errors import ManifestUnreadable
-from kbd.fsio import ensure_private_dir, read_regular_nofollow, write_atomic
-from kbd.linux import mount_info
+from kbd.errors import KbdError, ManifestUnreadable
+from kbd.fsio import ensure_private_dir, write_atomic
+from kbd.linux import AT_EMPTY_PATH, mount_info
 from kbd.manifest import MAX_MANIFEST_BYTES, Manifest, extract_id, parse_manifest
+from kbd.safepath import pin_dir, read_file_stat
 
 MANIFEST = "workflow.json"
 KB_DIR = "knowledgebase"
@@ -95,12 +96,21 @@ class Unreadable:
 Lookup = Found | Missing | Ambiguous | Unreadable
 
 
+def read_manifest_bytes(folder: Path) -> tuple[bytes, os.stat_result]:
+    """``<folder>/workflow.json`` read through the path layer: the folder pinned
+    without following links, the file opened beneath it (never a link, FIFO or
+    device), bounded in size. Raises KbdError."""
+    with pin_dir(folder) as pinned:
+        return read_file_stat(pinned.fd, MANIFEST, limit=MAX_MANIFEST_BYTES, allow_hardlinks=True)
+
+
 def _load_folder(path: Path, *, previous_id: str | None, now_ns: int) -> Folder:
     try:
-        data, st = read_regular_nofollow(path / MANIFEST, limit=MAX_MANIFEST_BYTES)
+        data, st = read_manifest_bytes(path)
+    except KbdError as exc:
+        return Folder(path, None, f"workflow.json cannot be read: {exc.message}", previous_id, None)
     except OSError as exc:
-        why = "is a symlink" if exc.errno == 40 else (exc.strerror or str(exc))
-        return Folder(path, None, f"workflow.json cannot be read: {why}", previous_id, None)
+        return Folder(path, None, f"workflow.json cannot be read: {exc.strerror or exc}", previous_id, None)
     try:
         manifest = parse_manifest(data)
     except ManifestUnreadable as exc:
@@ -368,37 +378,52 @@ class KbProblem:
     message: str
 
 
-def kb_problem(workflow_folder: Path) -> KbProblem | None:
-    """Why ``<workflow>/knowledgebase`` cannot be attached right now, or None.
+@dataclass(frozen=True)
+class KbProbe:
+    """The KB folder as seen now: a problem, or its identity for later pinning."""
+
+    problem: KbProblem | None
+    identity: tuple[int, int] | None = None  # (st_dev, st_ino) of knowledgebase/
+
+
+def probe_kb(workflow_folder: Path) -> KbProbe:
+    """Why ``<workflow>/knowledgebase`` cannot be attached right now, or its identity.
 
     Checked at every lookup: missing, not a folder, a symlink (even one pointing
     inside the same workflow: the attached folder must be the folder itself), or
-    a mount point (e.g. a bind mount of someone else's KB on the same filesystem).
+    a mount point (e.g. a bind mount of someone else's KB on the same
+    filesystem, caught by statx mount IDs). The workflow folder is pinned
+    without following links first, so the answer is about the real folder.
     """
-    kb = workflow_folder / KB_DIR
     try:
-        info = mount_info(kb)
-    except FileNotFoundError:
-        return KbProblem("kb_missing", "the source has no knowledgebase/ folder")
-    except NotADirectoryError:
-        return KbProblem("kb_missing", "the source workflow folder is gone")
-    except OSError as exc:
-        return KbProblem("kb_missing", f"the source's knowledgebase/ cannot be inspected: {exc.strerror}")
+        pinned = pin_dir(workflow_folder)
+    except KbdError:
+        return KbProbe(KbProblem("kb_missing", "the source workflow folder is gone or was replaced"))
+    with pinned:
+        try:
+            info = mount_info(KB_DIR, dir_fd=pinned.fd)
+            parent = mount_info("", dir_fd=pinned.fd, flags=AT_EMPTY_PATH)
+        except FileNotFoundError:
+            return KbProbe(KbProblem("kb_missing", "the source has no knowledgebase/ folder"))
+        except OSError as exc:
+            return KbProbe(
+                KbProblem("kb_missing", f"the source's knowledgebase/ cannot be inspected: {exc.strerror}")
+            )
     if stat.S_ISLNK(info.mode):
-        return KbProblem("kb_symlinked", "the source's knowledgebase/ is a symbolic link, not a folder")
+        return KbProbe(
+            KbProblem("kb_symlinked", "the source's knowledgebase/ is a symbolic link, not a folder")
+        )
     if not stat.S_ISDIR(info.mode):
-        return KbProblem("kb_not_dir", "the source's knowledgebase is not a folder")
-    try:
-        parent = mount_info(workflow_folder)
-    except OSError:
-        return KbProblem("kb_missing", "the source workflow folder is gone")
+        return KbProbe(KbProblem("kb_not_dir", "the source's knowledgebase is not a folder"))
     if (
         info.mount_root
         or info.dev != parent.dev
         or (info.mnt_id is not None and parent.mnt_id is not None and info.mnt_id != parent.mnt_id)
     ):
-        return KbProblem(
-            "kb_mountpoint",
-            "the source's knowledgebase/ is a mount point, not part of the workflow's own folder",
+        return KbProbe(
+            KbProblem(
+                "kb_mountpoint",
+                "the source's knowledgebase/ is a mount point, not part of the workflow's own folder",
+            )
         )
-    return None
+    return KbProbe(None, (info.dev, info.ino))

@@ -19,7 +19,7 @@ from kbd import audience
 from kbd.ids import env_name
 from kbd.manifest import Entry, Manifest
 from kbd.principals import Principals
-from kbd.registry import KB_DIR, Ambiguous, Found, KbProblem, Lookup, Missing, Unreadable
+from kbd.registry import KB_DIR, Ambiguous, Found, KbProbe, Lookup, Missing, Unreadable
 
 REASONS = (
     "not_found",
@@ -38,7 +38,7 @@ WRITE_NOT_GRANTED = "write_not_granted"
 
 class SourceView(Protocol):
     def find(self, workflow_id: str) -> Lookup: ...
-    def kb_problem(self, workflow_folder: Path) -> KbProblem | None: ...
+    def probe_kb(self, workflow_folder: Path) -> KbProbe: ...
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ class Attachment:
     write: WriteStatus | None
     path: Path | None  # canonical KB folder; None whenever not available
     source_folder: Path | None = None  # workflow folder, only when available
+    kb_identity: tuple[int, int] | None = None  # (st_dev, st_ino) seen at resolution
 
     @property
     def env(self) -> str:
@@ -143,9 +144,9 @@ def resolve_entry(
             else "this workflow has no owner (account-visible), so it may only attach account-visible sources",
         )
     # The label is shown only once the consumer's audience may read the source.
-    problem = view.kb_problem(found.folder.path)
-    if problem is not None:
-        return _unavailable(entry, problem.reason, problem.message, label=source.label)
+    probe = view.probe_kb(found.folder.path)
+    if probe.problem is not None:
+        return _unavailable(entry, probe.problem.reason, probe.problem.message, label=source.label)
     write: WriteStatus | None = None
     if ref.access == "write":
         if audience.can_write(consumer, source, principals):
@@ -172,6 +173,7 @@ def resolve_entry(
         write=write,
         path=found.folder.path / KB_DIR,
         source_folder=found.folder.path,
+        kb_identity=probe.identity,
     )
 
 

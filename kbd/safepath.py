@@ -1,0 +1,399 @@
+"""Race-free path resolution beneath pinned directory descriptors (DESIGN §5).
+
+Every path kbd takes from someone else (a KB-relative path to browse, a note
+name to write) is opened *beneath* a directory fd that kbd pinned itself, never
+by joining strings and checking them lexically (``realpath`` + ``commonpath``
+loses to symlink swaps and PATH_MAX-long chains).
+
+Policy, stricter than the kernel's minimum and identical on both code paths:
+
+* A relative path is validated before any syscall: non-empty, no NUL, not
+  absolute, no ``..`` component, at most :data:`PATH_MAX` bytes and
+  :data:`NAME_MAX` bytes per component. Names are taken literally: ``..%2f``
+  and backslashes are ordinary characters, never decoded.
+* Symbolic links are never followed inside a KB (``RESOLVE_NO_SYMLINKS``), nor
+  magic links, nor mount crossings (``RESOLVE_NO_XDEV``): the files kbd serves
+  and writes are exactly the files physically inside the pinned folder. (Shell
+  commands in the sandbox see links resolved inside their own mount namespace,
+  where only granted folders exist.)
+* Primary path: ``openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|RESOLVE_NO_MAGICLINKS|
+  RESOLVE_NO_XDEV)`` through ctypes, retried a bounded number of times on
+  ``EAGAIN``. Fallback, only where openat2 does not exist (ENOSYS at import):
+  an ``O_NOFOLLOW`` walk one component at a time with a mount check. A lookup
+  openat2 refused is never retried with the walk.
+* After opening, ``fstat`` verifies the type (and for reads size and link
+  count) of what was actually opened. Every fd is ``O_CLOEXEC``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from kbd.errors import Busy, InvalidInput, KbdError, NotFound, PermissionDenied
+from kbd.fsio import write_atomic_at
+from kbd.linux import AT_EMPTY_PATH, mount_info
+
+PATH_MAX = 4096
+NAME_MAX = 255
+EAGAIN_RETRIES = 16
+
+RESOLVE_NO_XDEV = 0x01
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+STRICT = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV
+_SYS_OPENAT2 = 437  # the same number on every Linux architecture (unified table)
+
+
+class PathRefused(KbdError):
+    """A path that kbd will not open; ``why`` is a stable sub-reason."""
+
+    code = "path-refused"
+    exit_code = 77
+    http_status = 403
+    default_hint = "name a path inside the knowledge base without '..', links or special files"
+
+    def __init__(self, message: str, *, why: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.why = why
+
+
+class InvalidPath(InvalidInput):
+    code = "invalid-path"
+    default_hint = "use a relative path inside the knowledge base, e.g. notes/_index.json"
+
+
+class PathNotFound(NotFound):
+    code = "path-not-found"
+    default_hint = "list the folder with `kbd ls` to see what exists"
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+
+
+def _raw_openat2(dirfd: int, path: bytes, flags: int, mode: int, resolve: int) -> int:
+    how = _OpenHow(flags, mode, resolve)
+    return int(
+        _syscall(
+            ctypes.c_long(_SYS_OPENAT2),
+            ctypes.c_int(dirfd),
+            ctypes.c_char_p(path),
+            ctypes.byref(how),
+            ctypes.c_size_t(ctypes.sizeof(how)),
+        )
+    )
+
+
+def _probe_openat2() -> bool:
+    fd = _raw_openat2(-100, b"/", os.O_PATH | os.O_CLOEXEC, 0, 0)
+    if fd >= 0:
+        os.close(fd)
+        return True
+    return ctypes.get_errno() != errno.ENOSYS
+
+
+HAVE_OPENAT2 = _probe_openat2()
+
+
+def split_relative(rel: str, *, allow_empty: bool = False) -> list[str]:
+    """Validate a caller-supplied relative path and split it into components.
+
+    Raises InvalidPath naming the rule. ``.`` components and repeated slashes are
+    dropped; ``..`` is refused outright (no lexical normalisation to argue about).
+    """
+    if not isinstance(rel, str):
+        raise InvalidPath("path must be a string")
+    if "\x00" in rel:
+        raise InvalidPath("path contains a NUL byte")
+    raw = os.fsencode(rel)
+    if len(raw) > PATH_MAX:
+        raise InvalidPath(f"path is longer than {PATH_MAX} bytes")
+    if rel.startswith("/"):
+        raise InvalidPath("path must be relative to the knowledge base, not absolute")
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    for p in parts:
+        if p == "..":
+            raise InvalidPath("path must not contain '..' components")
+        if len(os.fsencode(p)) > NAME_MAX:
+            raise InvalidPath(f"a path component is longer than {NAME_MAX} bytes")
+    if not parts and not allow_empty:
+        raise InvalidPath("path is empty")
+    return parts
+
+
+def _refusal(err: int, rel: str) -> KbdError:
+    """errno → the error a caller sees. Never includes a host path."""
+    shown = rel if len(rel) <= 200 else rel[:200] + "…"
+    if err == errno.ENOENT:
+        return PathNotFound(f"{shown!r} does not exist in the knowledge base")
+    if err == errno.ENOTDIR:
+        return PathNotFound(f"a component of {shown!r} is not a folder")
+    if err == errno.ELOOP:
+        return PathRefused(
+            f"{shown!r} goes through a symbolic link; kbd never follows links inside a KB", why="symlink"
+        )
+    if err == errno.EXDEV:
+        return PathRefused(
+            f"{shown!r} leaves the knowledge base (a link, '..' or another mount)", why="escape"
+        )
+    if err in (errno.EACCES, errno.EPERM):
+        return PermissionDenied(f"{shown!r} is not accessible", hint="the file's permissions deny kbd")
+    if err == errno.EISDIR:
+        return PathRefused(f"{shown!r} is a folder", why="not_file")
+    if err == errno.ENAMETOOLONG:
+        return InvalidPath(f"{shown!r} is too long")
+    if err == errno.EAGAIN:
+        return Busy(f"{shown!r} kept changing while it was looked up; retry")
+    return PathRefused(f"{shown!r} cannot be opened ({os.strerror(err)})", why="os_error")
+
+
+def _openat2(dirfd: int, parts: list[str], flags: int, mode: int) -> int:
+    path = os.fsencode("/".join(parts) if parts else ".")
+    for _ in range(EAGAIN_RETRIES):
+        fd = _raw_openat2(dirfd, path, flags | os.O_CLOEXEC, mode, STRICT)
+        if fd >= 0:
+            return fd
+        err = ctypes.get_errno()
+        if err not in (errno.EAGAIN, errno.EINTR):
+            raise OSError(err, os.strerror(err))
+    raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+
+
+def _mnt(fd: int) -> tuple[int, int | None]:
+    info = mount_info("", dir_fd=fd, flags=AT_EMPTY_PATH)
+    return info.dev, info.mnt_id
+
+
+def _walk(dirfd: int, parts: list[str], flags: int, mode: int) -> int:
+    """Fallback: one component at a time, never following a link or leaving the mount."""
+    base = _mnt(dirfd)
+    cur = os.dup(dirfd)
+    try:
+        for comp in parts[:-1]:
+            nxt = os.open(comp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=cur)
+            os.close(cur)
+            cur = nxt
+            if _mnt(cur) != base:
+                raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+        last = parts[-1] if parts else "."
+        fd = os.open(last, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=cur)
+    finally:
+        os.close(cur)
+    try:
+        if _mnt(fd) != base:
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_beneath(
+    dirfd: int, rel: str, flags: int = os.O_RDONLY, mode: int = 0, *, use_openat2: bool | None = None
+) -> int:
+    """Open ``rel`` strictly beneath ``dirfd`` (see module policy). Returns an fd.
+
+    Raises InvalidPath / PathNotFound / PathRefused / PermissionDenied / Busy.
+    ``use_openat2`` exists for the differential tests; callers leave it None.
+    """
+    parts = split_relative(rel, allow_empty=True)
+    primary = HAVE_OPENAT2 if use_openat2 is None else use_openat2
+    try:
+        return _openat2(dirfd, parts, flags, mode) if primary else _walk(dirfd, parts, flags, mode)
+    except OSError as exc:
+        raise _refusal(exc.errno or errno.EIO, rel) from None
+
+
+@dataclass
+class Pinned:
+    """An open directory fd with the identity it had when pinned."""
+
+    fd: int
+    dev: int
+    ino: int
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> Pinned:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def pin_dir(path: Path, *, expect: tuple[int, int] | None = None) -> Pinned:
+    """Pin the directory at absolute ``path`` without following any symlink on the way.
+
+    Walks from ``/`` with ``RESOLVE_NO_SYMLINKS`` (mount crossings are allowed:
+    kbd roots often live on another filesystem than ``/``). When ``expect``
+    (st_dev, st_ino) is given, the pinned folder must be that same folder, so a
+    folder swapped between resolution and use is refused.
+    """
+    if not path.is_absolute():
+        raise InvalidPath("internal: pin_dir needs an absolute path")
+    rel = os.fsencode(str(path).lstrip("/") or ".")
+    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if HAVE_OPENAT2:
+            for _ in range(EAGAIN_RETRIES):
+                fd = _raw_openat2(
+                    root,
+                    rel,
+                    os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
+                    0,
+                    RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+                )
+                if fd >= 0:
+                    break
+                err = ctypes.get_errno()
+                if err not in (errno.EAGAIN, errno.EINTR):
+                    raise _folder_refusal(err)
+            else:
+                raise Busy("a folder kept changing while it was looked up; retry")
+        else:
+            fd = os.dup(root)
+            try:
+                for comp in [c for c in os.fsdecode(rel).split("/") if c not in ("", ".")]:
+                    nxt = os.open(
+                        comp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+                    )
+                    os.close(fd)
+                    fd = nxt
+            except OSError as exc:
+                os.close(fd)
+                raise _folder_refusal(exc.errno or errno.EIO) from None
+    finally:
+        os.close(root)
+    st = os.fstat(fd)
+    if expect is not None and (st.st_dev, st.st_ino) != expect:
+        os.close(fd)
+        raise PathRefused(
+            "the folder changed since it was resolved (swapped or replaced); retry", why="swapped"
+        )
+    return Pinned(fd, st.st_dev, st.st_ino)
+
+
+def _folder_refusal(err: int) -> KbdError:
+    if err in (errno.ELOOP, errno.EXDEV):
+        return PathRefused("a folder on the way is a symbolic link", why="symlink")
+    if err in (errno.ENOENT, errno.ENOTDIR):
+        return PathNotFound("the folder no longer exists")
+    return PathRefused(f"the folder cannot be opened ({os.strerror(err)})", why="os_error")
+
+
+def read_file(dirfd: int, rel: str, *, limit: int, use_openat2: bool | None = None) -> bytes:
+    """Read a regular, singly-linked file beneath ``dirfd``, at most ``limit`` bytes.
+
+    The file is first opened ``O_PATH`` and checked with fstat, so a FIFO, socket
+    or device is refused without ever being opened for reading (no hang, no
+    driver side effect); the same inode is then reopened through /proc/self/fd.
+    """
+    return read_file_stat(dirfd, rel, limit=limit, use_openat2=use_openat2)[0]
+
+
+def read_file_stat(
+    dirfd: int, rel: str, *, limit: int, allow_hardlinks: bool = False, use_openat2: bool | None = None
+) -> tuple[bytes, os.stat_result]:
+    """:func:`read_file`, also returning the fstat of what was read."""
+    split_relative(rel)  # an empty path is an error here, not "the folder itself"
+    pfd = open_beneath(dirfd, rel, os.O_PATH, use_openat2=use_openat2)
+    try:
+        st = os.fstat(pfd)
+        _check_regular(st, rel, limit, allow_hardlinks)
+        try:
+            fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+        except OSError as exc:
+            raise _refusal(exc.errno or errno.EIO, rel) from None
+    finally:
+        os.close(pfd)
+    try:
+        st2 = os.fstat(fd)
+        if (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino):
+            raise PathRefused(f"{rel!r} changed while it was opened", why="swapped")
+        _check_regular(st2, rel, limit, allow_hardlinks)
+        chunks: list[bytes] = []
+        total = 0
+        while chunk := os.read(fd, 1 << 16):
+            total += len(chunk)
+            if total > limit:
+                raise PathRefused(f"{rel!r} is larger than {limit} bytes", why="too_large")
+            chunks.append(chunk)
+        return b"".join(chunks), st2
+    finally:
+        os.close(fd)
+
+
+def _check_regular(st: os.stat_result, rel: str, limit: int, allow_hardlinks: bool) -> None:
+    if stat.S_ISDIR(st.st_mode):
+        raise PathRefused(f"{rel!r} is a folder; list it instead", why="not_file")
+    if not stat.S_ISREG(st.st_mode):
+        raise PathRefused(f"{rel!r} is not a regular file (FIFO, socket or device)", why="special_file")
+    if st.st_nlink > 1 and not allow_hardlinks:
+        raise PathRefused(
+            f"{rel!r} has {st.st_nlink} hard links; kbd serves only singly-linked files", why="hardlinked"
+        )
+    if st.st_size > limit:
+        raise PathRefused(f"{rel!r} is larger than {limit} bytes", why="too_large")
+
+
+_TYPES = {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink"}
+
+
+def list_dir(dirfd: int, rel: str) -> list[dict[str, str]]:
+    """Names and types in the folder ``rel`` beneath ``dirfd`` (``""`` = the folder
+    itself). Entries are lstat'ed relative to the opened folder: nothing is followed."""
+    fd = open_beneath(dirfd, rel, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        out = []
+        for name in sorted(os.listdir(fd)):
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                kind = _TYPES.get(stat.S_IFMT(st.st_mode), "other")
+            except FileNotFoundError:
+                continue
+            out.append({"name": name, "type": kind})
+        return out
+    finally:
+        os.close(fd)
+
+
+def replace_file(dirfd: int, rel: str, data: bytes, *, mode: int = 0o644) -> None:
+    """Atomically create or replace the regular file ``rel`` beneath ``dirfd``.
+
+    The final name is never opened: a temp file is created ``O_EXCL|O_NOFOLLOW``
+    in the (strictly resolved) parent folder, fsynced and renamed over the name,
+    then the folder is fsynced. An existing destination that is not a regular
+    file (folder, link, FIFO, device) is refused; a hardlinked one is replaced,
+    never written through.
+    """
+    parts = split_relative(rel)
+    parent = "/".join(parts[:-1])
+    name = parts[-1]
+    pfd = open_beneath(dirfd, parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            kind = _TYPES.get(stat.S_IFMT(st.st_mode), "special file")
+            raise PathRefused(
+                f"{rel!r} exists and is a {kind}; only regular files are replaced", why="not_file"
+            )
+        write_atomic_at(pfd, name, data, mode=mode, keep_owner=False)
+    finally:
+        os.close(pfd)
