@@ -17,12 +17,14 @@ import click
 import orjson
 
 from kbd import audit as audit_log
+from kbd import browse
 from kbd.config import default_root
-from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, PermissionDenied
+from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, PermissionDenied, UsageError
 from kbd.manifest import parse_manifest
 from kbd.ops import Host
 from kbd.principals import Principal
 from kbd.rootinit import init_root
+from kbd.strict import load_json_strict
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -35,7 +37,21 @@ def _fail(err: KbdError) -> NoReturn:
 
 
 class KbdGroup(click.Group):
-    """Turns every KbdError (and stray OSError) into the contract's output."""
+    """Turns every KbdError, usage error and stray OSError into the contract's output."""
+
+    def main(self, *args: Any, **kwargs: Any) -> NoReturn:
+        kwargs["standalone_mode"] = False
+        try:
+            rv = super().main(*args, **kwargs)
+        except click.UsageError as exc:
+            cmd = exc.ctx.command_path if exc.ctx is not None else "kbd"
+            _fail(UsageError(exc.format_message(), hint=f"see `{cmd} --help`"))
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(130)
+        except click.ClickException as exc:
+            _fail(UsageError(exc.format_message()))
+        sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -359,8 +375,8 @@ def sources_set(
     except OSError as exc:
         raise InvalidInput(f"cannot read {file}: {exc.strerror}") from exc
     try:
-        raw = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
+        raw = load_json_strict(data)
+    except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"{'stdin' if file == '-' else file} is not valid JSON: {exc}") from exc
     saved = c.host.set_sources(wf, raw, actor=c.actor(as_), expected_version=expected_version)
     attachments = c.host.resolve(saved)
@@ -463,6 +479,51 @@ def writers_revoke(c: Ctx, source_wf: str, consumer_wf: str, as_: str | None, as
             f"{consumer_wf.strip()} may no longer write into {source_wf}"
             + ("" if changed else " (was not granted)")
         )
+
+
+# -- browsing ---------------------------------------------------------------------------
+
+
+@main.command("read")
+@click.argument("wf")
+@click.argument("alias")
+@click.argument("relpath")
+@as_option
+@json_option
+@pass_ctx
+def read_cmd(c: Ctx, wf: str, alias: str, relpath: str, as_: str | None, as_json: bool) -> None:
+    """Print a file of WF's attached KB ALIAS (RELPATH relative to the KB root)."""
+    data = browse.read(c.host, wf, alias, relpath, c.actor(as_))
+    if as_json:
+        _emit(
+            {
+                "workflow_id": wf,
+                "alias": alias,
+                "path": relpath,
+                "size": len(data),
+                "content": data.decode("utf-8", "replace"),
+            }
+        )
+        return
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+@main.command("ls")
+@click.argument("wf")
+@click.argument("alias")
+@click.argument("reldir", required=False, default="")
+@as_option
+@json_option
+@pass_ctx
+def ls_cmd(c: Ctx, wf: str, alias: str, reldir: str, as_: str | None, as_json: bool) -> None:
+    """List a folder of WF's attached KB ALIAS (default: the KB root)."""
+    entries = browse.ls(c.host, wf, alias, reldir, c.actor(as_))
+    if as_json:
+        _emit({"workflow_id": wf, "alias": alias, "path": reldir, "entries": entries})
+        return
+    for e in entries:
+        click.echo(e["name"] + ("/" if e["type"] == "dir" else "@" if e["type"] == "symlink" else ""))
 
 
 # -- audit ------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from kbd.ids import id_problem
 from kbd.strict import (
     check_keys,
     expect_bool,
+    expect_choice,
     expect_mapping,
     expect_number,
     expect_str,
@@ -130,12 +131,8 @@ def parse_config(data: Any, *, root: Path, source: str = CONFIG_NAME) -> Config:
         where="sandbox",
         source=source,
     )
-    backend = expect_str(sb.get("backend", "auto"), where="sandbox.backend", source=source)
-    if backend not in BACKENDS:
-        raise InvalidConfig(f"{source}: sandbox.backend is {backend!r}; allowed: {', '.join(BACKENDS)}")
-    network = expect_str(sb.get("network", "none"), where="sandbox.network", source=source)
-    if network not in NETWORK_MODES:
-        raise InvalidConfig(f"{source}: sandbox.network is {network!r}; allowed: {', '.join(NETWORK_MODES)}")
+    backend = expect_choice(sb.get("backend", "auto"), BACKENDS, where="sandbox.backend", source=source)
+    network = expect_choice(sb.get("network", "none"), NETWORK_MODES, where="sandbox.network", source=source)
     sandbox = SandboxConfig(
         backend=backend,
         network=network,

@@ -37,7 +37,7 @@ def alias_problem(value: object) -> str | None:
     if not ALIAS_RE.fullmatch(value):
         return "must be 1-48 characters of lowercase letters, digits and underscores, starting with a letter"
     if value in RESERVED_ALIASES:
-        return f"{value!r} is reserved (WORKFLOW_KB_ACCESS carries the session's KB access mode)"
+        return "is reserved (WORKFLOW_KB_ACCESS carries the session's KB access mode)"
     return None
 
 

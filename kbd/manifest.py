@@ -23,6 +23,7 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from kbd.errors import InvalidManifest, ManifestUnreadable
@@ -357,7 +358,54 @@ def with_writers(raw: dict[str, Any], writers: Sequence[str]) -> dict[str, Any]:
     return doc
 
 
+def _encode(value: Any, indent: str, out: list[str]) -> None:
+    if isinstance(value, dict):
+        if not value:
+            out.append("{}")
+            return
+        inner = indent + "  "
+        out.append("{\n")
+        for i, (k, v) in enumerate(value.items()):
+            out.append(f"{inner}{_string(k)}: ")
+            _encode(v, inner, out)
+            out.append(",\n" if i < len(value) - 1 else "\n")
+        out.append(indent + "}")
+    elif isinstance(value, list):
+        if not value:
+            out.append("[]")
+            return
+        inner = indent + "  "
+        out.append("[\n")
+        for i, v in enumerate(value):
+            out.append(inner)
+            _encode(v, inner, out)
+            out.append(",\n" if i < len(value) - 1 else "\n")
+        out.append(indent + "]")
+    elif isinstance(value, str):
+        out.append(_string(value))
+    elif value is None or isinstance(value, bool | int):
+        out.append(json.dumps(value))
+    elif isinstance(value, Decimal):
+        # The number exactly as it was written (1e400 stays 1E+400, not Infinity).
+        out.append(str(value))
+    else:  # pragma: no cover - parse_manifest only produces the types above
+        raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def _string(s: str) -> str:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate (valid as a JSON escape) cannot be UTF-8: keep it escaped.
+        return json.dumps(s, ensure_ascii=True)
+    return json.dumps(s, ensure_ascii=False)
+
+
 def render(doc: dict[str, Any]) -> bytes:
-    """Serialise a manifest for saving. The stdlib encoder keeps big integers and
-    float values exact, so fields kbd does not own keep their meaning."""
-    return (json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    """Serialise a manifest for saving, keeping every value's meaning exactly:
+    integers of any size, numbers in their written precision (parsed as Decimal),
+    and strings with escaped lone surrogates."""
+    out: list[str] = []
+    _encode(doc, "", out)
+    out.append("\n")
+    return "".join(out).encode("utf-8")

@@ -172,6 +172,9 @@ class Host:
     # -- changes -----------------------------------------------------------------
     def _require_manage(self, actor: Principal, m: Manifest, action: str) -> None:
         if not audience.can_manage_sources(actor, m):
+            if not audience.can_inspect(actor, m):
+                # Outsiders get the same answer as for a missing workflow.
+                raise WorkflowNotFound(f"no workflow with ID {m.id!r} on this host")
             self.audit("sources_refused", workflow_id=m.id, actor=actor.id, action=action)
             raise PermissionDenied(
                 f"{actor.id!r} may not manage the sources of {m.id!r} (owners, editors and admins may; "

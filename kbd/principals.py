@@ -15,7 +15,7 @@ from typing import Any
 from kbd.config import PRINCIPALS_NAME, read_text
 from kbd.errors import InvalidConfig, PermissionDenied
 from kbd.ids import id_problem
-from kbd.strict import check_keys, expect_bool, expect_mapping, expect_str, load_yaml
+from kbd.strict import check_keys, expect_bool, expect_choice, expect_mapping, expect_str, load_yaml
 
 KINDS = ("user", "service")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -94,9 +94,7 @@ def parse_principals(data: Any, *, source: str = PRINCIPALS_NAME) -> Principals:
             raise InvalidConfig(f"{source}: {where}.id {problem}")
         if pid in out:
             raise InvalidConfig(f"{source}: {where}.id {pid!r} is listed twice")
-        kind = expect_str(entry.get("kind", "user"), where=f"{where}.kind", source=source)
-        if kind not in KINDS:
-            raise InvalidConfig(f"{source}: {where}.kind is {kind!r}; allowed: {', '.join(KINDS)}")
+        kind = expect_choice(entry.get("kind", "user"), KINDS, where=f"{where}.kind", source=source)
         token = entry.get("token_sha256")
         if token is not None and not (isinstance(token, str) and _SHA256.fullmatch(token)):
             raise InvalidConfig(f"{source}: {where}.token_sha256 must be 64 lowercase hex digits")

@@ -176,7 +176,12 @@ def _mnt(fd: int) -> tuple[int, int | None]:
 
 
 def _walk(dirfd: int, parts: list[str], flags: int, mode: int) -> int:
-    """Fallback: one component at a time, never following a link or leaving the mount."""
+    """Fallback: one component at a time, never following a link or leaving the mount.
+
+    Only the final fd's mount is compared: once a walk enters another mount,
+    everything beneath is on that mount or a deeper one (a bind mount is always
+    a new mount ID), so it can never come back to the base mount.
+    """
     base = _mnt(dirfd)
     cur = os.dup(dirfd)
     try:
@@ -184,8 +189,6 @@ def _walk(dirfd: int, parts: list[str], flags: int, mode: int) -> int:
             nxt = os.open(comp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=cur)
             os.close(cur)
             cur = nxt
-            if _mnt(cur) != base:
-                raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
         last = parts[-1] if parts else "."
         fd = os.open(last, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=cur)
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from decimal import Decimal
 from typing import Any
 
 import yaml
@@ -63,12 +64,17 @@ def _pairs_no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def load_json_strict(data: bytes | str) -> Any:
-    """Parse JSON with the stdlib (exact ints and floats survive a round trip),
-    refusing duplicate keys and NaN/Infinity. Raises ValueError."""
+    """Parse JSON with the stdlib, refusing duplicate keys and NaN/Infinity.
+
+    Integers stay exact (Python ints); other numbers become ``Decimal`` so a
+    value kbd does not own is written back exactly as it was (``1e400`` would
+    otherwise turn into ``inf`` and then into invalid JSON). Raises ValueError.
+    """
     return json.loads(
         data,
         object_pairs_hook=_pairs_no_duplicates,
         parse_constant=_reject_constant,
+        parse_float=Decimal,
     )
 
 
@@ -96,6 +102,19 @@ def expect_str(value: Any, *, where: str, source: str) -> str:
     if not isinstance(value, str):
         raise InvalidConfig(f"{source}: {where} must be a string, got {_kind(value)}")
     return value
+
+
+def expect_choice(value: Any, choices: Iterable[str], *, where: str, source: str) -> str:
+    """A string out of ``choices``; the error lists them (and explains YAML's
+    habit of reading unquoted off/no/yes as booleans)."""
+    allowed = tuple(choices)
+    if isinstance(value, str) and value in allowed:
+        return value
+    got = repr(value) if isinstance(value, str) else f"{_kind(value)} {value!r}"
+    yaml_note = (
+        " (YAML reads unquoted off/no/yes/on as booleans: quote the value)" if isinstance(value, bool) else ""
+    )
+    raise InvalidConfig(f"{source}: {where} is {got}; allowed: {', '.join(allowed)}{yaml_note}")
 
 
 def expect_bool(value: Any, *, where: str, source: str) -> bool:

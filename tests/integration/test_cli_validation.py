@@ -1,0 +1,772 @@
+"""DESIGN §2 validation and §6 exit codes/shapes, through the real `kbd` CLI.
+
+Every rejection asserts three things: the exit code of the contract, an
+``error[<code>]: …`` line naming the entry/field and what is allowed (plus a
+``hint:``), and that every workflow.json under the root is byte-identical
+afterwards. The accepted paths assert what was saved and what is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import CliResult, KbRoot
+
+ALIAS_RULE = "lowercase letters, digits and underscores, starting with a letter"
+ERROR_LINE = re.compile(r"^error\[[a-z][a-z-]*\]: (?P<message>.+)$")
+
+# The consumer's audience is {alice, carol, bob}; every ordinary source below lets
+# all three read it, so only the property under test makes a case fail.
+CONSUMER_ACCESS: dict[str, Any] = {"owners": ["alice"], "editors": ["carol"], "readers": ["bob"]}
+SOURCE_ACCESS: dict[str, Any] = {"owners": ["alice"], "editors": ["bob"], "readers": ["carol"]}
+FIRST: dict[str, str] = {"workflow_id": "src", "alias": "s"}
+
+
+# -- helpers ------------------------------------------------------------------------
+
+
+def snapshot(kb: KbRoot) -> dict[str, bytes]:
+    """Bytes of every file in the workflow tree (state/ is kbd's own and may change)."""
+    return {
+        str(p.relative_to(kb.root)): p.read_bytes() for p in sorted(kb.workflows.rglob("*")) if p.is_file()
+    }
+
+
+def error_message(r: CliResult) -> str:
+    """The message of the contract's `error[<code>]: message` line; asserts a hint follows."""
+    lines = r.err.strip().splitlines()
+    assert lines, f"no error output (exit {r.code}, stdout {r.out!r})"
+    m = ERROR_LINE.match(lines[0])
+    assert m is not None, f"stderr does not start with error[<code>]: …\n{r.err}"
+    assert any(line.startswith("hint: ") for line in lines[1:]), f"no hint: line\n{r.err}"
+    assert "Traceback" not in r.err
+    return m.group("message")
+
+
+def assert_rejected(
+    kb: KbRoot, before: dict[str, bytes], r: CliResult, code: int, fragments: list[str]
+) -> None:
+    assert r.code == code, f"exit {r.code}, expected {code}\nstdout: {r.out}\nstderr: {r.err}"
+    message = error_message(r)
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in error message {message!r}"
+    assert r.out == ""
+    assert snapshot(kb) == before, "a rejected request changed a file"
+
+
+def manifest_meaning(path: Path) -> Any:
+    """workflow.json parsed by the stdlib (exact big ints and floats)."""
+    return json.loads((path / "workflow.json").read_bytes())
+
+
+def body(entries: Any) -> bytes:
+    return json.dumps(entries).encode()
+
+
+def sources_json(kb: KbRoot, wf: str, actor: str = "alice") -> list[dict[str, Any]]:
+    r = kb.cli("sources", "list", wf, "--as", actor, "--json")
+    assert r.code == 0, r.err
+    rows: list[dict[str, Any]] = r.json()["sources"]
+    return rows
+
+
+@pytest.fixture
+def world(kb: KbRoot) -> KbRoot:
+    """con (consumer, one attachment `s` → src) and sources of every kind."""
+    kb.workflow("con", label="Consumer", access=CONSUMER_ACCESS, sources=[FIRST])
+    kb.workflow("src", label="Source", access=SOURCE_ACCESS)
+    kb.workflow("src2", label="Second source", access=SOURCE_ACCESS)
+    kb.workflow("private", label="Private", access={"owners": ["alice"]})
+    kb.workflow("remote", label="Remote", access=SOURCE_ACCESS, host="elsewhere")
+    kb.workflow("nokb", label="No KB", access=SOURCE_ACCESS, kb=False)
+    kb.workflow("legacy", label="Legacy (no owner)")
+    return kb
+
+
+# -- sources set: one rule per case ---------------------------------------------------
+
+SET_REJECTIONS = [
+    pytest.param(
+        body([{"workflow_id": f"w{i}", "alias": f"a{i}"} for i in range(21)]),
+        65,
+        ["knowledgebase_sources", "21 entries", "at most 20"],
+        id="more-than-20",
+    ),
+    pytest.param(
+        body([FIRST, {"workflow_id": "src2", "alias": "Upper"}]),
+        65,
+        ["knowledgebase_sources[1]", "alias 'Upper'", ALIAS_RULE],
+        id="alias-uppercase",
+    ),
+    pytest.param(
+        body([{"workflow_id": "src2", "alias": "2fast"}]),
+        65,
+        ["knowledgebase_sources[0]", "alias '2fast'", ALIAS_RULE],
+        id="alias-leading-digit",
+    ),
+    pytest.param(
+        body([{"workflow_id": "src2", "alias": "a" * 49}]),
+        65,
+        ["knowledgebase_sources[0]", "alias 'aaaa", "1-48 characters", ALIAS_RULE],
+        id="alias-49-chars",
+    ),
+    pytest.param(
+        body([{"workflow_id": "src2", "alias": "../escape"}]),
+        65,
+        ["knowledgebase_sources[0]", "alias '../escape'", ALIAS_RULE],
+        id="alias-path",
+    ),
+    pytest.param(
+        body([{"workflow_id": "src2", "alias": ""}]),
+        65,
+        ["knowledgebase_sources[0]", "alias ''", ALIAS_RULE],
+        id="alias-empty",
+    ),
+    pytest.param(
+        body([{"workflow_id": "src2", "alias": 7}]),
+        65,
+        ["knowledgebase_sources[0]", "alias must be a string"],
+        id="alias-non-string",
+    ),
+    pytest.param(
+        body([{"workflow_id": "src2", "alias": "access"}]),
+        65,
+        ["knowledgebase_sources[0]", "'access' is reserved", "WORKFLOW_KB_ACCESS"],
+        id="alias-reserved",
+    ),
+    pytest.param(
+        body([FIRST, {"workflow_id": "src2", "alias": "s"}]),
+        65,
+        ["knowledgebase_sources[1]", "alias 's' is already used by entry 0"],
+        id="duplicate-alias",
+    ),
+    pytest.param(
+        body([FIRST, {"workflow_id": "src", "alias": "s2"}]),
+        65,
+        ["knowledgebase_sources[1]", "workflow 'src' is already attached as entry 0"],
+        id="duplicate-source",
+    ),
+    pytest.param(
+        body([{"workflow_id": "con", "alias": "me"}]),
+        65,
+        ["knowledgebase_sources[0]", "workflow_id names this workflow itself"],
+        id="self-reference",
+    ),
+    pytest.param(
+        body([{"workflow_id": "../other", "alias": "o"}]),
+        65,
+        ["knowledgebase_sources[0]", "workflow_id", "looks like a path", "workflow ID"],
+        id="id-relative-path",
+    ),
+    pytest.param(
+        body([{"workflow_id": "/abs/path", "alias": "o"}]),
+        65,
+        ["knowledgebase_sources[0]", "workflow_id", "looks like a path", "workflow ID"],
+        id="id-absolute-path",
+    ),
+    pytest.param(
+        body([{"workflow_id": "src2", "alias": "t", "access": "admin"}]),
+        65,
+        ["knowledgebase_sources[0]", "access 'admin' is not allowed", "allowed: read, write"],
+        id="unknown-access-mode",
+    ),
+    pytest.param(
+        body([{"workflow_id": "src2", "alias": "t", "path": "/srv/kb"}]),
+        65,
+        ["knowledgebase_sources[0]", "unknown key 'path'", "allowed: workflow_id, alias, access"],
+        id="unknown-key",
+    ),
+    pytest.param(
+        body([{"alias": "t"}]),
+        65,
+        ["knowledgebase_sources[0]", "workflow_id is required"],
+        id="missing-workflow-id",
+    ),
+    pytest.param(
+        body([{"workflow_id": "src2"}]),
+        65,
+        ["knowledgebase_sources[0]", "alias is required"],
+        id="missing-alias",
+    ),
+    pytest.param(
+        body(["src2"]),
+        65,
+        ["knowledgebase_sources[0]", "must be an object with workflow_id, alias and access"],
+        id="entry-not-object",
+    ),
+    pytest.param(
+        body({"workflow_id": "src2", "alias": "t"}),
+        65,
+        ["knowledgebase_sources must be a JSON array", "got a mapping"],
+        id="non-array",
+    ),
+    pytest.param(b'[{"workflow_id": "src2",', 65, ["stdin is not valid JSON"], id="invalid-json"),
+    pytest.param(
+        body([FIRST, {"workflow_id": "ghost", "alias": "g"}]),
+        66,
+        ["'ghost'", "not_found"],
+        id="missing-workflow",
+    ),
+    pytest.param(
+        body([{"workflow_id": "remote", "alias": "r"}]),
+        65,
+        ["'remote'", "other_host", "'elsewhere'"],
+        id="other-host",
+    ),
+    pytest.param(
+        body([{"workflow_id": "private", "alias": "p"}]),
+        77,
+        ["'private'", "audience_denied"],
+        id="audience-denied",
+    ),
+    pytest.param(
+        body([{"workflow_id": "nokb", "alias": "n"}]),
+        65,
+        ["'nokb'", "kb_missing", "knowledgebase/"],
+        id="no-knowledgebase",
+    ),
+    pytest.param(
+        body([{"workflow_id": "legacy", "alias": "l", "access": "write"}]),
+        65,
+        ["'legacy'", "write access", "no owner"],
+        id="write-on-legacy",
+    ),
+]
+
+
+@pytest.mark.parametrize(("payload", "code", "fragments"), SET_REJECTIONS)
+def test_sources_set_rejects(world: KbRoot, payload: bytes, code: int, fragments: list[str]) -> None:
+    before = snapshot(world)
+    r = world.cli("sources", "set", "con", "--file", "-", "--as", "alice", input=payload)
+    assert_rejected(world, before, r, code, fragments)
+
+
+def test_sources_set_rejects_a_file_argument_the_same_way(world: KbRoot, tmp_path: Path) -> None:
+    f = tmp_path / "sources.json"
+    f.write_bytes(body([{"workflow_id": "src2", "alias": "Bad"}]))
+    before = snapshot(world)
+    r = world.cli("sources", "set", "con", "--file", str(f), "--as", "alice")
+    assert_rejected(world, before, r, 65, ["knowledgebase_sources[0]", "alias 'Bad'", ALIAS_RULE])
+
+
+# -- sources attach: one rule per case ------------------------------------------------
+
+ATTACH_REJECTIONS = [
+    pytest.param(["src2", "--alias", "Upper"], 65, ["alias 'Upper'", ALIAS_RULE], id="alias-uppercase"),
+    pytest.param(["src2", "--alias", "2fast"], 65, ["alias '2fast'", ALIAS_RULE], id="alias-leading-digit"),
+    pytest.param(
+        ["src2", "--alias", "b" * 49], 65, ["alias 'bbbb", "1-48 characters", ALIAS_RULE], id="alias-49-chars"
+    ),
+    pytest.param(["src2", "--alias", "../escape"], 65, ["alias '../escape'", ALIAS_RULE], id="alias-path"),
+    pytest.param(["src2", "--alias", ""], 65, ["alias ''", ALIAS_RULE], id="alias-empty"),
+    pytest.param(["src2", "--alias", "access"], 65, ["'access' is reserved"], id="alias-reserved"),
+    pytest.param(
+        ["src2", "--alias", "s"],
+        65,
+        ["knowledgebase_sources[1]", "alias 's' is already used"],
+        id="dup-alias",
+    ),
+    pytest.param(
+        ["src", "--alias", "s2"],
+        65,
+        ["knowledgebase_sources[1]", "workflow 'src' is already attached"],
+        id="dup-source",
+    ),
+    pytest.param(["con", "--alias", "me"], 65, ["names this workflow itself"], id="self-reference"),
+    pytest.param(
+        ["../other", "--alias", "o"],
+        65,
+        ["workflow_id", "looks like a path", "workflow ID"],
+        id="id-rel-path",
+    ),
+    pytest.param(
+        ["/abs/path", "--alias", "o"],
+        65,
+        ["workflow_id", "looks like a path", "workflow ID"],
+        id="id-abs-path",
+    ),
+    pytest.param(["ghost", "--alias", "g"], 66, ["'ghost'", "not_found"], id="missing-workflow"),
+    pytest.param(["remote", "--alias", "r"], 65, ["'remote'", "other_host", "'elsewhere'"], id="other-host"),
+    pytest.param(["private", "--alias", "p"], 77, ["'private'", "audience_denied"], id="audience-denied"),
+    pytest.param(["nokb", "--alias", "n"], 65, ["'nokb'", "kb_missing"], id="no-knowledgebase"),
+    pytest.param(
+        ["legacy", "--alias", "l", "--access", "write"], 65, ["'legacy'", "no owner"], id="write-on-legacy"
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "code", "fragments"), ATTACH_REJECTIONS)
+def test_sources_attach_rejects(world: KbRoot, args: list[str], code: int, fragments: list[str]) -> None:
+    before = snapshot(world)
+    r = world.cli("sources", "attach", "con", *args, "--as", "alice")
+    assert_rejected(world, before, r, code, fragments)
+
+
+def test_attach_to_a_missing_consumer_is_not_found(world: KbRoot) -> None:
+    before = snapshot(world)
+    r = world.cli("sources", "attach", "ghost", "src", "--alias", "x", "--as", "alice")
+    assert_rejected(world, before, r, 66, ["'ghost'"])
+
+
+def test_attach_unknown_access_mode_is_a_usage_error(world: KbRoot) -> None:
+    """click refuses the choice (exit 2, usage); the contract's error format still applies."""
+    before = snapshot(world)
+    r = world.cli("sources", "attach", "con", "src2", "--alias", "t", "--access", "admin", "--as", "alice")
+    assert_rejected(world, before, r, 2, ["admin", "read", "write"])
+
+
+def test_attach_beyond_20_sources(kb: KbRoot) -> None:
+    # 19 hand-written entries naming workflows that do not exist: unchanged entries
+    # may stay unavailable, so the 20th attach succeeds and the 21st hits the limit.
+    ghosts = [{"workflow_id": f"gone{i}", "alias": f"g{i}"} for i in range(19)]
+    kb.workflow("con", access=CONSUMER_ACCESS, sources=ghosts)
+    kb.workflow("src", access=SOURCE_ACCESS)
+    kb.workflow("src2", access=SOURCE_ACCESS)
+    r = kb.cli("sources", "attach", "con", "src", "--alias", "twentieth", "--as", "alice")
+    assert r.code == 0, r.err
+    before = snapshot(kb)
+    r = kb.cli("sources", "attach", "con", "src2", "--alias", "extra", "--as", "alice")
+    assert_rejected(kb, before, r, 65, ["21 entries", "at most 20"])
+
+
+# -- who may attach ---------------------------------------------------------------------
+
+ACTOR_REJECTIONS = [
+    pytest.param(["--as", "bob"], ["'bob' may not manage the sources of 'con'"], id="reader"),
+    pytest.param(["--as", "svc"], ["'svc'"], id="service-not-member"),
+    pytest.param(["--as", "mallory"], ["principal 'mallory' is disabled"], id="disabled"),
+    pytest.param(["--as", "exadmin"], ["principal 'exadmin' is disabled"], id="disabled-admin"),
+    pytest.param(["--as", "nobody"], ["unknown principal 'nobody'"], id="unknown-principal"),
+    pytest.param([], ["no principal is mapped to uid"], id="no-as-no-uid-mapping"),
+]
+
+
+@pytest.mark.parametrize(("as_args", "fragments"), ACTOR_REJECTIONS)
+def test_attach_refused_for_actor(world: KbRoot, as_args: list[str], fragments: list[str]) -> None:
+    before = snapshot(world)
+    r = world.cli("sources", "attach", "con", "src2", "--alias", "t", *as_args)
+    assert_rejected(world, before, r, 77, fragments)
+
+
+def test_outsider_learns_nothing_about_the_workflow(world: KbRoot) -> None:
+    """Someone outside the consumer's audience gets the same answer as for a missing workflow."""
+    before = snapshot(world)
+    r = world.cli("sources", "attach", "con", "src2", "--alias", "t", "--as", "dave")
+    assert_rejected(world, before, r, 66, ["no workflow with ID 'con'"])
+    missing = world.cli("sources", "attach", "nope", "src2", "--alias", "t", "--as", "dave")
+    assert missing.err.replace("nope", "con") == r.err
+
+
+def test_no_uid_mapping_hint_names_as(world: KbRoot) -> None:
+    r = world.cli("sources", "attach", "con", "src2", "--alias", "t")
+    assert r.code == 77
+    assert "--as" in r.err.split("hint:", 1)[1]
+
+
+@pytest.mark.parametrize("actor", ["alice", "carol", "ops"], ids=["owner", "editor", "admin"])
+def test_attach_allowed_for_owner_editor_admin(world: KbRoot, actor: str) -> None:
+    r = world.cli("sources", "attach", "con", "src2", "--alias", "t", "--as", actor, "--json")
+    assert r.code == 0, r.err
+    assert r.json()["available"] is True
+    assert manifest_meaning(world.workflows / "con")["knowledgebase_sources"] == [
+        {"workflow_id": "src", "alias": "s", "access": "read"},
+        {"workflow_id": "src2", "alias": "t", "access": "read"},
+    ]
+
+
+# -- writers grant ----------------------------------------------------------------------
+
+GRANT_REJECTIONS = [
+    pytest.param(
+        ["src", "con", "--as", "bob"],
+        77,
+        ["'bob' may not change who writes into 'src'", "only its owners or an admin"],
+        id="non-owner-editor",
+    ),
+    pytest.param(["src", "con", "--as", "carol"], 77, ["'carol'", "only its owners"], id="reader"),
+    pytest.param(["src", "con", "--as", "mallory"], 77, ["'mallory' is disabled"], id="disabled"),
+    pytest.param(
+        ["src", "con", "--as", "nobody"], 77, ["unknown principal 'nobody'"], id="unknown-principal"
+    ),
+    pytest.param(["src", "ghost", "--as", "alice"], 66, ["'ghost'"], id="unknown-consumer"),
+    pytest.param(["ghost", "con", "--as", "alice"], 66, ["'ghost'"], id="unknown-source"),
+    pytest.param(
+        ["src", "src", "--as", "alice"],
+        65,
+        ["allowed_kb_writers", "names the source workflow itself"],
+        id="self",
+    ),
+    pytest.param(
+        ["src", "  src ", "--as", "alice"],
+        65,
+        ["allowed_kb_writers", "names the source workflow itself"],
+        id="self-padded",
+    ),
+    pytest.param(
+        ["src", "../con", "--as", "alice"],
+        65,
+        ["allowed_kb_writers", "must not contain '/'"],
+        id="path-not-id",
+    ),
+    pytest.param(
+        ["legacy", "con", "--as", "ops"],
+        65,
+        ["'legacy' has no owner", "cannot grant write access"],
+        id="legacy-source-admin",
+    ),
+    pytest.param(
+        ["legacy", "con", "--as", "alice"],
+        77,
+        ["'alice' may not change who writes into 'legacy'"],
+        id="legacy-source-non-admin",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "code", "fragments"), GRANT_REJECTIONS)
+def test_writers_grant_rejects(world: KbRoot, args: list[str], code: int, fragments: list[str]) -> None:
+    before = snapshot(world)
+    r = world.cli("writers", "grant", *args)
+    assert_rejected(world, before, r, code, fragments)
+
+
+def test_writers_grant_limit_is_50(kb: KbRoot) -> None:
+    existing = [f"w{i:02d}" for i in range(49)]
+    kb.workflow("src", access={**SOURCE_ACCESS, "allowed_kb_writers": existing})
+    kb.workflow("fiftieth", access=CONSUMER_ACCESS)
+    kb.workflow("fifty_first", access=CONSUMER_ACCESS)
+    r = kb.cli("writers", "grant", "src", "fiftieth", "--as", "alice")
+    assert r.code == 0, r.err
+    assert len(manifest_meaning(kb.workflows / "src")["access"]["allowed_kb_writers"]) == 50
+    before = snapshot(kb)
+    r = kb.cli("writers", "grant", "src", "fifty_first", "--as", "alice")
+    assert_rejected(kb, before, r, 65, ["allowed_kb_writers", "51 workflows", "at most 50"])
+
+
+def test_writers_grant_trims_and_deduplicates(world: KbRoot) -> None:
+    r = world.cli("writers", "grant", "src", "  con\t", "--as", "alice", "--json")
+    assert r.code == 0, r.err
+    assert r.json() == {"source": "src", "consumer": "con", "granted": True, "changed": True}
+    assert manifest_meaning(world.workflows / "src")["access"]["allowed_kb_writers"] == ["con"]
+    before = snapshot(world)
+    r = world.cli("writers", "grant", "src", "con ", "--as", "ops", "--json")
+    assert r.code == 0, r.err
+    assert r.json()["changed"] is False
+    assert manifest_meaning(world.workflows / "src")["access"]["allowed_kb_writers"] == ["con"]
+    assert snapshot(world) == before, "a grant that changes nothing must not rewrite the file"
+
+
+# -- version conflicts ------------------------------------------------------------------
+
+
+def test_sources_set_with_wrong_expected_version_conflicts(world: KbRoot) -> None:
+    before = snapshot(world)
+    r = world.cli(
+        "sources",
+        "set",
+        "con",
+        "--file",
+        "-",
+        "--expected-version",
+        "sha256:wrong",
+        "--as",
+        "alice",
+        input=body([]),
+    )
+    assert_rejected(world, before, r, 75, ["sha256:wrong"])
+
+
+def test_sources_set_with_current_expected_version_saves(world: KbRoot) -> None:
+    listed = world.cli("sources", "list", "con", "--as", "alice", "--json")
+    assert listed.code == 0, listed.err
+    version = listed.json()["version"]
+    r = world.cli(
+        "sources",
+        "set",
+        "con",
+        "--file",
+        "-",
+        "--expected-version",
+        version,
+        "--as",
+        "alice",
+        "--json",
+        input=body([{"workflow_id": "src2", "alias": "two"}]),
+    )
+    assert r.code == 0, r.err
+    assert r.json()["version"] != version
+    assert [a["alias"] for a in r.json()["sources"]] == ["two"]
+
+
+# -- accepted paths -----------------------------------------------------------------------
+
+UNKNOWN_FIELDS_JSON = """{
+  "id": "con",
+  "label": "Consümer ☃ 工作流",
+  "access": {"owners": ["alice"], "editors": ["carol"], "readers": ["bob"]},
+  "knowledgebase_sources": [{"workflow_id": "src", "alias": "s"}],
+  "schedule": {"cron": "0 6 * * *", "tz": "Europe/Zürich", "retries": {"max": 3, "backoff": [1, 2.5, 10]}},
+  "big": 12345678901234567890,
+  "bigger": -123456789012345678901234567890123456789,
+  "floats": [0.1, 3.141592653589793, 1e-300, 1.7976931348623157e308, -0.0, 2.5e-8],
+  "nested": {"a": {"b": {"c": [null, true, false, {"d": "\\u00e9\\ud83d\\ude00"}]}}},
+  "emoji": "🚀 naïve café",
+  "empty": {},
+  "list_of_objects": [{"x": 1}, {"y": [2, {"z": 3}]}]
+}
+"""
+
+
+def _without(doc: Any, key: str) -> Any:
+    return {k: v for k, v in doc.items() if k != key}
+
+
+def test_attach_preserves_every_unknown_field(world: KbRoot) -> None:
+    con = world.workflows / "con"
+    (con / "workflow.json").write_text(UNKNOWN_FIELDS_JSON, encoding="utf-8")
+    before = manifest_meaning(con)
+    r = world.cli("sources", "attach", "con", "src2", "--alias", "two", "--as", "alice")
+    assert r.code == 0, r.err
+    after = manifest_meaning(con)
+    assert _without(after, "knowledgebase_sources") == _without(before, "knowledgebase_sources")
+    assert after["big"] == 12345678901234567890
+    assert after["bigger"] == -123456789012345678901234567890123456789
+    assert after["floats"] == before["floats"]
+    assert after["nested"]["a"]["b"]["c"][3]["d"] == "é😀"
+    assert after["knowledgebase_sources"] == [
+        {"workflow_id": "src", "alias": "s", "access": "read"},
+        {"workflow_id": "src2", "alias": "two", "access": "read"},
+    ]
+
+
+def test_grant_preserves_every_unknown_field(world: KbRoot) -> None:
+    src = world.workflows / "src"
+    doc = json.loads(UNKNOWN_FIELDS_JSON)
+    doc.update(id="src", access={**SOURCE_ACCESS, "custom_note": {"k": 12345678901234567890}})
+    del doc["knowledgebase_sources"]
+    (src / "workflow.json").write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
+    before = manifest_meaning(src)
+    r = world.cli("writers", "grant", "src", "con", "--as", "alice")
+    assert r.code == 0, r.err
+    after = manifest_meaning(src)
+    assert _without(after, "access") == _without(before, "access")
+    assert _without(after["access"], "allowed_kb_writers") == before["access"]
+    assert after["access"]["allowed_kb_writers"] == ["con"]
+
+
+def test_attach_preserves_a_float_beyond_double_range(world: KbRoot) -> None:
+    """1e400 is valid JSON (RFC 8259 sets no range); saving must not turn it into
+    `Infinity` (invalid JSON) or refuse to touch the manifest."""
+    con = world.workflows / "con"
+    doc = json.loads(UNKNOWN_FIELDS_JSON)
+    text = json.dumps(doc, ensure_ascii=False)[:-1] + ', "huge": 1e400}'
+    (con / "workflow.json").write_text(text, encoding="utf-8")
+    r = world.cli("sources", "attach", "con", "src2", "--alias", "two", "--as", "alice")
+    assert r.code == 0, r.err
+    saved = (con / "workflow.json").read_text(encoding="utf-8")
+    assert "Infinity" not in saved
+    assert json.loads(saved)["huge"] == json.loads(text)["huge"]
+
+
+def test_attach_preserves_an_escaped_lone_surrogate(world: KbRoot) -> None:
+    """`"\\ud800"` is valid JSON text; the saved file must keep it (as an escape),
+    not crash with a traceback."""
+    con = world.workflows / "con"
+    text = json.dumps(json.loads(UNKNOWN_FIELDS_JSON), ensure_ascii=False)[:-1] + ', "lone": "x\\ud800y"}'
+    (con / "workflow.json").write_text(text, encoding="utf-8")
+    r = world.cli("sources", "attach", "con", "src2", "--alias", "two", "--as", "alice")
+    assert "Traceback" not in r.err
+    assert r.code == 0, r.err
+    assert manifest_meaning(con)["lone"] == "x\ud800y"
+
+
+def test_sources_set_empty_list_detaches_all(world: KbRoot) -> None:
+    r = world.cli("sources", "set", "con", "--file", "-", "--as", "alice", "--json", input=b"[]")
+    assert r.code == 0, r.err
+    assert r.json()["sources"] == []
+    assert manifest_meaning(world.workflows / "con")["knowledgebase_sources"] == []
+    assert sources_json(world, "con") == []
+
+
+def test_write_attach_without_grant_is_saved_write_pending(world: KbRoot) -> None:
+    r = world.cli(
+        "sources", "attach", "con", "src2", "--alias", "two", "--access", "write", "--as", "alice", "--json"
+    )
+    assert r.code == 0, r.err
+    att = r.json()
+    assert att["available"] is True
+    assert att["reason"] is None
+    assert att["path"] == str((world.workflows / "src2" / "knowledgebase").resolve())
+    assert att["write"]["available"] is False
+    assert att["write"]["reason"] == "write_not_granted"
+    saved = manifest_meaning(world.workflows / "con")["knowledgebase_sources"]
+    assert {"workflow_id": "src2", "alias": "two", "access": "write"} in saved
+    listed = {a["alias"]: a for a in sources_json(world, "con")}
+    assert listed["two"]["write"] == {
+        **listed["two"]["write"],
+        "available": False,
+        "reason": "write_not_granted",
+    }
+    # Once the source's owner consents, the same entry becomes writable.
+    g = world.cli("writers", "grant", "src2", "con", "--as", "alice")
+    assert g.code == 0, g.err
+    listed = {a["alias"]: a for a in sources_json(world, "con")}
+    assert listed["two"]["write"]["available"] is True
+    assert listed["two"]["write"]["reason"] is None
+
+
+ATTACHMENT_KEYS = {
+    "alias",
+    "workflow_id",
+    "label",
+    "access",
+    "available",
+    "reason",
+    "message",
+    "write",
+    "env",
+    "path",
+}
+
+
+def test_sources_list_json_shape(world: KbRoot) -> None:
+    payload = body(
+        [
+            FIRST,
+            {"workflow_id": "src2", "alias": "two", "access": "write"},
+        ]
+    )
+    r = world.cli("sources", "set", "con", "--file", "-", "--as", "alice", input=payload)
+    assert r.code == 0, r.err
+    # A hand edit adds an entry that does not resolve (kept, shown unavailable).
+    doc = manifest_meaning(world.workflows / "con")
+    doc["knowledgebase_sources"].append({"workflow_id": "ghost", "alias": "gone", "access": "read"})
+    (world.workflows / "con" / "workflow.json").write_text(json.dumps(doc))
+
+    r = world.cli("sources", "list", "con", "--as", "bob", "--json")
+    assert r.code == 0, r.err
+    data = r.json()
+    assert data["workflow_id"] == "con"
+    assert isinstance(data["sources"], list)
+    rows = data["sources"]
+    assert [a["alias"] for a in rows] == ["s", "two", "gone"]
+    for a in rows:
+        assert set(a) >= ATTACHMENT_KEYS, ATTACHMENT_KEYS - set(a)
+        assert a["access"] in ("read", "write")
+        assert isinstance(a["available"], bool)
+        assert a["env"] == "WORKFLOW_KB_" + a["alias"].upper()
+        if a["available"]:
+            assert a["reason"] is None and a["message"] is None
+            assert isinstance(a["path"], str) and a["path"].endswith("/knowledgebase")
+        else:
+            assert isinstance(a["reason"], str) and isinstance(a["message"], str)
+            assert a["path"] is None
+        if a["access"] == "read":
+            assert a["write"] is None
+        else:
+            assert isinstance(a["write"], dict)
+            assert {"available", "reason"} <= set(a["write"])
+    s, two, gone = rows
+    assert (s["workflow_id"], s["label"], s["available"], s["write"]) == ("src", "Source", True, None)
+    assert (two["access"], two["available"]) == ("write", True)
+    assert (two["write"]["available"], two["write"]["reason"]) == (False, "write_not_granted")
+    assert (gone["workflow_id"], gone["available"], gone["reason"], gone["path"]) == (
+        "ghost",
+        False,
+        "not_found",
+        None,
+    )
+
+
+def test_workflows_list_json_shape(world: KbRoot) -> None:
+    # A second folder claiming `src2` makes that ID ambiguous; an unreadable manifest shows too.
+    world.workflow("src2", folder="copy_of_src2", access=SOURCE_ACCESS)
+    broken = world.workflows / "broken"
+    broken.mkdir()
+    (broken / "workflow.json").write_text('{"id": "broken", "access": "everyone"}')
+    r = world.cli("workflows", "list", "--as", "ops", "--json")
+    assert r.code == 0, r.err
+    data = r.json()
+    assert set(data) >= {"workflows"}
+    rows = data["workflows"]
+    for w in rows:
+        assert {"id", "label", "path", "status"} <= set(w), w
+        assert w["status"] in ("ok", "ambiguous_id", "manifest_unreadable")
+        assert isinstance(w["path"], str) and Path(w["path"]).is_absolute()
+    by_path = {Path(w["path"]).name: w for w in rows}
+    assert by_path["con"] == {**by_path["con"], "id": "con", "label": "Consumer", "status": "ok"}
+    assert by_path["src2"]["status"] == by_path["copy_of_src2"]["status"] == "ambiguous_id"
+    assert by_path["broken"]["status"] == "manifest_unreadable"
+    assert by_path["broken"]["id"] == "broken"
+
+
+def test_workflows_list_json_hides_what_the_actor_cannot_inspect(world: KbRoot) -> None:
+    r = world.cli("workflows", "list", "--as", "dave", "--json")
+    assert r.code == 0, r.err
+    ids = {w["id"] for w in r.json()["workflows"]}
+    assert ids == {"legacy"}  # dave is in no audience; the legacy workflow is account-visible
+
+
+UNAVAILABLE_WAYS = [
+    pytest.param("deleted", "not_found", id="source-deleted"),
+    pytest.param("narrowed", "audience_denied", id="audience-narrowed"),
+    pytest.param("moved_host", "other_host", id="other-host"),
+    pytest.param("kb_removed", "kb_missing", id="kb-removed"),
+]
+
+
+def _make_unavailable(kb: KbRoot, how: str) -> None:
+    src = kb.workflows / "src"
+    if how == "deleted":
+        (src / "workflow.json").unlink()
+    elif how == "narrowed":
+        kb.edit(src, access={"owners": ["alice"]})
+    elif how == "moved_host":
+        kb.edit(src, host="elsewhere")
+    else:
+        shutil.rmtree(src / "knowledgebase")
+
+
+@pytest.mark.parametrize(("how", "reason"), UNAVAILABLE_WAYS)
+def test_unchanged_unavailable_entry_is_kept_on_attach(world: KbRoot, how: str, reason: str) -> None:
+    _make_unavailable(world, how)
+    r = world.cli("sources", "attach", "con", "src2", "--alias", "two", "--as", "alice")
+    assert r.code == 0, r.err
+    assert manifest_meaning(world.workflows / "con")["knowledgebase_sources"] == [
+        {"workflow_id": "src", "alias": "s", "access": "read"},
+        {"workflow_id": "src2", "alias": "two", "access": "read"},
+    ]
+    rows = {a["alias"]: a for a in sources_json(world, "con")}
+    assert (rows["s"]["available"], rows["s"]["reason"], rows["s"]["path"]) == (False, reason, None)
+    assert rows["two"]["available"] is True
+
+
+def test_unchanged_unavailable_entry_is_kept_by_set_but_a_changed_one_must_resolve(world: KbRoot) -> None:
+    _make_unavailable(world, "narrowed")
+    keep = body([FIRST, {"workflow_id": "src2", "alias": "two"}])
+    r = world.cli("sources", "set", "con", "--file", "-", "--as", "alice", input=keep)
+    assert r.code == 0, r.err
+    # Changing the unavailable entry (read → write) makes it a new entry: it must resolve.
+    before = snapshot(world)
+    changed = body([{**FIRST, "access": "write"}, {"workflow_id": "src2", "alias": "two"}])
+    r = world.cli("sources", "set", "con", "--file", "-", "--as", "alice", input=changed)
+    assert_rejected(world, before, r, 77, ["'src'", "audience_denied"])
+
+
+def test_detach_unknown_alias_is_not_found(world: KbRoot) -> None:
+    before = snapshot(world)
+    r = world.cli("sources", "detach", "con", "nope", "--as", "alice")
+    assert_rejected(world, before, r, 66, ["'con'", "no attachment with alias 'nope'"])
+
+
+def test_detach_known_alias(world: KbRoot) -> None:
+    r = world.cli("sources", "detach", "con", "s", "--as", "carol", "--json")
+    assert r.code == 0, r.err
+    assert r.json() == {"workflow_id": "con", "detached": "s"}
+    assert manifest_meaning(world.workflows / "con")["knowledgebase_sources"] == []
