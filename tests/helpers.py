@@ -42,7 +42,9 @@ class KbRoot:
     root: Path
 
     @classmethod
-    def create(cls, root: Path, *, host: str = "test-host", principals: list[dict[str, Any]] | None = None) -> KbRoot:
+    def create(
+        cls, root: Path, *, host: str = "test-host", principals: list[dict[str, Any]] | None = None
+    ) -> KbRoot:
         init_root(root, host=host, force=False, demo=False)
         (root / "principals.yaml").write_text(yaml.safe_dump({"principals": principals or PRINCIPALS}))
         return cls(root)
