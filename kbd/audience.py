@@ -77,3 +77,15 @@ def can_grant_writers(actor: Principal, source: Manifest) -> bool:
     if actor.disabled:
         return False
     return actor.enabled_admin or actor.id in source.effective_owners
+
+
+def can_open_session(actor: Principal, m: Manifest, *, readers_may_open: bool) -> bool:
+    """Services for any workflow on the host; owners, editors and admins for any
+    kind (any enabled user on a legacy workflow); readers for reviewer kinds only."""
+    if actor.disabled:
+        return False
+    if actor.is_service or actor.enabled_admin:
+        return True
+    if m.is_legacy or actor.id in m.effective_owners or actor.id in m.access.editors:
+        return True
+    return readers_may_open and actor.id in consumer_audience(m)

@@ -8,6 +8,7 @@ stderr, and the error's exit code.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,8 +23,11 @@ from kbd.config import default_root
 from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, PermissionDenied, UsageError
 from kbd.manifest import parse_manifest
 from kbd.ops import Host
+from kbd.plan import Plan
+from kbd.policy import KB_ACCESS, KINDS
 from kbd.principals import Principal
 from kbd.rootinit import init_root
+from kbd.session_ops import Sessions
 from kbd.strict import load_json_strict
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -479,6 +483,150 @@ def writers_revoke(c: Ctx, source_wf: str, consumer_wf: str, as_: str | None, as
             f"{consumer_wf.strip()} may no longer write into {source_wf}"
             + ("" if changed else " (was not granted)")
         )
+
+
+# -- sessions ----------------------------------------------------------------------------
+
+
+def _sessions(c: Ctx) -> Sessions:
+    return Sessions(c.host)
+
+
+def _print_plan(plan: Plan) -> None:
+    d = plan.to_json()
+    click.echo(
+        f"session {d['session_id']}  workflow {d['workflow_id']}  kind {d['kind']}  "
+        f"kb_access {d['kb_access']} (effective {d['effective_kb_access']})  generation {d['generation']}"
+    )
+    click.echo("environment:")
+    for k, v in sorted(d["env"].items()):
+        click.echo(f"  {k}={v}")
+    for label, key in (
+        ("read", "read"),
+        ("write", "write"),
+        ("read-only inside writable", "read_only"),
+        ("hidden", "hidden"),
+    ):
+        click.echo(f"{label}:")
+        for p in d[key]:
+            click.echo(f"  {p}")
+        if not d[key]:
+            click.echo("  -")
+    click.echo("context block:")
+    for line in d["context"].splitlines():
+        click.echo(f"  | {line}")
+
+
+@main.group()
+def session() -> None:
+    """Shell/agent sessions and their plans."""
+
+
+@session.command("open")
+@click.argument("wf")
+@click.option("--kind", required=True, type=click.Choice(KINDS))
+@click.option(
+    "--kb-access", type=click.Choice(KB_ACCESS), default=None, help="Default: read (a child: its parent's)."
+)
+@click.option(
+    "--item-kb-write", is_flag=True, default=None, help="message_sequence: the item asks for KB write."
+)
+@click.option("--parent", metavar="SID", help="Open a copied child of this session.")
+@as_option
+@json_option
+@pass_ctx
+def session_open(
+    c: Ctx,
+    wf: str,
+    kind: str,
+    kb_access: str | None,
+    item_kb_write: bool | None,
+    parent: str | None,
+    as_: str | None,
+    as_json: bool,
+) -> None:
+    """Open a session for WF and print its plan."""
+    plan = _sessions(c).open(
+        c.actor(as_), wf, kind=kind, kb_access=kb_access, item_kb_write=item_kb_write or None, parent=parent
+    )
+    if as_json:
+        _emit(plan.to_json())
+    else:
+        _print_plan(plan)
+
+
+@session.command("show")
+@click.argument("sid")
+@json_option
+@pass_ctx
+def session_show(c: Ctx, sid: str, as_json: bool) -> None:
+    """The session's plan, rebuilt from saved configuration now."""
+    plan = _sessions(c).plan(sid)
+    if as_json:
+        _emit(plan.to_json())
+    else:
+        _print_plan(plan)
+
+
+@session.command("env")
+@click.argument("sid")
+@json_option
+@pass_ctx
+def session_env(c: Ctx, sid: str, as_json: bool) -> None:
+    """The session's environment, as `export` lines (eval-able) or JSON."""
+    env = _sessions(c).plan(sid).env
+    if as_json:
+        _emit(env)
+        return
+    for k, v in sorted(env.items()):
+        click.echo(f"export {k}={shlex.quote(v)}")
+
+
+@session.command("list")
+@click.option("--workflow", "wf", metavar="WF")
+@click.option("--all", "include_closed", is_flag=True, help="Include closed sessions.")
+@json_option
+@pass_ctx
+def session_list(c: Ctx, wf: str | None, include_closed: bool, as_json: bool) -> None:
+    rows = _sessions(c).rows(workflow_id=wf, include_closed=include_closed)
+    if as_json:
+        _emit({"sessions": rows})
+        return
+    for r in rows:
+        click.echo(
+            f"{r['session_id']}  {r['workflow_id']:<20} {r['kind']:<22} {r['kb_access']:<10} "
+            f"gen {r['generation']}{'  closed' if r['closed'] else ''}"
+        )
+
+
+@session.command("close")
+@click.argument("sid")
+@json_option
+@pass_ctx
+def session_close(c: Ctx, sid: str, as_json: bool) -> None:
+    """Close SID (and its child sessions): they grant nothing afterwards."""
+    closed = _sessions(c).close(sid)
+    if as_json:
+        _emit({"session_id": sid, "closed": closed})
+    else:
+        click.echo(f"closed {', '.join(closed) or 'nothing (already closed)'}")
+
+
+@main.command("check")
+@click.argument("sid")
+@click.argument("path")
+@click.option("--mode", type=click.Choice(["read", "write"]), required=True)
+@json_option
+@pass_ctx
+def check_cmd(c: Ctx, sid: str, path: str, mode: str, as_json: bool) -> None:
+    """May session SID read/write PATH? Exit 0 when allowed, 77 when not."""
+    result = _sessions(c).check(sid, path, mode)
+    if as_json:
+        _emit(result)
+    else:
+        click.echo(f"{'allowed' if result['allowed'] else 'denied'}: {result['reason']}")
+    if not result["allowed"]:
+        sys.exit(77)
 
 
 # -- browsing ---------------------------------------------------------------------------

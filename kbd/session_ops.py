@@ -1,0 +1,206 @@
+"""Session operations: open, look up (rebuild the plan), list, close, path checks.
+
+Shared by the CLI, ``kbd exec`` and the daemon. A lookup is the only way to
+get a plan for a session, and it always rebuilds the plan from saved
+configuration (DESIGN §4 "Reconciliation").
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from kbd import audience, policy
+from kbd.errors import InvalidInput, KbdError, PermissionDenied
+from kbd.folders import resolve_folders
+from kbd.ops import Host
+from kbd.plan import Plan, build_plan
+from kbd.principals import Principal
+from kbd.safepath import open_beneath, pin_dir
+from kbd.sessions import SessionRow, SessionStore, new_session_id, require_open
+
+_MODES = {"none": set(), "read": {"r"}, "write": {"w"}, "read-write": {"r", "w"}}
+
+
+class Sessions:
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.store = SessionStore(host.config.state_dir, timeout=host.config.lock_timeout)
+        self.folder_roots = tuple(r.resolve() for r in host.config.folder_roots)
+
+    # -- plans -------------------------------------------------------------
+    def _build(self, row: SessionRow) -> Plan:
+        found = self.host.workflow(row.workflow_id)
+        m = found.manifest
+        plan = build_plan(
+            workflow_id=m.id,
+            workflow_folder=found.folder.path,
+            policy=policy.kind(row.kind),
+            kb_access=row.kb_access,
+            item_kb_write=row.item_kb_write,
+            attachments=self.host.resolve(m),
+            folders=resolve_folders(m.raw.get("folder_access"), roots=self.folder_roots),
+        )
+        digest = plan.digest()
+        generation = row.generation
+        if digest != row.digest:
+            generation = self.store.record_generation(row.id, seen_digest=row.digest, new_digest=digest)
+        return plan.with_generation(generation, session_id=row.id, parent=row.parent, opened_by=row.opened_by)
+
+    def plan(self, sid: str, *, actor: Principal | None = None) -> Plan:
+        """The session's current plan. ``actor`` None means a trusted local caller
+        (the CLI on the root, ``kbd exec``). Closed sessions grant nothing."""
+        row = self.store.get(sid)
+        self._authorize(row, actor)
+        require_open(self.store, row)
+        return self._build(row)
+
+    def _authorize(self, row: SessionRow, actor: Principal | None) -> None:
+        if actor is None or actor.is_service or actor.enabled_admin or actor.id == row.opened_by:
+            return
+        m = self.host.workflow(row.workflow_id).manifest
+        if not audience.can_inspect(actor, m):
+            raise PermissionDenied(f"{actor.id!r} may not use session {row.id}")
+
+    # -- lifecycle ---------------------------------------------------------
+    def open(
+        self,
+        actor: Principal,
+        wid: str,
+        *,
+        kind: str,
+        kb_access: str | None = None,
+        item_kb_write: bool | None = None,
+        parent: str | None = None,
+    ) -> Plan:
+        kind_policy = policy.kind(kind)
+        parent_row: SessionRow | None = None
+        if parent is not None:
+            parent_row = self.store.get(parent)
+            self._authorize(parent_row, actor)
+            require_open(self.store, parent_row)
+            if parent_row.workflow_id != wid:
+                raise InvalidInput(
+                    f"session {parent} belongs to {parent_row.workflow_id!r}, not {wid!r}",
+                    hint="a copied child session stays in its parent's workflow",
+                )
+        requested = kb_access if kb_access is not None else (parent_row.kb_access if parent_row else "read")
+        if requested not in policy.KB_ACCESS:
+            raise InvalidInput(
+                f"kb_access {requested!r} is not allowed; allowed: {', '.join(policy.KB_ACCESS)}"
+            )
+        if parent_row is not None and not _MODES[requested] <= _MODES[parent_row.kb_access]:
+            raise PermissionDenied(
+                f"a child session cannot widen kb_access from {parent_row.kb_access!r} to {requested!r}"
+            )
+        item = item_kb_write if item_kb_write is not None else bool(parent_row and parent_row.item_kb_write)
+        found = self.host.workflow(wid)
+        if not audience.can_open_session(
+            actor, found.manifest, readers_may_open=kind_policy.readers_may_open
+        ):
+            if not audience.can_inspect(actor, found.manifest):
+                raise PermissionDenied(f"{actor.id!r} may not open sessions for {wid!r}")
+            raise PermissionDenied(
+                f"{actor.id!r} may not open a {kind} session for {wid!r} (readers may open reviewer sessions only)"
+            )
+        row = SessionRow(
+            id=new_session_id(),
+            workflow_id=wid,
+            kind=kind,
+            kb_access=requested,
+            item_kb_write=item,
+            parent=parent,
+            opened_by=actor.id,
+            opened_at=time.time(),
+            closed_at=None,
+            generation=0,
+            digest="",
+        )
+        self.store.insert(row)
+        self.host.audit("session_opened", session=row.id, workflow_id=wid, kind=kind, kb_access=requested,
+                        actor=actor.id, parent=parent)  # fmt: skip
+        return self._build(row)
+
+    def close(self, sid: str, *, actor: Principal | None = None) -> list[str]:
+        row = self.store.get(sid)
+        self._authorize(row, actor)
+        closed = self.store.close(sid)
+        self.host.audit("session_closed", session=sid, closed=closed, actor=actor.id if actor else None)
+        return closed
+
+    def rows(
+        self, *, actor: Principal | None = None, workflow_id: str | None = None, include_closed: bool = False
+    ) -> list[dict[str, Any]]:
+        out = []
+        for row in self.store.rows(workflow_id=workflow_id, include_closed=include_closed):
+            try:
+                self._authorize(row, actor)
+            except KbdError:
+                continue
+            out.append(row.to_json())
+        return out
+
+    # -- path guard -----------------------------------------------------------
+    def check(self, sid: str, path: str, mode: str, *, actor: Principal | None = None) -> dict[str, Any]:
+        return check_path(self.plan(sid, actor=actor), path, mode)
+
+
+_PRIORITY = {"hidden": 3, "read_only": 2, "write": 1, "read": 0}
+
+
+def check_path(plan: Plan, path: str, mode: str) -> dict[str, Any]:
+    """May this plan touch ``path`` for ``mode`` (read|write)? For non-shell file tools.
+
+    The deepest grant containing the path decides (an overlay beats its parent).
+    The path must be absolute and free of ``..``; a symbolic link anywhere below
+    the deciding grant is refused, so a link cannot smuggle access elsewhere.
+    """
+    if mode not in ("read", "write"):
+        raise InvalidInput(f"mode {mode!r} is not allowed; allowed: read, write")
+    if not path.startswith("/") or "\x00" in path:
+        return {"allowed": False, "reason": "path must be absolute"}
+    pure = PurePosixPath(path)
+    if ".." in pure.parts:
+        return {"allowed": False, "reason": "path must not contain '..'"}
+    target = Path(pure)
+    best = None
+    for g in plan.grants:
+        if target == g.path or g.path in target.parents:
+            key = (len(g.path.parts), _PRIORITY[g.mode])
+            if best is None or key > best[0]:
+                best = (key, g)
+    if best is None:
+        return {"allowed": False, "reason": "not granted to this session"}
+    grant = best[1]
+    if grant.mode == "hidden":
+        return {"allowed": False, "reason": f"hidden in this session ({grant.origin})"}
+    if mode == "write" and grant.mode != "write":
+        return {"allowed": False, "reason": f"read-only ({grant.origin})"}
+    link = _symlink_below(grant.path, target)
+    if link is not None:
+        return {"allowed": False, "reason": link}
+    return {"allowed": True, "reason": f"{grant.mode} grant ({grant.origin})"}
+
+
+def _symlink_below(root: Path, target: Path) -> str | None:
+    rel = target.relative_to(root)
+    try:
+        with pin_dir(root) as pinned:
+            if not rel.parts:
+                return None
+            parent = str(rel.parent) if str(rel.parent) != "." else ""
+            fd = open_beneath(pinned.fd, parent, os.O_PATH | os.O_DIRECTORY)
+            try:
+                st = os.stat(rel.name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return None
+            finally:
+                os.close(fd)
+    except KbdError as exc:
+        return exc.message
+    if stat.S_ISLNK(st.st_mode):
+        return "the path is a symbolic link; kbd never follows links inside grants"
+    return None
