@@ -25,7 +25,7 @@ from kbd.manifest import parse_manifest
 from kbd.ops import Host
 from kbd.plan import Plan
 from kbd.policy import KB_ACCESS, KINDS
-from kbd.principals import Principal
+from kbd.principals import Principal, issue_token
 from kbd.rootinit import init_root
 from kbd.session_ops import Sessions
 from kbd.strict import load_json_strict
@@ -627,6 +627,62 @@ def check_cmd(c: Ctx, sid: str, path: str, mode: str, as_json: bool) -> None:
         click.echo(f"{'allowed' if result['allowed'] else 'denied'}: {result['reason']}")
     if not result["allowed"]:
         sys.exit(77)
+
+
+# -- principals ----------------------------------------------------------------------------
+
+
+@main.group()
+def principals() -> None:
+    """Users and services known to this host."""
+
+
+@principals.command("list")
+@json_option
+@pass_ctx
+def principals_list(c: Ctx, as_json: bool) -> None:
+    rows = [{"id": p.id, "kind": p.kind, "admin": p.admin, "disabled": p.disabled,
+             "uid": p.uid, "has_token": p.token_sha256 is not None} for p in c.host.principals]  # fmt: skip
+    if as_json:
+        _emit({"principals": rows})
+        return
+    for r in rows:
+        flags = [
+            f
+            for f, on in (("admin", r["admin"]), ("disabled", r["disabled"]), ("token", r["has_token"]))
+            if on
+        ]
+        click.echo(f"{r['id']:<20} {r['kind']:<8} {' '.join(flags)}")
+
+
+@principals.command("token")
+@click.argument("name")
+@pass_ctx
+def principals_token(c: Ctx, name: str) -> None:
+    """Issue a new API token for NAME (printed once; only its hash is stored)."""
+    token = issue_token(c.host.config.root, name, timeout=c.host.config.lock_timeout)
+    click.echo(token)
+
+
+# -- daemon ------------------------------------------------------------------------------
+
+
+@main.command("serve")
+@click.option(
+    "--socket",
+    "socket_path",
+    type=click.Path(path_type=Path),
+    help="Default: kbd.yaml socket, else state/run/kbd.sock.",
+)
+@click.option(
+    "--fd", type=int, help="Serve on an inherited listening socket (systemd passes LISTEN_FDS itself)."
+)
+@pass_ctx
+def serve_cmd(c: Ctx, socket_path: Path | None, fd: int | None) -> None:
+    """Run the daemon: the HTTP API on a Unix socket (0660, folder 0750)."""
+    from kbd.daemon import serve  # the API stack is imported only by the daemon
+
+    serve(Host(c.root, sweep_interval=1.0), socket_path=socket_path, fd=fd)
 
 
 # -- browsing ---------------------------------------------------------------------------

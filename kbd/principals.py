@@ -6,15 +6,21 @@ for every request. Unknown and disabled principals are refused everywhere.
 
 from __future__ import annotations
 
+import hashlib
 import re
+import secrets
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from kbd.config import PRINCIPALS_NAME, read_text
 from kbd.errors import InvalidConfig, PermissionDenied
+from kbd.fsio import write_atomic
 from kbd.ids import id_problem
+from kbd.locks import held
 from kbd.strict import check_keys, expect_bool, expect_choice, expect_mapping, expect_str, load_yaml
 
 KINDS = ("user", "service")
@@ -121,3 +127,22 @@ def load_principals(root: Path) -> Principals:
     return parse_principals(
         load_yaml(read_text(path, what=PRINCIPALS_NAME), source=str(path)), source=str(path)
     )
+
+
+def issue_token(root: Path, pid: str, *, timeout: float) -> str:
+    """Give ``pid`` a new bearer token: store only its SHA-256 in principals.yaml
+    (atomically, under a lock) and return the token, which is shown once."""
+    path = root / PRINCIPALS_NAME
+    with held(root / "state", "principals", str(path), timeout=timeout, what="principals.yaml"):
+        text = read_text(path, what=PRINCIPALS_NAME)
+        doc = load_yaml(text, source=str(path))
+        parse_principals(doc, source=str(path))  # refuse to rewrite an invalid file
+        for entry in doc["principals"]:
+            if entry["id"] == pid:
+                break
+        else:
+            raise PermissionDenied(f"unknown principal {pid!r}", hint="add it to principals.yaml first")
+        token = "kbd_" + secrets.token_urlsafe(32)
+        entry["token_sha256"] = hashlib.sha256(token.encode()).hexdigest()
+        write_atomic(path, yaml.safe_dump(doc, sort_keys=False).encode(), mode=0o640)
+    return token

@@ -1,0 +1,361 @@
+"""The daemon's HTTP API (DESIGN §6): JSON over a Unix socket, under ``/v1``.
+
+Every request except ``/v1/health`` is authenticated as one principal: a bearer
+token (its SHA-256 must match a principal's ``token_sha256``) or, without an
+``Authorization`` header, the peer's uid from ``SO_PEERCRED`` mapped through
+principals.yaml. Unknown and disabled principals get 401/403. Authorization is
+the same code the CLI uses (:mod:`kbd.ops`, :mod:`kbd.session_ops`,
+:mod:`kbd.browse`). Errors are ``{"error": {"code", "message", "hint"}}``;
+unexpected exceptions are logged and answered without details.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import threading
+import time
+from collections import Counter
+from typing import Any, Literal
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from kbd import browse
+from kbd.errors import KbdError, PermissionDenied
+from kbd.ops import Host
+from kbd.principals import Principal
+from kbd.session_ops import Sessions
+
+log = logging.getLogger("kbd.api")
+PEER_UID = "kbd.peer_uid"
+
+
+class Unauthenticated(KbdError):
+    code = "unauthenticated"
+    exit_code = 77
+    http_status = 401
+    default_hint = (
+        "send `Authorization: Bearer <token>` (see `kbd principals token`) or connect as a mapped uid"
+    )
+
+
+# -- request and response models ------------------------------------------------
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AttachBody(Strict):
+    workflow_id: str
+    alias: str
+    access: Literal["read", "write"] = "read"
+
+
+class ReplaceSourcesBody(Strict):
+    sources: list[dict[str, Any]] = Field(description="the complete attachment list; [] detaches all")
+    expected_version: str | None = None
+
+
+class GrantBody(Strict):
+    workflow_id: str
+
+
+class OpenSessionBody(Strict):
+    workflow_id: str
+    kind: str
+    kb_access: Literal["none", "read", "write", "read-write"] | None = None
+    item_kb_write: bool | None = None
+    parent: str | None = None
+
+
+class ChildBody(Strict):
+    kind: str | None = None
+    kb_access: Literal["none", "read", "write", "read-write"] | None = None
+    item_kb_write: bool | None = None
+
+
+class CheckBody(Strict):
+    path: str
+    mode: Literal["read", "write"]
+
+
+class WriteStatusModel(BaseModel):
+    available: bool
+    reason: str | None
+    message: str | None = None
+
+
+class AttachmentModel(BaseModel):
+    alias: str
+    workflow_id: str
+    label: str | None
+    access: str
+    available: bool
+    reason: str | None
+    message: str | None
+    write: WriteStatusModel | None
+    env: str
+    path: str | None
+
+
+class SourcesResponse(BaseModel):
+    workflow_id: str
+    version: str
+    sources: list[AttachmentModel]
+
+
+class PlanResponse(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    session_id: str
+    workflow_id: str
+    kind: str
+    kb_access: str
+    effective_kb_access: str
+    generation: int
+    env: dict[str, str]
+    read: list[str]
+    write: list[str]
+    read_only: list[str]
+    hidden: list[str]
+    sources: list[AttachmentModel]
+    folders: list[dict[str, Any]]
+    context: str
+
+
+class CheckResponse(BaseModel):
+    allowed: bool
+    reason: str
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    hint: str
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+# -- the application ------------------------------------------------------------------
+
+
+class State:
+    """Shared by all requests. Host and registry are not thread-safe: one lock."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.sessions = Sessions(host)
+        self.lock = threading.RLock()
+        self.started = time.time()
+        self.requests: Counter[str] = Counter()
+
+
+def _error(err: KbdError) -> JSONResponse:
+    return JSONResponse({"error": err.to_dict()}, status_code=err.http_status)
+
+
+def create_app(host: Host) -> FastAPI:
+    state = State(host)
+    app = FastAPI(
+        title="kbd",
+        version="1",
+        description="Knowledge-base attachment daemon API (DESIGN §6).",
+        responses={400: {"model": ErrorResponse}, 401: {"model": ErrorResponse}, 403: {"model": ErrorResponse},
+                   404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}},
+    )  # fmt: skip
+    app.state.kbd = state
+
+    @app.exception_handler(KbdError)
+    async def _kbd_error(_: Request, err: KbdError) -> JSONResponse:
+        return _error(err)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        msg = f"{where or 'request'}: {first.get('msg', 'invalid')}"
+        return JSONResponse(
+            {
+                "error": {
+                    "code": "invalid-input",
+                    "message": msg,
+                    "hint": "see /openapi.json for the request shape",
+                }
+            },
+            status_code=400,
+        )
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error")
+        return _error(KbdError("internal error"))
+
+    def principal(request: Request) -> Principal:
+        state.requests[request.url.path.split("/")[2] if request.url.path.count("/") >= 2 else "?"] += 1
+        auth = request.headers.get("authorization")
+        principals = state.host.principals
+        if auth is not None:
+            scheme, _, token = auth.partition(" ")
+            if scheme.lower() != "bearer" or not token:
+                raise Unauthenticated("malformed Authorization header (expected `Bearer <token>`)")
+            digest = hashlib.sha256(token.strip().encode()).hexdigest()
+            for p in principals:
+                if p.token_sha256 is not None and hmac.compare_digest(p.token_sha256, digest):
+                    if p.disabled:
+                        raise PermissionDenied(f"principal {p.id!r} is disabled")
+                    return p
+            raise Unauthenticated("unknown token")
+        uid = request.scope.get(PEER_UID)
+        if isinstance(uid, int):
+            mapped = principals.by_uid(uid)
+            if mapped is not None:
+                if mapped.disabled:
+                    raise PermissionDenied(f"principal {mapped.id!r} is disabled")
+                return mapped
+        raise Unauthenticated("no credentials: this connection's uid is not mapped to a principal")
+
+    Actor = Depends(principal)
+
+    @app.get("/v1/health")
+    def health() -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "host": state.host.config.host,
+            "uptime_seconds": round(time.time() - state.started, 1),
+        }
+
+    @app.get("/v1/metrics")
+    def metrics(actor: Principal = Actor) -> dict[str, Any]:
+        with state.lock:
+            return {
+                "requests": dict(state.requests),
+                "registry_scans": state.host.registry.scans,
+                "open_sessions": len(state.sessions.store.rows()),
+            }
+
+    @app.get("/v1/whoami")
+    def whoami(actor: Principal = Actor) -> dict[str, Any]:
+        return {"id": actor.id, "kind": actor.kind, "admin": actor.enabled_admin}
+
+    @app.get("/v1/workflows")
+    def workflows(actor: Principal = Actor) -> dict[str, Any]:
+        with state.lock:
+            return {"workflows": state.host.list_workflows(actor)}
+
+    @app.get("/v1/workflows/{wid}")
+    def workflow(wid: str, actor: Principal = Actor) -> dict[str, Any]:
+        with state.lock:
+            return state.host.show(wid, actor)
+
+    @app.get("/v1/workflows/{wid}/sources", response_model=SourcesResponse)
+    def sources(wid: str, actor: Principal = Actor) -> dict[str, Any]:
+        with state.lock:
+            m, atts = state.host.sources(wid, actor)
+            return {"workflow_id": m.id, "version": m.version, "sources": [a.to_json() for a in atts]}
+
+    @app.put("/v1/workflows/{wid}/sources", response_model=SourcesResponse)
+    def replace_sources(wid: str, body: ReplaceSourcesBody, actor: Principal = Actor) -> dict[str, Any]:
+        with state.lock:
+            saved = state.host.set_sources(
+                wid, body.sources, actor=actor, expected_version=body.expected_version
+            )
+            atts = state.host.resolve(saved)
+            return {"workflow_id": saved.id, "version": saved.version, "sources": [a.to_json() for a in atts]}
+
+    @app.post("/v1/workflows/{wid}/sources", response_model=AttachmentModel, status_code=201)
+    def attach(wid: str, body: AttachBody, actor: Principal = Actor) -> dict[str, Any]:
+        with state.lock:
+            return state.host.attach(
+                wid, body.workflow_id, alias=body.alias, access=body.access, actor=actor
+            ).to_json()
+
+    @app.delete("/v1/workflows/{wid}/sources/{alias}")
+    def detach(wid: str, alias: str, actor: Principal = Actor) -> dict[str, Any]:
+        with state.lock:
+            state.host.detach(wid, alias, actor=actor)
+            return {"workflow_id": wid, "detached": alias}
+
+    @app.get("/v1/workflows/{wid}/candidates")
+    def candidates(wid: str, actor: Principal = Actor) -> dict[str, Any]:
+        with state.lock:
+            return {"workflow_id": wid, "candidates": state.host.candidates(wid, actor)}
+
+    @app.get("/v1/workflows/{wid}/sources/{alias}/file")
+    def read_file(wid: str, alias: str, path: str, actor: Principal = Actor) -> dict[str, Any]:
+        with state.lock:
+            data = browse.read(state.host, wid, alias, path, actor)
+        try:
+            return {"path": path, "size": len(data), "encoding": "utf-8", "content": data.decode("utf-8")}
+        except UnicodeDecodeError:
+            return {
+                "path": path,
+                "size": len(data),
+                "encoding": "base64",
+                "content": base64.b64encode(data).decode(),
+            }
+
+    @app.get("/v1/workflows/{wid}/sources/{alias}/dir")
+    def list_dir(wid: str, alias: str, path: str = "", actor: Principal = Actor) -> dict[str, Any]:
+        with state.lock:
+            return {"path": path, "entries": browse.ls(state.host, wid, alias, path, actor)}
+
+    @app.get("/v1/workflows/{wid}/writers")
+    def writers(wid: str, actor: Principal = Actor) -> dict[str, Any]:
+        with state.lock:
+            return state.host.writers(wid, actor)
+
+    @app.post("/v1/workflows/{wid}/writers")
+    def grant(wid: str, body: GrantBody, actor: Principal = Actor) -> dict[str, Any]:
+        with state.lock:
+            changed = state.host.grant(wid, body.workflow_id, actor=actor)
+            return {"source": wid, "consumer": body.workflow_id.strip(), "granted": True, "changed": changed}
+
+    @app.delete("/v1/workflows/{wid}/writers/{consumer}")
+    def revoke(wid: str, consumer: str, actor: Principal = Actor) -> dict[str, Any]:
+        with state.lock:
+            changed = state.host.revoke(wid, consumer, actor=actor)
+            return {"source": wid, "consumer": consumer, "granted": False, "changed": changed}
+
+    @app.post("/v1/sessions", response_model=PlanResponse, status_code=201)
+    def open_session(body: OpenSessionBody, actor: Principal = Actor) -> dict[str, Any]:
+        with state.lock:
+            plan = state.sessions.open(actor, body.workflow_id, kind=body.kind, kb_access=body.kb_access,
+                                       item_kb_write=body.item_kb_write, parent=body.parent)  # fmt: skip
+            return plan.to_json()
+
+    @app.get("/v1/sessions")
+    def list_sessions(workflow_id: str | None = None, actor: Principal = Actor) -> dict[str, Any]:
+        with state.lock:
+            return {"sessions": state.sessions.rows(actor=actor, workflow_id=workflow_id)}
+
+    @app.get("/v1/sessions/{sid}", response_model=PlanResponse)
+    def session_policy(sid: str, actor: Principal = Actor) -> dict[str, Any]:
+        with state.lock:
+            return state.sessions.plan(sid, actor=actor).to_json()
+
+    @app.post("/v1/sessions/{sid}/children", response_model=PlanResponse, status_code=201)
+    def open_child(sid: str, body: ChildBody, actor: Principal = Actor) -> dict[str, Any]:
+        with state.lock:
+            parent = state.sessions.store.get(sid)
+            plan = state.sessions.open(actor, parent.workflow_id, kind=body.kind or parent.kind,
+                                       kb_access=body.kb_access, item_kb_write=body.item_kb_write, parent=sid)  # fmt: skip
+            return plan.to_json()
+
+    @app.delete("/v1/sessions/{sid}")
+    def close_session(sid: str, actor: Principal = Actor) -> dict[str, Any]:
+        with state.lock:
+            return {"session_id": sid, "closed": state.sessions.close(sid, actor=actor)}
+
+    @app.post("/v1/sessions/{sid}/check", response_model=CheckResponse)
+    def check(sid: str, body: CheckBody, actor: Principal = Actor) -> dict[str, Any]:
+        with state.lock:
+            return state.sessions.check(sid, body.path, body.mode, actor=actor)
+
+    return app
