@@ -45,7 +45,8 @@ def write_atomic_at(dfd: int, name: str, data: bytes, *, mode: int = 0o644, keep
                 uid, gid = st.st_uid, st.st_gid
     except FileNotFoundError:
         pass
-    tmp = f".{name[:64]}.kbd-{secrets.token_hex(8)}.tmp"
+    # A fixed-length temp name: a long (multi-byte) target name cannot push it past NAME_MAX.
+    tmp = f".kbd-{secrets.token_hex(8)}.tmp"
     fd = os.open(
         tmp,
         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,

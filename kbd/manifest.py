@@ -386,8 +386,10 @@ def _encode(value: Any, indent: str, out: list[str]) -> None:
     elif value is None or isinstance(value, bool | int):
         out.append(json.dumps(value))
     elif isinstance(value, Decimal):
-        # The number exactly as it was written (1e400 stays 1E+400, not Infinity).
-        out.append(str(value))
+        # The number's value and JSON type as written: 1e400 stays 1E+400 (not
+        # Infinity), and 1.5e1 stays a float ("15.0"), never becomes the int 15.
+        text = str(value)
+        out.append(text if any(c in text for c in ".eE") else text + ".0")
     else:  # pragma: no cover - parse_manifest only produces the types above
         raise TypeError(f"cannot encode {type(value).__name__}")
 

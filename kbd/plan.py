@@ -139,7 +139,8 @@ class Plan:
 
 
 def _inside(path: Path, parent: Path) -> bool:
-    return path == parent or parent in path.parents
+    p, q = str(path), str(parent)
+    return p == q or p.startswith(q.rstrip("/") + "/")
 
 
 def build_plan(

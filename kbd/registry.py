@@ -10,8 +10,9 @@ silently dropped.
 
 Caching: the index is kept in memory and in ``state/cache/registry.json``.
 It is revalidated by ``lstat`` of every walked non-workflow folder (a new,
-removed or renamed child changes a folder's mtime/ctime) and, per lookup, of the
-matched ``workflow.json``. Like git's "racy clean" rule, a folder or manifest
+removed or renamed child changes a folder's mtime/ctime) and of every manifest
+at most once per ``sweep_interval`` (and at the first lookup of every process),
+and, per lookup, of the matched ``workflow.json``; a miss always revalidates. Like git's "racy clean" rule, a folder or manifest
 modified within :data:`RACY_NS` of the moment it was read is never trusted from
 cache, because coarse file timestamps could hide a second change in the same
 tick. The cache is an optimisation only: a corrupt cache is ignored.
@@ -244,16 +245,25 @@ class Registry:
         return True
 
     def _ensure(self) -> bool:
-        """Make the index current enough; True when it was fully verified just now."""
+        """Make the index current enough; True when it was fully verified just now.
+
+        The walked folders and every manifest are re-checked at most every
+        ``sweep_interval`` seconds (always on the first call of a process); in
+        between, a hit is verified against its own manifest and a miss forces
+        a full check (see :meth:`find`).
+        """
         if not self._loaded:
             self._load_cache()
+        if time.monotonic() - self._swept_at < self.sweep_interval and self._loaded:
+            return False
+        return self._verify()
+
+    def _verify(self) -> bool:
         if not self._loaded or not self._dirs_fresh():
             self.rescan()
-            return True
-        if time.monotonic() - self._swept_at >= self.sweep_interval:
+        else:
             self._sweep()
-            return True
-        return False
+        return True
 
     # -- persistent cache -------------------------------------------------
     def _load_cache(self) -> None:
@@ -309,11 +319,15 @@ class Registry:
             write_atomic(self.cache_path, orjson.dumps(doc), mode=0o640)
 
     # -- lookups -----------------------------------------------------------
-    def _current(self, path: Path) -> Folder:
-        """The folder at ``path`` with its manifest verified against the disk now."""
+    def _current(self, path: Path, st: os.stat_result | None = None) -> Folder:
+        """The folder at ``path`` with its manifest verified against the disk now
+        (``st``: an lstat of its workflow.json the caller just took)."""
         folder = self._folders[path]
-        if folder.manifest is not None and folder.sig is not None and self._still(folder):
-            return folder
+        if folder.manifest is not None and folder.sig is not None:
+            if st is not None and _sig(st) == folder.sig:
+                return folder
+            if st is None and self._still(folder):
+                return folder
         fresh = _load_folder(path, previous_id=folder.known_id, now_ns=time.time_ns())
         self._folders[path] = fresh
         return fresh
@@ -334,11 +348,11 @@ class Registry:
             stale = False
             for path in paths:
                 try:
-                    os.lstat(path / MANIFEST)
+                    st = os.lstat(f"{path}/{MANIFEST}")
                 except OSError:
                     stale = True
                     break
-                folder = self._current(path)
+                folder = self._current(path, st)
                 if folder.known_id != workflow_id:
                     stale = True
                     break
@@ -348,8 +362,8 @@ class Registry:
                 verified = True
                 continue
             if not current and not verified:
-                # A miss may be a folder whose manifest took this ID in place.
-                self._sweep()
+                # A miss may be a new folder or one whose manifest took this ID in place.
+                self._verify()
                 verified = True
                 continue
             break
@@ -402,7 +416,12 @@ def probe_kb(workflow_folder: Path) -> KbProbe:
     with pinned:
         try:
             info = mount_info(KB_DIR, dir_fd=pinned.fd)
-            parent = mount_info("", dir_fd=pinned.fd, flags=AT_EMPTY_PATH)
+            # STATX_ATTR_MOUNT_ROOT answers "is it a mount point" in one call; only
+            # kernels without it need the parent's mount ID for comparison.
+            parent = (
+                mount_info("", dir_fd=pinned.fd, flags=AT_EMPTY_PATH) if info.mount_root is None else None
+            )
+            parent_dev = os.fstat(pinned.fd).st_dev
         except FileNotFoundError:
             return KbProbe(KbProblem("kb_missing", "the source has no knowledgebase/ folder"))
         except OSError as exc:
@@ -417,8 +436,13 @@ def probe_kb(workflow_folder: Path) -> KbProbe:
         return KbProbe(KbProblem("kb_not_dir", "the source's knowledgebase is not a folder"))
     if (
         info.mount_root
-        or info.dev != parent.dev
-        or (info.mnt_id is not None and parent.mnt_id is not None and info.mnt_id != parent.mnt_id)
+        or info.dev != parent_dev
+        or (
+            parent is not None
+            and info.mnt_id is not None
+            and parent.mnt_id is not None
+            and info.mnt_id != parent.mnt_id
+        )
     ):
         return KbProbe(
             KbProblem(

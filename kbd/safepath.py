@@ -116,7 +116,10 @@ def split_relative(rel: str, *, allow_empty: bool = False) -> list[str]:
         raise InvalidPath("path must be a string")
     if "\x00" in rel:
         raise InvalidPath("path contains a NUL byte")
-    raw = os.fsencode(rel)
+    try:
+        raw = rel.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidPath("path is not valid Unicode (it contains a lone surrogate)") from None
     if len(raw) > PATH_MAX:
         raise InvalidPath(f"path is longer than {PATH_MAX} bytes")
     if rel.startswith("/"):
@@ -125,7 +128,7 @@ def split_relative(rel: str, *, allow_empty: bool = False) -> list[str]:
     for p in parts:
         if p == "..":
             raise InvalidPath("path must not contain '..' components")
-        if len(os.fsencode(p)) > NAME_MAX:
+        if len(p.encode("utf-8")) > NAME_MAX:
             raise InvalidPath(f"a path component is longer than {NAME_MAX} bytes")
     if not parts and not allow_empty:
         raise InvalidPath("path is empty")
@@ -194,6 +197,10 @@ def _walk(dirfd: int, parts: list[str], flags: int, mode: int) -> int:
     finally:
         os.close(cur)
     try:
+        # O_PATH|O_NOFOLLOW opens a final symlink itself instead of failing:
+        # refuse it exactly as RESOLVE_NO_SYMLINKS does.
+        if stat.S_ISLNK(os.fstat(fd).st_mode):
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
         if _mnt(fd) != base:
             raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
     except BaseException:
@@ -208,9 +215,13 @@ def open_beneath(
     """Open ``rel`` strictly beneath ``dirfd`` (see module policy). Returns an fd.
 
     Raises InvalidPath / PathNotFound / PathRefused / PermissionDenied / Busy.
+    ``O_NONBLOCK`` is added (except to ``O_PATH``), so opening a FIFO planted at the name never
+    hangs (it has no effect on regular files and folders).
     ``use_openat2`` exists for the differential tests; callers leave it None.
     """
     parts = split_relative(rel, allow_empty=True)
+    if not flags & os.O_PATH:  # openat2 refuses O_PATH with any other open flag
+        flags |= os.O_NONBLOCK
     primary = HAVE_OPENAT2 if use_openat2 is None else use_openat2
     try:
         return _openat2(dirfd, parts, flags, mode) if primary else _walk(dirfd, parts, flags, mode)
@@ -238,6 +249,18 @@ class Pinned:
         self.close()
 
 
+# The process's "/" pinned once (the root does not move under a running kbd);
+# lookups start from a dup of it instead of opening "/" every time.
+_ROOT_FD: int | None = None
+
+
+def _root_fd() -> int:
+    global _ROOT_FD
+    if _ROOT_FD is None:
+        _ROOT_FD = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    return _ROOT_FD
+
+
 def pin_dir(path: Path, *, expect: tuple[int, int] | None = None) -> Pinned:
     """Pin the directory at absolute ``path`` without following any symlink on the way.
 
@@ -249,38 +272,33 @@ def pin_dir(path: Path, *, expect: tuple[int, int] | None = None) -> Pinned:
     if not path.is_absolute():
         raise InvalidPath("internal: pin_dir needs an absolute path")
     rel = os.fsencode(str(path).lstrip("/") or ".")
-    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        if HAVE_OPENAT2:
-            for _ in range(EAGAIN_RETRIES):
-                fd = _raw_openat2(
-                    root,
-                    rel,
-                    os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
-                    0,
-                    RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
-                )
-                if fd >= 0:
-                    break
-                err = ctypes.get_errno()
-                if err not in (errno.EAGAIN, errno.EINTR):
-                    raise _folder_refusal(err)
-            else:
-                raise Busy("a folder kept changing while it was looked up; retry")
+    root = _root_fd()
+    if HAVE_OPENAT2:
+        for _ in range(EAGAIN_RETRIES):
+            fd = _raw_openat2(
+                root,
+                rel,
+                os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
+                0,
+                RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+            )
+            if fd >= 0:
+                break
+            err = ctypes.get_errno()
+            if err not in (errno.EAGAIN, errno.EINTR):
+                raise _folder_refusal(err)
         else:
-            fd = os.dup(root)
-            try:
-                for comp in [c for c in os.fsdecode(rel).split("/") if c not in ("", ".")]:
-                    nxt = os.open(
-                        comp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
-                    )
-                    os.close(fd)
-                    fd = nxt
-            except OSError as exc:
+            raise Busy("a folder kept changing while it was looked up; retry")
+    else:
+        fd = os.dup(root)
+        try:
+            for comp in [c for c in os.fsdecode(rel).split("/") if c not in ("", ".")]:
+                nxt = os.open(comp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
                 os.close(fd)
-                raise _folder_refusal(exc.errno or errno.EIO) from None
-    finally:
-        os.close(root)
+                fd = nxt
+        except OSError as exc:
+            os.close(fd)
+            raise _folder_refusal(exc.errno or errno.EIO) from None
     st = os.fstat(fd)
     if expect is not None and (st.st_dev, st.st_ino) != expect:
         os.close(fd)
@@ -397,6 +415,9 @@ def replace_file(dirfd: int, rel: str, data: bytes, *, mode: int = 0o644) -> Non
             raise PathRefused(
                 f"{rel!r} exists and is a {kind}; only regular files are replaced", why="not_file"
             )
-        write_atomic_at(pfd, name, data, mode=mode, keep_owner=False)
+        try:
+            write_atomic_at(pfd, name, data, mode=mode, keep_owner=False)
+        except OSError as exc:
+            raise _refusal(exc.errno or errno.EIO, rel) from None
     finally:
         os.close(pfd)

@@ -1,0 +1,223 @@
+"""Registry scan and lookup cost over 10,000 workflows (DESIGN §8).
+
+Builds a throw-away kbd root with 10,000 generated workflows spread over nested
+folders (``workflows/team_NN/wf_NNNNN/`` with ``knowledgebase/notes/``), then
+prints, each beside its §8 budget:
+
+* cold registry scan: a new :class:`kbd.registry.Registry` with no cache file,
+  first ``find`` (walk, read and parse every manifest, write the cache);
+* warm lookup in process: the same Registry, ``find`` of random IDs, timed one
+  by one, default ``sweep_interval`` (1 s), so the periodic sweeps are included
+  in the mean and p99 but not, typically, in the median;
+* CLI-like warm start: a new Registry that loads ``state/cache/registry.json``
+  (as every CLI call does), first ``find``;
+* plan-ish lookup: ``Host.sources()`` for a consumer with 20 attached sources
+  (resolution of all 20: registry lookups, audience checks, KB probes).
+
+OS caches are not dropped: "cold" means no kbd cache, not a cold page cache.
+The temporary root is removed at the end, also on error.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from kbd.config import load_config
+from kbd.ops import Host
+from kbd.registry import RACY_NS, Found, Registry
+from kbd.rootinit import init_root
+
+WORKFLOWS = 10_000
+TEAMS = 100
+USERS = ("alice", "bob", "carol", "dave", "erin")
+CONSUMER = "wf_00000"
+SOURCES = 20
+WRITE_SOURCES = 4  # of the 20, attached with access "write" and granted by their owner
+COLD_RUNS = 5
+WARM_LOOKUPS = 20_000
+WARM_START_RUNS = 5
+PLAN_RUNS = 500
+SEED = 20261130
+
+
+def wid(i: int) -> str:
+    return f"wf_{i:05d}"
+
+
+def source_indexes() -> list[int]:
+    """20 workflows owned by alice (i % 5 == 0), spread over the teams."""
+    step = WORKFLOWS // SOURCES
+    return [k * step + 5 for k in range(SOURCES)]
+
+
+def manifest(i: int, sources: list[int]) -> dict[str, Any]:
+    owner = USERS[i % len(USERS)]
+    doc: dict[str, Any] = {
+        "id": wid(i),
+        "label": f"Workflow {i} of team {i % TEAMS:02d}",
+        "created_by": owner,
+        "access": {"owners": [owner], "readers": [USERS[(i + 1) % len(USERS)]]},
+        "schedule": {"cron": f"{i % 60} * * * *"},
+        "model": {"name": "generic", "temperature": 0.2},
+    }
+    if i == 0:
+        doc["access"] = {"owners": ["alice"]}
+        doc["knowledgebase_sources"] = [
+            {"workflow_id": wid(j), "alias": f"src_{j}", "access": "write" if k < WRITE_SOURCES else "read"}
+            for k, j in enumerate(sources)
+        ]
+    elif i in sources[:WRITE_SOURCES]:
+        doc["access"]["allowed_kb_writers"] = [CONSUMER]
+    return doc
+
+
+def build(root: Path) -> None:
+    init_root(root, host="bench-host", force=False, demo=False)
+    principals = [{"id": u} for u in USERS] + [{"id": "ops", "admin": True}]
+    (root / "principals.yaml").write_text(yaml.safe_dump({"principals": principals}))
+    sources = source_indexes()
+    for i in range(WORKFLOWS):
+        folder = root / "workflows" / f"team_{i % TEAMS:02d}" / wid(i)
+        os.makedirs(folder / "knowledgebase" / "notes")
+        (folder / "knowledgebase" / "notes" / "_index.json").write_bytes(b'{"notes": []}\n')
+        (folder / "workflow.json").write_bytes(orjson.dumps(manifest(i, sources), option=orjson.OPT_INDENT_2))
+
+
+def median_ms(samples_ns: list[int]) -> float:
+    return statistics.median(samples_ns) / 1e6
+
+
+def timed(fn: Callable[[], object]) -> int:
+    t0 = time.perf_counter_ns()
+    fn()
+    return time.perf_counter_ns() - t0
+
+
+def main() -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="kbd-bench-registry-"))
+    try:
+        run(tmp / "root")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp.exists():
+            print(f"warning: could not remove {tmp}", file=sys.stderr)
+
+
+def run(root: Path) -> None:
+    t0 = time.perf_counter()
+    build(root)
+    built_s = time.perf_counter() - t0
+    # Folders and manifests changed within RACY_NS are never trusted from cache
+    # (registry.py); measuring earlier would time re-walks forced by the build.
+    time.sleep(RACY_NS / 1e9 * 1.5)
+
+    config = load_config(root)
+    roots = [r.resolve() for r in config.workflow_roots]
+    cache = config.state_dir / "cache" / "registry.json"
+    rng = random.Random(SEED)
+    target = wid(rng.randrange(WORKFLOWS))
+
+    # -- cold scan: fresh Registry, no cache file ----------------------------------
+    cold: list[int] = []
+    registry = Registry(roots, cache_path=cache)
+    for _ in range(COLD_RUNS):
+        cache.unlink(missing_ok=True)
+        registry = Registry(roots, cache_path=cache)
+        cold.append(timed(partial(registry.find, target)))
+        assert isinstance(registry.find(target), Found)
+    assert cache.exists(), "the cold scan should have written the registry cache"
+
+    # -- warm lookups in the same process (default sweep_interval=1.0) ----------------
+    ids = [wid(rng.randrange(WORKFLOWS)) for _ in range(WARM_LOOKUPS)]
+    scans_before = registry.scans
+    warm: list[int] = []
+    started = time.perf_counter()
+    for one in ids:
+        t = time.perf_counter_ns()
+        found = registry.find(one)
+        warm.append(time.perf_counter_ns() - t)
+        if not isinstance(found, Found):
+            raise SystemExit(f"lookup of {one} gave {found!r}")
+    warm_wall = time.perf_counter() - started
+    warm_sorted = sorted(warm)
+    warm_p99_us = warm_sorted[int(len(warm_sorted) * 0.99)] / 1e3
+    warm_mean_us = statistics.fmean(warm) / 1e3
+    rescans = registry.scans - scans_before
+
+    # -- CLI-like warm start: new Registry loading state/cache/registry.json ------------
+    warm_start: list[int] = []
+    for _ in range(WARM_START_RUNS):
+        fresh = Registry(roots, cache_path=cache)
+        warm_start.append(timed(partial(fresh.find, target)))
+        assert fresh.scans == 0, "a valid cache must not cause a full walk"
+
+    # -- plan-ish: Host.sources() for a consumer with 20 sources ----------------------
+    host = Host(root)  # default sweep_interval=1.0, as the daemon would use
+    alice = host.actor("alice")
+    _, attachments = host.sources(CONSUMER, alice)  # warm-up (also loads the cache)
+    available = sum(a.available for a in attachments)
+    writable = sum(a.writable for a in attachments)
+    if len(attachments) != SOURCES or available != SOURCES or writable != WRITE_SOURCES:
+        raise SystemExit(f"unexpected resolution: {[a.to_json() for a in attachments]}")
+    plan: list[int] = [timed(lambda: host.sources(CONSUMER, alice)) for _ in range(PLAN_RUNS)]
+
+    rows: list[tuple[str, str, str, str]] = [
+        (
+            f"cold registry scan, {WORKFLOWS:,} workflows (no cache file)",
+            f"{median_ms(cold):,.1f} ms",
+            "<= 1,500 ms",
+            "ok" if median_ms(cold) <= 1500 else "OVER",
+        ),
+        (
+            "warm lookup in process, median",
+            f"{statistics.median(warm) / 1e3:,.1f} us",
+            "<= 50 us",
+            "ok" if statistics.median(warm) / 1e3 <= 50 else "OVER",
+        ),
+        ("warm lookup in process, mean (sweeps included)", f"{warm_mean_us:,.1f} us", "", ""),
+        ("warm lookup in process, p99", f"{warm_p99_us:,.1f} us", "", ""),
+        (
+            "CLI-like warm start (load registry.json, first find)",
+            f"{median_ms(warm_start):,.1f} ms",
+            "(none; cold <= 1,500 ms)",
+            "",
+        ),
+        (
+            f"Host.sources(), consumer with {SOURCES} sources (plan-ish)",
+            f"{median_ms(plan):,.3f} ms",
+            "plan lookup <= 0.5 ms",
+            "ok" if median_ms(plan) <= 0.5 else "OVER",
+        ),
+    ]
+    print(
+        f"registry bench: {WORKFLOWS:,} workflows in {TEAMS} team folders, built in {built_s:.1f} s; "
+        f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs"
+    )
+    print(
+        f"cold: median of {COLD_RUNS} runs (each {', '.join(f'{ns / 1e6:,.0f}' for ns in cold)} ms); "
+        f"warm: {WARM_LOOKUPS:,} random lookups in {warm_wall:.2f} s, {rescans} full re-walks; "
+        f"CLI-like: median of {WARM_START_RUNS}; Host.sources(): median of {PLAN_RUNS} "
+        f"({available} available, {writable} writable)"
+    )
+    width = max(len(r[0]) for r in rows)
+    print(f"{'measure':<{width}}  {'median':>12}  {'budget (DESIGN §8)':<24}  status")
+    print(f"{'-' * width}  {'-' * 12}  {'-' * 24}  ------")
+    for name, value, budget, status in rows:
+        print(f"{name:<{width}}  {value:>12}  {budget:<24}  {status}")
+
+
+if __name__ == "__main__":
+    main()

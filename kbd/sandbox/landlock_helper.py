@@ -1,0 +1,163 @@
+"""kbd's Landlock helper: apply a Landlock ruleset to itself, then exec a command.
+
+Run as ``python3 -I -S landlock_helper.py SPEC_JSON -- CMD [ARG...]``. It is
+self-contained (stdlib only, no kbd imports) because it runs *inside* the
+bubblewrap sandbox, after the mounts, where only this one file is bound; the
+Landlock-only backend runs the same file directly. Applying Landlock before
+bwrap would break bwrap's own mounts, so Landlock is always the last layer.
+
+SPEC_JSON: ``{"handled": [right…], "rules": [{"path": p, "access": [right…]}…],
+"min_abi": n}``. Rights missing from the running kernel's ABI are dropped from
+both sides (a right the kernel cannot handle cannot be denied either), except
+that a right named in ``required`` must be supported or the helper refuses.
+Any failure exits 69 before the command runs: fail closed, never run unconfined.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import stat
+import sys
+
+RIGHTS = {
+    "execute": 1 << 0,
+    "write_file": 1 << 1,
+    "read_file": 1 << 2,
+    "read_dir": 1 << 3,
+    "remove_dir": 1 << 4,
+    "remove_file": 1 << 5,
+    "make_char": 1 << 6,
+    "make_dir": 1 << 7,
+    "make_reg": 1 << 8,
+    "make_sock": 1 << 9,
+    "make_fifo": 1 << 10,
+    "make_block": 1 << 11,
+    "make_sym": 1 << 12,
+    "refer": 1 << 13,
+    "truncate": 1 << 14,
+    "ioctl_dev": 1 << 15,
+}
+# Rights the kernel accepts on a rule for a non-directory.
+FILE_RIGHTS = (
+    RIGHTS["execute"] | RIGHTS["write_file"] | RIGHTS["read_file"] | RIGHTS["truncate"] | RIGHTS["ioctl_dev"]
+)
+# All filesystem rights known at each ABI version.
+ABI_MASK = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1}
+ABI_MASK.update({5: (1 << 16) - 1, 6: (1 << 16) - 1, 7: (1 << 16) - 1})
+
+SYS_CREATE_RULESET, SYS_ADD_RULE, SYS_RESTRICT_SELF = 444, 445, 446
+CREATE_RULESET_VERSION = 1
+RULE_PATH_BENEATH = 1
+PR_SET_NO_NEW_PRIVS = 38
+EX_UNAVAILABLE = 69
+
+REASONS = {
+    38: "the kernel has no Landlock support (ENOSYS: too old or not compiled in)",
+    95: "Landlock is supported but disabled at boot (EOPNOTSUPP: add 'landlock' to lsm=)",
+}
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+class RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+
+
+class PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1  # the kernel struct is packed
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def fail(message: str) -> None:
+    sys.stderr.write(f"error[sandbox-unavailable]: landlock: {message}\n")
+    sys.stderr.flush()
+    os._exit(EX_UNAVAILABLE)
+
+
+def abi_version() -> int:
+    abi = _libc.syscall(SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(CREATE_RULESET_VERSION))
+    if abi < 0:
+        err = ctypes.get_errno()
+        fail(REASONS.get(err, f"cannot query the ABI: {os.strerror(err)}"))
+    return int(abi)
+
+
+def mask_of(names: list[str]) -> int:
+    out = 0
+    for n in names:
+        if n not in RIGHTS:
+            fail(f"unknown right {n!r}")
+        out |= RIGHTS[n]
+    return out
+
+
+def apply(spec: dict[str, object]) -> None:
+    abi = abi_version()
+    min_abi = int(spec.get("min_abi", 1))  # type: ignore[call-overload]
+    if abi < min_abi:
+        fail(f"kernel Landlock ABI {abi} is older than the required {min_abi}")
+    supported = ABI_MASK.get(abi, ABI_MASK[7])
+    handled = mask_of(list(spec["handled"])) & supported  # type: ignore[call-overload]
+    if not handled:
+        fail("nothing to enforce (empty handled set): refusing to run unconfined")
+    attr = RulesetAttr(handled)
+    ruleset = _libc.syscall(
+        SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0)
+    )
+    if ruleset < 0:
+        fail(f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
+    for rule in spec["rules"]:  # type: ignore[attr-defined]
+        path = str(rule["path"])
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue  # an optional system path absent on this host grants nothing
+        except OSError as exc:
+            fail(f"cannot open {path}: {exc.strerror}")
+        try:
+            allowed = mask_of(list(rule["access"])) & handled
+            if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                allowed &= FILE_RIGHTS
+            if not allowed:
+                continue
+            pb = PathBeneathAttr(allowed, fd)
+            if (
+                _libc.syscall(
+                    SYS_ADD_RULE,
+                    ctypes.c_int(ruleset),
+                    ctypes.c_int(RULE_PATH_BENEATH),
+                    ctypes.byref(pb),
+                    ctypes.c_uint32(0),
+                )
+                < 0
+            ):
+                fail(f"landlock_add_rule {path}: {os.strerror(ctypes.get_errno())}")
+        finally:
+            os.close(fd)
+    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        fail(f"prctl(NO_NEW_PRIVS): {os.strerror(ctypes.get_errno())}")
+    if _libc.syscall(SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) < 0:
+        fail(f"landlock_restrict_self: {os.strerror(ctypes.get_errno())}")
+    os.close(ruleset)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 4 or argv[2] != "--":
+        fail("usage: landlock_helper.py SPEC_JSON -- CMD [ARG...]")
+    try:
+        spec = json.loads(argv[1])
+    except ValueError as exc:
+        fail(f"bad spec: {exc}")
+    apply(spec)
+    try:
+        os.execvp(argv[3], argv[3:])  # noqa: S606 - argv list, no shell
+    except OSError as exc:
+        sys.stderr.write(f"kbd: cannot run {argv[3]}: {exc.strerror}\n")
+        os._exit(127 if exc.errno == 2 else 126)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
