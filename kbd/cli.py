@@ -612,6 +612,21 @@ def session_close(c: Ctx, sid: str, as_json: bool) -> None:
         click.echo(f"closed {', '.join(closed) or 'nothing (already closed)'}")
 
 
+@main.command("exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("sid")
+@click.option("--cwd", metavar="DIR", help="Run in DIR (inside the session's workflow folder).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@pass_ctx
+def exec_cmd(c: Ctx, sid: str, cwd: str | None, command: tuple[str, ...]) -> None:
+    """Run COMMAND under SID's current plan in a fresh sandbox; exit with its status."""
+    from kbd.runner import run
+
+    argv = list(command)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    sys.exit(run(c.root, sid, argv, cwd=cwd))
+
+
 @main.command("check")
 @click.argument("sid")
 @click.argument("path")

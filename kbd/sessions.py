@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from kbd.errors import Busy, KbdError, NotFound
 from kbd.fsio import ensure_private_dir
 
@@ -218,6 +220,68 @@ class SessionStore:
                     closed.append(cur)
                 todo.extend(x[0] for x in db.execute("SELECT id FROM sessions WHERE parent = ?", (cur,)))
         return closed
+
+    # -- running processes (kbd exec) ------------------------------------------
+    def add_process(
+        self, sid: str, *, pid: int, generation: int, argv: list[str], started_at: float | None = None
+    ) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO processes VALUES (?,?,?,?,?,?,?,?)",
+                (sid, pid, pid, generation, started_at or time.time(), _boot_id(), _start_ticks(pid),
+                 orjson.dumps(argv).decode()),
+            )  # fmt: skip
+
+    def remove_process(self, sid: str, pid: int) -> None:
+        with self.transaction() as db:
+            db.execute("DELETE FROM processes WHERE session_id = ? AND pid = ?", (sid, pid))
+
+    def processes(self, sid: str) -> list[ProcessRow]:
+        """Processes recorded for ``sid`` that are still the same running process
+        (boot ID and start time match: a recycled PID is never reported)."""
+        out = []
+        for r in self._query(
+            "SELECT session_id, pid, pgid, generation, started_at, boot_id, start_ticks, argv "
+            "FROM processes WHERE session_id = ?",
+            (sid,),
+        ):
+            row = ProcessRow(r[0], r[1], r[2], r[3], r[4], orjson.loads(r[7]))
+            if r[5] == _boot_id() and r[6] != -1 and r[6] == _start_ticks(row.pid):
+                out.append(row)
+        return out
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int) -> int:
+    """Process start time in clock ticks since boot (/proc/PID/stat field 22):
+    with the boot ID it tells a recorded process from a recycled PID."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return -1
+    return int(data.rsplit(b")", 1)[1].split()[19])
+
+
+@dataclass(frozen=True)
+class ProcessRow:
+    session_id: str
+    pid: int
+    pgid: int
+    generation: int
+    started_at: float
+    argv: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "pgid": self.pgid, "generation": self.generation,
+                "started_at": self.started_at, "argv": self.argv}  # fmt: skip
 
 
 def require_open(store: SessionStore, row: SessionRow) -> None:

@@ -1,0 +1,188 @@
+"""The bubblewrap backend: turn a plan into a running sandbox (DESIGN §5).
+
+Every grant is opened here, once, without following links (``pin_dir`` walks
+from ``/`` with ``RESOLVE_NO_SYMLINKS``; files are opened ``O_PATH`` beneath
+their pinned folder) and handed to bwrap as a file descriptor
+(``--bind-fd``/``--ro-bind-fd``): a symlink swapped in after planning cannot
+redirect a bind. KB-derived grants are opened beneath the KB folder pinned
+against the identity its resolution recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from kbd.errors import Unavailable
+from kbd.plan import INDEX, NOTES, Plan
+from kbd.safepath import open_beneath, pin_dir
+from kbd.sandbox import spec
+from kbd.sandbox.spec import HELPER_DEST, Opt, arg, bind_fd, flag
+
+HELPER_SOURCE = Path(__file__).with_name("landlock_helper.py")
+PYTHON = "/usr/bin/python3"
+
+
+class SandboxSetupError(Unavailable):
+    code = "sandbox-setup"
+    default_hint = "the plan's folders changed or are missing; run `kbd session show SID` and retry"
+
+
+def bwrap_path() -> str | None:
+    return shutil.which("bwrap")
+
+
+@dataclass
+class Fds:
+    """File descriptors opened for one launch; all closed afterwards."""
+
+    fds: list[int] = field(default_factory=list)
+
+    def add(self, fd: int) -> int:
+        self.fds.append(fd)
+        return fd
+
+    def close(self) -> None:
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds.clear()
+
+
+def _open_path(path: Path, fds: Fds, *, kb_roots: dict[Path, int]) -> int:
+    """An ``O_PATH`` fd for the grant ``path`` (a folder or a regular file), opened
+    beneath its pinned KB when it lies in one, else beneath its pinned parent."""
+    for kb, kb_fd in kb_roots.items():
+        if path == kb:
+            return fds.add(os.dup(kb_fd))
+        if kb in path.parents:
+            fd = fds.add(open_beneath(kb_fd, str(path.relative_to(kb)), os.O_PATH))
+            break
+    else:
+        with pin_dir(path.parent) as parent:
+            fd = fds.add(open_beneath(parent.fd, path.name, os.O_PATH))
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+        raise SandboxSetupError(f"grant {path.name!r} is neither a folder nor a regular file")
+    return fd
+
+
+def prepare(plan: Plan) -> None:
+    """Create what bwrap needs as mount points inside writable trees, so bwrap
+    itself never creates files there: each contributed ``notes/_index.json``
+    (empty index) and the session's own ``knowledgebase/`` when it is overlaid."""
+    for g in plan.grants:
+        if g.mode == "read_only" and g.path.name == INDEX and g.origin.startswith("kb_write:"):
+            notes = g.path.parent
+            with pin_dir(notes) as pinned:
+                try:
+                    fd = os.open(INDEX, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                 0o644, dir_fd=pinned.fd)  # fmt: skip
+                except FileExistsError:
+                    continue
+                try:
+                    os.write(fd, b"{}\n")
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.fsync(pinned.fd)
+        if g.origin == "local_kb" and g.mode in ("read_only", "hidden", "write"):
+            # The session's own KB is its own to create; a missing one would make
+            # bwrap create the mount point itself.
+            with pin_dir(plan.workflow_folder) as own:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir("knowledgebase", 0o755, dir_fd=own.fd)
+                kb_fd = open_beneath(own.fd, "knowledgebase", os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(NOTES, 0o755, dir_fd=kb_fd)
+                finally:
+                    os.close(kb_fd)
+
+
+def _system_opts() -> Iterator[Opt]:
+    for d in spec.SYSTEM_RO:
+        if os.path.isdir(d):
+            yield arg("--ro-bind", d, d)
+    for link in spec.SYSTEM_LINKS:
+        if os.path.islink(link):
+            yield arg("--symlink", os.readlink(link), link)
+        elif os.path.isdir(link):
+            yield arg("--ro-bind", link, link)
+    for f in spec.ETC_FILES:
+        if os.path.exists(f):  # only what exists: never --ro-bind-try, never an empty stand-in
+            yield arg("--ro-bind", f, f)
+
+
+def build_argv(
+    plan: Plan,
+    command: list[str],
+    *,
+    cwd: Path,
+    network: str,
+    status_fd: int,
+    fds: Fds,
+) -> list[str]:
+    """The complete bwrap argv for ``command`` under ``plan``; opens (and records in
+    ``fds``) every grant's descriptor."""
+    bwrap = bwrap_path()
+    if bwrap is None:
+        raise Unavailable(
+            "bubblewrap (bwrap) is not installed", hint="apt-get install bubblewrap; see `kbd doctor`"
+        )
+    kb_roots: dict[Path, int] = {}
+    for att in plan.sources:
+        if att.available and att.path is not None and att.kb_identity is not None:
+            pinned = pin_dir(att.path, expect=att.kb_identity)
+            kb_roots[att.path] = fds.add(pinned.fd)
+    opts: list[Opt] = [
+        flag("--die-with-parent"),
+        flag("--new-session"),
+        flag("--unshare-pid"),
+        flag("--unshare-ipc"),
+        flag("--unshare-uts"),
+        flag("--unshare-cgroup-try"),
+        arg("--cap-drop", "ALL"),
+        arg("--json-status-fd", str(status_fd)),
+    ]
+    if network == "none":
+        opts.append(flag("--unshare-net"))
+    # Private /tmp first: roots under /tmp (as in tests) are bound beneath it.
+    opts += [arg("--tmpfs", "/tmp"), arg("--proc", "/proc"), arg("--dev", "/dev")]  # noqa: S108
+    opts += list(_system_opts())
+    for m in spec.mounts(plan):
+        if m.op == "hidden":
+            opts += [arg("--tmpfs", m.dest), arg("--remount-ro", m.dest)]
+            continue
+        fd = _open_path(Path(m.dest), fds, kb_roots=kb_roots)
+        opts.append(bind_fd(fd, m.dest, rw=m.op == "bind"))
+    inner = spec.inner_landlock(plan)
+    if inner is not None:
+        helper_fd = fds.add(os.open(HELPER_SOURCE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW))
+        opts.append(bind_fd(helper_fd, HELPER_DEST, rw=False))
+    opts += [arg("--remount-ro", "/"), arg("--chdir", str(cwd))]
+    argv = [bwrap, *spec.argv_of(opts), "--"]
+    if inner is not None:
+        argv += [PYTHON, "-I", "-S", HELPER_DEST, orjson.dumps(inner).decode(), "--"]
+    return argv + command
+
+
+def read_status(fd: int) -> tuple[int | None, int | None]:
+    """(child pid, exit code) from bwrap's --json-status-fd stream (read to EOF)."""
+    data = b""
+    while chunk := os.read(fd, 4096):
+        data += chunk
+    child = code = None
+    for doc in data.replace(b"}{", b"}\n{").splitlines():
+        with contextlib.suppress(ValueError):
+            obj = orjson.loads(doc)
+            child = obj.get("child-pid", child)
+            code = obj.get("exit-code", code)
+    return child, code

@@ -1,0 +1,41 @@
+"""Landlock facts for the parent process (ABI detection, the fallback backend's
+system rules). The enforcing code runs in :mod:`kbd.sandbox.landlock_helper`,
+a standalone file executed in the child, so there is one implementation."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+from kbd.sandbox.landlock_helper import RIGHTS
+
+LANDLOCK_ALL = tuple(RIGHTS)
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, or 0 when Landlock is unavailable."""
+    abi = _libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    return int(abi) if abi > 0 else 0
+
+
+def landlock_status() -> str:
+    abi = _libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    if abi > 0:
+        return f"ABI {abi}"
+    err = ctypes.get_errno()
+    return {38: "not supported by this kernel", 95: "disabled at boot"}.get(err, os.strerror(err))
+
+
+def system_rules() -> list[dict[str, object]]:
+    """What every Landlock-only sandbox may use besides its grants."""
+    ro = ["read_file", "read_dir", "execute"]
+    rules: list[dict[str, object]] = [
+        {"path": p, "access": ro} for p in ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/opt")
+    ]
+    rules.append({"path": "/proc", "access": ["read_file", "read_dir"]})
+    rules.append({"path": "/dev", "access": ["read_file", "write_file", "read_dir", "ioctl_dev"]})
+    # Landlock cannot give a private /tmp: the host's /tmp stays writable (documented weakness).
+    rules.append({"path": "/tmp", "access": list(LANDLOCK_ALL)})  # noqa: S108
+    return rules
