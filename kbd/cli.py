@@ -190,6 +190,17 @@ def doctor(c: Ctx, as_json: bool) -> None:
                 False,
                 f"walk stopped at depth limit under {host.registry.truncated[0]}",
             )
+        from kbd.sandbox.probe import layers  # runs real sandboxes: only for doctor
+
+        lay = layers(backend=host.config.sandbox.backend)
+        record(
+            "bubblewrap",
+            lay["bwrap"]["ok"] or host.config.sandbox.backend == "landlock",
+            lay["bwrap"]["detail"],
+        )
+        record("landlock", lay["landlock"]["abi"] > 0, f"Landlock {lay['landlock']['detail']}")
+        record("read sessions", lay["usable"], lay["read_sessions"])
+        record("write sessions", not lay["write_sessions"].startswith("REFUSED"), lay["write_sessions"])
     if as_json:
         _emit({"ok": ok, "checks": checks})
     else:
@@ -561,11 +572,42 @@ def session_open(
 @pass_ctx
 def session_show(c: Ctx, sid: str, as_json: bool) -> None:
     """The session's plan, rebuilt from saved configuration now."""
-    plan = _sessions(c).plan(sid)
+    sessions = _sessions(c)
+    plan = sessions.plan(sid)
+    running = sessions.running(sid, plan)
     if as_json:
-        _emit(plan.to_json())
-    else:
-        _print_plan(plan)
+        _emit({**plan.to_json(), "running": running})
+        return
+    _print_plan(plan)
+    for p in running:
+        mark = (
+            f"  STALE: started under generation {p['generation']}, grants since changed" if p["stale"] else ""
+        )
+        click.echo(f"running: pid {p['pid']} {' '.join(p['argv'])[:60]}{mark}")
+
+
+@session.command("revoke")
+@click.argument("sid")
+@click.option(
+    "--immediate",
+    is_flag=True,
+    help="Terminate commands running under an older plan (SIGTERM, grace, SIGKILL).",
+)
+@json_option
+@pass_ctx
+def session_revoke(c: Ctx, sid: str, immediate: bool, as_json: bool) -> None:
+    """Handle commands still running with grants the session no longer has."""
+    cfg = c.host.config
+    result = _sessions(c).revoke(sid, immediate=immediate or cfg.revoke_immediately, grace=cfg.revoke_grace)
+    if as_json:
+        _emit(result)
+        return
+    for pid in result["terminated"]:
+        click.echo(f"terminated process group {pid}")
+    for pid in result["still_running"]:
+        click.echo(f"STILL RUNNING with old grants: process group {pid} (use --immediate to terminate it)")
+    if not result["terminated"] and not result["still_running"]:
+        click.echo("no command is running under an older plan")
 
 
 @session.command("env")

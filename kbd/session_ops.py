@@ -8,6 +8,7 @@ configuration (DESIGN §4 "Reconciliation").
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import time
 from pathlib import Path, PurePosixPath
@@ -143,9 +144,60 @@ class Sessions:
             out.append(row.to_json())
         return out
 
+    # -- running processes -----------------------------------------------------
+    def running(self, sid: str, plan: Plan | None = None) -> list[dict[str, Any]]:
+        """Commands still running in ``sid``, each marked ``stale`` when it started
+        under an older plan generation than the current one."""
+        current = plan.generation if plan is not None else self.store.get(sid).generation
+        return [{**p.to_json(), "stale": p.generation < current} for p in self.store.processes(sid)]
+
+    def revoke(
+        self, sid: str, *, immediate: bool, grace: float, actor: Principal | None = None
+    ) -> dict[str, Any]:
+        """Report (and with ``immediate`` terminate) commands running under an
+        older generation — or every command of a closed session. Termination is
+        SIGTERM to the process group, ``grace`` seconds, then SIGKILL; only what
+        was actually terminated is reported as such."""
+        row = self.store.get(sid)
+        self._authorize(row, actor)
+        closed = row.closed_at is not None or self.store.ancestors_closed(row)
+        generation = row.generation if closed else self._build(row).generation
+        procs = [p for p in self.store.processes(sid) if closed or p.generation < generation]
+        terminated: list[int] = []
+        still: list[int] = []
+        if immediate:
+            for p in procs:
+                if terminate_group(p.pgid, grace=grace):
+                    terminated.append(p.pid)
+                else:
+                    still.append(p.pid)
+        else:
+            still = [p.pid for p in procs]
+        self.host.audit("session_revoke", session=sid, immediate=immediate, terminated=terminated,
+                        still_running=still, actor=actor.id if actor else None)  # fmt: skip
+        return {"session_id": sid, "generation": generation, "terminated": terminated, "still_running": still}
+
     # -- path guard -----------------------------------------------------------
     def check(self, sid: str, path: str, mode: str, *, actor: Principal | None = None) -> dict[str, Any]:
         return check_path(self.plan(sid, actor=actor), path, mode)
+
+
+def terminate_group(pgid: int, *, grace: float) -> bool:
+    """SIGTERM the process group, wait up to ``grace`` seconds, then SIGKILL.
+    True when the group is gone afterwards."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return True
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return True
+            time.sleep(0.02)
+    return False
 
 
 _PRIORITY = {"hidden": 3, "read_only": 2, "write": 1, "read": 0}

@@ -107,7 +107,7 @@ def prepare(plan: Plan) -> None:
                     os.close(kb_fd)
 
 
-def _system_opts() -> Iterator[Opt]:
+def system_opts() -> Iterator[Opt]:
     for d in spec.SYSTEM_RO:
         if os.path.isdir(d):
             yield arg("--ro-bind", d, d)
@@ -156,7 +156,7 @@ def build_argv(
         opts.append(flag("--unshare-net"))
     # Private /tmp first: roots under /tmp (as in tests) are bound beneath it.
     opts += [arg("--tmpfs", "/tmp"), arg("--proc", "/proc"), arg("--dev", "/dev")]  # noqa: S108
-    opts += list(_system_opts())
+    opts += list(system_opts())
     for m in spec.mounts(plan):
         if m.op == "hidden":
             opts += [arg("--tmpfs", m.dest), arg("--remount-ro", m.dest)]

@@ -1,0 +1,86 @@
+"""Golden tests of the sandbox specification derived from a plan (pure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kbd import policy
+from kbd.plan import FolderStatus, build_plan
+from kbd.resolve import Attachment, WriteStatus
+from kbd.sandbox.spec import Mount, inner_landlock, mounts
+
+R = Path("/tmp/r/workflows")
+
+
+def att(alias: str, *, writable: bool = False) -> Attachment:
+    return Attachment(
+        alias=alias, workflow_id=f"wf_{alias}", label=alias, access="write" if writable else "read",
+        available=True, reason=None, message=None,
+        write=WriteStatus(True, None) if writable else None,
+        path=R / alias / "knowledgebase", source_folder=R / alias, kb_identity=(1, 2),
+    )  # fmt: skip
+
+
+def test_write_plan_mount_order_is_parents_first_overlays_after() -> None:
+    plan = build_plan(
+        workflow_id="wf_con", workflow_folder=R / "con", policy=policy.kind("execution"),
+        kb_access="read-write", item_kb_write=False,
+        attachments=[att("rts"), att("sec", writable=True)],
+        folders=[FolderStatus("shared", "read_write", True, None, None, R / "rts" / "knowledgebase")],
+    )  # fmt: skip
+    # Sorted by depth; at one depth read-write binds before read-only ones, so at
+    # the same path (the shared folder grant and the rts KB) the overlay wins.
+    assert mounts(plan) == [
+        Mount("/tmp/r/workflows/con", "bind", "own"),
+        Mount("/tmp/r/workflows/rts/knowledgebase", "bind", "folder:shared"),
+        Mount("/tmp/r/workflows/con/knowledgebase", "ro-bind", "local_kb"),
+        Mount("/tmp/r/workflows/con/workflow.json", "ro-bind", "own"),
+        Mount("/tmp/r/workflows/rts/knowledgebase", "ro-bind", "kb:rts"),
+        Mount("/tmp/r/workflows/sec/knowledgebase", "ro-bind", "kb:sec"),
+        Mount("/tmp/r/workflows/con/knowledgebase/notes", "bind", "local_kb"),
+        Mount("/tmp/r/workflows/sec/knowledgebase/notes", "bind", "kb_write:sec"),
+        Mount("/tmp/r/workflows/sec/knowledgebase/notes/_index.json", "ro-bind", "kb_write:sec"),
+    ]
+    inner = inner_landlock(plan)
+    assert inner is not None
+    # The withheld rights come back on the consumer's other writable grants
+    # (its workspace, the shared folder), never on an ancestor of the
+    # contributed notes/ (here /tmp, where the test root lives).
+    assert [r["path"] for r in inner["rules"]] == [
+        "/tmp/r/workflows/con",
+        "/tmp/r/workflows/con/knowledgebase/notes",
+        "/tmp/r/workflows/rts/knowledgebase",
+    ]
+    assert set(inner["handled"]) == {"make_sym", "make_fifo", "make_sock", "make_char", "make_block", "refer"}
+
+
+def test_every_mount_comes_after_its_ancestors() -> None:
+    plan = build_plan(
+        workflow_id="wf_con", workflow_folder=R / "con", policy=policy.kind("execution"),
+        kb_access="read-write", item_kb_write=False, attachments=[att("a", writable=True), att("b")], folders=[],
+    )  # fmt: skip
+    order = mounts(plan)
+    for i, m in enumerate(order):
+        for later in order[i + 1 :]:
+            assert not Path(m.dest).is_relative_to(later.dest) or (m.dest == later.dest and m.op == "bind")
+
+
+def test_read_and_none_plans() -> None:
+    read = build_plan(
+        workflow_id="wf_con", workflow_folder=R / "con", policy=policy.kind("reviewer_strategic"),
+        kb_access="read", item_kb_write=False, attachments=[att("rts")], folders=[],
+    )  # fmt: skip
+    assert mounts(read) == [
+        Mount("/tmp/r/workflows/con", "ro-bind", "own"),
+        Mount("/tmp/r/workflows/rts/knowledgebase", "ro-bind", "kb:rts"),
+    ]
+    assert inner_landlock(read) is None
+    none = build_plan(
+        workflow_id="wf_con", workflow_folder=R / "con", policy=policy.kind("builder"),
+        kb_access="none", item_kb_write=False, attachments=[att("rts")], folders=[],
+    )  # fmt: skip
+    assert mounts(none) == [
+        Mount("/tmp/r/workflows/con", "bind", "own"),
+        Mount("/tmp/r/workflows/con/workflow.json", "ro-bind", "own"),
+        Mount("/tmp/r/workflows/con/knowledgebase", "hidden", "local_kb"),
+    ]
