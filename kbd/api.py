@@ -24,6 +24,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kbd import browse
 from kbd.errors import KbdError, PermissionDenied
@@ -126,6 +127,9 @@ class PlanResponse(BaseModel):
     sources: list[AttachmentModel]
     folders: list[dict[str, Any]]
     context: str
+    running: list[dict[str, Any]] | None = Field(
+        default=None, description="commands still running (GET only)"
+    )
 
 
 class CheckResponse(BaseModel):
@@ -190,6 +194,14 @@ def create_app(host: Host) -> FastAPI:
                 }
             },
             status_code=400,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+        return JSONResponse(
+            {"error": {"code": code, "message": str(exc.detail), "hint": "see /openapi.json for the routes"}},
+            status_code=exc.status_code,
         )
 
     @app.exception_handler(Exception)
@@ -338,7 +350,8 @@ def create_app(host: Host) -> FastAPI:
     @app.get("/v1/sessions/{sid}", response_model=PlanResponse)
     def session_policy(sid: str, actor: Principal = Actor) -> dict[str, Any]:
         with state.lock:
-            return state.sessions.plan(sid, actor=actor).to_json()
+            plan = state.sessions.plan(sid, actor=actor)
+            return {**plan.to_json(), "running": state.sessions.running(sid, plan)}
 
     @app.post("/v1/sessions/{sid}/children", response_model=PlanResponse, status_code=201)
     def open_child(sid: str, body: ChildBody, actor: Principal = Actor) -> dict[str, Any]:

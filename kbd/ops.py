@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kbd import audience, audit, manifest_store
+from kbd import audience, audit
 from kbd.config import Config, load_config
 from kbd.errors import (
     AmbiguousWorkflow,
@@ -225,6 +225,8 @@ class Host:
             self._check_new_entries(current, current.entries, refs)
             return with_sources(current.raw, refs)
 
+        from kbd import manifest_store  # filelock: only for writers, never on the exec path
+
         saved = manifest_store.update(
             folder.path,
             change,
@@ -322,6 +324,8 @@ class Host:
                 new = [w for w in writers if w != target]
             changed = new != writers
             return with_writers(current.raw, new) if changed else current.raw
+
+        from kbd import manifest_store
 
         manifest_store.update(
             folder.path, change, state_dir=self.config.state_dir, timeout=self.config.lock_timeout

@@ -14,13 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kbd.config import PRINCIPALS_NAME, read_text
 from kbd.errors import InvalidConfig, PermissionDenied
-from kbd.fsio import write_atomic
 from kbd.ids import id_problem
-from kbd.locks import held
 from kbd.strict import check_keys, expect_bool, expect_choice, expect_mapping, expect_str, load_yaml
 
 KINDS = ("user", "service")
@@ -132,6 +128,11 @@ def load_principals(root: Path) -> Principals:
 def issue_token(root: Path, pid: str, *, timeout: float) -> str:
     """Give ``pid`` a new bearer token: store only its SHA-256 in principals.yaml
     (atomically, under a lock) and return the token, which is shown once."""
+    import yaml
+
+    from kbd.fsio import write_atomic
+    from kbd.locks import held  # filelock: only for writers, never on the exec path
+
     path = root / PRINCIPALS_NAME
     with held(root / "state", "principals", str(path), timeout=timeout, what="principals.yaml"):
         text = read_text(path, what=PRINCIPALS_NAME)

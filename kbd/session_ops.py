@@ -15,12 +15,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kbd import audience, policy
-from kbd.errors import InvalidInput, KbdError, PermissionDenied
+from kbd.errors import InvalidInput, KbdError, PermissionDenied, WorkflowNotFound
 from kbd.folders import resolve_folders
 from kbd.ops import Host
 from kbd.plan import Plan, build_plan
 from kbd.principals import Principal
-from kbd.safepath import open_beneath, pin_dir
+from kbd.safepath import pin_dir
 from kbd.sessions import SessionRow, SessionStore, new_session_id, require_open
 
 _MODES = {"none": set(), "read": {"r"}, "write": {"w"}, "read-write": {"r", "w"}}
@@ -103,7 +103,8 @@ class Sessions:
             actor, found.manifest, readers_may_open=kind_policy.readers_may_open
         ):
             if not audience.can_inspect(actor, found.manifest):
-                raise PermissionDenied(f"{actor.id!r} may not open sessions for {wid!r}")
+                # Outsiders get the same answer as for a missing workflow.
+                raise WorkflowNotFound(f"no workflow with ID {wid!r} on this host")
             raise PermissionDenied(
                 f"{actor.id!r} may not open a {kind} session for {wid!r} (readers may open reviewer sessions only)"
             )
@@ -238,19 +239,19 @@ def check_path(plan: Plan, path: str, mode: str) -> dict[str, Any]:
 
 
 def _symlink_below(root: Path, target: Path) -> str | None:
-    rel = target.relative_to(root)
+    """Why ``target`` (inside the grant ``root``) must not be used, or None.
+
+    Its folder is pinned from ``/`` without following any link, then the name
+    itself is checked with lstat: a link anywhere on the way is refused.
+    """
+    if target == Path("/"):
+        return None
     try:
-        with pin_dir(root) as pinned:
-            if not rel.parts:
-                return None
-            parent = str(rel.parent) if str(rel.parent) != "." else ""
-            fd = open_beneath(pinned.fd, parent, os.O_PATH | os.O_DIRECTORY)
+        with pin_dir(target.parent) as parent:
             try:
-                st = os.stat(rel.name, dir_fd=fd, follow_symlinks=False)
+                st = os.stat(target.name, dir_fd=parent.fd, follow_symlinks=False)
             except FileNotFoundError:
                 return None
-            finally:
-                os.close(fd)
     except KbdError as exc:
         return exc.message
     if stat.S_ISLNK(st.st_mode):

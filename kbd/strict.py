@@ -7,44 +7,49 @@ failure names the file, the dotted field, what was wrong and what is allowed.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
-import yaml
-
 from kbd.errors import InvalidConfig
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys.
+@functools.cache
+def _loader() -> Any:
+    """A SafeLoader that refuses duplicate mapping keys (built on first use, so
+    commands that never parse YAML never import it).
 
     PyYAML keeps the last duplicate silently; for a security config two readers
     could then disagree about who is an admin, so a duplicate is an error.
     """
+    import yaml
 
+    class UniqueKeyLoader(yaml.SafeLoader):
+        pass
 
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return dict(loader.construct_mapping(node))
+    def construct_mapping(loader: Any, node: Any) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return dict(loader.construct_mapping(node))
 
-
-_UniqueKeyLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-    _construct_mapping,
-)
+    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return UniqueKeyLoader
 
 
 def load_yaml(text: str, *, source: str) -> Any:
     """Parse YAML safely (no tags, no duplicates); raise InvalidConfig naming ``source``."""
+    import yaml
+
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+        return yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise InvalidConfig(f"{source}: not valid YAML: {exc}") from exc
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kbd.errors import InvalidInput, PermissionDenied
+from kbd.errors import InvalidInput, PermissionDenied, WorkflowNotFound
 from kbd.policy import KINDS
 from kbd.session_ops import Sessions, check_path
 from kbd.sessions import SessionClosed
@@ -148,9 +148,9 @@ def test_who_may_open(world: KbRoot) -> None:
     assert s.open(h.actor("carol"), "con", kind="reviewer_architecture").kind == "reviewer_architecture"
     assert s.open(h.actor("svc"), "con", kind="execution").kind == "execution"
     assert s.open(h.actor("ops"), "con", kind="builder").kind == "builder"
-    for who in ("dave",):
-        with pytest.raises(PermissionDenied):
-            s.open(h.actor(who), "con", kind="reviewer_strategic")
+    # An outsider learns nothing: the same answer as for a missing workflow.
+    with pytest.raises(WorkflowNotFound, match="no workflow with ID 'con'"):
+        s.open(h.actor("dave"), "con", kind="reviewer_strategic")
     for who in ("mallory", "nobody"):
         with pytest.raises(PermissionDenied):
             s.open(h.actor(who), "con", kind="execution")

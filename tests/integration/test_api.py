@@ -1,0 +1,871 @@
+"""The HTTP API of the REAL daemon over its Unix socket (DESIGN §3, §4, §6).
+
+One daemon serves the whole module (starting it costs about half a second);
+every test builds its own workflows under a unique ID prefix, so tests do not
+see each other's changes. Tokens are issued before the daemon starts, because
+it loads principals.yaml once. Every error body is checked for the contract's
+shape and for the absence of the root's host path.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers import PRINCIPALS, KbRoot
+from tests.integration.daemon import Daemon, issue_tokens, map_uid, serving
+
+MiB = 1024 * 1024
+ATTACHMENT_KEYS = {"alias", "workflow_id", "label", "access", "available", "reason", "message", "write", "env", "path"}  # fmt: skip
+PLAN_KEYS = {"session_id", "workflow_id", "kind", "kb_access", "generation", "env", "read", "write",
+             "read_only", "sources", "folders", "context"}  # fmt: skip
+CLI_ERROR = re.compile(r"^error\[(?P<code>[a-z][a-z-]*)\]: ", re.MULTILINE)
+
+# Every route of kbd/api.py, as (method, path template). test_openapi_lists_exactly_these_routes
+# fails when a route is added without being listed (and tested) here.
+ROUTES: dict[tuple[str, str], str] = {
+    ("GET", "/v1/health"): "test_health_needs_no_credentials",
+    ("GET", "/v1/metrics"): "test_metrics",
+    ("GET", "/v1/whoami"): "test_whoami",
+    ("GET", "/v1/workflows"): "test_workflows_list_and_show",
+    ("GET", "/v1/workflows/{wid}"): "test_workflows_list_and_show",
+    ("GET", "/v1/workflows/{wid}/sources"): "test_sources_get_shape",
+    ("PUT", "/v1/workflows/{wid}/sources"): "test_put_sources_with_expected_version",
+    ("POST", "/v1/workflows/{wid}/sources"): "test_editor_can_attach",
+    ("DELETE", "/v1/workflows/{wid}/sources/{alias}"): "test_owner_detaches",
+    ("GET", "/v1/workflows/{wid}/candidates"): "test_candidates",
+    ("GET", "/v1/workflows/{wid}/sources/{alias}/file"): "test_browse_file_rules_match_the_cli",
+    ("GET", "/v1/workflows/{wid}/sources/{alias}/dir"): "test_browse_dir",
+    ("GET", "/v1/workflows/{wid}/writers"): "test_writers_grant_list_revoke",
+    ("POST", "/v1/workflows/{wid}/writers"): "test_writers_grant_list_revoke",
+    ("DELETE", "/v1/workflows/{wid}/writers/{consumer}"): "test_writers_grant_list_revoke",
+    ("POST", "/v1/sessions"): "test_session_open_by_service_for_any_workflow",
+    ("GET", "/v1/sessions"): "test_session_list",
+    ("GET", "/v1/sessions/{sid}"): "test_session_plan_shape_matches_the_cli",
+    ("POST", "/v1/sessions/{sid}/children"): "test_session_children",
+    ("DELETE", "/v1/sessions/{sid}"): "test_closed_session_is_gone",
+    ("POST", "/v1/sessions/{sid}/check"): "test_session_check",
+}
+
+# A syntactically valid request for every authenticated route (placeholders filled in).
+SAMPLE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
+    ("PUT", "/v1/workflows/{wid}/sources"): {"sources": []},
+    ("POST", "/v1/workflows/{wid}/sources"): {"workflow_id": "x", "alias": "x"},
+    ("POST", "/v1/workflows/{wid}/writers"): {"workflow_id": "x"},
+    ("POST", "/v1/sessions"): {"workflow_id": "x", "kind": "builder"},
+    ("POST", "/v1/sessions/{sid}/children"): {},
+    ("POST", "/v1/sessions/{sid}/check"): {"path": "/etc/passwd", "mode": "read"},
+}
+SAMPLE_QUERY: dict[str, dict[str, str]] = {
+    "/v1/workflows/{wid}/sources/{alias}/file": {"path": "notes/fact.md"}
+}
+AUTHENTICATED = sorted(r for r in ROUTES if r != ("GET", "/v1/health"))
+
+
+def fill(template: str) -> str:
+    return re.sub(r"\{[a-z]+\}", "x", template)
+
+
+def call(client: httpx.Client, route: tuple[str, str]) -> httpx.Response:
+    method, template = route
+    body = SAMPLE_BODIES.get(route)
+    return client.request(method, fill(template), json=body, params=SAMPLE_QUERY.get(template))
+
+
+# -- the shared daemon -----------------------------------------------------------------
+
+
+@dataclass
+class World:
+    kb: KbRoot
+    daemon: Daemon
+    tokens: dict[str, str]
+    clients: dict[str, httpx.Client] = field(default_factory=dict)
+
+    def as_(self, pid: str) -> httpx.Client:
+        if pid not in self.clients:
+            self.clients[pid] = self.daemon.client(self.tokens[pid])
+        return self.clients[pid]
+
+    def anon(self, headers: dict[str, str] | None = None) -> httpx.Client:
+        return self.daemon.client(headers=headers)
+
+    def error(self, r: httpx.Response, status: int, code: str) -> str:
+        """Assert the contract's error shape, the status and code, and no host path; the message."""
+        assert r.status_code == status, (r.status_code, r.text)
+        body = r.json()
+        assert set(body) == {"error"}, body
+        err = body["error"]
+        assert set(err) == {"code", "message", "hint"}, err
+        assert err["code"] == code, err
+        assert isinstance(err["message"], str) and err["message"], err
+        assert isinstance(err["hint"], str) and err["hint"], err
+        for secret in {str(self.kb.root), str(self.kb.root.resolve())}:
+            assert secret not in r.text, r.text
+        assert "/workflows/" not in r.text and "Traceback" not in r.text, r.text
+        message: str = err["message"]
+        return message
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    base = tmp_path_factory.mktemp("api")
+    kb = KbRoot.create(base / "root")
+    tokens = issue_tokens(kb.root, [str(p["id"]) for p in PRINCIPALS])
+    with serving(kb.root, home=base / "home") as daemon:
+        yield World(kb=kb, daemon=daemon, tokens=tokens)
+
+
+_prefixes = itertools.count()
+
+
+@dataclass
+class Scenario:
+    """``src`` (owner alice, editor carol, reader bob), ``con`` with the same audience
+    attaching ``src`` as ``rts`` (available); dave is an outsider."""
+
+    w: World
+    p: str
+    src: Path
+    con: Path
+
+    @property
+    def src_id(self) -> str:
+        return f"{self.p}src"
+
+    @property
+    def con_id(self) -> str:
+        return f"{self.p}con"
+
+    @property
+    def src_kb(self) -> str:
+        return str(self.src.resolve() / "knowledgebase")
+
+    def workflow(self, name: str, **fields: Any) -> Path:
+        return self.w.kb.workflow(f"{self.p}{name}", **fields)
+
+    def manifest_bytes(self, path: Path) -> bytes:
+        return (path / "workflow.json").read_bytes()
+
+    def open(self, pid: str = "alice", **body: Any) -> dict[str, Any]:
+        r = self.w.as_(pid).post("/v1/sessions", json={"workflow_id": self.con_id, "kind": "builder", **body})
+        assert r.status_code == 201, r.text
+        plan: dict[str, Any] = r.json()
+        return plan
+
+
+TEAM = {"owners": ["alice"], "editors": ["carol"], "readers": ["bob"]}
+
+
+@pytest.fixture
+def s(world: World) -> Scenario:
+    p = f"t{next(_prefixes):03d}-"
+    src = world.kb.workflow(f"{p}src", access=TEAM)
+    con = world.kb.workflow(f"{p}con", access=TEAM, sources=[{"workflow_id": f"{p}src", "alias": "rts"}])
+    return Scenario(world, p, src, con)
+
+
+# -- routes, schema, authentication -----------------------------------------------------
+
+
+def test_openapi_lists_exactly_these_routes(world: World) -> None:
+    r = world.anon().get("/openapi.json")
+    assert r.status_code == 200
+    paths: dict[str, dict[str, Any]] = r.json()["paths"]
+    served = {(m.upper(), p) for p, ops in paths.items() for m in ops}
+    assert all(p.startswith("/v1/") for _, p in served), served
+    assert served == set(ROUTES)
+    test_names = {name for name in globals() if name.startswith("test_")}
+    assert set(ROUTES.values()) <= test_names
+
+
+def test_health_needs_no_credentials(world: World) -> None:
+    r = world.anon().get("/v1/health")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["status"] == "ok" and body["host"] == "test-host"
+    assert isinstance(body["uptime_seconds"], int | float)
+
+
+@pytest.mark.parametrize("route", AUTHENTICATED, ids=lambda r: f"{r[0]} {r[1]}")
+def test_every_route_refuses_a_request_without_credentials(world: World, route: tuple[str, str]) -> None:
+    # No Authorization header and no uid mapping in principals.yaml: 401, before anything else.
+    msg = world.error(call(world.anon(), route), 401, "unauthenticated")
+    assert "uid" in msg
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["Bearer kbd_not-a-token", "Bearer " + "0" * 64, "bearer kbd_nope"],
+    ids=["unknown", "hex-guess", "lowercase-scheme-unknown"],
+)
+@pytest.mark.parametrize("route", [("GET", "/v1/whoami"), ("POST", "/v1/sessions"), ("GET", "/v1/workflows")])
+def test_unknown_token_is_401(world: World, header: str, route: tuple[str, str]) -> None:
+    msg = world.error(call(world.anon({"Authorization": header}), route), 401, "unauthenticated")
+    assert "unknown token" in msg
+
+
+@pytest.mark.parametrize("header", ["Basic YWxpY2U6cHc=", "Bearer", "Bearer:kbd_abc", "Token abc", "kbd_abc"])
+def test_malformed_authorization_is_401(world: World, header: str) -> None:
+    msg = world.error(world.anon({"Authorization": header}).get("/v1/whoami"), 401, "unauthenticated")
+    assert "malformed" in msg
+
+
+def test_a_valid_token_in_the_wrong_scheme_is_refused(world: World) -> None:
+    r = world.anon({"Authorization": f"Basic {world.tokens['alice']}"}).get("/v1/whoami")
+    world.error(r, 401, "unauthenticated")
+
+
+@pytest.mark.parametrize("pid", ["mallory", "exadmin"])
+def test_disabled_principal_is_403_everywhere(world: World, s: Scenario, pid: str) -> None:
+    c = world.as_(pid)
+    assert "disabled" in world.error(c.get("/v1/whoami"), 403, "permission-denied")
+    world.error(c.get(f"/v1/workflows/{s.con_id}/sources"), 403, "permission-denied")
+    before = s.manifest_bytes(s.con)
+    r = c.post(f"/v1/workflows/{s.con_id}/sources", json={"workflow_id": s.src_id, "alias": "again"})
+    world.error(r, 403, "permission-denied")
+    assert s.manifest_bytes(s.con) == before
+    r = c.post("/v1/sessions", json={"workflow_id": s.con_id, "kind": "reviewer_strategic"})
+    world.error(r, 403, "permission-denied")
+
+
+def test_whoami(world: World) -> None:
+    assert world.as_("alice").get("/v1/whoami").json() == {"id": "alice", "kind": "user", "admin": False}
+    assert world.as_("ops").get("/v1/whoami").json() == {"id": "ops", "kind": "user", "admin": True}
+    assert world.as_("svc").get("/v1/whoami").json() == {"id": "svc", "kind": "service", "admin": False}
+
+
+def test_metrics(world: World, s: Scenario) -> None:
+    s.open()
+    r = world.as_("ops").get("/v1/metrics")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) >= {"requests", "registry_scans", "open_sessions"}
+    assert body["open_sessions"] >= 1 and body["requests"]["sessions"] >= 1
+
+
+@pytest.mark.parametrize(("pid", "expected"), [("alice", 200), ("mallory", 403)])
+def test_uid_mapped_principal_needs_no_header(kb: KbRoot, pid: str, expected: int) -> None:
+    """SO_PEERCRED: we run as root (uid 0), so a principal mapped to uid 0 is this connection."""
+    assert os.getuid() == 0, "this test maps uid 0: run as root"
+    token = issue_tokens(kb.root, ["bob"])["bob"]
+    map_uid(kb.root, pid, 0)
+    kb.workflow("mine", access={"owners": [pid]})
+    with serving(kb.root) as daemon:
+        r = daemon.client().get("/v1/whoami")
+        if expected == 200:
+            assert r.status_code == 200, r.text
+            assert r.json()["id"] == pid
+            r = daemon.client().post("/v1/sessions", json={"workflow_id": "mine", "kind": "builder"})
+            assert r.status_code == 201, r.text
+            assert r.json()["opened_by"] == pid
+        else:
+            assert r.status_code == 403, r.text
+            assert r.json()["error"]["code"] == "permission-denied"
+        # A header, when present, decides: it is never overridden by the uid.
+        assert daemon.client(token).get("/v1/whoami").json()["id"] == "bob"
+        r = daemon.client(headers={"Authorization": "Bearer kbd_nope"}).get("/v1/whoami")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthenticated"
+
+
+# -- workflows and sources -----------------------------------------------------------------
+
+
+def test_workflows_list_and_show(world: World, s: Scenario) -> None:
+    ids = {w["id"] for w in world.as_("alice").get("/v1/workflows").json()["workflows"]}
+    assert {s.con_id, s.src_id} <= ids
+    ids = {w["id"] for w in world.as_("dave").get("/v1/workflows").json()["workflows"]}
+    assert s.con_id not in ids and s.src_id not in ids
+    r = world.as_("bob").get(f"/v1/workflows/{s.con_id}")
+    assert r.status_code == 200, r.text
+    shown = r.json()
+    assert shown["workflow_id"] == s.con_id and shown["owners"] == ["alice"]
+    assert [a["alias"] for a in shown["sources"]] == ["rts"] and shown["can_manage"] is False
+    assert world.as_("carol").get(f"/v1/workflows/{s.con_id}").json()["can_manage"] is True
+    # An outsider gets exactly the answer for a workflow that does not exist.
+    hidden = world.error(world.as_("dave").get(f"/v1/workflows/{s.con_id}"), 404, "workflow-not-found")
+    missing = world.error(world.as_("dave").get(f"/v1/workflows/{s.p}nothing"), 404, "workflow-not-found")
+    assert hidden.replace(s.con_id, "X") == missing.replace(f"{s.p}nothing", "X")
+
+
+def test_sources_get_shape(world: World, s: Scenario) -> None:
+    r = world.as_("bob").get(f"/v1/workflows/{s.con_id}/sources")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["workflow_id"] == s.con_id and body["version"].startswith("sha256:")
+    [att] = body["sources"]
+    assert set(att) == ATTACHMENT_KEYS
+    assert att == {
+        "alias": "rts",
+        "workflow_id": s.src_id,
+        "label": s.src_id,
+        "access": "read",
+        "available": True,
+        "reason": None,
+        "message": None,
+        "write": None,
+        "env": "WORKFLOW_KB_RTS",
+        "path": s.src_kb,
+    }
+    cli = s.w.kb.cli("sources", "list", s.con_id, "--as", "bob", "--json")
+    assert cli.code == 0, cli.err
+    assert cli.json()["sources"] == body["sources"]
+    world.error(world.as_("dave").get(f"/v1/workflows/{s.con_id}/sources"), 404, "workflow-not-found")
+
+
+def test_editor_can_attach(world: World, s: Scenario) -> None:
+    s.workflow("lib", access=TEAM)
+    r = world.as_("carol").post(
+        f"/v1/workflows/{s.con_id}/sources", json={"workflow_id": f"{s.p}lib", "alias": "lib"}
+    )
+    assert r.status_code == 201, r.text
+    att = r.json()
+    assert att["alias"] == "lib" and att["available"] is True and att["access"] == "read"
+    assert att["path"] == str(s.w.kb.workflows.resolve() / f"{s.p}lib" / "knowledgebase")
+    entries = s.w.kb.read_manifest(s.con)["knowledgebase_sources"]
+    assert entries[-1] == {"workflow_id": f"{s.p}lib", "alias": "lib", "access": "read"}
+    # A duplicate alias is refused and changes nothing.
+    before = s.manifest_bytes(s.con)
+    r = world.as_("carol").post(
+        f"/v1/workflows/{s.con_id}/sources", json={"workflow_id": f"{s.p}lib", "alias": "lib"}
+    )
+    assert r.status_code == 400 and "alias" in world.error(r, 400, "invalid-manifest")
+    assert s.manifest_bytes(s.con) == before
+
+
+def test_reader_cannot_attach_or_detach(world: World, s: Scenario) -> None:
+    s.workflow("lib", access=TEAM)
+    before = s.manifest_bytes(s.con)
+    r = world.as_("bob").post(
+        f"/v1/workflows/{s.con_id}/sources", json={"workflow_id": f"{s.p}lib", "alias": "lib"}
+    )
+    world.error(r, 403, "permission-denied")
+    world.error(world.as_("bob").delete(f"/v1/workflows/{s.con_id}/sources/rts"), 403, "permission-denied")
+    r = world.as_("bob").put(f"/v1/workflows/{s.con_id}/sources", json={"sources": []})
+    world.error(r, 403, "permission-denied")
+    # An outsider learns nothing more than "not found".
+    world.error(world.as_("dave").delete(f"/v1/workflows/{s.con_id}/sources/rts"), 404, "workflow-not-found")
+    assert s.manifest_bytes(s.con) == before
+
+
+def test_owner_detaches(world: World, s: Scenario) -> None:
+    r = world.as_("alice").delete(f"/v1/workflows/{s.con_id}/sources/rts")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"workflow_id": s.con_id, "detached": "rts"}
+    assert s.w.kb.read_manifest(s.con)["knowledgebase_sources"] == []
+    world.error(world.as_("alice").delete(f"/v1/workflows/{s.con_id}/sources/rts"), 404, "not-found")
+
+
+def test_put_sources_with_expected_version(world: World, s: Scenario) -> None:
+    s.workflow("lib", access=TEAM)
+    c = world.as_("carol")
+    v1 = c.get(f"/v1/workflows/{s.con_id}/sources").json()["version"]
+    new = [
+        {"workflow_id": s.src_id, "alias": "rts"},
+        {"workflow_id": f"{s.p}lib", "alias": "lib", "access": "read"},
+    ]
+    r = c.put(f"/v1/workflows/{s.con_id}/sources", json={"sources": new, "expected_version": v1})
+    assert r.status_code == 200, r.text
+    v2 = r.json()["version"]
+    assert v2 != v1 and [a["alias"] for a in r.json()["sources"]] == ["rts", "lib"]
+    assert c.get(f"/v1/workflows/{s.con_id}/sources").json()["version"] == v2
+    before = s.manifest_bytes(s.con)
+    r = c.put(f"/v1/workflows/{s.con_id}/sources", json={"sources": [], "expected_version": v1})
+    world.error(r, 409, "version-conflict")
+    assert s.manifest_bytes(s.con) == before
+    r = c.put(f"/v1/workflows/{s.con_id}/sources", json={"sources": [], "expected_version": v2})
+    assert r.status_code == 200 and r.json()["sources"] == []
+
+
+@pytest.mark.parametrize(
+    ("method", "body", "code", "named"),
+    [
+        ("PUT", {"sources": [{"workflow_id": "SRC", "alias": "rts", "colour": 1}]}, "invalid-manifest", "colour"),
+        ("PUT", {"sources": [{"workflow_id": "SRC", "alias": "Bad-Alias"}]}, "invalid-manifest", "alias"),
+        ("PUT", {"sources": [{"workflow_id": "SRC", "alias": "access"}]}, "invalid-manifest", "alias"),
+        ("PUT", {"sources": [{"workflow_id": "SRC", "alias": "rts", "access": "rw"}]}, "invalid-manifest", "access"),
+        ("PUT", {"sources": [{"workflow_id": "/etc", "alias": "rts"}]}, "invalid-manifest", "workflow_id"),
+        ("PUT", {"sources": [], "bogus": True}, "invalid-input", "bogus"),
+        ("PUT", {"sources": "all"}, "invalid-input", "sources"),
+        ("PUT", {}, "invalid-input", "sources"),
+        ("POST", {"workflow_id": "SRC", "alias": "rts2", "bogus": 1}, "invalid-input", "bogus"),
+        ("POST", {"workflow_id": "SRC", "alias": "Bad"}, "invalid-manifest", "alias"),
+        ("POST", {"workflow_id": "SRC", "alias": "rts2", "access": "rw"}, "invalid-input", "access"),
+        ("POST", {"alias": "rts2"}, "invalid-input", "workflow_id"),
+    ],
+)  # fmt: skip
+def test_invalid_source_bodies_are_400_naming_the_field(
+    world: World, s: Scenario, method: str, body: dict[str, Any], code: str, named: str
+) -> None:
+    def subst(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: subst(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [subst(v) for v in x]
+        return s.src_id if x == "SRC" else x
+
+    before = s.manifest_bytes(s.con)
+    r = world.as_("alice").request(method, f"/v1/workflows/{s.con_id}/sources", json=subst(body))
+    assert named in world.error(r, 400, code)
+    assert s.manifest_bytes(s.con) == before
+
+
+def test_non_json_body_is_400(world: World, s: Scenario) -> None:
+    r = world.as_("alice").post(
+        f"/v1/workflows/{s.con_id}/sources",
+        content=b"{not json",
+        headers={"Content-Type": "application/json"},
+    )
+    world.error(r, 400, "invalid-input")
+
+
+def test_candidates(world: World, s: Scenario) -> None:
+    s.workflow("lib", access=TEAM)
+    s.workflow("private", access={"owners": ["dave"]})
+    r = world.as_("bob").get(f"/v1/workflows/{s.con_id}/candidates")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["workflow_id"] == s.con_id
+    mine = [c for c in body["candidates"] if c["workflow_id"].startswith(s.p)]
+    # Not itself, not the attached source, not one its audience may not read; never a path.
+    assert mine == [{"workflow_id": f"{s.p}lib", "label": f"{s.p}lib", "write_granted": False}]
+    assert all(set(c) == {"workflow_id", "label", "write_granted"} for c in body["candidates"])
+    world.error(world.as_("dave").get(f"/v1/workflows/{s.con_id}/candidates"), 404, "workflow-not-found")
+
+
+def test_writers_grant_list_revoke(world: World, s: Scenario) -> None:
+    url = f"/v1/workflows/{s.src_id}/writers"
+    assert world.as_("bob").get(url).json() == {"workflow_id": s.src_id, "writers": [], "legacy": False}
+    # An editor of the source is not an owner: refused, nothing changes.
+    before = s.manifest_bytes(s.src)
+    assert "owners" in world.error(
+        world.as_("carol").post(url, json={"workflow_id": s.con_id}), 403, "permission-denied"
+    )
+    world.error(world.as_("bob").post(url, json={"workflow_id": s.con_id}), 403, "permission-denied")
+    world.error(world.as_("alice").post(url, json={"workflow_id": s.con_id, "x": 1}), 400, "invalid-input")
+    assert s.manifest_bytes(s.src) == before
+    r = world.as_("alice").post(url, json={"workflow_id": s.con_id})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"source": s.src_id, "consumer": s.con_id, "granted": True, "changed": True}
+    assert world.as_("alice").post(url, json={"workflow_id": s.con_id}).json()["changed"] is False
+    assert world.as_("bob").get(url).json()["writers"] == [{"workflow_id": s.con_id, "exists": True}]
+    # The grant is visible as a write status once the consumer attaches with write access.
+    r = world.as_("alice").put(
+        f"/v1/workflows/{s.con_id}/sources",
+        json={"sources": [{"workflow_id": s.src_id, "alias": "rts", "access": "write"}]},
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["sources"][0]["write"] == {"available": True, "reason": None, "message": None}
+    before = s.manifest_bytes(s.src)
+    world.error(world.as_("carol").delete(f"{url}/{s.con_id}"), 403, "permission-denied")
+    assert s.manifest_bytes(s.src) == before
+    r = world.as_("alice").delete(f"{url}/{s.con_id}")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"source": s.src_id, "consumer": s.con_id, "granted": False, "changed": True}
+    write = world.as_("alice").get(f"/v1/workflows/{s.con_id}/sources").json()["sources"][0]["write"]
+    assert write["available"] is False and write["reason"] == "write_not_granted"
+    # Self-grants and unknown consumers are invalid input.
+    world.error(world.as_("alice").post(url, json={"workflow_id": s.src_id}), 400, "invalid-manifest")
+    world.error(world.as_("alice").post(url, json={"workflow_id": f"{s.p}ghost"}), 404, "workflow-not-found")
+
+
+# -- browsing ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Browse:
+    s: Scenario
+
+    def file(self, relpath: str, pid: str = "alice", alias: str = "rts") -> httpx.Response:
+        return self.s.w.as_(pid).get(
+            f"/v1/workflows/{self.s.con_id}/sources/{alias}/file", params={"path": relpath}
+        )
+
+    def dir(self, reldir: str, pid: str = "alice", alias: str = "rts") -> httpx.Response:
+        return self.s.w.as_(pid).get(
+            f"/v1/workflows/{self.s.con_id}/sources/{alias}/dir", params={"path": reldir}
+        )
+
+
+@pytest.fixture(scope="module")
+def odd(world: World) -> Browse:
+    """A source KB full of traps, shared (read-only) by the rule cases."""
+    p = "odd-"
+    src = world.kb.workflow(f"{p}src", access=TEAM)
+    con = world.kb.workflow(f"{p}con", access=TEAM, sources=[{"workflow_id": f"{p}src", "alias": "rts"}])
+    notes = src / "knowledgebase" / "notes"
+    (notes / "leak.md").symlink_to("../../credentials/token")
+    (notes / "inside.md").symlink_to("fact.md")
+    (notes / "sub").symlink_to("../../soul")
+    (src / "soul" / "persona.md").write_text("secret persona\n")
+    os.link(src / "credentials" / "token", notes / "hard.md")
+    os.mkfifo(notes / "pipe")
+    (notes / "big.md").write_bytes(b"x" * (2 * MiB + 1))
+    (notes / "max.md").write_bytes(b"y" * (2 * MiB))
+    (notes / "blob.bin").write_bytes(b"\xff\x00\xfe")
+    return Browse(Scenario(world, p, src, con))
+
+
+FILE_RULES = [
+    ("../workflow.json", 400, "invalid-path", ""),
+    ("../credentials/token", 400, "invalid-path", ""),
+    ("notes/../../soul/persona.md", 400, "invalid-path", ""),
+    ("/etc/passwd", 400, "invalid-path", ""),
+    ("ABS_KB/notes/fact.md", 400, "invalid-path", ""),
+    ("notes/leak.md", 403, "path-refused", "symbolic link"),
+    ("notes/inside.md", 403, "path-refused", "symbolic link"),
+    ("notes/sub/persona.md", 403, "path-refused", "symbolic link"),
+    ("notes/hard.md", 403, "path-refused", "hard links"),
+    ("notes/pipe", 403, "path-refused", "not a regular file"),
+    ("notes/big.md", 403, "path-refused", "larger than"),
+    ("notes", 403, "path-refused", ""),
+    ("notes/missing.md", 404, "path-not-found", ""),
+]
+
+
+@pytest.mark.parametrize(("relpath", "status", "code", "why"), FILE_RULES, ids=[r[0] for r in FILE_RULES])
+def test_browse_file_rules_match_the_cli(odd: Browse, relpath: str, status: int, code: str, why: str) -> None:
+    relpath = relpath.replace("ABS_KB", odd.s.src_kb)
+    r = odd.file(relpath)  # the client's timeout bounds a hang on the FIFO
+    msg = odd.s.w.error(r, status, code)
+    assert why in msg
+    assert "secret" not in r.text
+    # The CLI refuses the same request with the same error code.
+    cli = odd.s.w.kb.cli("read", odd.s.con_id, "rts", relpath, "--as", "alice")
+    assert cli.code != 0 and "secret" not in cli.out
+    m = CLI_ERROR.search(cli.err)
+    assert m is not None and m.group("code") == code, cli.err
+
+
+def test_browse_file_reads_regular_files_and_the_daemon_survives_a_fifo(odd: Browse) -> None:
+    r = odd.file("notes/pipe")
+    assert r.status_code == 403
+    assert odd.s.w.anon().get("/v1/health").status_code == 200
+    r = odd.file("notes/fact.md")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"path": "notes/fact.md", "size": 8, "encoding": "utf-8", "content": "odd-src\n"}
+    r = odd.file("notes/max.md")
+    assert r.status_code == 200 and r.json()["size"] == 2 * MiB
+    r = odd.file("notes/blob.bin")
+    assert r.json() == {"path": "notes/blob.bin", "size": 3, "encoding": "base64", "content": "/wD+"}
+    # A reader of the consumer may browse too.
+    assert odd.file("context/about.md", pid="bob").json()["content"] == "about odd-src\n"
+
+
+def test_browse_dir(odd: Browse) -> None:
+    r = odd.dir("")
+    assert r.status_code == 200, r.text
+    assert r.json() == {
+        "path": "",
+        "entries": [{"name": "context", "type": "dir"}, {"name": "notes", "type": "dir"}],
+    }
+    listing = {e["name"]: e["type"] for e in odd.dir("notes").json()["entries"]}
+    assert listing["leak.md"] == "symlink" and listing["sub"] == "symlink" and listing["pipe"] == "other"
+    assert listing["fact.md"] == "file"
+    w = odd.s.w
+    assert "symbolic link" in w.error(odd.dir("notes/sub"), 403, "path-refused")
+    w.error(odd.dir(".."), 400, "invalid-path")
+    w.error(odd.dir("/etc"), 400, "invalid-path")
+    w.error(odd.dir("notes/fact.md"), 404, "path-not-found")
+    w.error(odd.dir("", pid="dave"), 404, "workflow-not-found")
+    w.error(odd.dir("", alias="nope"), 404, "not-found")
+
+
+def test_browse_alias_and_availability_rules(world: World, s: Scenario) -> None:
+    b = Browse(s)
+    assert b.file("notes/fact.md").json()["content"] == f"{s.src_id}\n"
+    # Not attached (even when the source has an attachment of that name: not transitive).
+    world.kb.edit(s.src, knowledgebase_sources=[{"workflow_id": s.con_id, "alias": "back"}])
+    assert "'back'" in world.error(b.file("notes/fact.md", alias="back"), 404, "not-found")
+    world.error(b.file("notes/fact.md", alias="nope"), 404, "not-found")
+    # An outsider learns nothing.
+    r = b.file("notes/fact.md", pid="dave")
+    world.error(r, 404, "workflow-not-found")
+    assert s.src_id not in r.text
+    # Unavailable now: answered with the reason, re-resolved at every call.
+    world.kb.edit(s.src, access={"owners": ["carol"]})
+    assert "audience_denied" in world.error(b.file("notes/fact.md"), 403, "source-unavailable")
+    world.kb.edit(s.src, access=TEAM)
+    assert b.file("notes/fact.md").status_code == 200
+    (s.src / "knowledgebase").rename(s.src / "kb_old")
+    assert "kb_missing" in world.error(b.file("notes/fact.md"), 409, "source-unavailable")
+    (s.src / "knowledgebase").symlink_to("kb_old")
+    assert "kb_symlinked" in world.error(b.file("notes/fact.md"), 409, "source-unavailable")
+    assert "kb_symlinked" in world.error(b.dir("notes"), 409, "source-unavailable")
+
+
+# -- sessions -----------------------------------------------------------------------------------
+
+
+def test_session_open_by_service_for_any_workflow(world: World, s: Scenario) -> None:
+    other = s.workflow("dave-only", access={"owners": ["dave"]})
+    for wid in (s.con_id, f"{s.p}dave-only"):
+        for kind in ("builder", "execution", "kb_maintenance", "reviewer_architecture"):
+            r = world.as_("svc").post("/v1/sessions", json={"workflow_id": wid, "kind": kind})
+            assert r.status_code == 201, r.text
+            assert r.json()["workflow_id"] == wid and r.json()["opened_by"] == "svc"
+    assert other.is_dir()
+    # Owners and editors may open any kind; admins too.
+    for pid in ("alice", "carol", "ops"):
+        r = world.as_(pid).post("/v1/sessions", json={"workflow_id": s.con_id, "kind": "execution"})
+        assert r.status_code == 201, r.text
+    # An outsider may not open one.
+    r = world.as_("dave").post("/v1/sessions", json={"workflow_id": s.con_id, "kind": "reviewer_strategic"})
+    assert r.status_code in (403, 404), r.text
+    world.error(r, r.status_code, "permission-denied" if r.status_code == 403 else "workflow-not-found")
+    world.error(
+        world.as_("svc").post("/v1/sessions", json={"workflow_id": f"{s.p}ghost", "kind": "builder"}),
+        404,
+        "workflow-not-found",
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "allowed"),
+    [
+        ("reviewer_strategic", True),
+        ("reviewer_architecture", True),
+        ("builder", False),
+        ("execution", False),
+        ("scripted", False),
+        ("message_sequence", False),
+        ("kb_maintenance", False),
+    ],
+)
+def test_reader_opens_reviewer_kinds_only(world: World, s: Scenario, kind: str, allowed: bool) -> None:
+    r = world.as_("bob").post(
+        "/v1/sessions", json={"workflow_id": s.con_id, "kind": kind, "kb_access": "read"}
+    )
+    if allowed:
+        assert r.status_code == 201, r.text
+        plan = r.json()
+        assert plan["write"] == [] and plan["env"]["WORKFLOW_KB_RTS"] == s.src_kb
+    else:
+        assert "reviewer" in world.error(r, 403, "permission-denied")
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({"kind": "builder", "kb_access": "all"}, "kb_access"),
+        ({"kind": "builder", "colour": "red"}, "colour"),
+        ({"kind": "wizard"}, "wizard"),
+        ({}, "kind"),
+        ({"kind": "builder", "item_kb_write": "maybe"}, "item_kb_write"),
+    ],
+)
+def test_invalid_session_bodies_are_400(world: World, s: Scenario, body: dict[str, Any], named: str) -> None:
+    r = world.as_("alice").post("/v1/sessions", json={"workflow_id": s.con_id, **body})
+    assert named in world.error(r, 400, "invalid-input")
+
+
+def test_session_plan_shape_matches_the_cli(world: World, s: Scenario) -> None:
+    opened = s.open(kind="execution", kb_access="read-write")
+    sid = opened["session_id"]
+    r = world.as_("alice").get(f"/v1/sessions/{sid}")
+    assert r.status_code == 200, r.text
+    plan = r.json()
+    assert set(plan) >= PLAN_KEYS
+    assert plan["session_id"] == sid and plan["workflow_id"] == s.con_id
+    assert plan["kind"] == "execution" and plan["kb_access"] == "read-write"
+    assert isinstance(plan["generation"], int) and plan["generation"] == opened["generation"] >= 1
+    assert plan["env"]["WORKFLOW_KB_ACCESS"] == "read-write"
+    assert plan["env"]["WORKFLOW_KB_RTS"] == s.src_kb
+    assert s.src_kb in plan["read"]
+    assert all(
+        isinstance(p, str) and p.startswith("/") for p in plan["read"] + plan["write"] + plan["read_only"]
+    )
+    con_kb = str(s.con.resolve() / "knowledgebase")
+    assert f"{con_kb}/notes" in plan["write"] and con_kb in plan["read_only"]
+    [att] = plan["sources"]
+    assert set(att) == ATTACHMENT_KEYS and att["available"] is True and att["path"] == s.src_kb
+    assert plan["folders"] == []
+    assert "rts" in plan["context"] and "never instructions" in plan["context"]
+    # The CLI, working on the root directly, sees the same plan.
+    cli = world.kb.cli("session", "show", sid, "--json")
+    assert cli.code == 0, cli.err
+    assert cli.json() == plan
+    # Readers of the consumer may look; outsiders may not.
+    assert world.as_("bob").get(f"/v1/sessions/{sid}").status_code == 200
+    world.error(world.as_("dave").get(f"/v1/sessions/{sid}"), 403, "permission-denied")
+    world.error(world.as_("alice").get("/v1/sessions/s_00000000000000000000"), 404, "not-found")
+
+
+def test_session_reflects_hand_edited_detach_with_a_higher_generation(world: World, s: Scenario) -> None:
+    sid = s.open()["session_id"]
+    first = world.as_("svc").get(f"/v1/sessions/{sid}").json()
+    assert first["env"]["WORKFLOW_KB_RTS"] == s.src_kb and s.src_kb in first["read"]
+    assert world.as_("svc").get(f"/v1/sessions/{sid}").json()["generation"] == first["generation"]
+    world.kb.edit(s.con, knowledgebase_sources=[])  # by hand, not through kbd
+    second = world.as_("svc").get(f"/v1/sessions/{sid}").json()
+    assert second["generation"] > first["generation"]
+    assert second["sources"] == [] and "WORKFLOW_KB_RTS" not in second["env"]
+    assert not any(p.startswith(s.src_kb) for p in second["read"] + second["write"])
+    third = world.as_("svc").get(f"/v1/sessions/{sid}").json()
+    assert third == second
+    # A check on the old source path now says no.
+    r = world.as_("svc").post(
+        f"/v1/sessions/{sid}/check", json={"path": f"{s.src_kb}/notes/fact.md", "mode": "read"}
+    )
+    assert r.json()["allowed"] is False
+
+
+def test_session_list(world: World, s: Scenario) -> None:
+    a = s.open()["session_id"]
+    b = s.open("bob", kind="reviewer_strategic")["session_id"]
+    url = "/v1/sessions"
+    for pid in ("alice", "bob", "svc", "ops"):
+        r = world.as_(pid).get(url, params={"workflow_id": s.con_id})
+        assert r.status_code == 200, r.text
+        rows = r.json()["sessions"]
+        assert [x["session_id"] for x in rows] == [a, b], pid
+    assert rows[1] | {"opened_at": 0} == {
+        "session_id": b, "workflow_id": s.con_id, "kind": "reviewer_strategic", "kb_access": "read",
+        "item_kb_write": False, "parent": None, "opened_by": "bob", "opened_at": 0, "closed": False,
+        "generation": rows[1]["generation"],
+    }  # fmt: skip
+    assert world.as_("dave").get(url, params={"workflow_id": s.con_id}).json() == {"sessions": []}
+    everything = {x["session_id"] for x in world.as_("alice").get(url).json()["sessions"]}
+    assert {a, b} <= everything
+    assert world.as_("alice").delete(f"{url}/{a}").status_code == 200
+    rows = world.as_("alice").get(url, params={"workflow_id": s.con_id}).json()["sessions"]
+    assert [x["session_id"] for x in rows] == [b]
+
+
+def test_session_children(world: World, s: Scenario) -> None:
+    parent = s.open(kind="execution", kb_access="read")["session_id"]
+    r = world.as_("alice").post(f"/v1/sessions/{parent}/children", json={})
+    assert r.status_code == 201, r.text
+    child = r.json()
+    assert child["parent"] == parent and child["kind"] == "execution" and child["kb_access"] == "read"
+    assert child["session_id"] != parent and child["workflow_id"] == s.con_id
+    r = world.as_("alice").post(
+        f"/v1/sessions/{parent}/children", json={"kind": "reviewer_strategic", "kb_access": "none"}
+    )
+    assert r.status_code == 201 and r.json()["env"] == {"WORKFLOW_KB_ACCESS": "none"}
+    r = world.as_("alice").post(f"/v1/sessions/{parent}/children", json={"kb_access": "read-write"})
+    assert "widen" in world.error(r, 403, "permission-denied")
+    world.error(
+        world.as_("alice").post(f"/v1/sessions/{parent}/children", json={"x": 1}), 400, "invalid-input"
+    )
+    world.error(
+        world.as_("alice").post("/v1/sessions/s_00000000000000000000/children", json={}), 404, "not-found"
+    )
+    # Closing the parent closes the child.
+    closed = world.as_("alice").delete(f"/v1/sessions/{parent}").json()["closed"]
+    assert parent in closed and child["session_id"] in closed
+    world.error(world.as_("alice").get(f"/v1/sessions/{child['session_id']}"), 410, "session-closed")
+    world.error(world.as_("alice").post(f"/v1/sessions/{parent}/children", json={}), 410, "session-closed")
+
+
+def test_closed_session_is_gone(world: World, s: Scenario) -> None:
+    sid = s.open()["session_id"]
+    world.error(world.as_("dave").delete(f"/v1/sessions/{sid}"), 403, "permission-denied")
+    r = world.as_("alice").delete(f"/v1/sessions/{sid}")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"session_id": sid, "closed": [sid]}
+    world.error(world.as_("alice").get(f"/v1/sessions/{sid}"), 410, "session-closed")
+    r = world.as_("alice").post(f"/v1/sessions/{sid}/check", json={"path": s.src_kb, "mode": "read"})
+    world.error(r, 410, "session-closed")
+    assert world.as_("alice").delete(f"/v1/sessions/{sid}").json() == {"session_id": sid, "closed": []}
+    world.error(world.as_("alice").delete("/v1/sessions/s_00000000000000000000"), 404, "not-found")
+
+
+def test_session_check(world: World, s: Scenario) -> None:
+    # con may write into src's notes/ (the owner consented), so the plan has a contributor grant.
+    assert (
+        world.as_("alice")
+        .post(f"/v1/workflows/{s.src_id}/writers", json={"workflow_id": s.con_id})
+        .status_code
+        == 200
+    )
+    r = world.as_("alice").put(
+        f"/v1/workflows/{s.con_id}/sources",
+        json={"sources": [{"workflow_id": s.src_id, "alias": "rts", "access": "write"}]},
+    )
+    assert r.status_code == 200, r.text
+    plan = s.open(kind="execution", kb_access="read-write")
+    sid = plan["session_id"]
+    assert f"{s.src_kb}/notes" in plan["write"] and f"{s.src_kb}/notes/_index.json" in plan["read_only"]
+    con_kb = str(s.con.resolve() / "knowledgebase")
+
+    def check(path: str, mode: str) -> dict[str, Any]:
+        r = world.as_("alice").post(f"/v1/sessions/{sid}/check", json={"path": path, "mode": mode})
+        assert r.status_code == 200, r.text
+        body: dict[str, Any] = r.json()
+        assert set(body) == {"allowed", "reason"} and isinstance(body["reason"], str)
+        return body
+
+    assert check(f"{s.src_kb}/notes/fact.md", "read")["allowed"] is True
+    assert check(f"{con_kb}/notes/new.md", "write")["allowed"] is True
+    assert check(f"{s.src_kb}/notes/new.md", "write")["allowed"] is True
+    assert check(f"{s.src_kb}/notes/_index.json", "write")["allowed"] is False
+    assert check(f"{s.src_kb}/context/about.md", "write")["allowed"] is False
+    assert check(f"{con_kb}/context/about.md", "write")["allowed"] is False
+    assert check(str(s.con.resolve() / "workflow.json"), "write")["allowed"] is False
+    assert check(str(s.src.resolve() / "credentials" / "token"), "read")["allowed"] is False
+    assert check("/etc/passwd", "read")["allowed"] is False
+    assert check("notes/fact.md", "read") == {"allowed": False, "reason": "path must be absolute"}
+    assert check(f"{s.src_kb}/../credentials/token", "read")["allowed"] is False
+    r = world.as_("alice").post(f"/v1/sessions/{sid}/check", json={"path": "/etc", "mode": "exec"})
+    assert "mode" in world.error(r, 400, "invalid-input")
+    r = world.as_("alice").post(f"/v1/sessions/{sid}/check", json={"mode": "read"})
+    assert "path" in world.error(r, 400, "invalid-input")
+
+
+def test_session_check_allows_reading_files_that_stay_read_only(world: World, s: Scenario) -> None:
+    """A read_only overlay (the contributor's notes/_index.json, the session's own workflow.json)
+    is readable: the sandbox binds it read-only, so the path guard must agree for mode read."""
+    assert (
+        world.as_("alice")
+        .post(f"/v1/workflows/{s.src_id}/writers", json={"workflow_id": s.con_id})
+        .status_code
+        == 200
+    )
+    r = world.as_("alice").put(
+        f"/v1/workflows/{s.con_id}/sources",
+        json={"sources": [{"workflow_id": s.src_id, "alias": "rts", "access": "write"}]},
+    )
+    assert r.status_code == 200, r.text
+    plan = s.open(kind="execution", kb_access="read-write")
+    index = f"{s.src_kb}/notes/_index.json"
+    manifest = str(s.con.resolve() / "workflow.json")
+    assert index in plan["read_only"] and manifest in plan["read_only"]
+    results = {}
+    for path in (index, manifest):
+        for mode in ("read", "write"):
+            r = world.as_("alice").post(
+                f"/v1/sessions/{plan['session_id']}/check", json={"path": path, "mode": mode}
+            )
+            assert r.status_code == 200, r.text
+            results[(path, mode)] = r.json()
+    assert results[(index, "write")]["allowed"] is False
+    assert results[(manifest, "write")]["allowed"] is False
+    assert results[(index, "read")]["allowed"] is True, results[(index, "read")]
+    assert results[(manifest, "read")]["allowed"] is True, results[(manifest, "read")]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [
+        ("GET", "/v1/nope", 404),
+        ("GET", "/nope", 404),
+        ("PATCH", "/v1/sessions", 405),
+        ("PUT", "/v1/whoami", 405),
+    ],
+)
+def test_unknown_routes_and_methods_answer_in_the_error_shape(
+    world: World, method: str, path: str, status: int
+) -> None:
+    r = world.as_("alice").request(method, path)
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "hint"}, body
