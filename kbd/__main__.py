@@ -1,3 +1,3 @@
-from kbd.cli import main
+from kbd.entry import main
 
-main(prog_name="kbd")
+main()

@@ -179,12 +179,63 @@ def read_text(path: Path, *, what: str) -> str:
         raise InvalidConfig(f"{what} at {path} is unreadable: {exc}") from exc
 
 
+_RACY_NS = 200_000_000
+
+
+def _plain(value: Any) -> bool:
+    """Only JSON-native values are cached: a YAML date or tag must be re-parsed
+    (and rejected) exactly as the first time, never smuggled through as text."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, str | bool | int | float)
+
+
+def read_yaml_cached(path: Path, *, what: str, cache: Path | None) -> Any:
+    """The parsed YAML document at ``path``, from a JSON cache under state/ when the
+    file's stat signature is unchanged (``kbd exec`` then never imports YAML).
+
+    The cache only skips parsing: callers validate the document every time.
+    """
+    import time
+
+    import orjson
+
+    try:
+        st = os.stat(path)
+    except FileNotFoundError as exc:
+        raise RootError(f"{what} not found at {path}") from exc
+    except OSError as exc:
+        raise InvalidConfig(f"{what} at {path} is unreadable: {exc.strerror}") from exc
+    sig = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    fresh = max(st.st_mtime_ns, st.st_ctime_ns) < time.time_ns() - _RACY_NS
+    if cache is not None and fresh:
+        try:
+            with open(cache, "rb") as fh:
+                doc = orjson.loads(fh.read())
+            if doc.get("sig") == sig:
+                return doc["data"]
+        except (OSError, ValueError, AttributeError, KeyError):
+            pass
+    data = load_yaml(read_text(path, what=what), source=str(path))
+    if cache is not None and fresh and _plain(data):
+        from kbd.fsio import ensure_private_dir, write_atomic
+
+        try:
+            ensure_private_dir(cache.parent)
+            write_atomic(cache, orjson.dumps({"sig": sig, "data": data}), mode=0o640)
+        except OSError:
+            pass  # an unwritable cache only costs speed
+    return data
+
+
 def load_config(root: Path) -> Config:
     """Load ``<root>/kbd.yaml``. Raises RootError when the root has no config."""
     if not root.is_dir():
         raise RootError(f"kbd root {root} does not exist")
     path = root / CONFIG_NAME
-    text = read_text(path, what=f"{CONFIG_NAME}")
+    data = read_yaml_cached(path, what=CONFIG_NAME, cache=root / STATE_DIR / "cache" / "kbd.yaml.json")
     # Resolve the root once for display and canonical paths; the root is operator
     # configuration, trusted like a git repository's location.
-    return parse_config(load_yaml(text, source=str(path)), root=root.resolve(), source=str(path))
+    return parse_config(data, root=root.resolve(), source=str(path))

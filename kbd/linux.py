@@ -8,7 +8,6 @@ else's KB on the same filesystem (``st_dev`` alone cannot tell).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from dataclasses import dataclass
 
@@ -19,7 +18,8 @@ STATX_BASIC_STATS = 0x7FF
 STATX_MNT_ID = 0x1000
 STATX_ATTR_MOUNT_ROOT = 0x2000
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# The already-loaded libc (find_library would run ldconfig: slow on every start).
+_libc = ctypes.CDLL(None, use_errno=True)
 _statx = getattr(_libc, "statx", None)
 if _statx is not None:
     _statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]

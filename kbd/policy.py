@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kbd.config import read_yaml_cached
 from kbd.errors import InvalidConfig, InvalidInput
-from kbd.strict import check_keys, expect_bool, expect_choice, expect_mapping, load_yaml
+from kbd.strict import check_keys, expect_bool, expect_choice, expect_mapping
 
 KB_ACCESS = ("none", "read", "write", "read-write")
 OWN_FOLDER = ("read-write", "read-only")
@@ -90,19 +91,34 @@ def parse_policy(data: Any, *, source: str) -> dict[str, KindPolicy]:
     return out
 
 
-def policy_text(name: str) -> str:
-    """A shipped policy file: from the installed package, else from the source tree."""
+def data_path(package: str, folder: str, name: str) -> Path:
+    """A shipped data file: in the installed package (``kbd.<package>``), else in
+    the source tree's top-level ``folder`` (editable installs)."""
     try:
-        return importlib.resources.files("kbd.policies").joinpath(name).read_text(encoding="utf-8")
+        return Path(str(importlib.resources.files(f"kbd.{package}").joinpath(name)))
     except ModuleNotFoundError:
-        # Editable install of a source checkout: policies/ sits beside kbd/.
-        return (Path(__file__).resolve().parent.parent / "policies" / name).read_text(encoding="utf-8")
+        return Path(__file__).resolve().parent.parent / folder / name
+
+
+def policy_path(name: str) -> Path:
+    return data_path("policies", "policies", name)
+
+
+_cache_dir: Path | None = None
+
+
+def use_cache(state_dir: Path) -> None:
+    """Let :func:`kinds` keep its parsed YAML under ``state/cache`` (speeds ``kbd exec``)."""
+    global _cache_dir
+    _cache_dir = state_dir / "cache"
 
 
 @functools.cache
 def kinds() -> dict[str, KindPolicy]:
     name = "consumer_kinds.yaml"
-    return parse_policy(load_yaml(policy_text(name), source=f"policies/{name}"), source=f"policies/{name}")
+    cache = _cache_dir / f"{name}.json" if _cache_dir is not None else None
+    data = read_yaml_cached(policy_path(name), what=f"policies/{name}", cache=cache)
+    return parse_policy(data, source=f"policies/{name}")
 
 
 def kind(name: str) -> KindPolicy:

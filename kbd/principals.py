@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kbd.config import PRINCIPALS_NAME, read_text
+from kbd.config import PRINCIPALS_NAME, STATE_DIR, read_text, read_yaml_cached
 from kbd.errors import InvalidConfig, PermissionDenied
 from kbd.ids import id_problem
 from kbd.strict import check_keys, expect_bool, expect_choice, expect_mapping, expect_str, load_yaml
@@ -120,9 +120,10 @@ def parse_principals(data: Any, *, source: str = PRINCIPALS_NAME) -> Principals:
 
 def load_principals(root: Path) -> Principals:
     path = root / PRINCIPALS_NAME
-    return parse_principals(
-        load_yaml(read_text(path, what=PRINCIPALS_NAME), source=str(path)), source=str(path)
+    data = read_yaml_cached(
+        path, what=PRINCIPALS_NAME, cache=root / STATE_DIR / "cache" / "principals.yaml.json"
     )
+    return parse_principals(data, source=str(path))
 
 
 def issue_token(root: Path, pid: str, *, timeout: float) -> str:

@@ -29,6 +29,7 @@ _MODES = {"none": set(), "read": {"r"}, "write": {"w"}, "read-write": {"r", "w"}
 class Sessions:
     def __init__(self, host: Host) -> None:
         self.host = host
+        policy.use_cache(host.config.state_dir)
         self.store = SessionStore(host.config.state_dir, timeout=host.config.lock_timeout)
         self.folder_roots = tuple(r.resolve() for r in host.config.folder_roots)
 

@@ -1,0 +1,63 @@
+"""The ``kbd`` console script. ``kbd exec`` takes a lean path that never imports
+click, YAML parsing of unchanged config, pydantic or the API stack: it runs
+before every agent shell command (DESIGN §8 budgets its wall time). Everything
+else goes to the click CLI in :mod:`kbd.cli`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+USAGE = "usage: kbd [--root DIR] exec SID [--cwd DIR] -- CMD [ARG...]"
+
+
+def _lean_exec(argv: list[str]) -> int | None:
+    """Handle ``[--root DIR] exec ...``; None when argv is anything else."""
+    root: str | None = None
+    i = 0
+    if i < len(argv) and argv[i].startswith("--root"):
+        if argv[i] == "--root" and i + 1 < len(argv):
+            root, i = argv[i + 1], i + 2
+        elif argv[i].startswith("--root="):
+            root, i = argv[i].split("=", 1)[1], i + 1
+        else:
+            return None
+    if i >= len(argv) or argv[i] != "exec":
+        return None
+    rest = argv[i + 1 :]
+    if not rest or rest[0].startswith("-"):
+        return None  # help and usage errors: let click explain
+    sid, rest = rest[0], rest[1:]
+    cwd = None
+    if rest[:1] == ["--cwd"] and len(rest) >= 2:
+        cwd, rest = rest[1], rest[2:]
+    elif rest[:1] and rest[0].startswith("--cwd="):
+        cwd, rest = rest[0].split("=", 1)[1], rest[1:]
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    if not rest:
+        return None
+    from kbd.config import default_root
+    from kbd.errors import KbdError
+    from kbd.runner import run
+
+    try:
+        return run(Path(root) if root else default_root(), sid, rest, cwd=cwd)
+    except KbdError as err:
+        print(f"error[{err.code}]: {err.message}", file=sys.stderr)
+        if err.hint:
+            print(f"hint: {err.hint}", file=sys.stderr)
+        return err.exit_code
+    except OSError as exc:
+        print(f"error[internal]: unexpected I/O error: {exc.strerror or exc}", file=sys.stderr)
+        return 70
+
+
+def main() -> None:
+    code = _lean_exec(sys.argv[1:])
+    if code is not None:
+        sys.exit(code)
+    from kbd.cli import main as cli_main
+
+    cli_main(prog_name="kbd")
