@@ -13,7 +13,11 @@ if ! command -v bwrap >/dev/null; then
 fi
 rm -rf -- "$root"
 export KBD_ROOT=$root
-show() { printf '\n\033[1m$'; printf ' %q' "$@"; printf '\033[0m'; }
+show() {
+  printf '\n\033[1m$'
+  for a in "$@"; do if [[ "$a" =~ [[:space:]\$\"\*] ]]; then printf " '%s'" "$a"; else printf ' %s' "$a"; fi; done
+  printf '\033[0m'
+}
 step() { show "$@"; printf '\n'; "$@"; }
 try() { show "$@"; printf '   (expected to fail)\n'; if "$@"; then echo "UNEXPECTED SUCCESS"; exit 1; else echo "-> refused, exit $?"; fi; }
 
