@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kbd import browse
-from kbd.errors import KbdError, PermissionDenied
+from kbd.errors import InvalidInput, KbdError, PermissionDenied
 from kbd.ops import Host
 from kbd.principals import Principal
 from kbd.session_ops import Sessions
@@ -79,6 +79,12 @@ class ChildBody(Strict):
     kind: str | None = None
     kb_access: Literal["none", "read", "write", "read-write"] | None = None
     item_kb_write: bool | None = None
+
+
+class NoteBody(Strict):
+    alias: str
+    path: str = Field(description="relative to the source's notes/")
+    content: str
 
 
 class CheckBody(Strict):
@@ -365,6 +371,17 @@ def create_app(host: Host) -> FastAPI:
     def close_session(sid: str, actor: Principal = Actor) -> dict[str, Any]:
         with state.lock:
             return {"session_id": sid, "closed": state.sessions.close(sid, actor=actor)}
+
+    @app.post("/v1/sessions/{sid}/notes", status_code=201)
+    def write_note(sid: str, body: NoteBody, actor: Principal = Actor) -> dict[str, Any]:
+        from kbd.notes import write_note as write
+
+        try:
+            data = body.content.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidInput("content is not valid Unicode text") from exc
+        with state.lock:
+            return write(state.sessions, sid, body.alias, body.path, data, actor=actor)
 
     @app.post("/v1/sessions/{sid}/check", response_model=CheckResponse)
     def check(sid: str, body: CheckBody, actor: Principal = Actor) -> dict[str, Any]:

@@ -14,10 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 from kbd.errors import KbdError, NotFound, PermissionDenied
+from kbd.notes import NOTE_SUFFIXES, provenance_of, read_index
 from kbd.ops import Host
 from kbd.principals import Principal
 from kbd.resolve import Attachment
-from kbd.safepath import list_dir, pin_dir, read_file
+from kbd.safepath import list_dir, pin_dir, read_file, read_file_head, split_relative
 
 MAX_READ_BYTES = 2 * 1024 * 1024
 
@@ -61,6 +62,9 @@ def read(host: Host, wid: str, alias: str, relpath: str, actor: Principal) -> by
     att = attachment(host, wid, alias, actor)
     assert att.path is not None
     with pin_dir(att.path, expect=att.kb_identity) as kb:
+        if split_relative(relpath) == ["notes", "_index.json"]:
+            # Never mistake a read failure for an empty KB: retried, then an error.
+            return read_index(kb.fd, limit=MAX_READ_BYTES)
         return read_file(kb.fd, relpath, limit=MAX_READ_BYTES)
 
 
@@ -69,4 +73,14 @@ def ls(host: Host, wid: str, alias: str, reldir: str, actor: Principal) -> list[
     att = attachment(host, wid, alias, actor)
     assert att.path is not None
     with pin_dir(att.path, expect=att.kb_identity) as kb:
-        return list(list_dir(kb.fd, reldir))
+        entries: list[dict[str, Any]] = list(list_dir(kb.fd, reldir))
+        # Contributed notes are told apart from the source's own by provenance.
+        for e in entries:
+            if e["type"] == "file" and e["name"].lower().endswith(NOTE_SUFFIXES):
+                rel = f"{reldir.rstrip('/')}/{e['name']}" if reldir.strip("/") else e["name"]
+                try:
+                    head = read_file_head(kb.fd, rel)
+                except KbdError:
+                    head = b""
+                e["contributed_by"] = provenance_of(head)
+        return entries

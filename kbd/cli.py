@@ -686,6 +686,38 @@ def check_cmd(c: Ctx, sid: str, path: str, mode: str, as_json: bool) -> None:
         sys.exit(77)
 
 
+# -- notes ----------------------------------------------------------------------------------
+
+
+@main.group()
+def notes() -> None:
+    """Contributed notes in attached sources' notes/ folders."""
+
+
+@notes.command("write")
+@click.argument("sid")
+@click.argument("alias")
+@click.argument("relpath")
+@click.option(
+    "--file", "file", default="-", show_default=True, metavar="F|-", help="Note content; - reads stdin."
+)
+@json_option
+@pass_ctx
+def notes_write(c: Ctx, sid: str, alias: str, relpath: str, file: str, as_json: bool) -> None:
+    """Write RELPATH (relative to the source's notes/) atomically, with provenance."""
+    from kbd.notes import write_note
+
+    try:
+        data = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {file}: {exc.strerror}") from exc
+    result = write_note(_sessions(c), sid, alias, relpath, data)
+    if as_json:
+        _emit(result)
+    else:
+        click.echo(f"wrote {result['path']} in {result['workflow_id']} ({result['bytes']} bytes)")
+
+
 # -- principals ----------------------------------------------------------------------------
 
 

@@ -32,7 +32,7 @@ from kbd.errors import InvalidInput, Unavailable
 from kbd.ops import Host
 from kbd.plan import Plan
 from kbd.safepath import pin_dir
-from kbd.sandbox import bwrap
+from kbd.sandbox import bwrap, spec
 from kbd.sandbox.landlock import LANDLOCK_ALL, landlock_abi, system_rules
 from kbd.session_ops import Sessions
 
@@ -139,7 +139,14 @@ def run(root: Path, sid: str, command: list[str], *, cwd: str | None = None) -> 
     forward = _Forward()
     try:
         if backend == "bwrap":
-            return _run_bwrap(host, sessions, plan, sid, command, workdir, env, forward)
+            if not spec.contributed_notes(plan):
+                return _run_bwrap(host, sessions, plan, sid, command, workdir, env, forward)
+            from kbd.notes import command_locks  # filelock only for write plans
+
+            # Two workflows' write turns into one notes/ never interleave.
+            who = {"session": sid, "workflow": plan.workflow_id}
+            with command_locks(host.config.state_dir, plan, timeout=host.config.lock_timeout, who=who):
+                return _run_bwrap(host, sessions, plan, sid, command, workdir, env, forward)
         if backend == "landlock":
             argv = _landlock_argv(host, plan, command)
         else:

@@ -358,6 +358,20 @@ def read_file_stat(
         os.close(fd)
 
 
+def read_file_head(dirfd: int, rel: str, *, size: int = 1024) -> bytes:
+    """The first ``size`` bytes of a regular, singly-linked file beneath ``dirfd``."""
+    pfd = open_beneath(dirfd, rel, os.O_PATH)
+    try:
+        _check_regular(os.fstat(pfd), rel, 1 << 62, allow_hardlinks=False)
+        fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+    finally:
+        os.close(pfd)
+    try:
+        return os.read(fd, size)
+    finally:
+        os.close(fd)
+
+
 def _check_regular(st: os.stat_result, rel: str, limit: int, allow_hardlinks: bool) -> None:
     if stat.S_ISDIR(st.st_mode):
         raise PathRefused(f"{rel!r} is a folder; list it instead", why="not_file")

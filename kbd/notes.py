@@ -1,0 +1,302 @@
+"""Contributed notes: the one confined write entry point, the per-target mutex,
+provenance, and the index reader (DESIGN §7; seed "Write access").
+
+:func:`write_note` is used by ``kbd notes write``, the API and any other
+writer. It re-resolves the session's plan, requires a write grant for that
+source *now*, confines the target beneath the source's ``notes/`` (through the
+path layer: no ``..``, no link, no other mount, never ``_index.json`` or a
+look-alike, only regular files replaced), refuses prompt-injection patterns,
+merges provenance frontmatter, and replaces the file atomically while holding
+the source's notes mutex.
+
+The mutex (:func:`notes_lock`) is a filelock keyed by the identity
+(``st_dev:st_ino``) of the canonical ``notes/`` folder, so it survives a rename
+of the source workflow; it works across threads and processes, is released by
+the kernel when a holder dies, and is also held by ``kbd exec`` for the whole
+command when a session may write into that ``notes/``. Readers never take it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from kbd.errors import Busy, InvalidInput, KbdError, PermissionDenied
+from kbd.names import is_index_name
+from kbd.plan import NOTES, Plan
+from kbd.safepath import PathNotFound, open_beneath, pin_dir, read_file, replace_file, split_relative
+
+MAX_NOTE_BYTES = 1024 * 1024
+NOTE_SUFFIXES = (".md", ".markdown", ".txt")
+PROVENANCE_KEYS = ("contributed_by_workflow", "contributed_by_session", "contributed_at")
+INDEX_RETRIES = 10
+INDEX_RETRY_DELAY = 0.02
+_TMP = re.compile(r"^\.kbd-[0-9a-f]{16}\.tmp$")
+
+
+class IndexUnreadable(Busy):
+    code = "index-unreadable"
+    default_hint = "the source may be rewriting its index; retry. This is not an empty knowledge base."
+
+
+# -- the mutex ------------------------------------------------------------------------
+
+
+def _holder_path(lock: Path) -> Path:
+    return lock.with_suffix(".holder")
+
+
+@contextlib.contextmanager
+def notes_lock(state_dir: Path, notes_fd: int, *, timeout: float, who: dict[str, Any]) -> Iterator[None]:
+    """Hold the mutex of the ``notes/`` folder open at ``notes_fd``.
+
+    Raises Busy (exit 75) naming the current holder when ``timeout`` passes.
+    """
+    import filelock  # only writers pay for it
+
+    from kbd.locks import lock_path
+
+    st = os.fstat(notes_fd)
+    path = lock_path(state_dir, "notes", f"{st.st_dev}:{st.st_ino}")
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+    lock = filelock.FileLock(str(path), timeout=timeout, mode=0o640)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        holder = "unknown"
+        with contextlib.suppress(OSError, ValueError):
+            holder = json.loads(_holder_path(path).read_text())
+            holder = ", ".join(f"{k} {v}" for k, v in holder.items())
+        raise Busy(
+            f"the source's notes/ is being written by another session ({holder}); waited {timeout:g}s",
+            hint="retry when that command finishes; locks.timeout_seconds in kbd.yaml sets the wait",
+        ) from None
+    try:
+        with contextlib.suppress(OSError):
+            _holder_path(path).write_text(
+                json.dumps({**who, "pid": os.getpid(), "host": socket.gethostname()})
+            )
+        yield
+    finally:
+        lock.release()
+
+
+@contextlib.contextmanager
+def command_locks(state_dir: Path, plan: Plan, *, timeout: float, who: dict[str, Any]) -> Iterator[None]:
+    """For ``kbd exec``: hold the mutex of every source ``notes/`` the plan may
+    write, for the whole command, in a fixed order (no lock-order deadlocks)."""
+    targets = []
+    for att in plan.sources:
+        if att.path is None or att.kb_identity is None:
+            continue
+        if any(g.origin == f"kb_write:{att.alias}" and g.mode == "write" for g in plan.grants):
+            targets.append(att)
+    with contextlib.ExitStack() as stack:
+        fds = []
+        for att in targets:
+            assert att.path is not None
+            kb = stack.enter_context(pin_dir(att.path, expect=att.kb_identity))
+            fd = open_beneath(kb.fd, NOTES, os.O_RDONLY | os.O_DIRECTORY)
+            stack.callback(os.close, fd)
+            st = os.fstat(fd)
+            fds.append(((st.st_dev, st.st_ino), fd))
+        for _, fd in sorted(fds):
+            stack.enter_context(notes_lock(state_dir, fd, timeout=timeout, who=who))
+        yield
+
+
+# -- provenance --------------------------------------------------------------------------
+
+
+def with_provenance(text: str, *, workflow_id: str, session_id: str, now: float | None = None) -> str:
+    """``text`` with kbd's provenance frontmatter. An existing ``---`` block is
+    merged (its other keys kept, in order); provenance keys a contributor wrote
+    are replaced, never trusted."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    ours = [
+        f"contributed_by_workflow: {workflow_id}",
+        f"contributed_by_session: {session_id}",
+        f"contributed_at: {stamp}",
+    ]
+    body = text
+    kept: list[str] = []
+    if text.startswith("---\n"):
+        end = text.find("\n---\n", 3)
+        if end == -1 and text.endswith("\n---"):
+            end = len(text) - 4
+        if end != -1:
+            block = text[4:end]
+            body = text[end + 5 :]
+            kept = [ln for ln in block.split("\n") if ln.split(":", 1)[0].strip() not in PROVENANCE_KEYS]
+    return "---\n" + "\n".join([*kept, *ours]) + "\n---\n" + body
+
+
+def provenance_of(head: bytes) -> str | None:
+    """The contributing workflow named in a note's frontmatter, if any."""
+    text = head.decode("utf-8", "replace")
+    if not text.startswith("---\n"):
+        return None
+    end = text.find("\n---", 3)
+    for line in text[4 : end if end != -1 else None].split("\n"):
+        key, _, value = line.partition(":")
+        if key.strip() == "contributed_by_workflow":
+            return value.strip() or None
+    return None
+
+
+# -- the entry point ------------------------------------------------------------------------
+
+
+def validate_target(relpath: str) -> list[str]:
+    """The components of a note path relative to ``notes/``, or InvalidInput/PermissionDenied."""
+    parts = split_relative(relpath)
+    for p in parts:
+        if is_index_name(p):
+            raise PermissionDenied(
+                f"{relpath!r} is (or folds to) _index.json; the index belongs to the source workflow",
+                hint="write a note beside it; the source's own agents maintain the index",
+            )
+        if _TMP.match(p):
+            raise InvalidInput(f"{relpath!r} uses a name reserved for kbd's temporary files")
+    if not parts[-1].lower().endswith(NOTE_SUFFIXES):
+        raise InvalidInput(
+            f"{relpath!r}: contributed notes must be Markdown or text ({', '.join(NOTE_SUFFIXES)}) so they can "
+            "carry provenance"
+        )
+    return parts
+
+
+def _open_parent(notes_fd: int, parts: list[str]) -> int:
+    """The folder that will hold the note, beneath ``notes/``; missing subfolders
+    are created one component at a time (never through a link)."""
+    cur = os.dup(notes_fd)
+    try:
+        for comp in parts[:-1]:
+            try:
+                nxt = open_beneath(cur, comp, os.O_RDONLY | os.O_DIRECTORY)
+            except PathNotFound:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(comp, 0o755, dir_fd=cur)
+                nxt = open_beneath(cur, comp, os.O_RDONLY | os.O_DIRECTORY)
+            os.close(cur)
+            cur = nxt
+        return cur
+    except BaseException:
+        os.close(cur)
+        raise
+
+
+def _sweep_temp_files(dir_fd: int) -> None:
+    """Remove temp files of writers that died mid-write (we hold the mutex, so
+    none is in use)."""
+    for name in os.listdir(dir_fd):
+        if _TMP.match(name):
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=dir_fd)
+
+
+def write_note(
+    sessions: Any, sid: str, alias: str, relpath: str, data: bytes, *, actor: Any = None
+) -> dict[str, Any]:
+    """Write one contributed note. Returns ``{workflow_id, alias, path, bytes}``.
+
+    Raises (nothing written anywhere): SessionClosed, PermissionDenied (no write
+    grant now, or the index), InvalidPath/InvalidInput (bad name, not UTF-8,
+    too large, wrong kind of file), PathRefused (a link, a folder or a special
+    file on the way or at the name), InjectionRefused, Busy (lock timeout).
+    Every refusal after the session lookup is audited.
+    """
+    from kbd import injection
+
+    host = sessions.host
+    plan: Plan = sessions.plan(sid, actor=actor)
+
+    def refuse(err: KbdError) -> KbdError:
+        host.audit("note_refused", session=sid, workflow_id=plan.workflow_id, alias=alias, path=relpath[:200],
+                   code=err.code, reason=err.message[:300], rule=getattr(err, "rule", None))  # fmt: skip
+        return err
+
+    att = next((a for a in plan.sources if a.alias == alias), None)
+    granted = any(g.origin == f"kb_write:{alias}" and g.mode == "write" for g in plan.grants)
+    if att is None or not att.available or att.path is None or not granted:
+        why = (
+            "is not attached" if att is None
+            else f"is unavailable ({att.reason})" if not att.available
+            else "has no write grant in this session now (attached read-only, not granted by the source's owner, "
+            "or the session's kind or kb_access does not write)"
+        )  # fmt: skip
+        raise refuse(PermissionDenied(f"source {alias!r} {why}"))
+    try:
+        parts = validate_target(relpath)
+        if len(data) > MAX_NOTE_BYTES:
+            raise InvalidInput(f"the note is {len(data)} bytes; at most {MAX_NOTE_BYTES} are allowed")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(f"the note is not UTF-8 text (byte {exc.start})") from None
+        if "\x00" in text:
+            raise InvalidInput("the note contains a NUL byte")
+        injection.check(text)
+    except KbdError as err:
+        raise refuse(err) from None
+    final = with_provenance(text, workflow_id=plan.workflow_id, session_id=sid).encode("utf-8")
+    who = {"session": sid, "workflow": plan.workflow_id}
+    try:
+        with pin_dir(att.path, expect=att.kb_identity) as kb:
+            notes_fd = open_beneath(kb.fd, NOTES, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                with notes_lock(host.config.state_dir, notes_fd, timeout=host.config.lock_timeout, who=who):
+                    parent = _open_parent(notes_fd, parts)
+                    try:
+                        _sweep_temp_files(parent)
+                        replace_file(parent, parts[-1], final)
+                    finally:
+                        os.close(parent)
+            finally:
+                os.close(notes_fd)
+    except KbdError as err:
+        raise refuse(err) from None
+    except OSError as exc:
+        raise refuse(
+            PermissionDenied(f"cannot write {relpath!r}: {os.strerror(exc.errno or errno.EIO)}")
+        ) from None
+    host.audit("note_written", session=sid, workflow_id=plan.workflow_id, source=att.workflow_id, alias=alias,
+               path="/".join(parts), bytes=len(final))  # fmt: skip
+    return {
+        "workflow_id": att.workflow_id,
+        "alias": alias,
+        "path": "notes/" + "/".join(parts),
+        "bytes": len(final),
+    }
+
+
+# -- readers ------------------------------------------------------------------------------------
+
+
+def read_index(kb_fd: int, *, limit: int) -> bytes:
+    """``notes/_index.json`` as valid JSON bytes. A transient parse failure (a
+    writer mid-rewrite without atomic replacement) is retried briefly; then an
+    error is raised — never an empty index."""
+    last = ""
+    for attempt in range(INDEX_RETRIES):
+        data = read_file(kb_fd, f"{NOTES}/_index.json", limit=limit)
+        try:
+            if not data.strip():
+                raise ValueError("the index file is empty")
+            orjson.loads(data)
+            return data
+        except ValueError as exc:
+            last = str(exc)
+        if attempt + 1 < INDEX_RETRIES:
+            time.sleep(INDEX_RETRY_DELAY)
+    raise IndexUnreadable(f"notes/_index.json is not valid JSON after {INDEX_RETRIES} reads: {last}")
