@@ -170,7 +170,12 @@ def build_argv(
     opts += [arg("--remount-ro", "/"), arg("--chdir", str(cwd))]
     argv = [bwrap, *spec.argv_of(opts), "--"]
     if inner is not None:
+        # The helper applies Landlock, then execs the command (127/126 on failure).
         argv += [PYTHON, "-I", "-S", HELPER_DEST, orjson.dumps(inner).decode(), "--"]
+    else:
+        # bwrap reports a failed execvp as exit 1; a POSIX shell's `exec` gives the
+        # conventional 127 (not found) / 126 (not executable) instead.
+        argv += ["/bin/sh", "-c", 'exec "$@"', "kbd-exec"]
     return argv + command
 
 
