@@ -85,7 +85,15 @@ def choose_backend(host: Host) -> str:
     raise Unavailable("no sandbox layer is usable on this host (no bubblewrap, no Landlock)")
 
 
-def _landlock_argv(host: Host, plan: Plan, command: list[str]) -> list[str]:
+def private_tmp(host: Host, sid: str) -> Path:
+    """Landlock-only sandboxes have no mount namespace: a kbd-owned scratch folder
+    per session stands in for the private /tmp."""
+    path = host.config.state_dir / "tmp" / sid
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def _landlock_argv(host: Host, plan: Plan, command: list[str], *, scratch: Path) -> list[str]:
     overlays = [g for g in plan.grants if g.mode in ("read_only", "hidden")]
     if overlays:
         if not host.config.sandbox.unsafe_landlock_writes:
@@ -96,6 +104,7 @@ def _landlock_argv(host: Host, plan: Plan, command: list[str]) -> list[str]:
             )
         warn("unsafe_landlock_writes: read-only overlays inside writable folders are NOT enforced")
     rules = system_rules()
+    rules.append({"path": str(scratch), "access": list(LANDLOCK_ALL)})
     read = ["read_file", "read_dir", "execute"]
     for g in plan.grants:
         if g.mode == "read":
@@ -148,7 +157,9 @@ def run(root: Path, sid: str, command: list[str], *, cwd: str | None = None) -> 
             with command_locks(host.config.state_dir, plan, timeout=host.config.lock_timeout, who=who):
                 return _run_bwrap(host, sessions, plan, sid, command, workdir, env, forward)
         if backend == "landlock":
-            argv = _landlock_argv(host, plan, command)
+            scratch = private_tmp(host, sid)
+            env.update(HOME=str(scratch), TMPDIR=str(scratch))
+            argv = _landlock_argv(host, plan, command, scratch=scratch)
         else:
             warn("unsafe_no_sandbox: running WITHOUT any sandbox; the plan is not enforced")
             argv = command

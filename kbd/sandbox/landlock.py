@@ -36,6 +36,6 @@ def system_rules() -> list[dict[str, object]]:
     ]
     rules.append({"path": "/proc", "access": ["read_file", "read_dir"]})
     rules.append({"path": "/dev", "access": ["read_file", "write_file", "read_dir", "ioctl_dev"]})
-    # Landlock cannot give a private /tmp: the host's /tmp stays writable (documented weakness).
-    rules.append({"path": "/tmp", "access": list(LANDLOCK_ALL)})  # noqa: S108
+    # No rule for /tmp: Landlock cannot give a private /tmp, and a rule on it would
+    # open every root that lives there. Commands get a private TMPDIR instead.
     return rules
