@@ -1,17 +1,19 @@
 """Append-only audit log: one JSON object a line in ``state/audit.log``.
 
+The stdlib json module is used on purpose: this runs on ``kbd exec``'s path,
+where importing orjson costs more than it saves.
+
 Each event is one ``write()`` on an ``O_APPEND`` descriptor followed by fsync:
 concurrent appenders (CLI processes and the daemon) never interleave lines.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 from kbd.fsio import ensure_private_dir
 
@@ -21,7 +23,7 @@ AUDIT_NAME = "audit.log"
 def append(state_dir: Path, event: str, **fields: Any) -> None:
     ensure_private_dir(state_dir)
     record = {"ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "event": event, **fields}
-    line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+    line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
     fd = os.open(
         state_dir / AUDIT_NAME,
         os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
@@ -37,6 +39,6 @@ def append(state_dir: Path, event: str, **fields: Any) -> None:
 def read(state_dir: Path) -> list[dict[str, Any]]:
     try:
         with open(state_dir / AUDIT_NAME, "rb") as fh:
-            return [orjson.loads(line) for line in fh if line.strip()]
+            return [json.loads(line) for line in fh if line.strip()]
     except FileNotFoundError:
         return []

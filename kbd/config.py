@@ -198,9 +198,8 @@ def read_yaml_cached(path: Path, *, what: str, cache: Path | None) -> Any:
 
     The cache only skips parsing: callers validate the document every time.
     """
+    import json
     import time
-
-    import orjson
 
     try:
         st = os.stat(path)
@@ -213,7 +212,7 @@ def read_yaml_cached(path: Path, *, what: str, cache: Path | None) -> Any:
     if cache is not None and fresh:
         try:
             with open(cache, "rb") as fh:
-                doc = orjson.loads(fh.read())
+                doc = json.loads(fh.read())
             if doc.get("sig") == sig:
                 return doc["data"]
         except (OSError, ValueError, AttributeError, KeyError):
@@ -224,7 +223,7 @@ def read_yaml_cached(path: Path, *, what: str, cache: Path | None) -> Any:
 
         try:
             ensure_private_dir(cache.parent)
-            write_atomic(cache, orjson.dumps({"sig": sig, "data": data}), mode=0o640)
+            write_atomic(cache, json.dumps({"sig": sig, "data": data}).encode(), mode=0o640)
         except OSError:
             pass  # an unwritable cache only costs speed
     return data

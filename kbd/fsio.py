@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import stat
 from pathlib import Path
 
@@ -46,7 +45,7 @@ def write_atomic_at(dfd: int, name: str, data: bytes, *, mode: int = 0o644, keep
     except FileNotFoundError:
         pass
     # A fixed-length temp name: a long (multi-byte) target name cannot push it past NAME_MAX.
-    tmp = f".kbd-{secrets.token_hex(8)}.tmp"
+    tmp = f".kbd-{os.urandom(8).hex()}.tmp"
     fd = os.open(
         tmp,
         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,

@@ -22,11 +22,10 @@ came from.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 from kbd.policy import KindPolicy
 from kbd.resolve import Attachment
@@ -110,7 +109,7 @@ class Plan:
     def digest(self) -> str:
         """Changes exactly when the effective grants or environment change."""
         doc = {"env": self.env, "grants": sorted((str(g.path), g.mode) for g in self.grants)}
-        return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
     def with_generation(self, generation: int, **extra: Any) -> Plan:
         return Plan(

@@ -8,7 +8,6 @@ answers the one derived question the plan needs: the effective KB mode.
 from __future__ import annotations
 
 import functools
-import importlib.resources
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,10 +93,12 @@ def parse_policy(data: Any, *, source: str) -> dict[str, KindPolicy]:
 def data_path(package: str, folder: str, name: str) -> Path:
     """A shipped data file: in the installed package (``kbd.<package>``), else in
     the source tree's top-level ``folder`` (editable installs)."""
-    try:
-        return Path(str(importlib.resources.files(f"kbd.{package}").joinpath(name)))
-    except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / folder / name
+    source_tree = Path(__file__).resolve().parent.parent / folder / name
+    if source_tree.exists():
+        return source_tree  # a source checkout (editable install): no importlib.resources import
+    import importlib.resources
+
+    return Path(str(importlib.resources.files(f"kbd.{package}").joinpath(name)))
 
 
 def policy_path(name: str) -> Path:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import secrets
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +128,8 @@ def load_principals(root: Path) -> Principals:
 def issue_token(root: Path, pid: str, *, timeout: float) -> str:
     """Give ``pid`` a new bearer token: store only its SHA-256 in principals.yaml
     (atomically, under a lock) and return the token, which is shown once."""
+    import secrets
+
     import yaml
 
     from kbd.fsio import write_atomic

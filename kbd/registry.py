@@ -21,14 +21,13 @@ tick. The cache is an optimisation only: a corrupt cache is ignored.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import orjson
 
 from kbd.errors import KbdError, ManifestUnreadable
 from kbd.fsio import ensure_private_dir, write_atomic
@@ -271,7 +270,7 @@ class Registry:
             return
         try:
             with open(self.cache_path, "rb") as fh:
-                doc = orjson.loads(fh.read())
+                doc = json.loads(fh.read())
             if doc.get("format") != _CACHE_FORMAT or doc.get("roots") != [str(r) for r in self.roots]:
                 return
             dirs = {str(k): (int(v[0]), int(v[1]), int(v[2])) for k, v in doc["dirs"].items()}
@@ -316,7 +315,7 @@ class Registry:
         }
         with contextlib.suppress(OSError):
             ensure_private_dir(self.cache_path.parent)
-            write_atomic(self.cache_path, orjson.dumps(doc), mode=0o640)
+            write_atomic(self.cache_path, json.dumps(doc, separators=(",", ":")).encode(), mode=0o640)
 
     # -- lookups -----------------------------------------------------------
     def _current(self, path: Path, st: os.stat_result | None = None) -> Folder:

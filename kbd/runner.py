@@ -19,14 +19,13 @@ The command's environment is built, never inherited: the plan's variables,
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path, PurePosixPath
-
-import orjson
 
 from kbd.errors import InvalidInput, Unavailable
 from kbd.ops import Host
@@ -112,7 +111,7 @@ def _landlock_argv(host: Host, plan: Plan, command: list[str], *, scratch: Path)
         elif g.mode == "write":
             rules.append({"path": str(g.path), "access": list(LANDLOCK_ALL)})
     spec = {"handled": list(LANDLOCK_ALL), "rules": rules, "min_abi": 1}
-    return [bwrap.PYTHON, "-I", "-S", str(bwrap.HELPER_SOURCE), orjson.dumps(spec).decode(), "--", *command]
+    return [bwrap.PYTHON, "-I", "-S", str(bwrap.HELPER_SOURCE), json.dumps(spec), "--", *command]
 
 
 class _Forward:

@@ -11,8 +11,8 @@ exactly when a lookup yields different grants.
 
 from __future__ import annotations
 
+import json
 import os
-import secrets
 import sqlite3
 import threading
 import time
@@ -21,8 +21,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 from kbd.errors import Busy, KbdError, NotFound
 from kbd.fsio import ensure_private_dir
@@ -94,7 +92,7 @@ class SessionRow:
 
 
 def new_session_id() -> str:
-    return "s_" + secrets.token_hex(10)
+    return "s_" + os.urandom(10).hex()
 
 
 class SessionStore:
@@ -229,7 +227,7 @@ class SessionStore:
             db.execute(
                 "INSERT OR REPLACE INTO processes VALUES (?,?,?,?,?,?,?,?)",
                 (sid, pid, pid, generation, started_at or time.time(), _boot_id(), _start_ticks(pid),
-                 orjson.dumps(argv).decode()),
+                 json.dumps(argv)),
             )  # fmt: skip
 
     def remove_process(self, sid: str, pid: int) -> None:
@@ -245,7 +243,7 @@ class SessionStore:
             "FROM processes WHERE session_id = ?",
             (sid,),
         ):
-            row = ProcessRow(r[0], r[1], r[2], r[3], r[4], orjson.loads(r[7]))
+            row = ProcessRow(r[0], r[1], r[2], r[3], r[4], json.loads(r[7]))
             if r[5] == _boot_id() and r[6] != -1 and r[6] == _start_ticks(row.pid):
                 out.append(row)
         return out

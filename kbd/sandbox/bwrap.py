@@ -11,14 +11,12 @@ against the identity its resolution recorded.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-import shutil
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import orjson
 
 from kbd.errors import Unavailable
 from kbd.plan import INDEX, NOTES, Plan
@@ -36,7 +34,14 @@ class SandboxSetupError(Unavailable):
 
 
 def bwrap_path() -> str | None:
-    return shutil.which("bwrap")
+    """bwrap on the fixed system PATH (not the caller's: a PATH entry must not
+    choose which binary builds the sandbox). shutil.which is avoided only for
+    import cost on the exec path."""
+    for d in ("/usr/bin", "/bin", "/usr/local/bin"):
+        p = f"{d}/bwrap"
+        if os.access(p, os.X_OK):
+            return p
+    return None
 
 
 @dataclass
@@ -171,7 +176,7 @@ def build_argv(
     argv = [bwrap, *spec.argv_of(opts), "--"]
     if inner is not None:
         # The helper applies Landlock, then execs the command (127/126 on failure).
-        argv += [PYTHON, "-I", "-S", HELPER_DEST, orjson.dumps(inner).decode(), "--"]
+        argv += [PYTHON, "-I", "-S", HELPER_DEST, json.dumps(inner), "--"]
     else:
         # bwrap reports a failed execvp as exit 1; a POSIX shell's `exec` gives the
         # conventional 127 (not found) / 126 (not executable) instead.
@@ -187,7 +192,7 @@ def read_status(fd: int) -> tuple[int | None, int | None]:
     child = code = None
     for doc in data.replace(b"}{", b"}\n{").splitlines():
         with contextlib.suppress(ValueError):
-            obj = orjson.loads(doc)
+            obj = json.loads(doc)
             child = obj.get("child-pid", child)
             code = obj.get("exit-code", code)
     return child, code
