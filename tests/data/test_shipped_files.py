@@ -141,3 +141,38 @@ def test_policy_rejections(mutation: object, message: str) -> None:
     mutation(bad)  # type: ignore[operator]
     with pytest.raises(InvalidConfig, match=re.escape(message)):
         policy.parse_policy(bad, source="p")
+
+
+SYSTEMD = Path(__file__).resolve().parents[2] / "systemd"
+
+
+def unit(name: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in (SYSTEMD / name).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "=" in line and not line.startswith("["):
+            key, value = line.split("=", 1)
+            out.setdefault(key.strip(), []).append(value.strip())
+    return out
+
+
+def test_socket_unit_is_group_only() -> None:
+    sock = unit("kbd.socket")
+    assert sock["SocketMode"] == ["0660"] and sock["DirectoryMode"] == ["0750"]
+    assert sock["ListenStream"][0].startswith("/") and sock["Accept"] == ["no"]
+
+
+def test_service_unit_keeps_bubblewrap_working() -> None:
+    svc = unit("kbd.service")
+    assert svc["ExecStart"][0].endswith("kbd serve")
+    assert "RestrictNamespaces" not in svc, "bubblewrap needs namespaces"
+    assert "PrivateUsers" not in svc
+    for f in svc.get("SystemCallFilter", []):
+        assert "@mount" in f, "a syscall filter without @mount breaks bubblewrap"
+    assert svc["NoNewPrivileges"] == ["yes"] and svc["UMask"] == ["0027"]
+    # Every directive in the Service section has a comment on its line or just above.
+    lines = (SYSTEMD / "kbd.service").read_text().splitlines()
+    hardening = [
+        i for i, ln in enumerate(lines) if re.match(r"(Protect|Restrict|Lock|NoNew|Private)\w*=", ln)
+    ]
+    assert hardening and all("#" in lines[i] or lines[i - 1].startswith("#") for i in hardening)
