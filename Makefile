@@ -1,5 +1,6 @@
 # kbd — two commands for a newcomer: `make demo` and `make test`.
-PYTHON ?= $(shell command -v python3.11 || command -v /usr/bin/python3 || command -v python3)
+# The system Python 3.11 (Debian 12's /usr/bin/python3); a pyenv shim on PATH may be another build.
+PYTHON ?= $(firstword $(wildcard /usr/bin/python3.11 /usr/bin/python3) $(shell command -v python3.11 python3))
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEMO_ROOT ?= .demo
@@ -7,7 +8,7 @@ DEMO_ROOT ?= .demo
 .PHONY: venv demo test lint typecheck unit security bench nightly clean
 
 $(BIN)/kbd: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $@
