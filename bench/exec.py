@@ -29,7 +29,7 @@ def median_ms(argv: list[str], *, env: dict[str, str] | None = None, pass_fds: t
     samples = []
     for _ in range(RUNS):
         t0 = time.perf_counter()
-        subprocess.run(argv, env=env, pass_fds=pass_fds, check=True, stdout=subprocess.DEVNULL)  # noqa: S603
+        subprocess.run(argv, env=env, pass_fds=pass_fds, check=True, stdout=subprocess.DEVNULL)
         samples.append((time.perf_counter() - t0) * 1000)
     return statistics.median(samples)
 
@@ -38,22 +38,28 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         kb = KbRoot.create(Path(tmp) / "root")
         kb.workflow("src", access={"owners": ["alice"], "allowed_kb_writers": ["con"]})
-        kb.workflow("con", access={"owners": ["alice"]}, sources=[{"workflow_id": "src", "alias": "src", "access": "write"}])
+        kb.workflow(
+            "con",
+            access={"owners": ["alice"]},
+            sources=[{"workflow_id": "src", "alias": "src", "access": "write"}],
+        )
         # Let the racy-timestamp window pass so caches are trusted, as on a live host.
         time.sleep(0.3)
         env = {**os.environ, "KBD_ROOT": str(kb.root)}
         kbd = [str(Path(sys.executable).with_name("kbd"))]
         opened = {}
         for mode in ("read", "read-write"):
-            out = subprocess.run([*kbd, "session", "open", "con", "--kind", "execution", "--kb-access", mode,  # noqa: S603
+            out = subprocess.run([*kbd, "session", "open", "con", "--kind", "execution", "--kb-access", mode,
                                   "--as", "alice", "--json"], env=env, check=True, capture_output=True).stdout  # fmt: skip
             opened[mode] = orjson.loads(out)["session_id"]
-        subprocess.run([*kbd, "exec", opened["read"], "--", "/bin/true"], env=env, check=True)  # noqa: S603 - warm caches
+        subprocess.run([*kbd, "exec", opened["read"], "--", "/bin/true"], env=env, check=True)
         host = Host(kb.root)
         plan = Sessions(host).plan(opened["read"])
         fds = bwrap.Fds()
         r, w = os.pipe()
-        argv = bwrap.build_argv(plan, ["/bin/true"], cwd=plan.workflow_folder, network="none", status_fd=w, fds=fds)
+        argv = bwrap.build_argv(
+            plan, ["/bin/true"], cwd=plan.workflow_folder, network="none", status_fd=w, fds=fds
+        )
         bare = median_ms(["/bin/true"])
         direct = median_ms(argv, pass_fds=(*fds.fds, w))
         fds.close()
@@ -72,7 +78,9 @@ def main() -> None:
     ]
     for name, ms, budget in rows:
         print(f"{name:<56} {ms:8.1f}  {budget}")
-    print(f"ratios: read/bwrap {read / direct:.1f}x, read - bwrap {read - direct:.1f} ms, write/read {write / read:.2f}x")
+    print(
+        f"ratios: read/bwrap {read / direct:.1f}x, read - bwrap {read - direct:.1f} ms, write/read {write / read:.2f}x"
+    )
 
 
 if __name__ == "__main__":
