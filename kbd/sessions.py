@@ -11,6 +11,7 @@ exactly when a lookup yields different grants.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -41,18 +42,10 @@ CREATE TABLE IF NOT EXISTS sessions (
 );
 CREATE INDEX IF NOT EXISTS sessions_workflow ON sessions(workflow_id);
 CREATE INDEX IF NOT EXISTS sessions_parent ON sessions(parent);
-CREATE TABLE IF NOT EXISTS processes (
-    session_id TEXT NOT NULL REFERENCES sessions(id),
-    pgid INTEGER NOT NULL,
-    pid INTEGER NOT NULL,
-    generation INTEGER NOT NULL,
-    started_at REAL NOT NULL,
-    boot_id TEXT NOT NULL,
-    start_ticks INTEGER NOT NULL,
-    argv TEXT NOT NULL,
-    PRIMARY KEY (session_id, pid)
-);
 """
+
+
+SCHEMA_VERSION = 1
 
 
 class SessionClosed(KbdError):
@@ -112,9 +105,13 @@ class SessionStore:
         self._create_schema()
 
     def _create_schema(self) -> None:
+        # A read first: an existing store needs no write lock at every start.
+        if self._query("PRAGMA user_version")[0][0] == SCHEMA_VERSION:
+            return
         with self.transaction() as db:
             for stmt in filter(None, (s.strip() for s in SCHEMA.split(";"))):
                 db.execute(stmt)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close_db(self) -> None:
         self._db.close()
@@ -220,31 +217,55 @@ class SessionStore:
         return closed
 
     # -- running processes (kbd exec) ------------------------------------------
+    # One small file per running command under state/procs/<sid>/: written
+    # without a database transaction or fsync, because it is advisory (every
+    # reader re-checks that the process is still the same one) and sits on the
+    # exec path of every shell command.
+    def _procs(self, sid: str) -> Path:
+        return self.path.parent / "procs" / sid
+
     def add_process(
         self, sid: str, *, pid: int, generation: int, argv: list[str], started_at: float | None = None
     ) -> None:
-        with self.transaction() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO processes VALUES (?,?,?,?,?,?,?,?)",
-                (sid, pid, pid, generation, started_at or time.time(), _boot_id(), _start_ticks(pid),
-                 json.dumps(argv)),
-            )  # fmt: skip
+        folder = self._procs(sid)
+        folder.mkdir(parents=True, exist_ok=True, mode=0o750)
+        record = {"pid": pid, "pgid": pid, "generation": generation, "started_at": started_at or time.time(),
+                  "boot_id": _boot_id(), "start_ticks": _start_ticks(pid), "argv": argv}  # fmt: skip
+        fd = os.open(
+            folder / f"{pid}.json",
+            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o640,
+        )
+        try:
+            os.write(fd, json.dumps(record).encode())
+        finally:
+            os.close(fd)
 
     def remove_process(self, sid: str, pid: int) -> None:
-        with self.transaction() as db:
-            db.execute("DELETE FROM processes WHERE session_id = ? AND pid = ?", (sid, pid))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._procs(sid) / f"{pid}.json")
 
     def processes(self, sid: str) -> list[ProcessRow]:
-        """Processes recorded for ``sid`` that are still the same running process
+        """Commands recorded for ``sid`` that are still the same running process
         (boot ID and start time match: a recycled PID is never reported)."""
         out = []
-        for r in self._query(
-            "SELECT session_id, pid, pgid, generation, started_at, boot_id, start_ticks, argv "
-            "FROM processes WHERE session_id = ?",
-            (sid,),
-        ):
-            row = ProcessRow(r[0], r[1], r[2], r[3], r[4], json.loads(r[7]))
-            if r[5] == _boot_id() and r[6] != -1 and r[6] == _start_ticks(row.pid):
+        try:
+            names = os.listdir(self._procs(sid))
+        except FileNotFoundError:
+            return []
+        for name in names:
+            try:
+                with open(self._procs(sid) / name, "rb") as fh:
+                    r = json.loads(fh.read())
+                row = ProcessRow(sid, int(r["pid"]), int(r["pgid"]), int(r["generation"]), float(r["started_at"]),
+                                 [str(a) for a in r["argv"]])  # fmt: skip
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if (
+                r.get("boot_id") == _boot_id()
+                and r.get("start_ticks", -1) != -1
+                and r["start_ticks"] == _start_ticks(row.pid)
+            ):
                 out.append(row)
         return out
 
