@@ -4,7 +4,6 @@ terminated (process group) only when asked."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
