@@ -137,11 +137,6 @@ class Plan:
         }
 
 
-def _inside(path: Path, parent: Path) -> bool:
-    p, q = str(path), str(parent)
-    return p == q or p.startswith(q.rstrip("/") + "/")
-
-
 def build_plan(
     *,
     workflow_id: str,
@@ -200,10 +195,13 @@ def build_plan(
 
     # A readable KB inside (or equal to) a writable folder grant stays read-only:
     # the overlay wins while the KB is attached, and disappears with it.
-    writable = [g.path for g in grants if g.mode == "write"]
+    writable = {str(g.path) for g in grants if g.mode == "write"}
+    prefixes = tuple(w.rstrip("/") + "/" for w in writable)
     for g in list(grants):
-        if g.mode == "read" and g.origin.startswith("kb:") and any(_inside(g.path, w) for w in writable):
-            grants.append(Grant(g.path, "read_only", g.origin))
+        if g.mode == "read" and g.origin.startswith("kb:"):
+            p = str(g.path)
+            if p in writable or p.startswith(prefixes):
+                grants.append(Grant(g.path, "read_only", g.origin))
 
     shown = attachments if effective != "none" else []
     return Plan(

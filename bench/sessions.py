@@ -1,0 +1,67 @@
+"""Plan lookup and session open with 20 sources (DESIGN §8), in process.
+
+A consumer attaches 20 sources (4 of them write-granted); the figures are
+medians over many calls on a warm process: ``Sessions.plan(sid)`` (the full
+rebuild every lookup does: registry check, 20 resolutions with KB probes,
+plan, digest) and ``Sessions.open`` (the same plus one SQLite insert).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kbd import registry
+from kbd.ops import Host
+from kbd.session_ops import Sessions
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.helpers import KbRoot  # noqa: E402
+
+LOOKUPS = 3000
+OPENS = 300
+
+
+def median_ms(fn: object, n: int) -> tuple[float, float]:
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()  # type: ignore[operator]
+        samples.append((time.perf_counter() - t0) * 1000)
+    samples.sort()
+    return statistics.median(samples), samples[int(len(samples) * 0.99) - 1]
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        kb = KbRoot.create(Path(tmp) / "root")
+        for i in range(20):
+            kb.workflow(f"s{i:02d}", access={"owners": ["alice"], "allowed_kb_writers": ["con"] if i < 4 else []})
+        kb.workflow(
+            "con",
+            access={"owners": ["alice"]},
+            sources=[{"workflow_id": f"s{i:02d}", "alias": f"a{i:02d}", "access": "write" if i < 4 else "read"}
+                     for i in range(20)],
+        )  # fmt: skip
+        time.sleep(registry.RACY_NS / 1e9 * 1.5)  # let timestamps age out of the racy window, as on a live host
+        host = Host(kb.root)  # default sweep_interval, as in the daemon
+        sessions = Sessions(host)
+        alice = host.actor("alice")
+        plan = sessions.open(alice, "con", kind="execution", kb_access="read-write")
+        sid = str(plan.extra["session_id"])
+        assert len(plan.sources) == 20 and all(a.available for a in plan.sources)
+        for _ in range(200):
+            sessions.plan(sid)
+        lookup = median_ms(lambda: sessions.plan(sid), LOOKUPS)
+        opened = median_ms(lambda: sessions.open(alice, "con", kind="execution", kb_access="read-write"), OPENS)
+    print(f"sessions bench: 20 sources (4 writable), warm process; {LOOKUPS} lookups, {OPENS} opens")
+    print(f"{'measure':<44} {'median':>9} {'p99':>9}  budget (DESIGN §8)")
+    print(f"{'plan lookup, 20 sources, warm':<44} {lookup[0]:>7.3f}ms {lookup[1]:>7.3f}ms  <= 0.5 ms")
+    print(f"{'session open, 20 sources':<44} {opened[0]:>7.3f}ms {opened[1]:>7.3f}ms  <= 3 ms")
+
+
+if __name__ == "__main__":
+    main()
