@@ -19,7 +19,7 @@ from kbd.ops import Host
 from kbd.session_ops import Sessions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.helpers import KbRoot  # noqa: E402
+from tests.helpers import KbRoot
 
 LOOKUPS = 3000
 OPENS = 300
@@ -39,14 +39,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         kb = KbRoot.create(Path(tmp) / "root")
         for i in range(20):
-            kb.workflow(f"s{i:02d}", access={"owners": ["alice"], "allowed_kb_writers": ["con"] if i < 4 else []})
+            kb.workflow(
+                f"s{i:02d}", access={"owners": ["alice"], "allowed_kb_writers": ["con"] if i < 4 else []}
+            )
         kb.workflow(
             "con",
             access={"owners": ["alice"]},
             sources=[{"workflow_id": f"s{i:02d}", "alias": f"a{i:02d}", "access": "write" if i < 4 else "read"}
                      for i in range(20)],
         )  # fmt: skip
-        time.sleep(registry.RACY_NS / 1e9 * 1.5)  # let timestamps age out of the racy window, as on a live host
+        time.sleep(
+            registry.RACY_NS / 1e9 * 1.5
+        )  # let timestamps age out of the racy window, as on a live host
         host = Host(kb.root)  # default sweep_interval, as in the daemon
         sessions = Sessions(host)
         alice = host.actor("alice")
@@ -56,7 +60,9 @@ def main() -> None:
         for _ in range(200):
             sessions.plan(sid)
         lookup = median_ms(lambda: sessions.plan(sid), LOOKUPS)
-        opened = median_ms(lambda: sessions.open(alice, "con", kind="execution", kb_access="read-write"), OPENS)
+        opened = median_ms(
+            lambda: sessions.open(alice, "con", kind="execution", kb_access="read-write"), OPENS
+        )
     print(f"sessions bench: 20 sources (4 writable), warm process; {LOOKUPS} lookups, {OPENS} opens")
     print(f"{'measure':<44} {'median':>9} {'p99':>9}  budget (DESIGN §8)")
     print(f"{'plan lookup, 20 sources, warm':<44} {lookup[0]:>7.3f}ms {lookup[1]:>7.3f}ms  <= 0.5 ms")
