@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -113,3 +114,26 @@ class KbRoot:
             check=False,
         )
         return CliResult(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
+
+
+Entry = tuple[str, int, int, bytes]
+
+
+def snapshot(root: Path) -> dict[str, Entry]:
+    """Every entry under ``root`` (links not followed): type, mode, mtime, content.
+    Two equal snapshots mean nothing under ``root`` was created, removed or changed."""
+    out: dict[str, Entry] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames]:
+            path = Path(dirpath) / name
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                kind, data = "link", os.readlink(path).encode()
+            elif stat.S_ISREG(st.st_mode):
+                kind, data = "file", path.read_bytes()
+            elif stat.S_ISDIR(st.st_mode):
+                kind, data = "dir", b""
+            else:
+                kind, data = "other", b""
+            out[str(path.relative_to(root))] = (kind, st.st_mode, st.st_mtime_ns, data)
+    return out

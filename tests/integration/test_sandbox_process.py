@@ -11,9 +11,7 @@ read-write: bwrap plus the inner Landlock helper).
 from __future__ import annotations
 
 import errno
-import os
 import shlex
-import stat
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,7 +22,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.helpers import CliResult, KbRoot
+from tests.helpers import CliResult, KbRoot, snapshot
 
 MODES = {"read": "read", "write": "read-write"}
 # DESIGN §4 / kbd.runner: the environment is built, never inherited (PWD is set by
@@ -33,29 +31,8 @@ ALLOWED_ENV = {
     "PATH", "HOME", "TMPDIR", "LANG", "TERM", "PWD", "KBD_SESSION", "WORKFLOW_KB_ACCESS", "WORKFLOW_KB_SRC",
 }  # fmt: skip
 
-Entry = tuple[str, int, int, bytes]
-
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def snapshot(root: Path) -> dict[str, Entry]:
-    """Every entry under ``root`` (links not followed): type, mode, mtime, content."""
-    out: dict[str, Entry] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in [*dirnames, *filenames]:
-            path = Path(dirpath) / name
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):
-                kind, data = "link", os.readlink(path).encode()
-            elif stat.S_ISREG(st.st_mode):
-                kind, data = "file", path.read_bytes()
-            elif stat.S_ISDIR(st.st_mode):
-                kind, data = "dir", b""
-            else:
-                kind, data = "other", b""
-            out[str(path.relative_to(root))] = (kind, st.st_mode, st.st_mtime_ns, data)
-    return out
 
 
 def open_session(kb: KbRoot, kb_access: str) -> dict[str, Any]:

@@ -9,9 +9,7 @@ host tree is unchanged: names, types, modes, mtimes and bytes.
 
 from __future__ import annotations
 
-import os
 import shlex
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import CliResult, KbRoot
+from tests.helpers import CliResult, Entry, KbRoot, snapshot
 
 KINDS = ("execution", "reviewer_strategic")
 PRIVATE_NAMES = ("workflow.json", "soul", "learnings", "runs", "credentials")
@@ -34,29 +32,8 @@ KERNEL_REFUSALS = (
     "Directory nonexistent",
 )
 
-Entry = tuple[str, int, int, bytes]
-
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def snapshot(root: Path) -> dict[str, Entry]:
-    """Every entry under ``root`` (links not followed): type, mode, mtime, content."""
-    out: dict[str, Entry] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in [*dirnames, *filenames]:
-            path = Path(dirpath) / name
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):
-                kind, data = "link", os.readlink(path).encode()
-            elif stat.S_ISREG(st.st_mode):
-                kind, data = "file", path.read_bytes()
-            elif stat.S_ISDIR(st.st_mode):
-                kind, data = "dir", b""
-            else:
-                kind, data = "other", b""
-            out[str(path.relative_to(root))] = (kind, st.st_mode, st.st_mtime_ns, data)
-    return out
 
 
 def open_session(kb: KbRoot, wid: str, kind: str, kb_access: str) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import CliResult, KbRoot
+from tests.helpers import CliResult, Entry, KbRoot, snapshot
 
 KERNEL_REFUSALS = (
     "Read-only file system",
@@ -33,29 +33,8 @@ KERNEL_REFUSALS = (
 )
 INDEX_BYTES = b'{"notes": ["fact.md"]}\n'
 
-Entry = tuple[str, int, int, bytes]
-
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def snapshot(root: Path) -> dict[str, Entry]:
-    """Every entry under ``root`` (links not followed): type, mode, mtime, content."""
-    out: dict[str, Entry] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in [*dirnames, *filenames]:
-            path = Path(dirpath) / name
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):
-                kind, data = "link", os.readlink(path).encode()
-            elif stat.S_ISREG(st.st_mode):
-                kind, data = "file", path.read_bytes()
-            elif stat.S_ISDIR(st.st_mode):
-                kind, data = "dir", b""
-            else:
-                kind, data = "other", b""
-            out[str(path.relative_to(root))] = (kind, st.st_mode, st.st_mtime_ns, data)
-    return out
 
 
 def open_session(
