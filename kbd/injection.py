@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,10 +79,19 @@ def rules() -> tuple[Rule, ...]:
     )
 
 
+def normalize(text: str) -> str:
+    """What the rules see: NFKC (full-width and other compatibility letters become
+    plain ones) with every invisible format character (Unicode category Cf: zero-
+    width spaces and joiners, bidi controls, soft hyphens) removed, so neither can
+    split a phrase past the gate."""
+    return "".join(ch for ch in unicodedata.normalize("NFKC", text) if unicodedata.category(ch) != "Cf")
+
+
 def check(text: str, *, ruleset: tuple[Rule, ...] | None = None) -> None:
     """Raise InjectionRefused naming the first rule that matches ``text``."""
+    seen = normalize(text)
     for rule in rules() if ruleset is None else ruleset:
-        m = rule.pattern.search(text)
+        m = rule.pattern.search(seen)
         if m is not None:
             excerpt = m.group(0)[:80]
             raise InjectionRefused(

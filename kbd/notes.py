@@ -71,7 +71,8 @@ def notes_lock(state_dir: Path, notes_fd: int, *, timeout: float, who: dict[str,
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
     lock = filelock.FileLock(str(path), timeout=timeout, mode=0o640)
     try:
-        lock.acquire()
+        # A short poll keeps the wait tail close to the holder's real hold time.
+        lock.acquire(poll_interval=0.005)
     except filelock.Timeout:
         holder = "unknown"
         with contextlib.suppress(OSError, ValueError):
@@ -137,7 +138,12 @@ def with_provenance(text: str, *, workflow_id: str, session_id: str, now: float 
         if end != -1:
             block = text[4:end]
             body = text[end + 5 :]
-            kept = [ln for ln in block.split("\n") if ln.split(":", 1)[0].strip() not in PROVENANCE_KEYS]
+            # A contributor's own provenance keys (quoted or not) are dropped, never trusted.
+            kept = [
+                ln
+                for ln in block.split("\n")
+                if ln.split(":", 1)[0].strip().strip("\"'") not in PROVENANCE_KEYS
+            ]
     return "---\n" + "\n".join([*kept, *ours]) + "\n---\n" + body
 
 
@@ -219,7 +225,12 @@ def write_note(
     from kbd import injection
 
     host = sessions.host
-    plan: Plan = sessions.plan(sid, actor=actor)
+    try:
+        plan: Plan = sessions.plan(sid, actor=actor)
+    except KbdError as err:
+        host.audit("note_refused", session=sid, alias=alias, path=relpath[:200], code=err.code,
+                   reason=err.message[:300])  # fmt: skip
+        raise
 
     def refuse(err: KbdError) -> KbdError:
         host.audit("note_refused", session=sid, workflow_id=plan.workflow_id, alias=alias, path=relpath[:200],

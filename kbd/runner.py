@@ -146,29 +146,32 @@ def run(root: Path, sid: str, command: list[str], *, cwd: str | None = None) -> 
     backend = choose_backend(host)
     forward = _Forward()
     try:
-        if backend == "bwrap":
-            if not spec.contributed_notes(plan):
-                return _run_bwrap(host, sessions, plan, sid, command, workdir, env, forward)
-            from kbd.notes import command_locks  # filelock only for write plans
+        with contextlib.ExitStack() as stack:
+            if spec.contributed_notes(plan):
+                from kbd.notes import command_locks  # filelock only for write plans
 
-            # Two workflows' write turns into one notes/ never interleave.
-            who = {"session": sid, "workflow": plan.workflow_id}
-            with command_locks(host.config.state_dir, plan, timeout=host.config.lock_timeout, who=who):
+                # Two workflows' write turns into one notes/ never interleave,
+                # whatever the backend.
+                who = {"session": sid, "workflow": plan.workflow_id}
+                stack.enter_context(
+                    command_locks(host.config.state_dir, plan, timeout=host.config.lock_timeout, who=who)
+                )
+            if backend == "bwrap":
                 return _run_bwrap(host, sessions, plan, sid, command, workdir, env, forward)
-        if backend == "landlock":
-            scratch = private_tmp(host, sid)
-            env.update(HOME=str(scratch), TMPDIR=str(scratch))
-            argv = _landlock_argv(host, plan, command, scratch=scratch)
-        else:
-            warn("unsafe_no_sandbox: running WITHOUT any sandbox; the plan is not enforced")
-            argv = command
-        proc = subprocess.Popen(argv, env=env, cwd=workdir, start_new_session=True)  # noqa: S603
-        forward.pgid = proc.pid
-        sessions.store.add_process(sid, pid=proc.pid, generation=plan.generation, argv=command)
-        try:
-            return proc.wait()
-        finally:
-            sessions.store.remove_process(sid, proc.pid)
+            if backend == "landlock":
+                scratch = private_tmp(host, sid)
+                env.update(HOME=str(scratch), TMPDIR=str(scratch))
+                argv = _landlock_argv(host, plan, command, scratch=scratch)
+            else:
+                warn("unsafe_no_sandbox: running WITHOUT any sandbox; the plan is not enforced")
+                argv = command
+            proc = subprocess.Popen(argv, env=env, cwd=workdir, start_new_session=True)  # noqa: S603
+            forward.pgid = proc.pid
+            sessions.store.add_process(sid, pid=proc.pid, generation=plan.generation, argv=command)
+            try:
+                return proc.wait()
+            finally:
+                sessions.store.remove_process(sid, proc.pid)
     finally:
         forward.restore()
 
