@@ -100,7 +100,7 @@ def command_locks(state_dir: Path, plan: Plan, *, timeout: float, who: dict[str,
     for att in plan.sources:
         if att.path is None or att.kb_identity is None:
             continue
-        if any(g.origin == f"kb_write:{att.alias}" and g.mode == "write" for g in plan.grants):
+        if plan.writes_source(att.alias):
             targets.append(att)
     with contextlib.ExitStack() as stack:
         fds = []
@@ -238,7 +238,7 @@ def write_note(
         return err
 
     att = next((a for a in plan.sources if a.alias == alias), None)
-    granted = any(g.origin == f"kb_write:{alias}" and g.mode == "write" for g in plan.grants)
+    granted = plan.writes_source(alias)
     if att is None or not att.available or att.path is None or not granted:
         why = (
             "is not attached" if att is None

@@ -106,6 +106,10 @@ class Plan:
     def hidden(self) -> list[str]:
         return self.paths("hidden")
 
+    def writes_source(self, alias: str) -> bool:
+        """Does this plan grant writing the ``notes/`` of the source ``alias``?"""
+        return any(g.mode == "write" and g.origin == f"kb_write:{alias}" for g in self.grants)
+
     def digest(self) -> str:
         """Changes exactly when the effective grants or environment change."""
         doc = {"env": self.env, "grants": sorted((str(g.path), g.mode) for g in self.grants)}
