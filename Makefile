@@ -37,8 +37,10 @@ security: venv
 nightly: venv
 	HYPOTHESIS_PROFILE=nightly $(BIN)/pytest -q tests/security tests/unit
 
+# DESIGN §8 figures. Bytecode is compiled first, as an installed package has it.
 bench: venv
-	$(BIN)/python bench/registry.py
+	$(BIN)/python -m compileall -q kbd >/dev/null
+	for b in paths registry sessions api exec notes; do echo; $(BIN)/python bench/$$b.py || exit 1; done
 
 clean:
 	rm -rf $(VENV) $(DEMO_ROOT) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info

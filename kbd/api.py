@@ -216,7 +216,7 @@ def create_app(host: Host) -> FastAPI:
         log.exception("internal error")
         return _error(KbdError("internal error"))
 
-    def principal(request: Request) -> Principal:
+    async def principal(request: Request) -> Principal:
         state.requests[request.url.path.split("/")[2] if request.url.path.count("/") >= 2 else "?"] += 1
         auth = request.headers.get("authorization")
         principals = state.host.principals
@@ -355,7 +355,9 @@ def create_app(host: Host) -> FastAPI:
             return {"sessions": state.sessions.rows(actor=actor, workflow_id=workflow_id)}
 
     @app.get("/v1/sessions/{sid}", response_model=PlanResponse)
-    def session_policy(sid: str, actor: Principal = Actor) -> Response:
+    async def session_policy(sid: str, actor: Principal = Actor) -> Response:
+        # async: the hottest route runs on the event loop, without a thread-pool
+        # hand-off per request; the work is short, local and CPU-bound.
         with state.lock:
             plan = state.sessions.plan(sid, actor=actor)
             body = {**plan.to_json(), "running": state.sessions.running(sid, plan)}

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from kbd.api import PEER_UID, create_app
 from kbd.errors import Unavailable
@@ -44,15 +44,21 @@ class _PeerApp:
         await self.app(scope, receive, send)
 
 
-class PeerCredProtocol(H11Protocol):
+def _peer_uid(transport: asyncio.Transport) -> int | None:
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family == socket.AF_UNIX:
+        with contextlib.suppress(OSError):
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            return int(struct.unpack("3i", creds)[1])
+    return None
+
+
+class PeerCredProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol (a C HTTP parser: the API's hot path is
+    per-request overhead) with the peer's uid attached to every request."""
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        uid: int | None = None
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family == socket.AF_UNIX:
-            with contextlib.suppress(OSError):
-                creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-                _pid, uid, _gid = struct.unpack("3i", creds)
-        self.app = _PeerApp(self.app, uid)
+        self.app = _PeerApp(self.app, _peer_uid(transport))
         super().connection_made(transport)
 
 
