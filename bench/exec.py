@@ -61,7 +61,7 @@ def main() -> None:
             plan, ["/bin/true"], cwd=plan.workflow_folder, network="none", status_fd=w, fds=fds
         )
         bare = median_ms(["/bin/true"])
-        direct = median_ms(argv, pass_fds=(*fds.fds, w))
+        direct = median_ms(argv, pass_fds=(*fds.handed, w))
         fds.close()
         os.close(r)
         os.close(w)

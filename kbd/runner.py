@@ -187,7 +187,7 @@ def _run_bwrap(
         argv = bwrap.build_argv(
             plan, command, cwd=workdir, network=host.config.sandbox.network, status_fd=status_w, fds=fds
         )
-        proc = subprocess.Popen(argv, env=env, pass_fds=[*fds.fds, status_w], start_new_session=True)  # noqa: S603
+        proc = subprocess.Popen(argv, env=env, pass_fds=[*fds.handed, status_w], start_new_session=True)  # noqa: S603
     finally:
         os.close(status_w)
         fds.close()

@@ -46,12 +46,22 @@ def bwrap_path() -> str | None:
 
 @dataclass
 class Fds:
-    """File descriptors opened for one launch; all closed afterwards."""
+    """File descriptors opened for one launch; all closed afterwards.
+
+    Only ``handed`` ones — each named in a ``--bind-fd``/``--ro-bind-fd``
+    argument, which bwrap consumes and closes before running the command — may
+    be passed to bwrap. Any other inherited directory fd would reach the
+    sandboxed command and let it walk (``/proc/self/fd/N/..``) out of the
+    sandbox into the host's filesystem.
+    """
 
     fds: list[int] = field(default_factory=list)
+    handed: list[int] = field(default_factory=list)
 
-    def add(self, fd: int) -> int:
+    def add(self, fd: int, *, hand: bool = True) -> int:
         self.fds.append(fd)
+        if hand:
+            self.handed.append(fd)
         return fd
 
     def close(self) -> None:
@@ -59,6 +69,7 @@ class Fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.fds.clear()
+        self.handed.clear()
 
 
 def _open_path(path: Path, fds: Fds, *, kb_roots: dict[Path, int]) -> int:
@@ -146,7 +157,8 @@ def build_argv(
     for att in plan.sources:
         if att.available and att.path is not None and att.kb_identity is not None:
             pinned = pin_dir(att.path, expect=att.kb_identity)
-            kb_roots[att.path] = fds.add(pinned.fd)
+            # Kept in kbd only, to open grants beneath it: never handed to bwrap.
+            kb_roots[att.path] = fds.add(pinned.fd, hand=False)
     opts: list[Opt] = [
         flag("--die-with-parent"),
         flag("--new-session"),

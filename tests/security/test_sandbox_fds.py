@@ -1,0 +1,47 @@
+"""Regression: no host directory descriptor reaches a sandboxed command.
+
+An inherited fd to a pinned KB folder let `/proc/self/fd/N/..` walk out of the
+sandbox into the host's filesystem (found by review). The command must see only
+its standard streams, in every kind of plan."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import KbRoot
+
+
+@pytest.fixture
+def world(kb: KbRoot) -> KbRoot:
+    kb.workflow("src", access={"owners": ["bob"], "readers": ["alice"], "allowed_kb_writers": ["con"]})
+    kb.workflow("priv", access={"owners": ["carol"]})
+    kb.workflow(
+        "con",
+        access={"owners": ["alice"]},
+        sources=[
+            {"workflow_id": "src", "alias": "src", "access": "write"},
+            {"workflow_id": "priv", "alias": "priv"},
+        ],
+    )
+    return kb
+
+
+@pytest.mark.parametrize(
+    ("kind", "mode"),
+    [("execution", "read-write"), ("execution", "read"), ("reviewer_strategic", "read"), ("builder", "none")],
+)
+def test_only_standard_streams_reach_the_command(world: KbRoot, kind: str, mode: str) -> None:
+    sid = world.cli(
+        "session", "open", "con", "--kind", kind, "--kb-access", mode, "--as", "alice", "--json"
+    ).json()["session_id"]
+    # The shell's descriptors, listed by a child (ls) so the listing opens nothing in the shell.
+    r = world.cli("exec", sid, "--", "sh", "-c", "ls /proc/$$/fd")
+    assert r.code == 0, r.err
+    assert r.out.split() == ["0", "1", "2"], r.out
+    for n in range(3, 40):
+        leak = world.cli(
+            "exec", sid, "--", "sh", "-c", f"cat /proc/self/fd/{n}/../credentials/token 2>/dev/null"
+        )
+        assert "secret-" not in leak.out
+        if n > 12:
+            break
