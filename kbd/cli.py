@@ -28,6 +28,7 @@ from kbd.policy import KB_ACCESS, KINDS
 from kbd.principals import Principal, issue_token
 from kbd.rootinit import init_root
 from kbd.session_ops import Sessions
+from kbd.sessions import SessionClosed
 from kbd.strict import load_json_strict
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -677,7 +678,11 @@ def exec_cmd(c: Ctx, sid: str, cwd: str | None, command: tuple[str, ...]) -> Non
 @pass_ctx
 def check_cmd(c: Ctx, sid: str, path: str, mode: str, as_json: bool) -> None:
     """May session SID read/write PATH? Exit 0 when allowed, 77 when not."""
-    result = _sessions(c).check(sid, path, mode)
+    try:
+        result = _sessions(c).check(sid, path, mode)
+    except SessionClosed as err:
+        # Still the contract's answer on stdout: a closed session grants nothing.
+        result = {"allowed": False, "reason": err.message}
     if as_json:
         _emit(result)
     else:

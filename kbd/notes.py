@@ -165,6 +165,8 @@ def provenance_of(head: bytes) -> str | None:
 
 def validate_target(relpath: str) -> list[str]:
     """The components of a note path relative to ``notes/``, or InvalidInput/PermissionDenied."""
+    if relpath.endswith("/"):
+        raise InvalidInput(f"{relpath!r} ends with '/': name a file, not a folder")
     parts = split_relative(relpath)
     for p in parts:
         if is_index_name(p):

@@ -223,25 +223,21 @@ class Host:
                 )
             refs = build(current)
             self._check_new_entries(current, current.entries, refs)
+            # Audited under the manifest lock, before the file changes: if the
+            # log cannot be written, nothing changes.
+            self.audit("sources_changed", workflow_id=wid, actor=actor.id, action=action,
+                       sources=[r.to_json() for r in refs])  # fmt: skip
             return with_sources(current.raw, refs)
 
         from kbd import manifest_store  # filelock: only for writers, never on the exec path
 
-        saved = manifest_store.update(
+        return manifest_store.update(
             folder.path,
             change,
             state_dir=self.config.state_dir,
             timeout=self.config.lock_timeout,
             expected_version=expected_version,
         )
-        self.audit(
-            "sources_changed",
-            workflow_id=wid,
-            actor=actor.id,
-            action=action,
-            sources=[e.ref.to_json() for e in saved.entries if e.ref is not None],
-        )
-        return saved
 
     @staticmethod
     def _current_refs(current: Manifest) -> list[SourceRef]:
@@ -323,6 +319,8 @@ class Host:
                 target = consumer_id.strip()
                 new = [w for w in writers if w != target]
             changed = new != writers
+            # Audited before the manifest changes (see _save_sources).
+            self.audit(event, source=source_id, consumer=consumer_id.strip(), actor=actor.id, changed=changed)
             return with_writers(current.raw, new) if changed else current.raw
 
         from kbd import manifest_store
@@ -330,7 +328,6 @@ class Host:
         manifest_store.update(
             folder.path, change, state_dir=self.config.state_dir, timeout=self.config.lock_timeout
         )
-        self.audit(event, source=source_id, consumer=consumer_id.strip(), actor=actor.id, changed=changed)
         return changed
 
     def grant(self, source_id: str, consumer_id: str, *, actor: Principal) -> bool:

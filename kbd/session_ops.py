@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kbd import audience, policy
-from kbd.errors import InvalidInput, KbdError, PermissionDenied, WorkflowNotFound
+from kbd.errors import InvalidInput, KbdError, NotFound, PermissionDenied, WorkflowNotFound
 from kbd.folders import resolve_folders
 from kbd.ops import Host
 from kbd.plan import Plan, build_plan
@@ -61,11 +61,22 @@ class Sessions:
         return self._build(row)
 
     def _authorize(self, row: SessionRow, actor: Principal | None) -> None:
-        if actor is None or actor.is_service or actor.enabled_admin or actor.id == row.opened_by:
+        """Who may use a session (plan, notes, check, close, revoke, children):
+        a trusted local caller (``actor`` None: the CLI on the root), services,
+        enabled admins, and the principal who opened it — while that principal
+        may still open this kind of session. Anyone else gets the same answer as
+        for a session that does not exist (a reader of the workflow must not
+        borrow an owner's execution session)."""
+        if actor is None or actor.is_service or actor.enabled_admin:
             return
-        m = self.host.workflow(row.workflow_id).manifest
-        if not audience.can_inspect(actor, m):
-            raise PermissionDenied(f"{actor.id!r} may not use session {row.id}")
+        if actor.id == row.opened_by:
+            m = self.host.workflow(row.workflow_id).manifest
+            if audience.can_open_session(actor, m, readers_may_open=policy.kind(row.kind).readers_may_open):
+                return
+            raise PermissionDenied(
+                f"{actor.id!r} may no longer use session {row.id}: their role on {row.workflow_id!r} changed"
+            )
+        raise NotFound(f"no session {row.id!r}", hint="`kbd session list` shows the sessions you may use")
 
     # -- lifecycle ---------------------------------------------------------
     def open(
@@ -99,6 +110,17 @@ class Sessions:
                 f"a child session cannot widen kb_access from {parent_row.kb_access!r} to {requested!r}"
             )
         item = item_kb_write if item_kb_write is not None else bool(parent_row and parent_row.item_kb_write)
+        if parent_row is not None:
+            # A copied child re-resolves like its parent: same kind, and never a
+            # KB write the parent's item did not ask for.
+            if kind != parent_row.kind:
+                raise PermissionDenied(
+                    f"a child session keeps its parent's kind ({parent_row.kind}), not {kind}"
+                )
+            if item and not parent_row.item_kb_write:
+                raise PermissionDenied(
+                    "a child session cannot ask for KB write when its parent's item did not"
+                )
         found = self.host.workflow(wid)
         if not audience.can_open_session(
             actor, found.manifest, readers_may_open=kind_policy.readers_may_open
@@ -107,7 +129,7 @@ class Sessions:
                 # Outsiders get the same answer as for a missing workflow.
                 raise WorkflowNotFound(f"no workflow with ID {wid!r} on this host")
             raise PermissionDenied(
-                f"{actor.id!r} may not open a {kind} session for {wid!r} (readers may open reviewer sessions only)"
+                f"{actor.id!r} may not open {kind} sessions for {wid!r} (readers may open reviewer sessions only)"
             )
         row = SessionRow(
             id=new_session_id(),
@@ -122,9 +144,10 @@ class Sessions:
             generation=0,
             digest="",
         )
-        self.store.insert(row)
+        # Audit first: if the log cannot be written, no session exists either.
         self.host.audit("session_opened", session=row.id, workflow_id=wid, kind=kind, kb_access=requested,
                         actor=actor.id, parent=parent)  # fmt: skip
+        self.store.insert(row)
         return self._build(row)
 
     def close(self, sid: str, *, actor: Principal | None = None) -> list[str]:

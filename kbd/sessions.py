@@ -48,6 +48,16 @@ CREATE INDEX IF NOT EXISTS sessions_parent ON sessions(parent);
 SCHEMA_VERSION = 1
 
 
+class StateCorrupt(KbdError):
+    code = "state-corrupt"
+    exit_code = 70
+    http_status = 500
+    default_hint = (
+        "state/sessions.db is damaged: stop kbd, move it aside (sessions must then be reopened); "
+        "nothing was granted"
+    )
+
+
 class SessionClosed(KbdError):
     code = "session-closed"
     exit_code = 77
@@ -95,11 +105,16 @@ class SessionStore:
         ensure_private_dir(state_dir)
         self.path = state_dir / "sessions.db"
         self.timeout = timeout
-        self._db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
-        os.chmod(self.path, 0o640)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
+        try:
+            self._db = sqlite3.connect(
+                self.path, timeout=timeout, isolation_level=None, check_same_thread=False
+            )
+            os.chmod(self.path, 0o640)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+        except sqlite3.DatabaseError as exc:
+            raise StateCorrupt(f"the session store cannot be opened: {exc}") from None
         # One connection, shared by the daemon's threads: serialise its use.
         self._lock = threading.RLock()
         self._create_schema()
@@ -124,13 +139,22 @@ class SessionStore:
                 self._db.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
                 raise Busy(f"the session store is busy: {exc}") from exc
+            except sqlite3.DatabaseError as exc:
+                raise StateCorrupt(f"the session store is unreadable: {exc}") from None
             try:
                 yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
+            except BaseException as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.OperationalError):
+                    raise Busy(f"the session store is busy: {exc}") from exc
+                if isinstance(exc, sqlite3.DatabaseError):
+                    raise StateCorrupt(f"the session store is unreadable: {exc}") from None
                 raise
-            else:
+            try:
                 self._db.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                raise Busy(f"the session store is busy: {exc}") from exc
 
     def _query(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -138,6 +162,8 @@ class SessionStore:
                 return self._db.execute(sql, args).fetchall()
             except sqlite3.OperationalError as exc:
                 raise Busy(f"the session store is busy: {exc}") from exc
+            except sqlite3.DatabaseError as exc:
+                raise StateCorrupt(f"the session store is unreadable: {exc}") from None
 
     @staticmethod
     def _row(r: tuple[Any, ...]) -> SessionRow:

@@ -695,9 +695,11 @@ def test_session_plan_shape_matches_the_cli(world: World, s: Scenario) -> None:
     cli = world.kb.cli("session", "show", sid, "--json")
     assert cli.code == 0, cli.err
     assert cli.json() == plan
-    # Readers of the consumer may look; outsiders may not.
-    assert world.as_("bob").get(f"/v1/sessions/{sid}").status_code == 200
-    world.error(world.as_("dave").get(f"/v1/sessions/{sid}"), 403, "permission-denied")
+    # A session belongs to whoever opened it (and services and admins): a reader of
+    # the consumer or an outsider gets the answer of a session that does not exist.
+    for who in ("bob", "dave"):
+        world.error(world.as_(who).get(f"/v1/sessions/{sid}"), 404, "not-found")
+    world.error(world.as_("bob").get("/v1/sessions/s_00000000000000000000"), 404, "not-found")
     world.error(world.as_("alice").get("/v1/sessions/s_00000000000000000000"), 404, "not-found")
 
 
@@ -724,21 +726,22 @@ def test_session_list(world: World, s: Scenario) -> None:
     a = s.open()["session_id"]
     b = s.open("bob", kind="reviewer_strategic")["session_id"]
     url = "/v1/sessions"
-    for pid in ("alice", "bob", "svc", "ops"):
+    # Services and admins see every session; a user sees the ones they opened.
+    for pid, expected in (("svc", [a, b]), ("ops", [a, b]), ("alice", [a]), ("bob", [b])):
         r = world.as_(pid).get(url, params={"workflow_id": s.con_id})
         assert r.status_code == 200, r.text
-        rows = r.json()["sessions"]
-        assert [x["session_id"] for x in rows] == [a, b], pid
+        assert [x["session_id"] for x in r.json()["sessions"]] == expected, pid
+    rows = world.as_("svc").get(url, params={"workflow_id": s.con_id}).json()["sessions"]
     assert rows[1] | {"opened_at": 0} == {
         "session_id": b, "workflow_id": s.con_id, "kind": "reviewer_strategic", "kb_access": "read",
         "item_kb_write": False, "parent": None, "opened_by": "bob", "opened_at": 0, "closed": False,
         "generation": rows[1]["generation"],
     }  # fmt: skip
     assert world.as_("dave").get(url, params={"workflow_id": s.con_id}).json() == {"sessions": []}
-    everything = {x["session_id"] for x in world.as_("alice").get(url).json()["sessions"]}
+    everything = {x["session_id"] for x in world.as_("svc").get(url).json()["sessions"]}
     assert {a, b} <= everything
     assert world.as_("alice").delete(f"{url}/{a}").status_code == 200
-    rows = world.as_("alice").get(url, params={"workflow_id": s.con_id}).json()["sessions"]
+    rows = world.as_("svc").get(url, params={"workflow_id": s.con_id}).json()["sessions"]
     assert [x["session_id"] for x in rows] == [b]
 
 
@@ -749,10 +752,13 @@ def test_session_children(world: World, s: Scenario) -> None:
     child = r.json()
     assert child["parent"] == parent and child["kind"] == "execution" and child["kb_access"] == "read"
     assert child["session_id"] != parent and child["workflow_id"] == s.con_id
-    r = world.as_("alice").post(
-        f"/v1/sessions/{parent}/children", json={"kind": "reviewer_strategic", "kb_access": "none"}
-    )
+    r = world.as_("alice").post(f"/v1/sessions/{parent}/children", json={"kb_access": "none"})
     assert r.status_code == 201 and r.json()["env"] == {"WORKFLOW_KB_ACCESS": "none"}
+    # A copied child keeps its parent's kind and item flag (review finding: no widening by kind).
+    r = world.as_("alice").post(f"/v1/sessions/{parent}/children", json={"kind": "builder"})
+    assert "keeps its parent's kind" in world.error(r, 403, "permission-denied")
+    r = world.as_("alice").post(f"/v1/sessions/{parent}/children", json={"item_kb_write": True})
+    assert "item did not" in world.error(r, 403, "permission-denied")
     r = world.as_("alice").post(f"/v1/sessions/{parent}/children", json={"kb_access": "read-write"})
     assert "widen" in world.error(r, 403, "permission-denied")
     world.error(
@@ -770,7 +776,9 @@ def test_session_children(world: World, s: Scenario) -> None:
 
 def test_closed_session_is_gone(world: World, s: Scenario) -> None:
     sid = s.open()["session_id"]
-    world.error(world.as_("dave").delete(f"/v1/sessions/{sid}"), 403, "permission-denied")
+    # Not the opener: the same answer as for a session that does not exist.
+    world.error(world.as_("dave").delete(f"/v1/sessions/{sid}"), 404, "not-found")
+    world.error(world.as_("bob").delete(f"/v1/sessions/{sid}"), 404, "not-found")
     r = world.as_("alice").delete(f"/v1/sessions/{sid}")
     assert r.status_code == 200, r.text
     assert r.json() == {"session_id": sid, "closed": [sid]}

@@ -1,0 +1,97 @@
+"""Regressions for the findings of the independent review (fail closed, audit
+before effect, no widening through child sessions, contract answers)."""
+
+from __future__ import annotations
+
+from tests.helpers import KbRoot, snapshot
+
+
+def open_sid(kb: KbRoot, *args: str) -> str:
+    r = kb.cli("session", "open", "con", *args, "--as", "alice", "--json")
+    assert r.code == 0, r.err
+    return str(r.json()["session_id"])
+
+
+def test_corrupt_session_store_fails_closed_with_a_clear_error(kb: KbRoot) -> None:
+    kb.workflow("con", access={"owners": ["alice"]})
+    sid = open_sid(kb, "--kind", "execution")
+    db = kb.root / "state" / "sessions.db"
+    for extra in ("-wal", "-shm"):
+        (kb.root / "state" / f"sessions.db{extra}").unlink(missing_ok=True)
+    db.write_bytes(b"garbage, not a database" * 100)
+    for args in (
+        ["exec", sid, "--", "true"],
+        ["session", "list"],
+        ["session", "open", "con", "--kind", "builder", "--as", "alice"],
+    ):
+        r = kb.cli(*args)
+        assert r.code == 70, (args, r.err)
+        assert r.err.startswith("error[state-corrupt]") and "hint:" in r.err and "Traceback" not in r.err
+
+
+def test_an_unwritable_audit_log_changes_nothing(kb: KbRoot) -> None:
+    kb.workflow("src", access={"owners": ["bob"], "readers": ["alice"], "allowed_kb_writers": ["con"]})
+    kb.workflow("con", access={"owners": ["alice"]})
+    (kb.root / "state" / "audit.log").mkdir()
+    before = snapshot(kb.workflows)
+    r = kb.cli("writers", "revoke", "src", "con", "--as", "bob")
+    assert r.code == 70 and "error[" in r.err
+    r = kb.cli("sources", "attach", "con", "src", "--alias", "s", "--as", "alice")
+    assert r.code == 70
+    assert snapshot(kb.workflows) == before
+    r = kb.cli("session", "open", "con", "--kind", "execution", "--as", "alice")
+    assert r.code == 70
+    (kb.root / "state" / "audit.log").rmdir()
+    assert kb.cli("session", "list", "--json").json() == {"sessions": []}
+
+
+def test_a_child_session_cannot_widen_its_parent(kb: KbRoot) -> None:
+    kb.workflow("src", access={"owners": ["bob"], "readers": ["alice"], "allowed_kb_writers": ["con"]})
+    kb.workflow(
+        "con",
+        access={"owners": ["alice"]},
+        sources=[{"workflow_id": "src", "alias": "src", "access": "write"}],
+    )
+    parent = open_sid(kb, "--kind", "message_sequence", "--kb-access", "read-write")
+    assert kb.cli("session", "show", parent, "--json").json()["effective_kb_access"] == "read"
+    r = kb.cli(
+        "session",
+        "open",
+        "con",
+        "--kind",
+        "message_sequence",
+        "--parent",
+        parent,
+        "--item-kb-write",
+        "--as",
+        "alice",
+    )
+    assert r.code == 77 and "item did not" in r.err
+    r = kb.cli("session", "open", "con", "--kind", "builder", "--parent", parent, "--as", "alice")
+    assert r.code == 77 and "keeps its parent's kind" in r.err
+    child = open_sid(kb, "--kind", "message_sequence", "--parent", parent)
+    plan = kb.cli("session", "show", child, "--json").json()
+    assert plan["effective_kb_access"] == "read" and not any("/src/" in p for p in plan["write"])
+
+
+def test_check_on_a_closed_session_still_answers_in_the_contract_shape(kb: KbRoot) -> None:
+    kb.workflow("con", access={"owners": ["alice"]})
+    sid = open_sid(kb, "--kind", "execution")
+    assert kb.cli("session", "close", sid).code == 0
+    r = kb.cli("check", sid, str(kb.workflows / "con" / "x"), "--mode", "read", "--json")
+    assert r.code == 77
+    assert r.json()["allowed"] is False and "closed" in r.json()["reason"]
+
+
+def test_a_note_path_ending_in_a_slash_is_refused(kb: KbRoot) -> None:
+    kb.workflow("src", access={"owners": ["bob"], "readers": ["alice"], "allowed_kb_writers": ["con"]})
+    kb.workflow(
+        "con",
+        access={"owners": ["alice"]},
+        sources=[{"workflow_id": "src", "alias": "src", "access": "write"}],
+    )
+    sid = open_sid(kb, "--kind", "execution", "--kb-access", "read-write")
+    before = snapshot(kb.workflows)
+    r = kb.cli("notes", "write", sid, "src", "ok.md/", input=b"# x\n")
+    assert r.code == 65 and "ends with '/'" in r.err
+    assert snapshot(kb.workflows) == before
