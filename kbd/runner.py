@@ -31,7 +31,7 @@ from kbd.errors import InvalidInput, Unavailable
 from kbd.ops import Host
 from kbd.plan import Plan
 from kbd.safepath import pin_dir
-from kbd.sandbox import bwrap, spec
+from kbd.sandbox import bwrap, seccomp, spec
 from kbd.sandbox.landlock import LANDLOCK_ALL, landlock_abi, system_rules
 from kbd.session_ops import Sessions
 
@@ -110,8 +110,18 @@ def _landlock_argv(host: Host, plan: Plan, command: list[str], *, scratch: Path)
             rules.append({"path": str(g.path), "access": read})
         elif g.mode == "write":
             rules.append({"path": str(g.path), "access": list(LANDLOCK_ALL)})
-    spec = {"handled": list(LANDLOCK_ALL), "rules": rules, "min_abi": 1}
-    return [bwrap.PYTHON, "-I", "-S", str(bwrap.HELPER_SOURCE), json.dumps(spec), "--", *command]
+    helper_spec = {
+        "handled": list(LANDLOCK_ALL),
+        "rules": rules,
+        "min_abi": 1,
+        # No bubblewrap here: the helper drops capabilities, confines signals and
+        # abstract sockets, denies TCP, and installs the seccomp filter itself.
+        "drop_caps": True,
+        "scope": True,
+        "deny_tcp": host.config.sandbox.network == "none",
+        "seccomp": seccomp.program(block_network=host.config.sandbox.network == "none").hex(),
+    }
+    return [bwrap.PYTHON, "-I", "-S", str(bwrap.HELPER_SOURCE), json.dumps(helper_spec), "--", *command]
 
 
 class _Forward:

@@ -21,7 +21,7 @@ from pathlib import Path
 from kbd.errors import Unavailable
 from kbd.plan import INDEX, NOTES, Plan
 from kbd.safepath import open_beneath, pin_dir
-from kbd.sandbox import spec
+from kbd.sandbox import seccomp, spec
 from kbd.sandbox.spec import HELPER_DEST, Opt, arg, bind_fd, flag
 
 HELPER_SOURCE = Path(__file__).with_name("landlock_helper.py")
@@ -180,6 +180,11 @@ def build_argv(
             continue
         fd = _open_path(Path(m.dest), fds, kb_roots=kb_roots)
         opts.append(bind_fd(fd, m.dest, rw=m.op == "bind"))
+    # The seccomp filter (no set-id bits, no io_uring/openat2), read by bwrap from a memfd.
+    filt = fds.add(os.memfd_create("kbd-seccomp", os.MFD_CLOEXEC))
+    os.write(filt, seccomp.program(block_network=False))
+    os.lseek(filt, 0, os.SEEK_SET)
+    opts.append(arg("--seccomp", str(filt)))
     inner = spec.inner_landlock(plan)
     if inner is not None:
         helper_fd = fds.add(os.open(HELPER_SOURCE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW))

@@ -8,6 +8,9 @@ import ctypes
 import os
 
 from kbd.sandbox.landlock_helper import RIGHTS
+from kbd.sandbox.spec import ETC_FILES
+
+DEV_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
 
 LANDLOCK_ALL = tuple(RIGHTS)
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -32,10 +35,13 @@ def system_rules() -> list[dict[str, object]]:
     """What every Landlock-only sandbox may use besides its grants."""
     ro = ["read_file", "read_dir", "execute"]
     rules: list[dict[str, object]] = [
-        {"path": p, "access": ro} for p in ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/opt")
+        {"path": p, "access": ro} for p in ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/opt")
     ]
-    rules.append({"path": "/proc", "access": ["read_file", "read_dir"]})
-    rules.append({"path": "/dev", "access": ["read_file", "write_file", "read_dir", "ioctl_dev"]})
+    # The same curated /etc as the bubblewrap backend (never all of /etc: /etc/shadow
+    # is readable by its owner, uid 0, even without capabilities).
+    rules += [{"path": p, "access": ro} for p in ETC_FILES]
+    # No /proc rule: other processes' environ and cmdline stay unreadable.
+    rules += [{"path": p, "access": ["read_file", "write_file", "ioctl_dev"]} for p in DEV_FILES]
     # No rule for /tmp: Landlock cannot give a private /tmp, and a rule on it would
     # open every root that lives there. Commands get a private TMPDIR instead.
     return rules

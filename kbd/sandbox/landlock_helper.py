@@ -7,7 +7,12 @@ Landlock-only backend runs the same file directly. Applying Landlock before
 bwrap would break bwrap's own mounts, so Landlock is always the last layer.
 
 SPEC_JSON: ``{"handled": [right…], "rules": [{"path": p, "access": [right…]}…],
-"min_abi": n}``. Rights missing from the running kernel's ABI are dropped from
+"min_abi": n, "drop_caps": bool, "scope": bool, "deny_tcp": bool, "seccomp": hex}``:
+``drop_caps`` empties the capability sets and bounding set (for the Landlock-only
+backend, which has no bubblewrap to do it); ``scope`` confines signals and
+abstract Unix sockets to the sandbox (ABI >= 6); ``deny_tcp`` handles TCP bind
+and connect with no rule allowing them (ABI >= 4); ``seccomp`` is a classic-BPF
+program (kbd.sandbox.seccomp) installed last. Rights missing from the running kernel's ABI are dropped from
 both sides (a right the kernel cannot handle cannot be denied either), except
 that a right named in ``required`` must be supported or the helper refuses.
 Any failure exits 69 before the command runs: fail closed, never run unconfined.
@@ -63,7 +68,54 @@ _libc.syscall.restype = ctypes.c_long
 
 
 class RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+    _fields_ = [
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),  # ABI >= 4
+        ("scoped", ctypes.c_uint64),  # ABI >= 6
+    ]
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+NET_BIND_TCP, NET_CONNECT_TCP = 1, 2
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1, 2
+PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+CAP_VERSION_3 = 0x20080522
+
+
+def drop_capabilities() -> None:
+    """Empty the bounding set (so exec as root regains nothing), the ambient set,
+    and the effective, permitted and inheritable sets."""
+    for cap in range(64):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:
+            break  # EINVAL: past the last capability this kernel knows
+    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = CapHeader(CAP_VERSION_3, 0)
+    data = (CapData * 2)()
+    if _libc.syscall(126 if os.uname().machine == "x86_64" else 91, ctypes.byref(header), data) != 0:
+        fail(f"capset: {os.strerror(ctypes.get_errno())}")
+
+
+def install_seccomp(program: bytes) -> None:
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = SockFprog(len(program) // 8, ctypes.addressof(buf))
+    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+        fail(f"seccomp filter: {os.strerror(ctypes.get_errno())}")
 
 
 class PathBeneathAttr(ctypes.Structure):
@@ -103,10 +155,14 @@ def apply(spec: dict[str, object]) -> None:
     handled = mask_of(list(spec["handled"])) & supported  # type: ignore[call-overload]
     if not handled:
         fail("nothing to enforce (empty handled set): refusing to run unconfined")
-    attr = RulesetAttr(handled)
-    ruleset = _libc.syscall(
-        SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0)
-    )
+    if spec.get("drop_caps"):
+        drop_capabilities()
+    net = NET_BIND_TCP | NET_CONNECT_TCP if spec.get("deny_tcp") and abi >= 4 else 0
+    scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if spec.get("scope") and abi >= 6 else 0
+    attr = RulesetAttr(handled, net, scoped)
+    # The struct grew with the ABI: pass only the part this kernel knows.
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    ruleset = _libc.syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if ruleset < 0:
         fail(f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
     for rule in spec["rules"]:  # type: ignore[attr-defined]
@@ -142,6 +198,8 @@ def apply(spec: dict[str, object]) -> None:
     if _libc.syscall(SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) < 0:
         fail(f"landlock_restrict_self: {os.strerror(ctypes.get_errno())}")
     os.close(ruleset)
+    if spec.get("seccomp"):
+        install_seccomp(bytes.fromhex(str(spec["seccomp"])))
 
 
 def main(argv: list[str]) -> None:

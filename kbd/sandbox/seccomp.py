@@ -1,0 +1,105 @@
+"""A small seccomp filter for sandboxed commands, built as classic BPF. Pure.
+
+Why: commands may run as uid 0 with every capability dropped, and a file's
+owner may still ``chmod u+s`` it. A contributor could then leave a setuid-root
+program in a source's ``notes/`` (or the consumer's own folder) that someone on
+the host later runs (found by review). Landlock has no right for mode changes,
+so the filter refuses, with EPERM:
+
+* setting S_ISUID or S_ISGID through chmod, fchmod, fchmodat, fchmodat2, or
+  when creating a file (open, openat, creat, mknod, mknodat);
+* ``openat2`` (its mode sits in a struct the filter cannot read: callers fall
+  back to openat) and ``io_uring_setup`` (io_uring would bypass the filter);
+* with ``block_network``: ``socket()`` for IPv4, IPv6 and packet sockets (the
+  Landlock-only backend has no network namespace to remove them with).
+
+Foreign ABIs (i386 ``int 0x80``, x32) are killed: the filter only knows the
+native numbers of x86_64 and aarch64.
+"""
+
+from __future__ import annotations
+
+import platform
+import struct
+from dataclasses import dataclass
+
+LD_W_ABS = 0x20
+JEQ_K = 0x15
+JGE_K = 0x35
+JSET_K = 0x45
+RET_K = 0x06
+RET_ALLOW = 0x7FFF0000
+RET_KILL_PROCESS = 0x80000000
+EPERM, ENOSYS = 1, 38
+SETID_BITS = 0o6000
+X32_BIT = 0x40000000
+AF_INET, AF_INET6, AF_PACKET = 2, 10, 17
+
+
+def ret_errno(errno: int) -> int:
+    return 0x00050000 | errno
+
+
+@dataclass(frozen=True)
+class Arch:
+    audit: int
+    mode_arg: dict[int, int]  # syscall number -> index of its mode argument
+    deny: dict[int, int]  # syscall number -> errno
+    socket: int
+    x32: bool
+
+
+ARCHES = {
+    "x86_64": Arch(
+        audit=0xC000003E,
+        # chmod, fchmod, creat, mknod, open, openat, mknodat, fchmodat, fchmodat2
+        mode_arg={90: 1, 91: 1, 85: 1, 133: 1, 2: 2, 257: 3, 259: 2, 268: 2, 452: 2},
+        deny={437: ENOSYS, 425: ENOSYS},  # openat2, io_uring_setup
+        socket=41,
+        x32=True,
+    ),
+    "aarch64": Arch(
+        audit=0xC00000B7,
+        # fchmod, fchmodat, openat, mknodat, fchmodat2
+        mode_arg={52: 1, 53: 2, 56: 3, 33: 2, 452: 2},
+        deny={437: ENOSYS, 425: ENOSYS},
+        socket=198,
+        x32=False,
+    ),
+}
+
+
+def _ins(code: int, jt: int, jf: int, k: int) -> bytes:
+    return struct.pack("<HBBI", code, jt, jf, k)
+
+
+def program(*, block_network: bool, machine: str | None = None) -> bytes:
+    """The filter as a sock_filter array (what ``bwrap --seccomp FD`` reads)."""
+    arch = ARCHES.get(machine or platform.machine())
+    if arch is None:
+        raise ValueError(f"no seccomp filter for architecture {machine or platform.machine()!r}")
+    out = [
+        _ins(LD_W_ABS, 0, 0, 4),  # seccomp_data.arch
+        _ins(JEQ_K, 1, 0, arch.audit),
+        _ins(RET_K, 0, 0, RET_KILL_PROCESS),
+        _ins(LD_W_ABS, 0, 0, 0),  # seccomp_data.nr
+    ]
+    if arch.x32:
+        out += [_ins(JGE_K, 0, 1, X32_BIT), _ins(RET_K, 0, 0, RET_KILL_PROCESS)]
+    for nr, arg in sorted(arch.mode_arg.items()):
+        # if nr matches: load the low 32 bits of the mode argument, refuse set-id bits.
+        out += [
+            _ins(JEQ_K, 0, 4, nr),
+            _ins(LD_W_ABS, 0, 0, 16 + 8 * arg),
+            _ins(JSET_K, 0, 1, SETID_BITS),
+            _ins(RET_K, 0, 0, ret_errno(EPERM)),
+            _ins(RET_K, 0, 0, RET_ALLOW),
+        ]
+    for nr, err in sorted(arch.deny.items()):
+        out += [_ins(JEQ_K, 0, 1, nr), _ins(RET_K, 0, 0, ret_errno(err))]
+    if block_network:
+        out += [_ins(JEQ_K, 0, 5, arch.socket), _ins(LD_W_ABS, 0, 0, 16)]
+        out += [_ins(JEQ_K, 2, 0, AF_INET), _ins(JEQ_K, 1, 0, AF_INET6), _ins(JEQ_K, 0, 1, AF_PACKET)]
+        out += [_ins(RET_K, 0, 0, ret_errno(EPERM))]
+    out.append(_ins(RET_K, 0, 0, RET_ALLOW))
+    return b"".join(out)
