@@ -42,7 +42,7 @@ def layers(*, backend: str) -> dict[str, Any]:
         )
         usable = True
     elif backend in ("auto", "landlock") and abi > 0:
-        reads = "enforced by Landlock alone (host /tmp shared; only plans without overlays)"
+        reads = "enforced by Landlock alone (no capabilities, private scratch; only plans without overlays)"
         writes = "REFUSED unless sandbox.unsafe_landlock_writes (Landlock cannot protect _index.json)"
         usable = True
     else:
