@@ -1,0 +1,65 @@
+"""Which sandbox layer `kbd exec` uses, and that it refuses (exit 69) when this
+host has none. The host here has both layers, so their absence is simulated by
+replacing the two probes (the only fakes in the sandbox tests)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kbd import runner
+from kbd.errors import Unavailable
+from kbd.sandbox import bwrap
+from tests.helpers import KbRoot
+
+
+def set_backend(kb: KbRoot, backend: str, *, unsafe_none: bool = False) -> None:
+    cfg = kb.root / "kbd.yaml"
+    text = cfg.read_text().replace("backend: auto", f"backend: {backend}")
+    if unsafe_none:
+        text = text.replace("unsafe_no_sandbox: false", "unsafe_no_sandbox: true")
+    cfg.write_text(text)
+
+
+def test_auto_prefers_bubblewrap_then_landlock(kb: KbRoot, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert runner.choose_backend(kb.host()) == "bwrap"
+    monkeypatch.setattr(bwrap, "bwrap_path", lambda: None)
+    assert runner.choose_backend(kb.host()) == "landlock"
+
+
+def test_no_usable_layer_refuses_with_69(kb: KbRoot, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bwrap, "bwrap_path", lambda: None)
+    monkeypatch.setattr(runner, "landlock_abi", lambda: 0)
+    with pytest.raises(Unavailable, match="no sandbox layer is usable") as info:
+        runner.choose_backend(kb.host())
+    assert info.value.exit_code == 69
+    kb.workflow("con", access={"owners": ["alice"]})
+    h = kb.host()
+    from kbd.session_ops import Sessions
+
+    sid = str(Sessions(h).open(h.actor("alice"), "con", kind="reviewer_strategic").extra["session_id"])
+    with pytest.raises(Unavailable):
+        runner.run(kb.root, sid, ["true"])
+
+
+def test_explicit_bwrap_without_bwrap_refuses(kb: KbRoot, monkeypatch: pytest.MonkeyPatch) -> None:
+    set_backend(kb, "bwrap")
+    monkeypatch.setattr(bwrap, "bwrap_path", lambda: None)
+    with pytest.raises(Unavailable, match="bubblewrap is not installed"):
+        runner.choose_backend(kb.host())
+
+
+def test_unsafe_no_sandbox_is_explicit_and_warns(
+    kb: KbRoot, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    set_backend(kb, "auto", unsafe_none=True)
+    monkeypatch.setattr(bwrap, "bwrap_path", lambda: None)
+    monkeypatch.setattr(runner, "landlock_abi", lambda: 0)
+    assert runner.choose_backend(kb.host()) == "none"
+    kb.workflow("con", access={"owners": ["alice"]})
+    h = kb.host()
+    from kbd.session_ops import Sessions
+
+    sid = str(Sessions(h).open(h.actor("alice"), "con", kind="reviewer_strategic").extra["session_id"])
+    for _ in range(2):
+        assert runner.run(kb.root, sid, ["true"]) == 0
+        assert "WARNING: unsafe_no_sandbox" in capfd.readouterr().err
