@@ -19,7 +19,7 @@ native numbers of x86_64 and aarch64.
 
 from __future__ import annotations
 
-import platform
+import os
 import struct
 from dataclasses import dataclass
 
@@ -75,9 +75,10 @@ def _ins(code: int, jt: int, jf: int, k: int) -> bytes:
 
 def program(*, block_network: bool, machine: str | None = None) -> bytes:
     """The filter as a sock_filter array (what ``bwrap --seccomp FD`` reads)."""
-    arch = ARCHES.get(machine or platform.machine())
+    name = machine or os.uname().machine  # not platform.machine(): its import costs the exec path
+    arch = ARCHES.get(name)
     if arch is None:
-        raise ValueError(f"no seccomp filter for architecture {machine or platform.machine()!r}")
+        raise ValueError(f"no seccomp filter for architecture {name!r}")
     out = [
         _ins(LD_W_ABS, 0, 0, 4),  # seccomp_data.arch
         _ins(JEQ_K, 1, 0, arch.audit),
