@@ -119,7 +119,9 @@ def _landlock_argv(host: Host, plan: Plan, command: list[str], *, scratch: Path)
         "drop_caps": True,
         "scope": True,
         "deny_tcp": host.config.sandbox.network == "none",
-        "seccomp": seccomp.program(block_network=host.config.sandbox.network == "none").hex(),
+        "seccomp": seccomp.program(
+            block_network=host.config.sandbox.network == "none", block_metadata=True
+        ).hex(),
     }
     return [bwrap.PYTHON, "-I", "-S", str(bwrap.HELPER_SOURCE), json.dumps(helper_spec), "--", *command]
 

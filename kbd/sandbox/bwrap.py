@@ -173,6 +173,10 @@ def build_argv(
         opts.append(flag("--unshare-net"))
     # Private /tmp first: roots under /tmp (as in tests) are bound beneath it.
     opts += [arg("--tmpfs", "/tmp"), arg("--proc", "/proc"), arg("--dev", "/dev")]  # noqa: S108
+    # The fresh /proc still exposes host-wide kernel knobs that uid 0 may write even
+    # without capabilities (/proc/sys/kernel/core_pattern would run a program as
+    # root on the host): bind them read-only, as container runtimes do.
+    opts += [arg("--ro-bind", p, p) for p in spec.PROC_READ_ONLY if os.path.exists(p)]
     opts += list(system_opts())
     for m in spec.mounts(plan):
         if m.op == "hidden":

@@ -33,7 +33,7 @@ RET_KILL_PROCESS = 0x80000000
 EPERM, ENOSYS = 1, 38
 SETID_BITS = 0o6000
 X32_BIT = 0x40000000
-AF_INET, AF_INET6, AF_PACKET = 2, 10, 17
+AF_UNIX, AF_INET, AF_INET6, AF_PACKET = 1, 2, 10, 17
 
 
 def ret_errno(errno: int) -> int:
@@ -47,6 +47,8 @@ class Arch:
     deny: dict[int, int]  # syscall number -> errno
     socket: int
     x32: bool
+    # Metadata changes Landlock cannot see: mode, owner, timestamps, xattrs.
+    metadata: tuple[int, ...] = ()
 
 
 ARCHES = {
@@ -57,6 +59,31 @@ ARCHES = {
         deny={437: ENOSYS, 425: ENOSYS},  # openat2, io_uring_setup
         socket=41,
         x32=True,
+        # chmod fchmod fchmodat fchmodat2 chown fchown lchown fchownat utime utimes futimesat
+        # utimensat setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr
+        # setxattrat removexattrat
+        metadata=(
+            90,
+            91,
+            268,
+            452,
+            92,
+            93,
+            94,
+            260,
+            132,
+            235,
+            261,
+            280,
+            188,
+            189,
+            190,
+            197,
+            198,
+            199,
+            463,
+            466,
+        ),
     ),
     "aarch64": Arch(
         audit=0xC00000B7,
@@ -65,6 +92,7 @@ ARCHES = {
         deny={437: ENOSYS, 425: ENOSYS},
         socket=198,
         x32=False,
+        metadata=(52, 53, 452, 55, 54, 88, 5, 6, 7, 14, 15, 16, 463, 466),
     ),
 }
 
@@ -73,8 +101,14 @@ def _ins(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("<HBBI", code, jt, jf, k)
 
 
-def program(*, block_network: bool, machine: str | None = None) -> bytes:
-    """The filter as a sock_filter array (what ``bwrap --seccomp FD`` reads)."""
+def program(*, block_network: bool, block_metadata: bool = False, machine: str | None = None) -> bytes:
+    """The filter as a sock_filter array (what ``bwrap --seccomp FD`` reads).
+
+    ``block_metadata`` (the Landlock-only backend, where the command's uid 0 owns
+    host files Landlock cannot protect from chmod, chown, utimes or xattrs)
+    refuses those calls outright, and Unix-domain sockets too (Landlock cannot
+    stop a connect to a root-owned socket such as kbd's own).
+    """
     name = machine or os.uname().machine  # not platform.machine(): its import costs the exec path
     arch = ARCHES.get(name)
     if arch is None:
@@ -87,6 +121,9 @@ def program(*, block_network: bool, machine: str | None = None) -> bytes:
     ]
     if arch.x32:
         out += [_ins(JGE_K, 0, 1, X32_BIT), _ins(RET_K, 0, 0, RET_KILL_PROCESS)]
+    if block_metadata:
+        for nr in arch.metadata:
+            out += [_ins(JEQ_K, 0, 1, nr), _ins(RET_K, 0, 0, ret_errno(EPERM))]
     for nr, arg in sorted(arch.mode_arg.items()):
         # if nr matches: load the low 32 bits of the mode argument, refuse set-id bits.
         out += [
@@ -98,9 +135,14 @@ def program(*, block_network: bool, machine: str | None = None) -> bytes:
         ]
     for nr, err in sorted(arch.deny.items()):
         out += [_ins(JEQ_K, 0, 1, nr), _ins(RET_K, 0, 0, ret_errno(err))]
-    if block_network:
-        out += [_ins(JEQ_K, 0, 5, arch.socket), _ins(LD_W_ABS, 0, 0, 16)]
-        out += [_ins(JEQ_K, 2, 0, AF_INET), _ins(JEQ_K, 1, 0, AF_INET6), _ins(JEQ_K, 0, 1, AF_PACKET)]
-        out += [_ins(RET_K, 0, 0, ret_errno(EPERM))]
+    families = ([AF_INET, AF_INET6, AF_PACKET] if block_network else []) + (
+        [AF_UNIX] if block_metadata else []
+    )
+    if families:
+        n = len(families)
+        out += [_ins(JEQ_K, 0, n + 3, arch.socket), _ins(LD_W_ABS, 0, 0, 16)]
+        # Each family check jumps to the refusal on a match.
+        out += [_ins(JEQ_K, n - i, 0, fam) for i, fam in enumerate(families)]
+        out += [_ins(RET_K, 0, 0, RET_ALLOW), _ins(RET_K, 0, 0, ret_errno(EPERM))]
     out.append(_ins(RET_K, 0, 0, RET_ALLOW))
     return b"".join(out)

@@ -31,6 +31,11 @@ ETC_FILES = (
     "/etc/bash.bashrc", "/etc/environment", "/etc/os-release", "/etc/debian_version",
 )  # fmt: skip
 HELPER_DEST = "/.kbd/landlock_helper.py"
+# Parts of procfs that reach the host kernel rather than the sandbox's own processes.
+PROC_READ_ONLY = (
+    "/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/acpi", "/proc/scsi",
+    "/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/latency_stats",
+)  # fmt: skip
 _RANK = {"bind": 0, "ro-bind": 1, "hidden": 2}
 
 
