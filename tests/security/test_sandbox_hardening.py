@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -157,7 +158,8 @@ def test_host_kernel_knobs_are_read_only_under_bubblewrap(kb: KbRoot) -> None:
     """/proc/sys is host-wide: uid 0 without capabilities could still write, e.g.,
     kernel.core_pattern (a program run as root on the host) — found by review."""
     sid = world(kb, "bwrap")
-    before = open("/proc/sys/kernel/core_uses_pid").read()
+    knob = Path("/proc/sys/kernel/core_uses_pid")
+    before = knob.read_text()
     r = kb.cli(
         "exec", sid, "--", "sh", "-c",
         "echo 1 > /proc/sys/kernel/core_uses_pid 2>/dev/null || echo sysctl-refused; "
@@ -165,4 +167,4 @@ def test_host_kernel_knobs_are_read_only_under_bubblewrap(kb: KbRoot) -> None:
         "cat /proc/sys/kernel/core_uses_pid >/dev/null && echo readable",
     )  # fmt: skip
     assert r.out.split() == ["sysctl-refused", "sysrq-refused", "readable"], r
-    assert open("/proc/sys/kernel/core_uses_pid").read() == before
+    assert knob.read_text() == before
