@@ -115,9 +115,9 @@ def run_bpf(prog: bytes, *, arch: int, nr: int, args: tuple[int, ...] = ()) -> i
     while True:
         code, jt, jf, k = insns[pc]
         if code == seccomp.LD_W_ABS:
-            a = struct.unpack_from("<I", data, k)[0]
+            a = int(struct.unpack_from("<I", data, k)[0])
         elif code == seccomp.RET_K:
-            return k
+            return int(k)
         else:
             cond = {seccomp.JEQ_K: a == k, seccomp.JGE_K: a >= k, seccomp.JSET_K: bool(a & k)}[code]
             pc += jt if cond else jf
