@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import orjson
 from fastapi import Depends, FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -356,11 +357,25 @@ def create_app(host: Host) -> FastAPI:
 
     @app.get("/v1/sessions/{sid}", response_model=PlanResponse)
     async def session_policy(sid: str, actor: Principal = Actor) -> Response:
-        # async: the hottest route runs on the event loop, without a thread-pool
-        # hand-off per request; the work is short, local and CPU-bound.
-        with state.lock:
+        # async: the hottest route runs on the event loop without a thread-pool
+        # hand-off when the state lock is free; when another request holds it,
+        # the wait moves to a worker thread so the loop (health, other clients)
+        # never blocks on it.
+        def lookup() -> dict[str, Any]:
             plan = state.sessions.plan(sid, actor=actor)
-            body = {**plan.to_json(), "running": state.sessions.running(sid, plan)}
+            return {**plan.to_json(), "running": state.sessions.running(sid, plan)}
+
+        def locked_lookup() -> dict[str, Any]:
+            with state.lock:
+                return lookup()
+
+        if state.lock.acquire(blocking=False):
+            try:
+                body = lookup()
+            finally:
+                state.lock.release()
+        else:
+            body = await run_in_threadpool(locked_lookup)
         # The hot path of every execution host: the plan is already in the
         # documented shape, so skip re-validating it through pydantic.
         return Response(orjson.dumps(body), media_type="application/json")
@@ -380,14 +395,17 @@ def create_app(host: Host) -> FastAPI:
 
     @app.post("/v1/sessions/{sid}/notes", status_code=201)
     def write_note(sid: str, body: NoteBody, actor: Principal = Actor) -> dict[str, Any]:
-        from kbd.notes import write_note as write
+        from kbd.notes import commit_note, prepare_note
 
         try:
             data = body.content.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise InvalidInput("content is not valid Unicode text") from exc
         with state.lock:
-            return write(state.sessions, sid, body.alias, body.path, data, actor=actor)
+            prepared = prepare_note(state.sessions, sid, body.alias, body.path, data, actor=actor)
+        # Outside the state lock: waiting for the notes mutex (up to the lock
+        # timeout, while a write command runs) must not stall other requests.
+        return commit_note(prepared)
 
     @app.post("/v1/sessions/{sid}/check", response_model=CheckResponse)
     def check(sid: str, body: CheckBody, actor: Principal = Actor) -> dict[str, Any]:

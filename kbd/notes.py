@@ -26,6 +26,7 @@ import re
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,18 +75,21 @@ def notes_lock(state_dir: Path, notes_fd: int, *, timeout: float, who: dict[str,
         # A short poll keeps the wait tail close to the holder's real hold time.
         lock.acquire(poll_interval=0.005)
     except filelock.Timeout:
-        holder = "unknown"
-        with contextlib.suppress(OSError, ValueError):
-            holder = json.loads(_holder_path(path).read_text())
-            holder = ", ".join(f"{k} {v}" for k, v in holder.items())
+        holder = "another workflow"
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            info = json.loads(_holder_path(path).read_text())
+            since = time.strftime("%H:%M:%SZ", time.gmtime(float(info["since"])))
+            holder = f"workflow {info['workflow']} (since {since})"
+        # Only the holder's workflow: its session, pid and host stay in the holder
+        # file for operators, not in an answer another consumer can read.
         raise Busy(
-            f"the source's notes/ is being written by another session ({holder}); waited {timeout:g}s",
+            f"the source's notes/ is being written by {holder}; waited {timeout:g}s",
             hint="retry when that command finishes; locks.timeout_seconds in kbd.yaml sets the wait",
         ) from None
     try:
         with contextlib.suppress(OSError):
             _holder_path(path).write_text(
-                json.dumps({**who, "pid": os.getpid(), "host": socket.gethostname()})
+                json.dumps({**who, "since": time.time(), "pid": os.getpid(), "host": socket.gethostname()})
             )
         yield
     finally:
@@ -213,17 +217,35 @@ def _sweep_temp_files(dir_fd: int) -> None:
                 os.unlink(name, dir_fd=dir_fd)
 
 
-def write_note(
-    sessions: Any, sid: str, alias: str, relpath: str, data: bytes, *, actor: Any = None
-) -> dict[str, Any]:
-    """Write one contributed note. Returns ``{workflow_id, alias, path, bytes}``.
+@dataclass(frozen=True)
+class PreparedNote:
+    """A note that passed every check except the write itself (see :func:`prepare_note`)."""
 
-    Raises (nothing written anywhere): SessionClosed, PermissionDenied (no write
-    grant now, or the index), InvalidPath/InvalidInput (bad name, not UTF-8,
-    too large, wrong kind of file), PathRefused (a link, a folder or a special
-    file on the way or at the name), InjectionRefused, Busy (lock timeout).
-    Every refusal after the session lookup is audited.
-    """
+    host: Any
+    sid: str
+    consumer: str
+    alias: str
+    relpath: str
+    source: str
+    kb_path: Path
+    kb_identity: tuple[int, int] | None
+    parts: tuple[str, ...]
+    data: bytes
+
+    def refuse(self, err: KbdError) -> KbdError:
+        self.host.audit("note_refused", session=self.sid, workflow_id=self.consumer, alias=self.alias,
+                        path=self.relpath[:200], code=err.code, reason=err.message[:300],
+                        rule=getattr(err, "rule", None))  # fmt: skip
+        return err
+
+
+def prepare_note(
+    sessions: Any, sid: str, alias: str, relpath: str, data: bytes, *, actor: Any = None
+) -> PreparedNote:
+    """Everything but the write: the session's plan now, the grant, the name, the
+    size, the text and the injection gate, and the provenance-stamped content.
+    Needs the host's registry (the daemon calls it under its state lock); waits
+    for no file lock. Every refusal is audited."""
     from kbd import injection
 
     host = sessions.host
@@ -233,22 +255,16 @@ def write_note(
         host.audit("note_refused", session=sid, alias=alias, path=relpath[:200], code=err.code,
                    reason=err.message[:300])  # fmt: skip
         raise
-
-    def refuse(err: KbdError) -> KbdError:
-        host.audit("note_refused", session=sid, workflow_id=plan.workflow_id, alias=alias, path=relpath[:200],
-                   code=err.code, reason=err.message[:300], rule=getattr(err, "rule", None))  # fmt: skip
-        return err
-
     att = next((a for a in plan.sources if a.alias == alias), None)
-    granted = plan.writes_source(alias)
-    if att is None or not att.available or att.path is None or not granted:
+    draft = PreparedNote(host, sid, plan.workflow_id, alias, relpath, "", Path("/"), None, (), b"")
+    if att is None or not att.available or att.path is None or not plan.writes_source(alias):
         why = (
             "is not attached" if att is None
             else f"is unavailable ({att.reason})" if not att.available
             else "has no write grant in this session now (attached read-only, not granted by the source's owner, "
             "or the session's kind or kb_access does not write)"
         )  # fmt: skip
-        raise refuse(PermissionDenied(f"source {alias!r} {why}"))
+        raise draft.refuse(PermissionDenied(f"source {alias!r} {why}"))
     try:
         parts = validate_target(relpath)
         if len(data) > MAX_NOTE_BYTES:
@@ -261,36 +277,54 @@ def write_note(
             raise InvalidInput("the note contains a NUL byte")
         injection.check(text)
     except KbdError as err:
-        raise refuse(err) from None
+        raise draft.refuse(err) from None
     final = with_provenance(text, workflow_id=plan.workflow_id, session_id=sid).encode("utf-8")
-    who = {"session": sid, "workflow": plan.workflow_id}
+    return PreparedNote(host, sid, plan.workflow_id, alias, relpath, att.workflow_id, att.path, att.kb_identity,
+                        tuple(parts), final)  # fmt: skip
+
+
+def commit_note(note: PreparedNote) -> dict[str, Any]:
+    """Write a prepared note: pin the KB (same identity as resolved), take the
+    notes mutex (may wait up to the lock timeout), replace the file atomically."""
+    host = note.host
+    who = {"workflow": note.consumer}
     try:
-        with pin_dir(att.path, expect=att.kb_identity) as kb:
+        with pin_dir(note.kb_path, expect=note.kb_identity) as kb:
             notes_fd = open_beneath(kb.fd, NOTES, os.O_RDONLY | os.O_DIRECTORY)
             try:
                 with notes_lock(host.config.state_dir, notes_fd, timeout=host.config.lock_timeout, who=who):
-                    parent = _open_parent(notes_fd, parts)
+                    parent = _open_parent(notes_fd, list(note.parts))
                     try:
                         _sweep_temp_files(parent)
-                        replace_file(parent, parts[-1], final)
+                        replace_file(parent, note.parts[-1], note.data)
                     finally:
                         os.close(parent)
             finally:
                 os.close(notes_fd)
     except KbdError as err:
-        raise refuse(err) from None
+        raise note.refuse(err) from None
     except OSError as exc:
-        raise refuse(
-            PermissionDenied(f"cannot write {relpath!r}: {os.strerror(exc.errno or errno.EIO)}")
+        raise note.refuse(
+            PermissionDenied(f"cannot write {note.relpath!r}: {os.strerror(exc.errno or errno.EIO)}")
         ) from None
-    host.audit("note_written", session=sid, workflow_id=plan.workflow_id, source=att.workflow_id, alias=alias,
-               path="/".join(parts), bytes=len(final))  # fmt: skip
-    return {
-        "workflow_id": att.workflow_id,
-        "alias": alias,
-        "path": "notes/" + "/".join(parts),
-        "bytes": len(final),
-    }
+    path = "/".join(note.parts)
+    host.audit("note_written", session=note.sid, workflow_id=note.consumer, source=note.source, alias=note.alias,
+               path=path, bytes=len(note.data))  # fmt: skip
+    return {"workflow_id": note.source, "alias": note.alias, "path": "notes/" + path, "bytes": len(note.data)}
+
+
+def write_note(
+    sessions: Any, sid: str, alias: str, relpath: str, data: bytes, *, actor: Any = None
+) -> dict[str, Any]:
+    """Write one contributed note. Returns ``{workflow_id, alias, path, bytes}``.
+
+    Raises (nothing written anywhere): SessionClosed, PermissionDenied (no write
+    grant now, or the index), InvalidPath/InvalidInput (bad name, not UTF-8,
+    too large, wrong kind of file), PathRefused (a link, a folder or a special
+    file on the way or at the name), InjectionRefused, Busy (lock timeout).
+    Every refusal is audited.
+    """
+    return commit_note(prepare_note(sessions, sid, alias, relpath, data, actor=actor))
 
 
 # -- readers ------------------------------------------------------------------------------------

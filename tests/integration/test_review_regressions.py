@@ -95,3 +95,57 @@ def test_a_note_path_ending_in_a_slash_is_refused(kb: KbRoot) -> None:
     r = kb.cli("notes", "write", sid, "src", "ok.md/", input=b"# x\n")
     assert r.code == 65 and "ends with '/'" in r.err
     assert snapshot(kb.workflows) == before
+
+
+def test_a_note_write_waiting_for_the_mutex_does_not_stall_the_daemon(kb: KbRoot) -> None:
+    """A long write command holds the source's notes mutex; an API note write
+    waits for it — while health and plan lookups keep answering at once."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from tests.integration.daemon import issue_tokens, serving
+
+    kb.workflow("src", access={"owners": ["bob"], "readers": ["alice"], "allowed_kb_writers": ["con"]})
+    kb.workflow(
+        "con",
+        access={"owners": ["alice"]},
+        sources=[{"workflow_id": "src", "alias": "src", "access": "write"}],
+    )
+    cfg = kb.root / "kbd.yaml"
+    cfg.write_text(cfg.read_text().replace("timeout_seconds: 10", "timeout_seconds: 3"))
+    tokens = issue_tokens(kb.root, ["alice"])
+    sid = open_sid(kb, "--kind", "execution", "--kb-access", "read-write")
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "kbd", "--root", str(kb.root), "exec", sid, "--", "sh", "-c", "echo ready; read x"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"ready\n"
+        with serving(kb.root) as daemon:
+            client = daemon.client(tokens["alice"])
+            result: dict[str, int] = {}
+
+            def blocked_write() -> None:
+                r = daemon.client(tokens["alice"]).post(
+                    f"/v1/sessions/{sid}/notes", json={"alias": "src", "path": "n.md", "content": "x"}
+                )
+                result["status"] = r.status_code
+
+            writer = threading.Thread(target=blocked_write)
+            writer.start()
+            deadline = time.monotonic() + 2.5  # the writer waits up to 3 s for the mutex
+            while time.monotonic() < deadline and writer.is_alive():
+                t0 = time.monotonic()
+                assert client.get("/v1/health").status_code == 200
+                assert client.get(f"/v1/sessions/{sid}").status_code == 200
+                assert time.monotonic() - t0 < 1.0, "the daemon stalled behind a waiting note write"
+            writer.join(timeout=30)
+            assert result["status"] == 409
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+        if holder.stdout is not None:
+            holder.stdout.close()
