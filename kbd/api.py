@@ -169,6 +169,55 @@ class State:
         self.requests: Counter[str] = Counter()
 
 
+MAX_BODY_BYTES = 4 * 1024 * 1024  # a note is at most 1 MiB; JSON escaping can grow it
+
+
+class BodyLimit:
+    """Refuse request bodies over MAX_BODY_BYTES before anything reads them (the
+    body would otherwise be buffered, and authentication comes later): a
+    Content-Length over the limit is answered 413 at once, and a chunked body is
+    cut off as soon as it passes the limit."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and (not value.isdigit() or int(value) > MAX_BODY_BYTES):
+                await _too_large(send)
+                return
+        seen = 0
+
+        async def limited() -> Any:
+            nonlocal seen
+            message = await receive()
+            if message.get("type") == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > MAX_BODY_BYTES:
+                    raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await _too_large(send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _too_large(send: Any) -> None:
+    body = orjson.dumps({"error": {"code": "too-large", "message": f"request body over {MAX_BODY_BYTES} bytes",
+                                   "hint": "notes are at most 1 MiB"}})  # fmt: skip
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
+
+
 def _error(err: KbdError) -> JSONResponse:
     return JSONResponse({"error": err.to_dict()}, status_code=err.http_status)
 
@@ -183,6 +232,7 @@ def create_app(host: Host) -> FastAPI:
                    404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}},
     )  # fmt: skip
     app.state.kbd = state
+    app.add_middleware(BodyLimit)
 
     @app.exception_handler(KbdError)
     async def _kbd_error(_: Request, err: KbdError) -> JSONResponse:
@@ -253,6 +303,9 @@ def create_app(host: Host) -> FastAPI:
 
     @app.get("/v1/metrics")
     def metrics(actor: Principal = Actor) -> dict[str, Any]:
+        if not (actor.enabled_admin or actor.is_service):
+            # Host-wide counters are for operators.
+            raise PermissionDenied("metrics are for admins and services", hint="ask an operator")
         with state.lock:
             return {
                 "requests": dict(state.requests),

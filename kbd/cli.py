@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,8 +21,9 @@ import orjson
 from kbd import audit as audit_log
 from kbd import browse
 from kbd.config import default_root
-from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, PermissionDenied, UsageError
-from kbd.manifest import parse_manifest
+from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, NotFound, PermissionDenied, UsageError
+from kbd.ids import one_line
+from kbd.manifest import MAX_MANIFEST_BYTES, parse_manifest
 from kbd.ops import Host
 from kbd.plan import Plan
 from kbd.policy import KB_ACCESS, KINDS
@@ -217,9 +219,16 @@ def doctor(c: Ctx, as_json: bool) -> None:
 def validate(file: Path, as_json: bool) -> None:
     """Validate a workflow.json file (syntax and field rules, not reachability)."""
     try:
-        data = file.read_bytes()
+        # Non-blocking and checked before reading: a FIFO or a device never hangs validate.
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
+        raise NotFound(f"{file} does not exist") from exc
     except OSError as exc:
         raise InvalidInput(f"cannot read {file}: {exc.strerror}") from exc
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InvalidInput(f"{file} is not a regular file")
+        data = fh.read(MAX_MANIFEST_BYTES + 1)
     m = parse_manifest(data)
     if m.sources_problem:
         raise ManifestUnreadable(m.sources_problem)
@@ -227,8 +236,10 @@ def validate(file: Path, as_json: bool) -> None:
     if as_json:
         _emit({"workflow_id": m.id, "valid": not problems, "problems": problems, "version": m.version})
     if problems:
+        # One line (scripts parse `error[...]: ...`), problems separated by " | ".
         raise InvalidInput(
-            f"{file}: " + "; ".join(problems), hint="each problem names the entry and the field"
+            f"{file}: {len(problems)} problem(s): " + " | ".join(problems),
+            hint="each problem names the entry and the field",
         )
     if not as_json:
         click.echo(f"{file}: valid ({len(m.entries)} sources)")
@@ -254,7 +265,9 @@ def workflows_list(c: Ctx, as_: str | None, as_json: bool) -> None:
         return
     for r in rows:
         status = "" if r["status"] == "ok" else f"  [{r['status']}]"
-        click.echo(f"{r['id'] or '?':<24} {r['label'] or '':<28} {r['path']}{status}")
+        click.echo(
+            f"{one_line(r['id'] or '?'):<24} {one_line(r['label'] or '', limit=40):<28} {one_line(r['path'])}{status}"
+        )
 
 
 def _attachment_line(a: dict[str, Any]) -> str:
@@ -266,7 +279,7 @@ def _attachment_line(a: dict[str, Any]) -> str:
         where = f"${a['env']} = {a['path']}"
     else:
         state = f"UNAVAILABLE {a['reason']}"
-        where = a["message"] or ""
+        where = one_line(a["message"] or "", limit=200)
     return f"  {a['alias'] or '?':<14} {a['workflow_id'] or '?':<16} {a['access']:<5}  {state}\n      {where}"
 
 
@@ -281,7 +294,7 @@ def workflows_show(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
     if as_json:
         _emit(data)
         return
-    click.echo(f"{data['workflow_id']}  {data['label']}  ({data['path']})")
+    click.echo(f"{data['workflow_id']}  {one_line(data['label'])}  ({one_line(data['path'])})")
     owners = ", ".join(data["owners"]) or "none (legacy, account-visible)"
     click.echo(
         f"  owners: {owners}; editors: {', '.join(data['editors']) or '-'}; readers: {', '.join(data['readers']) or '-'}"
@@ -297,7 +310,10 @@ def workflows_show(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
     )
     click.echo(
         "could attach now: "
-        + (", ".join(f"{x['workflow_id']} ({x['label']})" for x in data["candidates"]) or "-")
+        + (
+            ", ".join(f"{x['workflow_id']} ({one_line(x['label'], limit=40)})" for x in data["candidates"])
+            or "-"
+        )
     )
 
 
@@ -422,7 +438,9 @@ def sources_candidates(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
         _emit({"workflow_id": wf, "candidates": rows})
         return
     for r in rows:
-        click.echo(f"{r['workflow_id']:<24} {r['label']}{'  (write granted)' if r['write_granted'] else ''}")
+        click.echo(
+            f"{r['workflow_id']:<24} {one_line(r['label'], limit=60)}{'  (write granted)' if r['write_granted'] else ''}"
+        )
 
 
 # -- writers ---------------------------------------------------------------------------
@@ -710,10 +728,14 @@ def notes() -> None:
 @pass_ctx
 def notes_write(c: Ctx, sid: str, alias: str, relpath: str, file: str, as_json: bool) -> None:
     """Write RELPATH (relative to the source's notes/) atomically, with provenance."""
-    from kbd.notes import write_note
+    from kbd.notes import MAX_NOTE_BYTES, write_note
 
     try:
-        data = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
+        if file == "-":
+            data = sys.stdin.buffer.read(MAX_NOTE_BYTES + 1)
+        else:
+            with open(file, "rb") as fh:
+                data = fh.read(MAX_NOTE_BYTES + 1)
     except OSError as exc:
         raise InvalidInput(f"cannot read {file}: {exc.strerror}") from exc
     result = write_note(_sessions(c), sid, alias, relpath, data)
@@ -821,7 +843,11 @@ def ls_cmd(c: Ctx, wf: str, alias: str, reldir: str, as_: str | None, as_json: b
         _emit({"workflow_id": wf, "alias": alias, "path": reldir, "entries": entries})
         return
     for e in entries:
-        click.echo(e["name"] + ("/" if e["type"] == "dir" else "@" if e["type"] == "symlink" else ""))
+        # Names are the source's: never let one print a fake second entry or control the terminal.
+        click.echo(
+            one_line(e["name"], limit=300)
+            + ("/" if e["type"] == "dir" else "@" if e["type"] == "symlink" else "")
+        )
 
 
 # -- audit ------------------------------------------------------------------------------

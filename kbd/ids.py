@@ -43,3 +43,20 @@ def alias_problem(value: object) -> str | None:
 
 def env_name(alias: str) -> str:
     return f"WORKFLOW_KB_{alias.upper()}"
+
+
+def one_line(text: str, *, limit: int = 120) -> str:
+    """Untrusted text (a label, a file name) made safe to show on one line of a
+    terminal or an agent's context: control and format characters become
+    ``\\xNN``-style escapes, so a newline or carriage return cannot forge a
+    second line or overwrite the first; long text is cut with an ellipsis."""
+    import unicodedata
+
+    out = []
+    for ch in text:
+        if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(ch)
+    shown = "".join(out)
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"

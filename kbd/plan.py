@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kbd.ids import one_line
 from kbd.policy import KindPolicy
 from kbd.resolve import Attachment
 
@@ -236,10 +237,13 @@ def context_block(
         "keep conflicting facts and their dates visible instead of choosing silently.",
     ]
     for a in attachments:
-        head = f"- {a.alias}: {a.label or a.workflow_id} ({a.workflow_id}), {a.access}"
+        # Labels come from the source's manifest: one quoted line, so a label cannot
+        # add lines to (or step outside) this block.
+        label = '"' + one_line(a.label or a.workflow_id, limit=80).replace('"', '\\"') + '"'
+        head = f"- {a.alias}: {label} ({a.workflow_id}), {a.access}"
         if not a.available:
             lines.append(
-                f"{head}, UNAVAILABLE ({a.reason}: {a.message}). "
+                f"{head}, UNAVAILABLE ({a.reason}: {one_line(a.message or '', limit=200)}). "
                 "If your task needs it, report a blocked knowledge dependency."
             )
             continue

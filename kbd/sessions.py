@@ -183,7 +183,7 @@ class SessionStore:
         rows = self._query(f"SELECT {self._COLS} FROM sessions WHERE id = ?", (sid,))  # noqa: S608
         r = rows[0] if rows else None
         if r is None:
-            raise NotFound(f"no session {sid!r}", hint="`kbd session list` shows open sessions")
+            raise NotFound(f"no session {sid!r}", hint="`kbd session list` shows the sessions you may use")
         return self._row(r)
 
     def rows(self, *, workflow_id: str | None = None, include_closed: bool = False) -> list[SessionRow]:

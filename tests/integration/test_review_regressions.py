@@ -149,3 +149,47 @@ def test_a_note_write_waiting_for_the_mutex_does_not_stall_the_daemon(kb: KbRoot
         holder.wait(timeout=30)
         if holder.stdout is not None:
             holder.stdout.close()
+
+
+def test_oversized_bodies_are_refused_before_authentication(kb: KbRoot) -> None:
+    import httpx
+
+    from tests.integration.daemon import serving
+
+    with serving(kb.root) as daemon:
+        client = daemon.client(headers={"Authorization": "Bearer bogus"})
+        r = client.post("/v1/sessions/s_x/notes", content=b"x" * (5 * 1024 * 1024))
+        assert r.status_code == 413 and r.json()["error"]["code"] == "too-large"
+
+        def chunks() -> object:
+            for _ in range(6):
+                yield b"y" * (1024 * 1024)
+
+        try:
+            r = client.post("/v1/sessions/s_x/notes", content=chunks())  # type: ignore[arg-type]
+            # Cut off at the limit; FastAPI reports the interrupted body as 400 or we answer 413.
+            assert r.status_code in (400, 413)
+        except httpx.HTTPError:
+            pass  # the server may close the stream as soon as the limit passes
+
+
+def test_display_text_cannot_forge_lines(kb: KbRoot) -> None:
+    src = kb.workflow("src", access={"owners": ["alice"]}, label="Real\rwf_payroll  Payroll (private)")
+    kb.workflow("con", access={"owners": ["alice"]}, sources=[{"workflow_id": "src", "alias": "s"}])
+    (src / "knowledgebase" / "notes" / "evil.md\nfake.md").write_text("x")
+    listing = kb.cli("ls", "con", "s", "notes", "--as", "alice")
+    assert "evil.md\\nfake.md" in listing.out and "\nfake.md" not in listing.out
+    rows = kb.cli("workflows", "list", "--as", "alice")
+    assert "\r" not in rows.out and "Real\\rwf_payroll" in rows.out
+
+
+def test_validate_refuses_special_files_without_hanging(kb: KbRoot, tmp_path: object) -> None:
+    import os
+    from pathlib import Path
+
+    fifo = Path(str(tmp_path)) / "workflow.json"
+    os.mkfifo(fifo)
+    r = kb.cli("validate", str(fifo))
+    assert r.code == 65 and "not a regular file" in r.err
+    r = kb.cli("validate", "/dev/zero")
+    assert r.code == 65 and "not a regular file" in r.err
