@@ -9,6 +9,7 @@ no rules would pass everything, so it fails closed instead.
 from __future__ import annotations
 
 import functools
+import html
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -79,19 +80,36 @@ def rules() -> tuple[Rule, ...]:
     )
 
 
+# Latin look-alikes from Cyrillic and Greek that NFKC leaves alone.
+_CONFUSABLES = str.maketrans(
+    "аеорсухіјѕԁɡκνοτАВЕКМНОРСТХІЈЅ",
+    "aeopcyxijsdgkvotABEKMHOPCTXIJS",
+)
+_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+_SPACE = re.compile(r"\s+")
+
+
 def normalize(text: str) -> str:
-    """What the rules see: NFKC (full-width and other compatibility letters become
-    plain ones) with every invisible format character (Unicode category Cf: zero-
-    width spaces and joiners, bidi controls, soft hyphens) removed, so neither can
-    split a phrase past the gate."""
-    return "".join(ch for ch in unicodedata.normalize("NFKC", text) if unicodedata.category(ch) != "Cf")
+    """What the rules see. Hiding a phrase from the gate must not be cheaper than
+    writing it: HTML entities are decoded and HTML comments removed; NFKC turns
+    full-width and other compatibility letters into plain ones; invisible format
+    characters (zero-width spaces and joiners, bidi controls, soft hyphens) are
+    removed; and common Cyrillic and Greek look-alikes become Latin letters.
+    Encodings such as base64 are not decoded. See :func:`check` for line breaks."""
+    text = _COMMENT.sub("", html.unescape(text))
+    text = "".join(ch for ch in unicodedata.normalize("NFKC", text) if unicodedata.category(ch) != "Cf")
+    return text.translate(_CONFUSABLES)
 
 
 def check(text: str, *, ruleset: tuple[Rule, ...] | None = None) -> None:
     """Raise InjectionRefused naming the first rule that matches ``text``."""
     seen = normalize(text)
+    # Rules see the text twice: with its lines (for rules anchored at a line
+    # start) and with every whitespace run made one space (so a phrase split over
+    # lines still matches).
+    flat = _SPACE.sub(" ", seen)
     for rule in rules() if ruleset is None else ruleset:
-        m = rule.pattern.search(seen)
+        m = rule.pattern.search(seen) or rule.pattern.search(flat)
         if m is not None:
             excerpt = m.group(0)[:80]
             raise InjectionRefused(

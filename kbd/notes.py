@@ -35,7 +35,16 @@ import orjson
 from kbd.errors import Busy, InvalidInput, KbdError, PermissionDenied
 from kbd.names import is_index_name
 from kbd.plan import NOTES, Plan
-from kbd.safepath import PathNotFound, open_beneath, pin_dir, read_file, replace_file, split_relative
+from kbd.safepath import (
+    PathNotFound,
+    list_dir,
+    open_beneath,
+    pin_dir,
+    read_file,
+    read_file_stat,
+    replace_file,
+    split_relative,
+)
 
 MAX_NOTE_BYTES = 1024 * 1024
 NOTE_SUFFIXES = (".md", ".markdown", ".txt")
@@ -325,6 +334,63 @@ def write_note(
     Every refusal is audited.
     """
     return commit_note(prepare_note(sessions, sid, alias, relpath, data, actor=actor))
+
+
+# -- after a shell command ------------------------------------------------------------------
+
+
+MAX_SCAN_FILES = 2000
+MAX_SCAN_DEPTH = 16
+
+
+def audit_command_changes(host: Any, plan: Plan, sid: str, *, since_ns: int) -> None:
+    """After a write-plan command (its notes mutexes still held): audit which
+    files in each contributed ``notes/`` changed while it ran, and which of them
+    the injection gate would have refused. Files are only read, never changed:
+    shell writes carry no enforced provenance (``kbd notes write`` is the path
+    that stamps it), but the source's owner can see who changed what.
+
+    A change is a status-change time (ctime, which a writer cannot set back) at
+    or after the command's start, less the coarse-timestamp margin.
+    """
+    from kbd import injection
+
+    since = since_ns - 50_000_000
+    for att in plan.sources:
+        if att.path is None or not plan.writes_source(att.alias):
+            continue
+        changed: list[str] = []
+        flagged: dict[str, str] = {}
+        try:
+            with pin_dir(att.path, expect=att.kb_identity) as kb:
+                stack = [(NOTES, 0)]
+                while stack and len(changed) < MAX_SCAN_FILES:
+                    rel, depth = stack.pop()
+                    for entry in list_dir(kb.fd, rel):
+                        child = f"{rel}/{entry['name']}"
+                        if entry["type"] == "dir" and depth < MAX_SCAN_DEPTH:
+                            stack.append((child, depth + 1))
+                            continue
+                        if entry["type"] != "file":
+                            continue
+                        try:
+                            data, st = read_file_stat(
+                                kb.fd, child, limit=MAX_NOTE_BYTES, allow_hardlinks=True
+                            )
+                        except KbdError:
+                            continue
+                        if st.st_ctime_ns < since:
+                            continue
+                        changed.append(child)
+                        try:
+                            injection.check(data.decode("utf-8", "replace"))
+                        except injection.InjectionRefused as exc:
+                            flagged[child] = exc.rule
+        except KbdError:
+            continue
+        if changed:
+            host.audit("notes_changed_by_command", session=sid, workflow_id=plan.workflow_id,
+                       source=att.workflow_id, files=changed[:200], flagged=flagged)  # fmt: skip
 
 
 # -- readers ------------------------------------------------------------------------------------

@@ -159,7 +159,8 @@ def run(root: Path, sid: str, command: list[str], *, cwd: str | None = None) -> 
     forward = _Forward()
     try:
         with contextlib.ExitStack() as stack:
-            if spec.contributed_notes(plan):
+            writes = bool(spec.contributed_notes(plan))
+            if writes:
                 from kbd.notes import command_locks  # filelock only for write plans
 
                 # Two workflows' write turns into one notes/ never interleave,
@@ -168,24 +169,38 @@ def run(root: Path, sid: str, command: list[str], *, cwd: str | None = None) -> 
                 stack.enter_context(
                     command_locks(host.config.state_dir, plan, timeout=host.config.lock_timeout, who=who)
                 )
+            started = time.time_ns()
             if backend == "bwrap":
-                return _run_bwrap(host, sessions, plan, sid, command, workdir, env, forward)
-            if backend == "landlock":
-                scratch = private_tmp(host, sid)
-                env.update(HOME=str(scratch), TMPDIR=str(scratch))
-                argv = _landlock_argv(host, plan, command, scratch=scratch)
+                rc = _run_bwrap(host, sessions, plan, sid, command, workdir, env, forward)
             else:
-                warn("unsafe_no_sandbox: running WITHOUT any sandbox; the plan is not enforced")
-                argv = command
-            proc = subprocess.Popen(argv, env=env, cwd=workdir, start_new_session=True)  # noqa: S603
-            forward.pgid = proc.pid
-            sessions.store.add_process(sid, pid=proc.pid, generation=plan.generation, argv=command)
-            try:
-                return proc.wait()
-            finally:
-                sessions.store.remove_process(sid, proc.pid)
+                rc = _run_direct(host, sessions, plan, sid, command, workdir, env, forward, backend)
+            if writes:
+                from kbd.notes import audit_command_changes
+
+                audit_command_changes(host, plan, sid, since_ns=started)
+            return rc
     finally:
         forward.restore()
+
+
+def _run_direct(
+    host: Host, sessions: Sessions, plan: Plan, sid: str, command: list[str], workdir: Path,
+    env: dict[str, str], forward: _Forward, backend: str,
+) -> int:  # fmt: skip
+    if backend == "landlock":
+        scratch = private_tmp(host, sid)
+        env.update(HOME=str(scratch), TMPDIR=str(scratch))
+        argv = _landlock_argv(host, plan, command, scratch=scratch)
+    else:
+        warn("unsafe_no_sandbox: running WITHOUT any sandbox; the plan is not enforced")
+        argv = command
+    proc = subprocess.Popen(argv, env=env, cwd=workdir, start_new_session=True)  # noqa: S603
+    forward.pgid = proc.pid
+    sessions.store.add_process(sid, pid=proc.pid, generation=plan.generation, argv=command)
+    try:
+        return proc.wait()
+    finally:
+        sessions.store.remove_process(sid, proc.pid)
 
 
 def _run_bwrap(
