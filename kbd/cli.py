@@ -147,6 +147,12 @@ def init(c: Ctx, demo: bool, host_name: str | None, force: bool, as_json: bool) 
     if as_json:
         _emit(result)
         return
+    if result["replaced"]:
+        click.echo(
+            "kbd: WARNING: --force rewrote kbd.yaml and principals.yaml; earlier principals, tokens and "
+            "uid mappings are gone",
+            err=True,
+        )
     click.echo(f"initialised kbd root {result['root']} (host {result['host']})")
     for wid in result["demo_workflows"]:
         click.echo(f"  demo workflow {wid}")

@@ -50,8 +50,18 @@ def init_root(root: Path, *, host: str | None, force: bool, demo: bool) -> dict[
     """
     if root.exists() and not root.is_dir():
         raise RootError(f"{root} exists and is not a folder")
-    if (root / CONFIG_NAME).exists() and not force:
+    existing = (root / CONFIG_NAME).exists()
+    if existing and not force:
         raise RootExists(f"{root} already holds a kbd root ({CONFIG_NAME} exists)")
+    if existing and demo:
+        known = {folder for folder, _, _ in DEMO}
+        others = [p.name for p in (root / "workflows").iterdir()] if (root / "workflows").is_dir() else []
+        if any(name not in known for name in others):
+            # The demo maps an admin to the caller's uid: never into a real root.
+            raise RootExists(
+                f"{root} holds workflows of its own; --demo only initialises an empty or demo root",
+                hint="use a new --root for the demo",
+            )
     host_name = host if host is not None else _safe_name(socket.gethostname(), "localhost")
     if (problem := id_problem(host_name)) is not None:
         raise RootError(f"--host {problem}")
@@ -68,7 +78,12 @@ def init_root(root: Path, *, host: str | None, force: bool, demo: bool) -> dict[
     created: list[str] = []
     if demo:
         created = create_demo_workflows(root / "workflows")
-    return {"root": str(root.resolve()), "host": host_name, "demo_workflows": created}
+    return {
+        "root": str(root.resolve()),
+        "host": host_name,
+        "demo_workflows": created,
+        "replaced": existing,  # kbd.yaml and principals.yaml (tokens, uid maps) were rewritten
+    }
 
 
 def default_principals() -> list[dict[str, Any]]:

@@ -59,7 +59,12 @@ def test_init_writes_config_and_principals(tmp_path: Path) -> None:
     root = tmp_path / "root"
     r = KbRoot(root).cli("init", "--host", "exec-1", "--json")
     assert r.code == 0, r.err
-    assert r.json() == {"root": str(root.resolve()), "host": "exec-1", "demo_workflows": []}
+    assert r.json() == {
+        "root": str(root.resolve()),
+        "host": "exec-1",
+        "demo_workflows": [],
+        "replaced": False,
+    }
     config = yaml.safe_load((root / "kbd.yaml").read_text())
     assert config["host"] == "exec-1"
     assert config["workflow_roots"] == ["workflows"]
@@ -522,3 +527,14 @@ def test_validate_rejects_invalid_json_and_duplicate_keys(tmp_path: Path) -> Non
         r = KbRoot(tmp_path / "no-root").cli("validate", str(f))
         assert r.code == 65, r.out + r.err
         assert fragment in error_message(r)
+
+
+def test_force_warns_and_demo_never_lands_in_a_real_root(tmp_path: Path) -> None:
+    kb = KbRoot.create(tmp_path / "root")
+    kb.workflow("mine", access={"owners": ["alice"]})
+    before = (kb.workflows / "mine" / "workflow.json").read_bytes()
+    r = kb.cli("init", "--demo", "--force")
+    assert r.code == 65 and "--demo only initialises an empty or demo root" in r.err
+    assert (kb.workflows / "mine" / "workflow.json").read_bytes() == before
+    r = kb.cli("init", "--force", "--host", "h2")
+    assert r.code == 0 and "WARNING: --force rewrote" in r.err
