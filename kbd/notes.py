@@ -374,14 +374,17 @@ def audit_command_changes(host: Any, plan: Plan, sid: str, *, since_ns: int) -> 
                         if entry["type"] != "file":
                             continue
                         try:
-                            data, st = read_file_stat(
-                                kb.fd, child, limit=MAX_NOTE_BYTES, allow_hardlinks=True
-                            )
-                        except KbdError:
-                            continue
-                        if st.st_ctime_ns < since:
+                            # A cheap ctime filter first (audit only: a race here can
+                            # only skip a file); the changed ones are read confined.
+                            if os.stat(child, dir_fd=kb.fd, follow_symlinks=False).st_ctime_ns < since:
+                                continue
+                        except OSError:
                             continue
                         changed.append(child)
+                        try:
+                            data, _ = read_file_stat(kb.fd, child, limit=MAX_NOTE_BYTES, allow_hardlinks=True)
+                        except KbdError:
+                            continue
                         try:
                             injection.check(data.decode("utf-8", "replace"))
                         except injection.InjectionRefused as exc:
