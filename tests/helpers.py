@@ -119,11 +119,14 @@ class KbRoot:
 Entry = tuple[str, int, int, bytes]
 
 
-def snapshot(root: Path) -> dict[str, Entry]:
-    """Every entry under ``root`` (links not followed): type, mode, mtime, content.
-    Two equal snapshots mean nothing under ``root`` was created, removed or changed."""
+def snapshot(root: Path, *, skip: tuple[str, ...] = ()) -> dict[str, Entry]:
+    """Every entry under ``root`` (links not followed): type, mode, mtime, content,
+    leaving out the top-level folders named in ``skip``. Two equal snapshots mean
+    nothing under ``root`` was created, removed or changed."""
     out: dict[str, Entry] = {}
     for dirpath, dirnames, filenames in os.walk(root):
+        if Path(dirpath) == root:
+            dirnames[:] = [d for d in dirnames if d not in skip]
         for name in [*dirnames, *filenames]:
             path = Path(dirpath) / name
             st = os.lstat(path)

@@ -35,9 +35,8 @@ from kbd.notes import MAX_NOTE_BYTES, PROVENANCE_KEYS, read_index, write_note
 from kbd.ops import Host
 from kbd.safepath import pin_dir
 from kbd.session_ops import Sessions
-from tests.helpers import KbRoot
+from tests.helpers import Entry, KbRoot, snapshot
 
-Entry = tuple[str, int, int, bytes]
 ISO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
 INDEX_BYTES = b'{"notes": ["fact.md"]}\n'
 
@@ -46,25 +45,8 @@ INDEX_BYTES = b'{"notes": ["fact.md"]}\n'
 
 
 def tree(root: Path) -> dict[str, Entry]:
-    """Every entry under ``root`` except ``state/`` (links not followed): type,
-    mode, mtime and content."""
-    out: dict[str, Entry] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        if Path(dirpath) == root and "state" in dirnames:
-            dirnames.remove("state")
-        for name in [*dirnames, *filenames]:
-            path = Path(dirpath) / name
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):
-                kind, data = "link", os.readlink(path).encode()
-            elif stat.S_ISREG(st.st_mode):
-                kind, data = "file", path.read_bytes()
-            elif stat.S_ISDIR(st.st_mode):
-                kind, data = "dir", b""
-            else:
-                kind, data = "other", b""
-            out[str(path.relative_to(root))] = (kind, st.st_mode, st.st_mtime_ns, data)
-    return out
+    """Every entry under ``root`` except kbd's own ``state/``."""
+    return snapshot(root, skip=("state",))
 
 
 def split_note(text: str) -> tuple[list[str], str]:
