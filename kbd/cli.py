@@ -528,6 +528,13 @@ def _sessions(c: Ctx) -> Sessions:
     return Sessions(c.host)
 
 
+def _session_actor(c: Ctx, as_: str | None) -> Principal | None:
+    """Session commands run as the trusted local caller (the root is the trust
+    boundary), unless ``--as`` names a principal: then they are authorized as
+    that principal would be through the API (opener, services, admins)."""
+    return c.actor(as_) if as_ else None
+
+
 def _print_plan(plan: Plan) -> None:
     d = plan.to_json()
     click.echo(
@@ -593,12 +600,13 @@ def session_open(
 
 @session.command("show")
 @click.argument("sid")
+@as_option
 @json_option
 @pass_ctx
-def session_show(c: Ctx, sid: str, as_json: bool) -> None:
+def session_show(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
     """The session's plan, rebuilt from saved configuration now."""
     sessions = _sessions(c)
-    plan = sessions.plan(sid)
+    plan = sessions.plan(sid, actor=_session_actor(c, as_))
     running = sessions.running(sid, plan)
     if as_json:
         _emit({**plan.to_json(), "running": running})
@@ -618,12 +626,18 @@ def session_show(c: Ctx, sid: str, as_json: bool) -> None:
     is_flag=True,
     help="Terminate commands running under an older plan (SIGTERM, grace, SIGKILL).",
 )
+@as_option
 @json_option
 @pass_ctx
-def session_revoke(c: Ctx, sid: str, immediate: bool, as_json: bool) -> None:
+def session_revoke(c: Ctx, sid: str, immediate: bool, as_: str | None, as_json: bool) -> None:
     """Handle commands still running with grants the session no longer has."""
     cfg = c.host.config
-    result = _sessions(c).revoke(sid, immediate=immediate or cfg.revoke_immediately, grace=cfg.revoke_grace)
+    result = _sessions(c).revoke(
+        sid,
+        immediate=immediate or cfg.revoke_immediately,
+        grace=cfg.revoke_grace,
+        actor=_session_actor(c, as_),
+    )
     if as_json:
         _emit(result)
         return
@@ -637,11 +651,12 @@ def session_revoke(c: Ctx, sid: str, immediate: bool, as_json: bool) -> None:
 
 @session.command("env")
 @click.argument("sid")
+@as_option
 @json_option
 @pass_ctx
-def session_env(c: Ctx, sid: str, as_json: bool) -> None:
+def session_env(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
     """The session's environment, as `export` lines (eval-able) or JSON."""
-    env = _sessions(c).plan(sid).env
+    env = _sessions(c).plan(sid, actor=_session_actor(c, as_)).env
     if as_json:
         _emit(env)
         return
@@ -652,10 +667,12 @@ def session_env(c: Ctx, sid: str, as_json: bool) -> None:
 @session.command("list")
 @click.option("--workflow", "wf", metavar="WF")
 @click.option("--all", "include_closed", is_flag=True, help="Include closed sessions.")
+@as_option
 @json_option
 @pass_ctx
-def session_list(c: Ctx, wf: str | None, include_closed: bool, as_json: bool) -> None:
-    rows = _sessions(c).rows(workflow_id=wf, include_closed=include_closed)
+def session_list(c: Ctx, wf: str | None, include_closed: bool, as_: str | None, as_json: bool) -> None:
+    """Sessions (with --as: only those that principal may use)."""
+    rows = _sessions(c).rows(actor=_session_actor(c, as_), workflow_id=wf, include_closed=include_closed)
     if as_json:
         _emit({"sessions": rows})
         return
@@ -668,11 +685,12 @@ def session_list(c: Ctx, wf: str | None, include_closed: bool, as_json: bool) ->
 
 @session.command("close")
 @click.argument("sid")
+@as_option
 @json_option
 @pass_ctx
-def session_close(c: Ctx, sid: str, as_json: bool) -> None:
+def session_close(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
     """Close SID (and its child sessions): they grant nothing afterwards."""
-    closed = _sessions(c).close(sid)
+    closed = _sessions(c).close(sid, actor=_session_actor(c, as_))
     if as_json:
         _emit({"session_id": sid, "closed": closed})
     else:
@@ -682,28 +700,46 @@ def session_close(c: Ctx, sid: str, as_json: bool) -> None:
 @main.command("exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.argument("sid")
 @click.option("--cwd", metavar="DIR", help="Run in DIR (inside the session's workflow folder).")
+@as_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_ctx
-def exec_cmd(c: Ctx, sid: str, cwd: str | None, command: tuple[str, ...]) -> None:
+def exec_cmd(c: Ctx, sid: str, cwd: str | None, as_: str | None, command: tuple[str, ...]) -> None:
     """Run COMMAND under SID's current plan in a fresh sandbox; exit with its status."""
     from kbd.runner import run
 
     argv = list(command)
+    # Options may also follow SID (`kbd exec SID --cwd D --as P -- CMD`); click stops
+    # parsing at the first argument here, so take them off the front by hand.
+    while argv and argv[0] != "--":
+        head = argv[0]
+        if head in ("--cwd", "--as") and len(argv) >= 2:
+            value, argv = argv[1], argv[2:]
+        elif head.startswith(("--cwd=", "--as=")):
+            value, argv = head.split("=", 1)[1], argv[1:]
+        else:
+            break
+        if head.startswith("--cwd"):
+            cwd = value
+        else:
+            as_ = value
     if argv and argv[0] == "--":
         argv = argv[1:]
-    sys.exit(run(c.root, sid, argv, cwd=cwd))
+    if not argv:
+        raise UsageError("no command given", hint="kbd exec SID [--cwd DIR] [--as P] -- CMD [ARG...]")
+    sys.exit(run(c.root, sid, argv, cwd=cwd, actor=as_))
 
 
 @main.command("check")
 @click.argument("sid")
 @click.argument("path")
 @click.option("--mode", type=click.Choice(["read", "write"]), required=True)
+@as_option
 @json_option
 @pass_ctx
-def check_cmd(c: Ctx, sid: str, path: str, mode: str, as_json: bool) -> None:
+def check_cmd(c: Ctx, sid: str, path: str, mode: str, as_: str | None, as_json: bool) -> None:
     """May session SID read/write PATH? Exit 0 when allowed, 77 when not."""
     try:
-        result = _sessions(c).check(sid, path, mode)
+        result = _sessions(c).check(sid, path, mode, actor=_session_actor(c, as_))
     except SessionClosed as err:
         # Still the contract's answer on stdout: a closed session grants nothing.
         result = {"allowed": False, "reason": err.message}
@@ -730,9 +766,12 @@ def notes() -> None:
 @click.option(
     "--file", "file", default="-", show_default=True, metavar="F|-", help="Note content; - reads stdin."
 )
+@as_option
 @json_option
 @pass_ctx
-def notes_write(c: Ctx, sid: str, alias: str, relpath: str, file: str, as_json: bool) -> None:
+def notes_write(
+    c: Ctx, sid: str, alias: str, relpath: str, file: str, as_: str | None, as_json: bool
+) -> None:
     """Write RELPATH (relative to the source's notes/) atomically, with provenance."""
     from kbd.notes import MAX_NOTE_BYTES, write_note
 
@@ -744,7 +783,7 @@ def notes_write(c: Ctx, sid: str, alias: str, relpath: str, file: str, as_json: 
                 data = fh.read(MAX_NOTE_BYTES + 1)
     except OSError as exc:
         raise InvalidInput(f"cannot read {file}: {exc.strerror}") from exc
-    result = write_note(_sessions(c), sid, alias, relpath, data)
+    result = write_note(_sessions(c), sid, alias, relpath, data, actor=_session_actor(c, as_))
     if as_json:
         _emit(result)
     else:

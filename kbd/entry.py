@@ -36,6 +36,8 @@ def _lean_exec(argv: list[str]) -> int | None:
         cwd, rest = rest[0].split("=", 1)[1], rest[1:]
     if rest[:1] == ["--"]:
         rest = rest[1:]
+    elif rest[:1] and rest[0].startswith("-"):
+        return None  # any other option (--as, --help): the full CLI parses it
     if not rest:
         return None
     from kbd.config import default_root

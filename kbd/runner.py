@@ -145,14 +145,15 @@ class _Forward:
             signal.signal(s, h)
 
 
-def run(root: Path, sid: str, command: list[str], *, cwd: str | None = None) -> int:
+def run(root: Path, sid: str, command: list[str], *, cwd: str | None = None, actor: str | None = None) -> int:
     """Run ``command`` in session ``sid``; return its exit status (69 when the
     sandbox could not be set up, 77 when the session is closed)."""
     if not command:
         raise InvalidInput("no command given", hint="kbd exec SID -- CMD [ARG...]")
     host = Host(root)
     sessions = Sessions(host)
-    plan = sessions.plan(sid)
+    # Without --as the caller is the trusted local user of the root (as for git).
+    plan = sessions.plan(sid, actor=host.actor(actor) if actor else None)
     workdir = resolve_cwd(plan, cwd)
     env = session_env(plan, sid)
     backend = choose_backend(host)

@@ -229,3 +229,24 @@ def test_shell_changes_to_a_source_are_audited_with_gate_flags(kb: KbRoot) -> No
         )
         == 1
     )
+
+
+def test_session_commands_accept_as_and_authorize_like_the_api(kb: KbRoot) -> None:
+    kb.workflow("con", access={"owners": ["alice"], "readers": ["bob"]})
+    sid = open_sid(kb, "--kind", "execution")
+    assert kb.cli("session", "show", sid, "--as", "alice").code == 0
+    assert kb.cli("exec", sid, "--as", "alice", "--", "true").code == 0
+    assert kb.cli("exec", "--as", "alice", sid, "--", "true").code == 0
+    for args in (
+        ["session", "show", sid, "--as", "bob"],
+        ["session", "env", sid, "--as", "bob"],
+        ["exec", sid, "--as", "bob", "--", "true"],
+        ["check", sid, str(kb.workflows / "con"), "--mode", "read", "--as", "bob"],
+        ["session", "close", sid, "--as", "bob"],
+    ):
+        r = kb.cli(*args)
+        assert r.code == 66 and "no session" in r.err, args
+    listed = kb.cli("session", "list", "--as", "bob", "--json").json()["sessions"]
+    assert listed == []
+    # Without --as the CLI is the trusted local user of the root.
+    assert kb.cli("session", "show", sid).code == 0
