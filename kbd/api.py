@@ -269,6 +269,8 @@ def create_app(host: Host) -> FastAPI:
 
     async def principal(request: Request) -> Principal:
         state.requests[request.url.path.split("/")[2] if request.url.path.count("/") >= 2 else "?"] += 1
+        # Every request sees current principals and config (cheap: two stats).
+        state.host.refresh()
         auth = request.headers.get("authorization")
         principals = state.host.principals
         if auth is not None:

@@ -8,11 +8,14 @@ formatting for people lives in the CLI.
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from kbd import audience, audit
-from kbd.config import Config, load_config
+from kbd.config import CONFIG_NAME, PRINCIPALS_NAME, Config, load_config
 from kbd.errors import (
     AmbiguousWorkflow,
     InvalidInput,
@@ -41,13 +44,55 @@ class Host:
     """One kbd root: config, principals and the workflow registry."""
 
     def __init__(self, root: Path, *, sweep_interval: float = 1.0) -> None:
+        self._root = root
+        self._sweep_interval = sweep_interval
+        self._signature = self._config_signature()
         self.config: Config = load_config(root)
         self.principals: Principals = load_principals(self.config.root)
-        self.registry = Registry(
+        self.registry = self._registry()
+        self._reloading = threading.Lock()
+
+    def _registry(self) -> Registry:
+        return Registry(
             [r.resolve() for r in self.config.workflow_roots],
             cache_path=self.config.state_dir / "cache" / "registry.json",
-            sweep_interval=sweep_interval,
+            sweep_interval=self._sweep_interval,
         )
+
+    def _config_signature(self) -> tuple[object, ...]:
+        out: list[object] = []
+        for name in (CONFIG_NAME, PRINCIPALS_NAME):
+            try:
+                st = os.stat(self._root / name)
+            except OSError:
+                out.append(None)
+                continue
+            racy = max(st.st_mtime_ns, st.st_ctime_ns) >= time.time_ns() - 200_000_000
+            # A file changed within the coarse-timestamp window is never trusted unchanged.
+            out.append(None if racy else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        return tuple(out)
+
+    def refresh(self) -> None:
+        """Re-read kbd.yaml and principals.yaml when they changed (a long-lived
+        daemon must honour a disabled principal or a rotated token at once).
+        New objects are built first and then swapped in, so a concurrent reader
+        sees the old or the new ones, never a mix; an invalid new file raises and
+        the old settings stay in force until it is fixed."""
+        sig = self._config_signature()
+        if sig == self._signature and None not in sig:
+            return
+        if not self._reloading.acquire(blocking=False):
+            return  # another thread is reloading right now
+        try:
+            config = load_config(self._root)
+            principals = load_principals(config.root)
+            roots_changed = config.workflow_roots != self.config.workflow_roots
+            self.config, self.principals = config, principals
+            if roots_changed:
+                self.registry = self._registry()
+            self._signature = sig
+        finally:
+            self._reloading.release()
 
     # -- SourceView for the resolver ----------------------------------------
     def find(self, workflow_id: str) -> Lookup:

@@ -250,3 +250,27 @@ def test_session_commands_accept_as_and_authorize_like_the_api(kb: KbRoot) -> No
     assert listed == []
     # Without --as the CLI is the trusted local user of the root.
     assert kb.cli("session", "show", sid).code == 0
+
+
+def test_a_running_daemon_honours_principal_changes_at_once(kb: KbRoot) -> None:
+    import yaml
+
+    from kbd.principals import issue_token
+    from tests.integration.daemon import issue_tokens, serving
+
+    kb.workflow("con", access={"owners": ["carol"]})
+    first = issue_tokens(kb.root, ["carol"])["carol"]
+    with serving(kb.root) as daemon:
+        assert daemon.client(first).get("/v1/whoami").json()["id"] == "carol"
+        # Token rotation: the new token works, the old one is gone.
+        second = issue_token(kb.root, "carol", timeout=10)
+        assert daemon.client(second).get("/v1/whoami").status_code == 200
+        assert daemon.client(first).get("/v1/whoami").status_code == 401
+        # Disabling takes effect on the next request.
+        doc = yaml.safe_load((kb.root / "principals.yaml").read_text())
+        for p in doc["principals"]:
+            if p["id"] == "carol":
+                p["disabled"] = True
+        (kb.root / "principals.yaml").write_text(yaml.safe_dump(doc))
+        r = daemon.client(second).get("/v1/workflows/con/sources")
+        assert r.status_code == 403 and "disabled" in r.json()["error"]["message"]
