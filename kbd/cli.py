@@ -228,7 +228,7 @@ def validate(file: Path, as_json: bool) -> None:
         # Non-blocking and checked before reading: a FIFO or a device never hangs validate.
         fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError as exc:
-        raise NotFound(f"{file} does not exist") from exc
+        raise NotFound(f"{file} does not exist", hint="pass the path of a workflow.json file") from exc
     except OSError as exc:
         raise InvalidInput(f"cannot read {file}: {exc.strerror}") from exc
     with os.fdopen(fd, "rb") as fh:
@@ -410,6 +410,8 @@ def sources_set(
     """Replace WF's whole attachment list."""
     try:
         data = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
+    except FileNotFoundError as exc:
+        raise NotFound(f"{file} does not exist", hint="pass an existing file, or - for stdin") from exc
     except OSError as exc:
         raise InvalidInput(f"cannot read {file}: {exc.strerror}") from exc
     try:
@@ -463,6 +465,7 @@ def writers() -> None:
 @json_option
 @pass_ctx
 def writers_list(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> None:
+    """Consumer workflows SOURCE_WF's owner lets write into its notes/."""
     data = c.host.writers(source_wf, c.actor(as_))
     if as_json:
         _emit(data)
@@ -781,6 +784,8 @@ def notes_write(
         else:
             with open(file, "rb") as fh:
                 data = fh.read(MAX_NOTE_BYTES + 1)
+    except FileNotFoundError as exc:
+        raise NotFound(f"{file} does not exist", hint="pass an existing file, or - for stdin") from exc
     except OSError as exc:
         raise InvalidInput(f"cannot read {file}: {exc.strerror}") from exc
     result = write_note(_sessions(c), sid, alias, relpath, data, actor=_session_actor(c, as_))

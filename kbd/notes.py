@@ -32,10 +32,11 @@ from typing import Any
 
 import orjson
 
-from kbd.errors import Busy, InvalidInput, KbdError, PermissionDenied
+from kbd.errors import Busy, InvalidInput, KbdError, NotFound, PermissionDenied
 from kbd.names import is_index_name
 from kbd.plan import NOTES, Plan
 from kbd.safepath import (
+    InvalidPath,
     PathNotFound,
     list_dir,
     open_beneath,
@@ -180,7 +181,12 @@ def validate_target(relpath: str) -> list[str]:
     """The components of a note path relative to ``notes/``, or InvalidInput/PermissionDenied."""
     if relpath.endswith("/"):
         raise InvalidInput(f"{relpath!r} ends with '/': name a file, not a folder")
-    parts = split_relative(relpath)
+    try:
+        parts = split_relative(relpath)
+    except InvalidPath as exc:
+        raise InvalidPath(
+            exc.message, hint="name a file relative to the source's notes/, e.g. findings/latency.md"
+        ) from None
     for p in parts:
         if is_index_name(p):
             raise PermissionDenied(
@@ -266,14 +272,24 @@ def prepare_note(
         raise
     att = next((a for a in plan.sources if a.alias == alias), None)
     draft = PreparedNote(host, sid, plan.workflow_id, alias, relpath, "", Path("/"), None, (), b"")
-    if att is None or not att.available or att.path is None or not plan.writes_source(alias):
+    if att is None:
+        raise draft.refuse(
+            NotFound(
+                f"source {alias!r} is not attached to {plan.workflow_id!r}",
+                hint="`kbd session show SID` lists the attached aliases",
+            )
+        )
+    if not att.available or att.path is None or not plan.writes_source(alias):
         why = (
-            "is not attached" if att is None
-            else f"is unavailable ({att.reason})" if not att.available
+            f"is unavailable ({att.reason})" if not att.available
             else "has no write grant in this session now (attached read-only, not granted by the source's owner, "
             "or the session's kind or kb_access does not write)"
         )  # fmt: skip
-        raise draft.refuse(PermissionDenied(f"source {alias!r} {why}"))
+        raise draft.refuse(
+            PermissionDenied(
+                f"source {alias!r} {why}", hint="`kbd sources list WF` shows each attachment's write status"
+            )
+        )
     try:
         parts = validate_target(relpath)
         if len(data) > MAX_NOTE_BYTES:

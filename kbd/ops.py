@@ -346,6 +346,9 @@ class Host:
                     consumer=consumer_id,
                     actor=actor.id,
                 )
+                if not audience.can_inspect(actor, current):
+                    # Audited above; outsiders get the same answer as for a missing workflow.
+                    raise WorkflowNotFound(f"no workflow with ID {source_id!r} on this host")
                 raise PermissionDenied(
                     f"{actor.id!r} may not change who writes into {source_id!r}: only its owners or an admin may",
                     hint="ask an owner of the source workflow to run `kbd writers grant`",

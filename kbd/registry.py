@@ -31,7 +31,7 @@ from pathlib import Path
 
 from kbd.errors import KbdError, ManifestUnreadable
 from kbd.fsio import ensure_private_dir, write_atomic
-from kbd.linux import AT_EMPTY_PATH, mount_info
+from kbd.linux import AT_EMPTY_PATH, MountInfo, mount_info
 from kbd.manifest import MAX_MANIFEST_BYTES, Manifest, extract_id, parse_manifest
 from kbd.safepath import pin_dir, read_file_stat
 
@@ -397,6 +397,9 @@ class KbProbe:
 
     problem: KbProblem | None
     identity: tuple[int, int] | None = None  # (st_dev, st_ino) of knowledgebase/
+    # Why knowledgebase/notes/ cannot take contributions (missing, a link, not a
+    # folder, another mount), or None when it can.
+    notes_problem: str | None = None
 
 
 def probe_kb(workflow_folder: Path) -> KbProbe:
@@ -449,4 +452,21 @@ def probe_kb(workflow_folder: Path) -> KbProbe:
                 "the source's knowledgebase/ is a mount point, not part of the workflow's own folder",
             )
         )
-    return KbProbe(None, (info.dev, info.ino))
+    return KbProbe(None, (info.dev, info.ino), _notes_problem(workflow_folder, info))
+
+
+def _notes_problem(workflow_folder: Path, kb: MountInfo) -> str | None:
+    try:
+        with pin_dir(workflow_folder / KB_DIR, expect=(kb.dev, kb.ino)) as pinned:
+            notes = mount_info("notes", dir_fd=pinned.fd)
+    except FileNotFoundError:
+        return "the source has no notes/ folder"
+    except (OSError, KbdError):
+        return "the source's notes/ folder cannot be inspected"
+    if stat.S_ISLNK(notes.mode):
+        return "the source's notes/ is a symbolic link"
+    if not stat.S_ISDIR(notes.mode):
+        return "the source's notes is not a folder"
+    if notes.mount_root or notes.dev != kb.dev:
+        return "the source's notes/ is a mount point"
+    return None

@@ -34,6 +34,9 @@ REASONS = (
     "invalid_entry",
 )
 WRITE_NOT_GRANTED = "write_not_granted"
+# Write-status reason added by kbd (README): the owner granted write, but the
+# source's notes/ is missing, a link or a mount point.
+NOTES_UNAVAILABLE = "notes_unavailable"
 
 
 class SourceView(Protocol):
@@ -149,7 +152,11 @@ def resolve_entry(
         return _unavailable(entry, probe.problem.reason, probe.problem.message, label=source.label)
     write: WriteStatus | None = None
     if ref.access == "write":
-        if audience.can_write(consumer, source, principals):
+        if audience.can_write(consumer, source, principals) and probe.notes_problem is not None:
+            # Granted, but there is no usable notes/ to write into: the write grant
+            # is withheld (the read stays), instead of breaking every command.
+            write = WriteStatus(False, NOTES_UNAVAILABLE, probe.notes_problem)
+        elif audience.can_write(consumer, source, principals):
             write = WriteStatus(True, None)
         elif source.is_legacy:
             write = WriteStatus(

@@ -312,7 +312,7 @@ def _folder_refusal(err: int) -> KbdError:
     if err in (errno.ELOOP, errno.EXDEV):
         return PathRefused("a folder on the way is a symbolic link", why="symlink")
     if err in (errno.ENOENT, errno.ENOTDIR):
-        return PathNotFound("the folder no longer exists")
+        return PathNotFound("the folder does not exist")
     return PathRefused(f"the folder cannot be opened ({os.strerror(err)})", why="os_error")
 
 

@@ -274,3 +274,39 @@ def test_a_running_daemon_honours_principal_changes_at_once(kb: KbRoot) -> None:
         (kb.root / "principals.yaml").write_text(yaml.safe_dump(doc))
         r = daemon.client(second).get("/v1/workflows/con/sources")
         assert r.status_code == 403 and "disabled" in r.json()["error"]["message"]
+
+
+def test_a_broken_notes_folder_withholds_only_that_write_grant(kb: KbRoot) -> None:
+    src = kb.workflow("src", access={"owners": ["bob"], "readers": ["alice"], "allowed_kb_writers": ["con"]})
+    kb.workflow("other", access={"owners": ["alice"]})
+    kb.workflow(
+        "con",
+        access={"owners": ["alice"]},
+        sources=[
+            {"workflow_id": "src", "alias": "src", "access": "write"},
+            {"workflow_id": "other", "alias": "o"},
+        ],
+    )
+    sid = open_sid(kb, "--kind", "execution", "--kb-access", "read-write")
+    import shutil
+
+    for breakage in ("missing", "symlink"):
+        notes = src / "knowledgebase" / "notes"
+        if notes.is_symlink():
+            notes.unlink()
+        elif notes.exists():
+            shutil.rmtree(notes)
+        if breakage == "symlink":
+            notes.symlink_to("../soul")
+        att = next(
+            a
+            for a in kb.cli("sources", "list", "con", "--as", "alice", "--json").json()["sources"]
+            if a["alias"] == "src"
+        )
+        assert att["available"] is True and att["write"]["available"] is False
+        assert att["write"]["reason"] == "notes_unavailable"
+        # The session keeps working: reads of both sources, no write into the broken one.
+        r = kb.cli("exec", sid, "--", "sh", "-c", 'cat "$WORKFLOW_KB_O/notes/fact.md"; ls "$WORKFLOW_KB_SRC"')
+        assert r.code == 0 and r.out.startswith("other\n"), r.err
+        plan = kb.cli("session", "show", sid, "--json").json()
+        assert not any("/src/" in p for p in plan["write"])

@@ -259,7 +259,7 @@ def test_read_attachment_is_refused(world: World) -> None:
 
 
 def test_unattached_alias_is_refused(world: World) -> None:
-    err = world.refused("new.md", alias="nosuch", code="permission-denied", exit_code=77)
+    err = world.refused("new.md", alias="nosuch", code="not-found", exit_code=66)
     assert "not attached" in err.message
 
 
