@@ -23,7 +23,7 @@ from kbd import browse
 from kbd.config import default_root
 from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, NotFound, PermissionDenied, UsageError
 from kbd.ids import one_line
-from kbd.manifest import MAX_MANIFEST_BYTES, parse_manifest
+from kbd.manifest import MAX_MANIFEST_BYTES, parse_manifest, writer_problems
 from kbd.ops import Host
 from kbd.plan import Plan
 from kbd.policy import KB_ACCESS, KINDS
@@ -239,6 +239,12 @@ def validate(file: Path, as_json: bool) -> None:
     if m.sources_problem:
         raise ManifestUnreadable(m.sources_problem)
     problems = [f"knowledgebase_sources[{e.index}]: {e.problem}" for e in m.entries if e.problem]
+    problems += writer_problems(m.raw, self_id=m.id)
+    from kbd.folders import resolve_folders
+
+    for i, f in enumerate(resolve_folders(m.raw.get("folder_access"), roots=())):
+        if f.reason == "invalid_entry":
+            problems.append(f"folder_access[{i}]: {f.message}")
     if as_json:
         _emit({"workflow_id": m.id, "valid": not problems, "problems": problems, "version": m.version})
     if problems:

@@ -340,6 +340,32 @@ def validate_writers(raw: Sequence[Any], *, self_id: str) -> list[str]:
     return out
 
 
+def writer_problems(doc: dict[str, Any], *, self_id: str) -> list[str]:
+    """Every rule of DESIGN §2 a hand-edited ``access.allowed_kb_writers`` breaks
+    (for ``kbd validate``; lookups simply never match a bad entry)."""
+    access = doc.get("access")
+    raw = access.get("allowed_kb_writers") if isinstance(access, dict) else None
+    if raw is None:
+        return []
+    where = "access.allowed_kb_writers"
+    if not isinstance(raw, list):
+        return [f"{where} must be a list of workflow IDs"]
+    out: list[str] = []
+    seen: set[str] = set()
+    for i, item in enumerate(raw):
+        if (problem := id_problem(item)) is not None:
+            out.append(f"{where}[{i}] {problem}")
+        elif item == self_id:
+            out.append(f"{where}[{i}] names the workflow itself")
+        elif item in seen:
+            out.append(f"{where}[{i}] repeats {item!r}")
+        if isinstance(item, str):
+            seen.add(item)
+    if len(raw) > MAX_WRITERS:
+        out.append(f"{where} has {len(raw)} entries; at most {MAX_WRITERS} are allowed")
+    return out
+
+
 def with_sources(raw: dict[str, Any], refs: Sequence[SourceRef]) -> dict[str, Any]:
     """A copy of ``raw`` with ``knowledgebase_sources`` replaced; all else untouched."""
     doc = copy.deepcopy(raw)

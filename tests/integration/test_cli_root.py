@@ -538,3 +538,23 @@ def test_force_warns_and_demo_never_lands_in_a_real_root(tmp_path: Path) -> None
     assert (kb.workflows / "mine" / "workflow.json").read_bytes() == before
     r = kb.cli("init", "--force", "--host", "h2")
     assert r.code == 0 and "WARNING: --force rewrote" in r.err
+
+
+def test_validate_checks_writer_grants_and_folder_grants(tmp_path: Path) -> None:
+    f = tmp_path / "workflow.json"
+    f.write_text(
+        json.dumps(
+            {
+                "id": "w",
+                "access": {"allowed_kb_writers": ["w", " a", "a", "a"]},
+                "folder_access": [{"alias": "X", "path": "rel", "access": "rw"}],
+            }
+        )
+    )
+    r = KbRoot(tmp_path / "no-root").cli("validate", str(f), "--json")
+    assert r.code == 65
+    problems = r.json()["problems"]
+    assert any("names the workflow itself" in p for p in problems)
+    assert any("whitespace" in p for p in problems)
+    assert any("repeats 'a'" in p for p in problems)
+    assert any(p.startswith("folder_access[0]") for p in problems)
