@@ -31,7 +31,15 @@ class Sessions:
         self.host = host
         policy.use_cache(host.config.state_dir)
         self.store = SessionStore(host.config.state_dir, timeout=host.config.lock_timeout)
-        self.folder_roots = tuple(r.resolve() for r in host.config.folder_roots)
+        self._folder_roots: tuple[tuple[Path, ...], tuple[Path, ...]] = ((), ())
+
+    def folder_roots(self) -> tuple[Path, ...]:
+        """The operator-approved roots of the current config (a daemon re-reads
+        kbd.yaml when it changes), canonicalised once per change."""
+        configured = self.host.config.folder_roots
+        if self._folder_roots[0] != configured:
+            self._folder_roots = (configured, tuple(r.resolve() for r in configured))
+        return self._folder_roots[1]
 
     # -- plans -------------------------------------------------------------
     def _build(self, row: SessionRow) -> Plan:
@@ -44,7 +52,7 @@ class Sessions:
             kb_access=row.kb_access,
             item_kb_write=row.item_kb_write,
             attachments=self.host.resolve(m),
-            folders=resolve_folders(m.raw.get("folder_access"), roots=self.folder_roots),
+            folders=resolve_folders(m.raw.get("folder_access"), roots=self.folder_roots()),
         )
         digest = plan.digest()
         generation = row.generation
