@@ -469,4 +469,15 @@ def _notes_problem(workflow_folder: Path, kb: MountInfo) -> str | None:
         return "the source's notes is not a folder"
     if notes.mount_root or notes.dev != kb.dev:
         return "the source's notes/ is a mount point"
+    try:
+        with pin_dir(workflow_folder / KB_DIR / "notes", expect=(notes.dev, notes.ino)) as pinned_notes:
+            index = mount_info("_index.json", dir_fd=pinned_notes.fd)
+    except FileNotFoundError:
+        return None  # kbd creates a missing index before a write command
+    except (OSError, KbdError):
+        return "the source's notes/ cannot be inspected"
+    if not stat.S_ISREG(index.mode):
+        # It is bound read-only over itself: anything but a regular file would
+        # break every command of every contributor.
+        return "the source's notes/_index.json is not a regular file"
     return None

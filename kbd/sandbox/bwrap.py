@@ -172,18 +172,26 @@ def build_argv(
     if network == "none":
         opts.append(flag("--unshare-net"))
     # Private /tmp first: roots under /tmp (as in tests) are bound beneath it.
-    opts += [arg("--tmpfs", "/tmp"), arg("--proc", "/proc"), arg("--dev", "/dev")]  # noqa: S108
-    # The fresh /proc still exposes host-wide kernel knobs that uid 0 may write even
-    # without capabilities (/proc/sys/kernel/core_pattern would run a program as
-    # root on the host): bind them read-only, as container runtimes do.
-    opts += [arg("--ro-bind", p, p) for p in spec.PROC_READ_ONLY if os.path.exists(p)]
-    opts += list(system_opts())
+    # Private /tmp first: roots under /tmp (as in tests) are bound beneath it.
+    opts.append(arg("--tmpfs", "/tmp"))  # noqa: S108
+    dests: list[str] = ["/", "/tmp"]  # noqa: S108
     for m in spec.mounts(plan):
+        dests.append(m.dest)
         if m.op == "hidden":
             opts += [arg("--tmpfs", m.dest), arg("--remount-ro", m.dest)]
             continue
         fd = _open_path(Path(m.dest), fds, kb_roots=kb_roots)
         opts.append(bind_fd(fd, m.dest, rw=m.op == "bind"))
+    # Everything the command executes comes AFTER the grants: a destination inside a
+    # source-controlled folder (a contributed notes/ and its _index.json) is looked
+    # up by path, and a source that swaps it for a symlink could otherwise land its
+    # own file on, say, /usr/bin/python3. Later mounts cover anything such a
+    # redirect put beneath them; the inner helper then checks every mount point.
+    system = [arg("--proc", "/proc"), arg("--dev", "/dev")]
+    system += [arg("--ro-bind", p, p) for p in spec.PROC_READ_ONLY if os.path.exists(p)]
+    system += list(system_opts())
+    opts += system
+    dests += [w for o in system for w in o.words[1:2] if o.words[0] != "--symlink"]
     # The seccomp filter (no set-id bits, no io_uring/openat2), read by bwrap from a memfd.
     filt = fds.add(os.memfd_create("kbd-seccomp", os.MFD_CLOEXEC))
     os.write(filt, seccomp.program(block_network=False))
@@ -193,6 +201,10 @@ def build_argv(
     if inner is not None:
         helper_fd = fds.add(os.open(HELPER_SOURCE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW))
         opts.append(bind_fd(helper_fd, HELPER_DEST, rw=False))
+        dests.append(HELPER_DEST)
+        # The helper refuses to run the command unless the mount points are exactly
+        # these (plus what --dev and --proc create beneath /dev and /proc).
+        inner = {**inner, "mounts": sorted(set(dests)), "mount_prefixes": ["/dev/", "/proc/"]}
     opts += [arg("--remount-ro", "/"), arg("--chdir", str(cwd))]
     argv = [bwrap, *spec.argv_of(opts), "--"]
     if inner is not None:

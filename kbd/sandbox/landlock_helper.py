@@ -202,6 +202,43 @@ def apply(spec: dict[str, object]) -> None:
         install_seccomp(bytes.fromhex(str(spec["seccomp"])))
 
 
+def _unescape(field: str) -> str:
+    # /proc/self/mountinfo escapes space, tab, newline and backslash as \\ooo.
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and i + 3 < len(field) and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def check_mounts(expected: list[str], prefixes: list[str]) -> None:
+    """Refuse to run unless every mount point is one kbd asked for. A source that
+    swapped a mount destination in its own folder for a symlink would show up as
+    a mount somewhere else (e.g. over a program): fail closed."""
+    allowed = set(expected)
+    seen = set()
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                point = _unescape(line.split()[4])
+                seen.add(point)
+                if point not in allowed and not any(point.startswith(p) for p in prefixes):
+                    fail(
+                        f"unexpected mount point {point!r}: a mount destination was redirected; nothing was run"
+                    )
+    except OSError as exc:
+        fail(f"cannot read the mount table: {exc.strerror}")
+    missing = sorted(p for p in allowed if p not in seen)
+    if missing:
+        fail(
+            f"expected mount point {missing[0]!r} is missing: a mount destination was redirected; nothing was run"
+        )
+
+
 def main(argv: list[str]) -> None:
     if len(argv) < 4 or argv[2] != "--":
         fail("usage: landlock_helper.py SPEC_JSON -- CMD [ARG...]")
@@ -209,6 +246,8 @@ def main(argv: list[str]) -> None:
         spec = json.loads(argv[1])
     except ValueError as exc:
         fail(f"bad spec: {exc}")
+    if "mounts" in spec:
+        check_mounts(list(spec["mounts"]), list(spec.get("mount_prefixes", [])))
     apply(spec)
     try:
         os.execvp(argv[3], argv[3:])  # noqa: S606 - argv list, no shell

@@ -22,7 +22,7 @@ from kbd.plan import Plan
 # Rights the inner layer withholds inside contributed notes/ folders.
 INNER_HANDLED = ["make_sym", "make_fifo", "make_sock", "make_char", "make_block", "refer"]
 # System folders every sandbox sees read-only (those that exist on the host).
-SYSTEM_RO = ("/usr", "/opt")
+SYSTEM_RO = ("/usr",)  # not /opt: a kbd root there would be covered by it
 SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = (
     "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/ld.so.cache", "/etc/ld.so.conf",

@@ -310,3 +310,31 @@ def test_a_broken_notes_folder_withholds_only_that_write_grant(kb: KbRoot) -> No
         assert r.code == 0 and r.out.startswith("other\n"), r.err
         plan = kb.cli("session", "show", sid, "--json").json()
         assert not any("/src/" in p for p in plan["write"])
+
+
+def test_a_broken_index_withholds_only_that_write_grant(kb: KbRoot) -> None:
+    import os
+    import shutil
+
+    src = kb.workflow("src", access={"owners": ["bob"], "readers": ["alice"], "allowed_kb_writers": ["con"]})
+    kb.workflow(
+        "con",
+        access={"owners": ["alice"]},
+        sources=[{"workflow_id": "src", "alias": "src", "access": "write"}],
+    )
+    sid = open_sid(kb, "--kind", "execution", "--kb-access", "read-write")
+    index = src / "knowledgebase" / "notes" / "_index.json"
+    for breakage in ("symlink", "fifo", "dir"):
+        if index.is_dir() and not index.is_symlink():
+            shutil.rmtree(index)
+        else:
+            index.unlink(missing_ok=True)
+        {
+            "symlink": lambda: index.symlink_to("../context"),
+            "fifo": lambda: os.mkfifo(index),
+            "dir": index.mkdir,
+        }[breakage]()
+        r = kb.cli("exec", sid, "--", "echo", "hi")
+        assert (r.code, r.out) == (0, "hi\n"), (breakage, r.err)
+        listed = kb.cli("sources", "list", "con", "--as", "alice", "--json").json()["sources"]
+        assert listed[0]["write"]["reason"] == "notes_unavailable", breakage
