@@ -329,11 +329,12 @@ def test_a_broken_index_withholds_only_that_write_grant(kb: KbRoot) -> None:
             shutil.rmtree(index)
         else:
             index.unlink(missing_ok=True)
-        {
-            "symlink": lambda: index.symlink_to("../context"),
-            "fifo": lambda: os.mkfifo(index),
-            "dir": index.mkdir,
-        }[breakage]()
+        if breakage == "symlink":
+            index.symlink_to("../context")
+        elif breakage == "fifo":
+            os.mkfifo(index)
+        else:
+            index.mkdir()
         r = kb.cli("exec", sid, "--", "echo", "hi")
         assert (r.code, r.out) == (0, "hi\n"), (breakage, r.err)
         listed = kb.cli("sources", "list", "con", "--as", "alice", "--json").json()["sources"]
