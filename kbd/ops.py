@@ -98,8 +98,8 @@ class Host:
     def find(self, workflow_id: str) -> Lookup:
         return self.registry.find(workflow_id)
 
-    def probe_kb(self, workflow_folder: Path) -> KbProbe:
-        return probe_kb(workflow_folder)
+    def probe_kb(self, workflow_folder: Path, *, notes: bool = False) -> KbProbe:
+        return probe_kb(workflow_folder, notes=notes)
 
     # -- helpers -------------------------------------------------------------
     def actor(self, pid: str) -> Principal:

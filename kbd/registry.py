@@ -33,7 +33,7 @@ from kbd.errors import KbdError, ManifestUnreadable
 from kbd.fsio import ensure_private_dir, write_atomic
 from kbd.linux import AT_EMPTY_PATH, MountInfo, mount_info
 from kbd.manifest import MAX_MANIFEST_BYTES, Manifest, extract_id, parse_manifest
-from kbd.safepath import pin_dir, read_file_stat
+from kbd.safepath import open_beneath, pin_dir, read_file_stat
 
 MANIFEST = "workflow.json"
 KB_DIR = "knowledgebase"
@@ -402,8 +402,9 @@ class KbProbe:
     notes_problem: str | None = None
 
 
-def probe_kb(workflow_folder: Path) -> KbProbe:
-    """Why ``<workflow>/knowledgebase`` cannot be attached right now, or its identity.
+def probe_kb(workflow_folder: Path, *, notes: bool = False) -> KbProbe:
+    """Why ``<workflow>/knowledgebase`` cannot be attached right now, or its identity
+    (and, with ``notes``, whether its ``notes/`` can take contributions).
 
     Checked at every lookup: missing, not a folder, a symlink (even one pointing
     inside the same workflow: the attached folder must be the folder itself), or
@@ -424,6 +425,7 @@ def probe_kb(workflow_folder: Path) -> KbProbe:
                 mount_info("", dir_fd=pinned.fd, flags=AT_EMPTY_PATH) if info.mount_root is None else None
             )
             parent_dev = os.fstat(pinned.fd).st_dev
+            notes_problem = _notes_problem(pinned.fd, info) if notes and stat.S_ISDIR(info.mode) else None
         except FileNotFoundError:
             return KbProbe(KbProblem("kb_missing", "the source has no knowledgebase/ folder"))
         except OSError as exc:
@@ -452,30 +454,41 @@ def probe_kb(workflow_folder: Path) -> KbProbe:
                 "the source's knowledgebase/ is a mount point, not part of the workflow's own folder",
             )
         )
-    return KbProbe(None, (info.dev, info.ino), _notes_problem(workflow_folder, info))
+    return KbProbe(None, (info.dev, info.ino), notes_problem)
 
 
-def _notes_problem(workflow_folder: Path, kb: MountInfo) -> str | None:
+def _notes_problem(workflow_fd: int, kb: MountInfo) -> str | None:
+    """Why the KB's notes/ (seen beneath the already pinned workflow folder) cannot
+    take contributions, or None. Only asked for write attachments."""
     try:
-        with pin_dir(workflow_folder / KB_DIR, expect=(kb.dev, kb.ino)) as pinned:
-            notes = mount_info("notes", dir_fd=pinned.fd)
-    except FileNotFoundError:
-        return "the source has no notes/ folder"
-    except (OSError, KbdError):
-        return "the source's notes/ folder cannot be inspected"
-    if stat.S_ISLNK(notes.mode):
-        return "the source's notes/ is a symbolic link"
-    if not stat.S_ISDIR(notes.mode):
-        return "the source's notes is not a folder"
-    if notes.mount_root or notes.dev != kb.dev:
-        return "the source's notes/ is a mount point"
+        kb_fd = open_beneath(workflow_fd, KB_DIR, os.O_RDONLY | os.O_DIRECTORY)
+    except KbdError:
+        return "the source's knowledgebase/ changed while it was inspected"
     try:
-        with pin_dir(workflow_folder / KB_DIR / "notes", expect=(notes.dev, notes.ino)) as pinned_notes:
-            index = mount_info("_index.json", dir_fd=pinned_notes.fd)
-    except FileNotFoundError:
-        return None  # kbd creates a missing index before a write command
+        st = os.fstat(kb_fd)
+        if (st.st_dev, st.st_ino) != (kb.dev, kb.ino):
+            return "the source's knowledgebase/ changed while it was inspected"
+        try:
+            notes = mount_info("notes", dir_fd=kb_fd)
+        except FileNotFoundError:
+            return "the source has no notes/ folder"
+        if stat.S_ISLNK(notes.mode):
+            return "the source's notes/ is a symbolic link"
+        if not stat.S_ISDIR(notes.mode):
+            return "the source's notes is not a folder"
+        if notes.mount_root or notes.dev != kb.dev:
+            return "the source's notes/ is a mount point"
+        notes_fd = open_beneath(kb_fd, "notes", os.O_PATH | os.O_DIRECTORY)
+        try:
+            index = mount_info("_index.json", dir_fd=notes_fd)
+        except FileNotFoundError:
+            return None  # kbd creates a missing index before a write command
+        finally:
+            os.close(notes_fd)
     except (OSError, KbdError):
         return "the source's notes/ cannot be inspected"
+    finally:
+        os.close(kb_fd)
     if not stat.S_ISREG(index.mode):
         # It is bound read-only over itself: anything but a regular file would
         # break every command of every contributor.

@@ -41,7 +41,7 @@ NOTES_UNAVAILABLE = "notes_unavailable"
 
 class SourceView(Protocol):
     def find(self, workflow_id: str) -> Lookup: ...
-    def probe_kb(self, workflow_folder: Path) -> KbProbe: ...
+    def probe_kb(self, workflow_folder: Path, *, notes: bool = False) -> KbProbe: ...
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ def resolve_entry(
             else "this workflow has no owner (account-visible), so it may only attach account-visible sources",
         )
     # The label is shown only once the consumer's audience may read the source.
-    probe = view.probe_kb(found.folder.path)
+    probe = view.probe_kb(found.folder.path, notes=ref.access == "write")
     if probe.problem is not None:
         return _unavailable(entry, probe.problem.reason, probe.problem.message, label=source.label)
     write: WriteStatus | None = None

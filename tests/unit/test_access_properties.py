@@ -212,7 +212,7 @@ class FakeView:
     def kb_problem(self, workflow_folder: Path) -> KbProblem | None:
         return self.kb.get(workflow_folder)
 
-    def probe_kb(self, workflow_folder: Path) -> KbProbe:
+    def probe_kb(self, workflow_folder: Path, *, notes: bool = False) -> KbProbe:
         problem = self.kb_problem(workflow_folder)
         if problem is not None:
             return KbProbe(problem)
