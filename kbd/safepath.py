@@ -161,10 +161,10 @@ def _refusal(err: int, rel: str) -> KbdError:
     return PathRefused(f"{shown!r} cannot be opened ({os.strerror(err)})", why="os_error")
 
 
-def _openat2(dirfd: int, parts: list[str], flags: int, mode: int) -> int:
+def _openat2(dirfd: int, parts: list[str], flags: int, mode: int, *, resolve: int = STRICT) -> int:
     path = os.fsencode("/".join(parts) if parts else ".")
     for _ in range(EAGAIN_RETRIES):
-        fd = _raw_openat2(dirfd, path, flags | os.O_CLOEXEC, mode, STRICT)
+        fd = _raw_openat2(dirfd, path, flags | os.O_CLOEXEC, mode, resolve)
         if fd >= 0:
             return fd
         err = ctypes.get_errno()
@@ -178,22 +178,37 @@ def _mnt(fd: int) -> tuple[int, int | None]:
     return info.dev, info.mnt_id
 
 
-def _walk(dirfd: int, parts: list[str], flags: int, mode: int) -> int:
-    """Fallback: one component at a time, never following a link or leaving the mount.
+def _open_nofollow(name: str, flags: int, mode: int, dirfd: int) -> int:
+    """``openat`` with ``O_NOFOLLOW``; a link answers ELOOP (as RESOLVE_NO_SYMLINKS
+    does), even where O_DIRECTORY would have said ENOTDIR."""
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dirfd)
+    except NotADirectoryError:
+        try:
+            is_link = stat.S_ISLNK(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode)
+        except OSError:
+            is_link = False
+        if is_link:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP)) from None
+        raise
+
+
+def _walk(dirfd: int, parts: list[str], flags: int, mode: int, *, same_mount: bool = True) -> int:
+    """Fallback: one component at a time, never following a link (nor, with
+    ``same_mount``, leaving the mount).
 
     Only the final fd's mount is compared: once a walk enters another mount,
     everything beneath is on that mount or a deeper one (a bind mount is always
     a new mount ID), so it can never come back to the base mount.
     """
-    base = _mnt(dirfd)
+    base = _mnt(dirfd) if same_mount else None
     cur = os.dup(dirfd)
     try:
         for comp in parts[:-1]:
-            nxt = os.open(comp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=cur)
+            nxt = _open_nofollow(comp, os.O_RDONLY | os.O_DIRECTORY, 0, cur)
             os.close(cur)
             cur = nxt
-        last = parts[-1] if parts else "."
-        fd = os.open(last, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=cur)
+        fd = _open_nofollow(parts[-1] if parts else ".", flags, mode, cur)
     finally:
         os.close(cur)
     try:
@@ -201,7 +216,7 @@ def _walk(dirfd: int, parts: list[str], flags: int, mode: int) -> int:
         # refuse it exactly as RESOLVE_NO_SYMLINKS does.
         if stat.S_ISLNK(os.fstat(fd).st_mode):
             raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
-        if _mnt(fd) != base:
+        if base is not None and _mnt(fd) != base:
             raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
     except BaseException:
         os.close(fd)
@@ -271,34 +286,17 @@ def pin_dir(path: Path, *, expect: tuple[int, int] | None = None) -> Pinned:
     """
     if not path.is_absolute():
         raise InvalidPath("internal: pin_dir needs an absolute path")
-    rel = os.fsencode(str(path).lstrip("/") or ".")
-    root = _root_fd()
-    if HAVE_OPENAT2:
-        for _ in range(EAGAIN_RETRIES):
-            fd = _raw_openat2(
-                root,
-                rel,
-                os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
-                0,
-                RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
-            )
-            if fd >= 0:
-                break
-            err = ctypes.get_errno()
-            if err not in (errno.EAGAIN, errno.EINTR):
-                raise _folder_refusal(err)
+    parts = [c for c in str(path).split("/") if c not in ("", ".")]
+    flags = os.O_RDONLY | os.O_DIRECTORY
+    try:
+        if HAVE_OPENAT2:
+            fd = _openat2(_root_fd(), parts, flags, 0, resolve=RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
         else:
-            raise Busy("a folder kept changing while it was looked up; retry")
-    else:
-        fd = os.dup(root)
-        try:
-            for comp in [c for c in os.fsdecode(rel).split("/") if c not in ("", ".")]:
-                nxt = os.open(comp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-                os.close(fd)
-                fd = nxt
-        except OSError as exc:
-            os.close(fd)
-            raise _folder_refusal(exc.errno or errno.EIO) from None
+            fd = _walk(_root_fd(), parts, flags, 0, same_mount=False)
+    except OSError as exc:
+        if exc.errno == errno.EAGAIN:
+            raise Busy("a folder kept changing while it was looked up; retry") from None
+        raise _folder_refusal(exc.errno or errno.EIO) from None
     st = os.fstat(fd)
     if expect is not None and (st.st_dev, st.st_ino) != expect:
         os.close(fd)

@@ -143,3 +143,22 @@ def test_kb_root_or_notes_swapped_between_two_commands(kb: KbRoot) -> None:
         {"name": "context", "type": "dir"},
         {"name": "notes", "type": "symlink"},
     ]
+
+
+@pytest.mark.parametrize("use_openat2", [True, False])
+def test_pin_dir_never_follows_a_link_on_either_code_path(
+    box: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, use_openat2: bool
+) -> None:
+    from kbd import safepath
+
+    kb, outside = box
+    monkeypatch.setattr(safepath, "HAVE_OPENAT2", use_openat2)
+    (kb / "link").symlink_to(outside)
+    with pin_dir(kb / "notes") as p:
+        assert os.fstat(p.fd).st_ino == (kb / "notes").stat().st_ino
+    with pytest.raises(PathRefused):
+        pin_dir(kb / "link")
+    with pytest.raises(KbdError):
+        pin_dir(kb / "link" / "deeper")
+    with pin_dir(Path("/")) as root:
+        assert os.fstat(root.fd).st_ino == os.stat("/").st_ino
