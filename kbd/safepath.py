@@ -324,10 +324,12 @@ def read_file(dirfd: int, rel: str, *, limit: int, use_openat2: bool | None = No
     return read_file_stat(dirfd, rel, limit=limit, use_openat2=use_openat2)[0]
 
 
-def read_file_stat(
-    dirfd: int, rel: str, *, limit: int, allow_hardlinks: bool = False, use_openat2: bool | None = None
-) -> tuple[bytes, os.stat_result]:
-    """:func:`read_file`, also returning the fstat of what was read."""
+def _open_regular(
+    dirfd: int, rel: str, *, limit: int, allow_hardlinks: bool, use_openat2: bool | None = None
+) -> tuple[int, os.stat_result]:
+    """A readable fd of the regular file ``rel`` beneath ``dirfd``: opened ``O_PATH``
+    and checked with fstat first (a FIFO or device is never opened), then the
+    same inode reopened through /proc/self/fd and checked again."""
     split_relative(rel)  # an empty path is an error here, not "the folder itself"
     pfd = open_beneath(dirfd, rel, os.O_PATH, use_openat2=use_openat2)
     try:
@@ -344,6 +346,18 @@ def read_file_stat(
         if (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino):
             raise PathRefused(f"{rel!r} changed while it was opened", why="swapped")
         _check_regular(st2, rel, limit, allow_hardlinks)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st2
+
+
+def read_file_stat(
+    dirfd: int, rel: str, *, limit: int, allow_hardlinks: bool = False, use_openat2: bool | None = None
+) -> tuple[bytes, os.stat_result]:
+    """:func:`read_file`, also returning the fstat of what was read."""
+    fd, st = _open_regular(dirfd, rel, limit=limit, allow_hardlinks=allow_hardlinks, use_openat2=use_openat2)
+    try:
         chunks: list[bytes] = []
         total = 0
         while chunk := os.read(fd, 1 << 16):
@@ -351,19 +365,14 @@ def read_file_stat(
             if total > limit:
                 raise PathRefused(f"{rel!r} is larger than {limit} bytes", why="too_large")
             chunks.append(chunk)
-        return b"".join(chunks), st2
+        return b"".join(chunks), st
     finally:
         os.close(fd)
 
 
 def read_file_head(dirfd: int, rel: str, *, size: int = 1024) -> bytes:
     """The first ``size`` bytes of a regular, singly-linked file beneath ``dirfd``."""
-    pfd = open_beneath(dirfd, rel, os.O_PATH)
-    try:
-        _check_regular(os.fstat(pfd), rel, 1 << 62, allow_hardlinks=False)
-        fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
-    finally:
-        os.close(pfd)
+    fd, _ = _open_regular(dirfd, rel, limit=1 << 62, allow_hardlinks=False)
     try:
         return os.read(fd, size)
     finally:

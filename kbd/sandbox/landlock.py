@@ -17,17 +17,21 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
 
+def _query_abi() -> tuple[int, int]:
+    """(ABI version or 0, errno when 0)."""
+    abi = int(_libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+    return (abi, 0) if abi > 0 else (0, ctypes.get_errno())
+
+
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version, or 0 when Landlock is unavailable."""
-    abi = _libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
-    return int(abi) if abi > 0 else 0
+    return _query_abi()[0]
 
 
 def landlock_status() -> str:
-    abi = _libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    abi, err = _query_abi()
     if abi > 0:
         return f"ABI {abi}"
-    err = ctypes.get_errno()
     return {38: "not supported by this kernel", 95: "disabled at boot"}.get(err, os.strerror(err))
 
 
