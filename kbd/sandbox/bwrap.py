@@ -166,6 +166,12 @@ def build_argv(
         flag("--unshare-ipc"),
         flag("--unshare-uts"),
         flag("--unshare-cgroup-try"),
+        # Our own user namespace (also when kbd runs as root: only uid/gid 0 are
+        # mapped, other owners show as nobody) so that the command may not make
+        # one: --disable-userns caps nesting, and bwrap asserts it took hold.
+        flag("--unshare-user"),
+        flag("--disable-userns"),
+        flag("--assert-userns-disabled"),
         arg("--cap-drop", "ALL"),
         arg("--json-status-fd", str(status_fd)),
     ]
@@ -192,9 +198,10 @@ def build_argv(
     system += list(system_opts())
     opts += system
     dests += [w for o in system for w in o.words[1:2] if o.words[0] != "--symlink"]
-    # The seccomp filter (no set-id bits, no io_uring/openat2), read by bwrap from a memfd.
+    # The seccomp filter (no set-id bits, keyrings, user namespaces, io_uring/openat2;
+    # socket families by allow-list), read by bwrap from a memfd.
     filt = fds.add(os.memfd_create("kbd-seccomp", os.MFD_CLOEXEC))
-    os.write(filt, seccomp.program(block_network=False))
+    os.write(filt, seccomp.program(block_network=network != "host"))
     os.lseek(filt, 0, os.SEEK_SET)
     opts.append(arg("--seccomp", str(filt)))
     inner = spec.inner_landlock(plan)
