@@ -156,6 +156,10 @@ def apply(spec: dict[str, object]) -> None:
     if not handled:
         fail("nothing to enforce (empty handled set): refusing to run unconfined")
     if spec.get("drop_caps"):
+        # No bubblewrap around us (it would have installed the filter): without
+        # one, keyrings, user namespaces and every socket family stay open.
+        if not spec.get("seccomp"):
+            fail("no seccomp filter for a sandbox without bubblewrap: refusing to run")
         drop_capabilities()
     net = NET_BIND_TCP | NET_CONNECT_TCP if spec.get("deny_tcp") and abi >= 4 else 0
     scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if spec.get("scope") and abi >= 6 else 0

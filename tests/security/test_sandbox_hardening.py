@@ -337,3 +337,59 @@ def test_no_nested_user_namespaces(kb: KbRoot, backend: str, read_only: bool) ->
         "unshare-refused", "unshare-root-refused", "unshare:EPERM", "clone3:ENOSYS",
         "thread-ok", "spawn-ok", "pipe-ok",
     ], r  # fmt: skip
+
+
+def test_bubblewrap_disables_nested_user_namespaces_where_the_host_has_them() -> None:
+    """bwrap's own layer for item 4; dropped only where the host allows no user
+    namespace at all (then root's bwrap could not create one for the flags)."""
+    from kbd.sandbox import bwrap
+    from kbd.sandbox.spec import argv_of
+
+    flags = ["--unshare-user", "--disable-userns", "--assert-userns-disabled"]
+    for limit in ("15000\n", "1", None):
+        assert argv_of(bwrap.userns_opts(limit)) == flags, limit
+    assert bwrap.userns_opts("0\n") == []
+
+
+def test_the_helper_refuses_to_run_without_bubblewrap_and_without_a_filter(tmp_path: Path) -> None:
+    """Landlock alone (``drop_caps``) with no seccomp program would leave keyrings,
+    user namespaces and every socket family open: the helper exits 69 first."""
+    import json
+    import sys
+
+    from kbd.sandbox import bwrap
+    from kbd.sandbox.landlock import LANDLOCK_ALL, system_rules
+
+    rules = [*system_rules(), {"path": str(tmp_path), "access": list(LANDLOCK_ALL)}]
+    spec: dict[str, object] = {
+        "handled": list(LANDLOCK_ALL),
+        "rules": rules,
+        "drop_caps": True,
+        "scope": True,
+    }
+    marker = tmp_path / "ran"
+
+    def helper() -> subprocess.CompletedProcess[str]:
+        argv = [
+            sys.executable,
+            "-I",
+            "-S",
+            str(bwrap.HELPER_SOURCE),
+            json.dumps(spec),
+            "--",
+            "sh",
+            "-c",
+            'echo ran > "$1"',
+            "sh",
+            str(marker),
+        ]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+
+    r = helper()
+    assert r.returncode == 69, r
+    assert "seccomp" in r.stderr
+    assert not marker.exists()
+    spec["seccomp"] = seccomp.program(block_network=True, block_metadata=True).hex()
+    r = helper()
+    assert r.returncode == 0, r
+    assert marker.exists()
