@@ -12,9 +12,11 @@ SPEC_JSON: ``{"handled": [right…], "rules": [{"path": p, "access": [right…]}
 backend, which has no bubblewrap to do it); ``scope`` confines signals and
 abstract Unix sockets to the sandbox (ABI >= 6); ``deny_tcp`` handles TCP bind
 and connect with no rule allowing them (ABI >= 4); ``seccomp`` is a classic-BPF
-program (kbd.sandbox.seccomp) installed last. Rights missing from the running kernel's ABI are dropped from
-both sides (a right the kernel cannot handle cannot be denied either), except
-that a right named in ``required`` must be supported or the helper refuses.
+program (kbd.sandbox.seccomp) installed last, and required with ``drop_caps``
+(inside bubblewrap, bwrap's ``--seccomp`` has installed it already). Rights
+missing from the running kernel's ABI are dropped from both sides (a right the
+kernel cannot handle cannot be denied either), except that a right named in
+``required`` must be supported or the helper refuses.
 Any failure exits 69 before the command runs: fail closed, never run unconfined.
 """
 
