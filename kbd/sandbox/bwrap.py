@@ -26,6 +26,7 @@ from kbd.sandbox.spec import HELPER_DEST, Opt, arg, bind_fd, flag
 
 HELPER_SOURCE = Path(__file__).with_name("landlock_helper.py")
 PYTHON = "/usr/bin/python3"
+USERNS_LIMIT = Path("/proc/sys/user/max_user_namespaces")
 
 
 class SandboxSetupError(Unavailable):
@@ -123,6 +124,29 @@ def prepare(plan: Plan) -> None:
                     os.close(kb_fd)
 
 
+def userns_opts(limit: str | None) -> list[Opt]:
+    """No nested user namespaces (the seccomp filter refuses CLONE_NEWUSER too).
+
+    bwrap's --disable-userns needs a user namespace of bwrap's own, also when kbd
+    runs as root (then only uid/gid 0 are mapped: the command is still uid 0 on
+    the host, and files of other owners show as nobody), and bwrap itself checks
+    that it took hold. A host whose ``user.max_user_namespaces`` (``limit``) is 0
+    allows no user namespace to anyone, so the flags are both redundant and
+    impossible there: root's bubblewrap keeps working without them. An
+    unreadable limit (None) keeps the flags: fail closed.
+    """
+    if limit is not None and limit.strip() == "0":
+        return []
+    return [flag("--unshare-user"), flag("--disable-userns"), flag("--assert-userns-disabled")]
+
+
+def host_userns_limit() -> str | None:
+    try:
+        return USERNS_LIMIT.read_text()
+    except OSError:
+        return None
+
+
 def system_opts() -> Iterator[Opt]:
     for d in spec.SYSTEM_RO:
         if os.path.isdir(d):
@@ -166,6 +190,7 @@ def build_argv(
         flag("--unshare-ipc"),
         flag("--unshare-uts"),
         flag("--unshare-cgroup-try"),
+        *userns_opts(host_userns_limit()),
         arg("--cap-drop", "ALL"),
         arg("--json-status-fd", str(status_fd)),
     ]
@@ -192,9 +217,10 @@ def build_argv(
     system += list(system_opts())
     opts += system
     dests += [w for o in system for w in o.words[1:2] if o.words[0] != "--symlink"]
-    # The seccomp filter (no set-id bits, no io_uring/openat2), read by bwrap from a memfd.
+    # The seccomp filter (no set-id bits, keyrings, user namespaces, io_uring/openat2;
+    # socket families by allow-list), read by bwrap from a memfd.
     filt = fds.add(os.memfd_create("kbd-seccomp", os.MFD_CLOEXEC))
-    os.write(filt, seccomp.program(block_network=False))
+    os.write(filt, seccomp.program(block_network=network != "host"))
     os.lseek(filt, 0, os.SEEK_SET)
     opts.append(arg("--seccomp", str(filt)))
     inner = spec.inner_landlock(plan)

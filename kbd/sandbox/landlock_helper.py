@@ -12,9 +12,11 @@ SPEC_JSON: ``{"handled": [right…], "rules": [{"path": p, "access": [right…]}
 backend, which has no bubblewrap to do it); ``scope`` confines signals and
 abstract Unix sockets to the sandbox (ABI >= 6); ``deny_tcp`` handles TCP bind
 and connect with no rule allowing them (ABI >= 4); ``seccomp`` is a classic-BPF
-program (kbd.sandbox.seccomp) installed last. Rights missing from the running kernel's ABI are dropped from
-both sides (a right the kernel cannot handle cannot be denied either), except
-that a right named in ``required`` must be supported or the helper refuses.
+program (kbd.sandbox.seccomp) installed last, and required with ``drop_caps``
+(inside bubblewrap, bwrap's ``--seccomp`` has installed it already). Rights
+missing from the running kernel's ABI are dropped from both sides (a right the
+kernel cannot handle cannot be denied either), except that a right named in
+``required`` must be supported or the helper refuses.
 Any failure exits 69 before the command runs: fail closed, never run unconfined.
 """
 
@@ -156,6 +158,10 @@ def apply(spec: dict[str, object]) -> None:
     if not handled:
         fail("nothing to enforce (empty handled set): refusing to run unconfined")
     if spec.get("drop_caps"):
+        # No bubblewrap around us (it would have installed the filter): without
+        # one, keyrings, user namespaces and every socket family stay open.
+        if not spec.get("seccomp"):
+            fail("no seccomp filter for a sandbox without bubblewrap: refusing to run")
         drop_capabilities()
     net = NET_BIND_TCP | NET_CONNECT_TCP if spec.get("deny_tcp") and abi >= 4 else 0
     scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if spec.get("scope") and abi >= 6 else 0

@@ -19,7 +19,8 @@ def bwrap_probe() -> tuple[bool, str]:
         version = subprocess.run(  # noqa: S603 - fixed argv
             [path, "--version"], capture_output=True, text=True, timeout=10, check=False
         ).stdout.strip()
-        argv = [path, "--die-with-parent", "--unshare-pid", "--unshare-net", "--cap-drop", "ALL", "--proc", "/proc",
+        argv = [path, "--die-with-parent", "--unshare-pid", "--unshare-net",
+                *argv_of(bw.userns_opts(bw.host_userns_limit())), "--cap-drop", "ALL", "--proc", "/proc",
                 "--dev", "/dev", *argv_of(bw.system_opts()), "--", "/usr/bin/true"]  # fmt: skip
         run = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)  # noqa: S603
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -8,10 +8,23 @@ so the filter refuses, with EPERM:
 
 * setting S_ISUID or S_ISGID through chmod, fchmod, fchmodat, fchmodat2, or
   when creating a file (open, openat, creat, mknod, mknodat);
+* the kernel keyrings (``add_key``, ``request_key``, ``keyctl``): keyrings are
+  not namespaced, so a sandboxed uid 0 could read a key planted in root's user
+  keyring on the host, or pass data to another session through one. EPERM (as
+  Docker's default profile answers) rather than ENOSYS: keyrings exist on this
+  kernel, the sandbox forbids them, and callers that can live without them
+  (libkeyutils users, Kerberos ccaches) treat either as "no keyring";
+* new user namespaces: ``unshare`` and ``clone`` with CLONE_NEWUSER (a full
+  capability set inside a child namespace is needless kernel attack surface);
 * ``openat2`` (its mode sits in a struct the filter cannot read: callers fall
-  back to openat) and ``io_uring_setup`` (io_uring would bypass the filter);
-* with ``block_network``: ``socket()`` for IPv4, IPv6 and packet sockets (the
-  Landlock-only backend has no network namespace to remove them with).
+  back to openat), ``clone3`` (its flags sit in a struct too: glibc falls back
+  to clone on ENOSYS, as under Docker and Chromium) and ``io_uring_setup``
+  (io_uring would bypass the filter) — these three with ENOSYS;
+* every socket family not on an allow-list (see ``socket_families``), with
+  EAFNOSUPPORT, the answer of a kernel built without that family, so programs
+  degrade as they would there: netlink (host interfaces, routes, Unix sockets
+  through sock_diag), packet, vsock (the host's hypervisor channel), AF_ALG,
+  AF_KEY and the rest never exist inside a sandbox.
 
 Foreign ABIs (i386 ``int 0x80``, x32) are killed: the filter only knows the
 native numbers of x86_64 and aarch64.
@@ -30,8 +43,9 @@ JSET_K = 0x45
 RET_K = 0x06
 RET_ALLOW = 0x7FFF0000
 RET_KILL_PROCESS = 0x80000000
-EPERM, ENOSYS = 1, 38
+EPERM, ENOSYS, EAFNOSUPPORT = 1, 38, 97
 SETID_BITS = 0o6000
+CLONE_NEWUSER = 0x10000000
 X32_BIT = 0x40000000
 AF_UNIX, AF_INET, AF_INET6, AF_PACKET = 1, 2, 10, 17
 
@@ -46,6 +60,9 @@ class Arch:
     mode_arg: dict[int, int]  # syscall number -> index of its mode argument
     deny: dict[int, int]  # syscall number -> errno
     socket: int
+    socketpair: int
+    # Syscalls whose first argument carries clone flags (clone, unshare).
+    clone_flags: tuple[int, ...]
     x32: bool
     # Metadata changes Landlock cannot see: mode, owner, timestamps, xattrs.
     metadata: tuple[int, ...] = ()
@@ -56,8 +73,11 @@ ARCHES = {
         audit=0xC000003E,
         # chmod, fchmod, creat, mknod, open, openat, mknodat, fchmodat, fchmodat2
         mode_arg={90: 1, 91: 1, 85: 1, 133: 1, 2: 2, 257: 3, 259: 2, 268: 2, 452: 2},
-        deny={437: ENOSYS, 425: ENOSYS},  # openat2, io_uring_setup
+        # openat2, io_uring_setup, clone3 (ENOSYS); add_key, request_key, keyctl (EPERM)
+        deny={437: ENOSYS, 425: ENOSYS, 435: ENOSYS, 248: EPERM, 249: EPERM, 250: EPERM},
         socket=41,
+        socketpair=53,
+        clone_flags=(56, 272),  # clone, unshare
         x32=True,
         # chmod fchmod fchmodat fchmodat2 chown fchown lchown fchownat utime utimes futimesat
         # utimensat setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr
@@ -89,25 +109,68 @@ ARCHES = {
         audit=0xC00000B7,
         # fchmod, fchmodat, openat, mknodat, fchmodat2
         mode_arg={52: 1, 53: 2, 56: 3, 33: 2, 452: 2},
-        deny={437: ENOSYS, 425: ENOSYS},
+        deny={437: ENOSYS, 425: ENOSYS, 435: ENOSYS, 217: EPERM, 218: EPERM, 219: EPERM},
         socket=198,
+        socketpair=199,
+        clone_flags=(220, 97),  # clone, unshare
         x32=False,
         metadata=(52, 53, 452, 55, 54, 88, 5, 6, 7, 14, 15, 16, 463, 466),
     ),
 }
 
 
+def socket_families(*, network: bool, unix: bool) -> tuple[int, ...]:
+    """The families ``socket()`` may create: an allow-list, so a family the
+    kernel adds later is refused too. ``network`` (``sandbox.network: host``)
+    adds IPv4 and IPv6; ``unix`` adds Unix-domain sockets (withheld on the
+    Landlock-only backend, where Landlock cannot stop a connect to a host socket
+    such as kbd's own). ``socketpair`` always allows AF_UNIX: a pair reaches
+    nothing outside the process tree."""
+    return ((AF_UNIX,) if unix else ()) + ((AF_INET, AF_INET6) if network else ())
+
+
 def _ins(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("<HBBI", code, jt, jf, k)
+
+
+def _arg(index: int) -> int:
+    # Offset of the low 32 bits of argument ``index`` in struct seccomp_data
+    # (little-endian): every value checked here (modes, families, flags) fits.
+    return 16 + 8 * index
+
+
+def _refuse_bits(nr: int, *, arg: int, bits: int, errno: int) -> list[bytes]:
+    """``nr`` with any of ``bits`` set in argument ``arg``: errno; else allow.
+    (The accumulator then holds the argument, so the block must end the match.)"""
+    return [
+        _ins(JEQ_K, 0, 4, nr),
+        _ins(LD_W_ABS, 0, 0, _arg(arg)),
+        _ins(JSET_K, 0, 1, bits),
+        _ins(RET_K, 0, 0, ret_errno(errno)),
+        _ins(RET_K, 0, 0, RET_ALLOW),
+    ]
+
+
+def _allow_only(nr: int, *, arg: int, values: tuple[int, ...], errno: int) -> list[bytes]:
+    """``nr`` with argument ``arg`` in ``values``: allow; any other value: errno."""
+    n = len(values)
+    # Each match jumps over the remaining comparisons and the refusal.
+    body = [_ins(LD_W_ABS, 0, 0, _arg(arg))]
+    body += [_ins(JEQ_K, n - i, 0, v) for i, v in enumerate(values)]
+    body += [_ins(RET_K, 0, 0, ret_errno(errno)), _ins(RET_K, 0, 0, RET_ALLOW)]
+    return [_ins(JEQ_K, 0, len(body), nr), *body]
 
 
 def program(*, block_network: bool, block_metadata: bool = False, machine: str | None = None) -> bytes:
     """The filter as a sock_filter array (what ``bwrap --seccomp FD`` reads).
 
-    ``block_metadata`` (the Landlock-only backend, where the command's uid 0 owns
-    host files Landlock cannot protect from chmod, chown, utimes or xattrs)
-    refuses those calls outright, and Unix-domain sockets too (Landlock cannot
-    stop a connect to a root-owned socket such as kbd's own).
+    ``block_network`` (any ``sandbox.network`` but ``host``) withholds IPv4 and
+    IPv6 sockets. ``block_metadata`` (the Landlock-only backend, where the
+    command's uid 0 owns host files Landlock cannot protect from chmod, chown,
+    utimes or xattrs) refuses those calls outright, and Unix-domain ``socket()``
+    too (Landlock cannot stop a connect to a root-owned socket such as kbd's
+    own). Keyrings, user namespaces, clone3, openat2, io_uring and every other
+    socket family are refused whatever the flags.
     """
     name = machine or os.uname().machine  # not platform.machine(): its import costs the exec path
     arch = ARCHES.get(name)
@@ -124,25 +187,15 @@ def program(*, block_network: bool, block_metadata: bool = False, machine: str |
     if block_metadata:
         for nr in arch.metadata:
             out += [_ins(JEQ_K, 0, 1, nr), _ins(RET_K, 0, 0, ret_errno(EPERM))]
-    for nr, arg in sorted(arch.mode_arg.items()):
-        # if nr matches: load the low 32 bits of the mode argument, refuse set-id bits.
-        out += [
-            _ins(JEQ_K, 0, 4, nr),
-            _ins(LD_W_ABS, 0, 0, 16 + 8 * arg),
-            _ins(JSET_K, 0, 1, SETID_BITS),
-            _ins(RET_K, 0, 0, ret_errno(EPERM)),
-            _ins(RET_K, 0, 0, RET_ALLOW),
-        ]
     for nr, err in sorted(arch.deny.items()):
         out += [_ins(JEQ_K, 0, 1, nr), _ins(RET_K, 0, 0, ret_errno(err))]
-    families = ([AF_INET, AF_INET6, AF_PACKET] if block_network else []) + (
-        [AF_UNIX] if block_metadata else []
-    )
-    if families:
-        n = len(families)
-        out += [_ins(JEQ_K, 0, n + 3, arch.socket), _ins(LD_W_ABS, 0, 0, 16)]
-        # Each family check jumps to the refusal on a match.
-        out += [_ins(JEQ_K, n - i, 0, fam) for i, fam in enumerate(families)]
-        out += [_ins(RET_K, 0, 0, RET_ALLOW), _ins(RET_K, 0, 0, ret_errno(EPERM))]
+    # The blocks below load an argument and end with a verdict: they come last.
+    for nr, arg in sorted(arch.mode_arg.items()):
+        out += _refuse_bits(nr, arg=arg, bits=SETID_BITS, errno=EPERM)
+    for nr in arch.clone_flags:
+        out += _refuse_bits(nr, arg=0, bits=CLONE_NEWUSER, errno=EPERM)
+    families = socket_families(network=not block_network, unix=not block_metadata)
+    out += _allow_only(arch.socket, arg=0, values=families, errno=EAFNOSUPPORT)
+    out += _allow_only(arch.socketpair, arg=0, values=(AF_UNIX,), errno=EAFNOSUPPORT)
     out.append(_ins(RET_K, 0, 0, RET_ALLOW))
     return b"".join(out)
