@@ -9,9 +9,10 @@ never silently leave a safety switch at its default.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kbd.errors import InvalidConfig, RootError
 from kbd.ids import id_problem
@@ -180,6 +181,7 @@ def read_text(path: Path, *, what: str) -> str:
 
 
 _RACY_NS = 200_000_000
+T = TypeVar("T")
 
 
 def _plain(value: Any) -> bool:
@@ -192,11 +194,14 @@ def _plain(value: Any) -> bool:
     return value is None or isinstance(value, str | bool | int | float)
 
 
-def read_yaml_cached(path: Path, *, what: str, cache: Path | None) -> Any:
-    """The parsed YAML document at ``path``, from a JSON cache under state/ when the
-    file's stat signature is unchanged (``kbd exec`` then never imports YAML).
+def read_yaml_cached(path: Path, *, what: str, cache: Path | None, parse: Callable[[Any], T]) -> T:
+    """``parse`` applied to the YAML document at ``path``, which comes from a JSON
+    cache under state/ when the file's stat signature is unchanged (``kbd exec``
+    then never imports YAML).
 
-    The cache only skips parsing: callers validate the document every time.
+    The cache only skips YAML parsing: ``parse`` validates the document every
+    time. A document that ``parse`` rejects is never cached, so refusing a bad
+    config leaves the root byte-identical.
     """
     import json
     import time
@@ -214,10 +219,11 @@ def read_yaml_cached(path: Path, *, what: str, cache: Path | None) -> Any:
             with open(cache, "rb") as fh:
                 doc = json.loads(fh.read())
             if doc.get("sig") == sig:
-                return doc["data"]
+                return parse(doc["data"])
         except (OSError, ValueError, AttributeError, KeyError):
             pass
     data = load_yaml(read_text(path, what=what), source=str(path))
+    parsed = parse(data)
     if cache is not None and fresh and _plain(data):
         from kbd.fsio import ensure_private_dir, write_atomic
 
@@ -226,7 +232,7 @@ def read_yaml_cached(path: Path, *, what: str, cache: Path | None) -> Any:
             write_atomic(cache, json.dumps({"sig": sig, "data": data}).encode(), mode=0o640)
         except OSError:
             pass  # an unwritable cache only costs speed
-    return data
+    return parsed
 
 
 def load_config(root: Path) -> Config:
@@ -234,7 +240,12 @@ def load_config(root: Path) -> Config:
     if not root.is_dir():
         raise RootError(f"kbd root {root} does not exist")
     path = root / CONFIG_NAME
-    data = read_yaml_cached(path, what=CONFIG_NAME, cache=root / STATE_DIR / "cache" / "kbd.yaml.json")
     # Resolve the root once for display and canonical paths; the root is operator
     # configuration, trusted like a git repository's location.
-    return parse_config(data, root=root.resolve(), source=str(path))
+    resolved = root.resolve()
+    return read_yaml_cached(
+        path,
+        what=CONFIG_NAME,
+        cache=root / STATE_DIR / "cache" / "kbd.yaml.json",
+        parse=lambda data: parse_config(data, root=resolved, source=str(path)),
+    )

@@ -75,8 +75,11 @@ def parse_rules(data: Any, *, source: str) -> tuple[Rule, ...]:
 
 @functools.cache
 def rules() -> tuple[Rule, ...]:
-    return parse_rules(
-        read_yaml_cached(policy_path(NAME), what=f"policies/{NAME}", cache=None), source=f"policies/{NAME}"
+    return read_yaml_cached(
+        policy_path(NAME),
+        what=f"policies/{NAME}",
+        cache=None,
+        parse=lambda data: parse_rules(data, source=f"policies/{NAME}"),
     )
 
 

@@ -118,8 +118,12 @@ def use_cache(state_dir: Path) -> None:
 def kinds() -> dict[str, KindPolicy]:
     name = "consumer_kinds.yaml"
     cache = _cache_dir / f"{name}.json" if _cache_dir is not None else None
-    data = read_yaml_cached(policy_path(name), what=f"policies/{name}", cache=cache)
-    return parse_policy(data, source=f"policies/{name}")
+    return read_yaml_cached(
+        policy_path(name),
+        what=f"policies/{name}",
+        cache=cache,
+        parse=lambda data: parse_policy(data, source=f"policies/{name}"),
+    )
 
 
 def kind(name: str) -> KindPolicy:

@@ -119,10 +119,12 @@ def parse_principals(data: Any, *, source: str = PRINCIPALS_NAME) -> Principals:
 
 def load_principals(root: Path) -> Principals:
     path = root / PRINCIPALS_NAME
-    data = read_yaml_cached(
-        path, what=PRINCIPALS_NAME, cache=root / STATE_DIR / "cache" / "principals.yaml.json"
+    return read_yaml_cached(
+        path,
+        what=PRINCIPALS_NAME,
+        cache=root / STATE_DIR / "cache" / "principals.yaml.json",
+        parse=lambda data: parse_principals(data, source=str(path)),
     )
-    return parse_principals(data, source=str(path))
 
 
 def issue_token(root: Path, pid: str, *, timeout: float) -> str:

@@ -1,0 +1,30 @@
+"""The parse cache of kbd.yaml, principals.yaml and policies (kbd/config.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def test_a_rejected_config_is_never_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refusing a bad kbd.yaml or principals.yaml leaves the root byte-identical: the
+    parse cache under state/ is written only for a document that validated. (The
+    racy-clean window is closed so the file counts as settled at once; under load
+    the old code wrote the cache of a rejected file, and a refused command changed
+    the root.)"""
+    from kbd import config, principals
+    from kbd.errors import InvalidConfig
+    from kbd.rootinit import init_root
+
+    monkeypatch.setattr(config, "_RACY_NS", 0)
+    root = tmp_path / "root"
+    init_root(root, host="h", force=False, demo=False)
+    (root / "kbd.yaml").write_text((root / "kbd.yaml").read_text() + "bogus: 1\n")
+    (root / "principals.yaml").write_text("principals:\n- id: alice\n  admn: true\n")
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    with pytest.raises(InvalidConfig, match="bogus"):
+        config.load_config(root)
+    with pytest.raises(InvalidConfig, match="admn"):
+        principals.load_principals(root)
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
