@@ -39,7 +39,15 @@ def run_kbd(*args: str, cwd: Path, env: dict[str, str | None] | None = None) -> 
 
 
 def tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    """Every file of the root but kbd's parse cache (state/cache/): the cache of a
+    config file that validated may be written by any command once the file has
+    settled (config.read_yaml_cached), which is not a change to the root's data."""
+    cache = root / "state" / "cache"
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and cache not in p.parents
+    }
 
 
 def error_message(r: CliResult) -> str:
