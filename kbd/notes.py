@@ -48,6 +48,8 @@ from kbd.safepath import (
 )
 
 MAX_NOTE_BYTES = 1024 * 1024
+#: Every written note, whatever mode the file it replaces had (never set-id or executable).
+NOTE_MODE = 0o644
 NOTE_SUFFIXES = (".md", ".markdown", ".txt")
 PROVENANCE_KEYS = ("contributed_by_workflow", "contributed_by_session", "contributed_at")
 INDEX_RETRIES = 10
@@ -321,7 +323,7 @@ def commit_note(note: PreparedNote) -> dict[str, Any]:
                     parent = _open_parent(notes_fd, list(note.parts))
                     try:
                         _sweep_temp_files(parent)
-                        replace_file(parent, note.parts[-1], note.data)
+                        replace_file(parent, note.parts[-1], note.data, mode=NOTE_MODE)
                     finally:
                         os.close(parent)
             finally:

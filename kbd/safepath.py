@@ -420,7 +420,9 @@ def replace_file(dirfd: int, rel: str, data: bytes, *, mode: int = 0o644) -> Non
     in the (strictly resolved) parent folder, fsynced and renamed over the name,
     then the folder is fsynced. An existing destination that is not a regular
     file (folder, link, FIFO, device) is refused; a hardlinked one is replaced,
-    never written through.
+    never written through. The new file has exactly ``mode`` (masked to
+    read/write bits; umask-independent): an existing file's mode is never
+    carried over, so a planted set-id or executable bit does not survive.
     """
     parts = split_relative(rel)
     parent = "/".join(parts[:-1])
@@ -437,7 +439,7 @@ def replace_file(dirfd: int, rel: str, data: bytes, *, mode: int = 0o644) -> Non
                 f"{rel!r} exists and is a {kind}; only regular files are replaced", why="not_file"
             )
         try:
-            write_atomic_at(pfd, name, data, mode=mode, keep_owner=False)
+            write_atomic_at(pfd, name, data, mode=mode, keep_owner=False, keep_mode=False)
         except OSError as exc:
             raise _refusal(exc.errno or errno.EIO, rel) from None
     finally:
