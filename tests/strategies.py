@@ -38,7 +38,7 @@ KNOWN_FIELDS = frozenset(
 HOST = "test-host"
 OTHER_HOST = "elsewhere"
 # Source workflow IDs of generated worlds (some with characters an ID may hold).
-SOURCE_IDS = ("wf_rts", "wf_sec", "wf_cost", "wf_docs", "wf pay", "wf:ü", "wf.7", "WF-Big")
+SOURCE_IDS = ("wf_rts", "wf_sec", "wf_cost", "wf_docs", "wf+pay", "wf:ü", "wf.7", "WF-Big")
 CONSUMER_ID = "wf_con"
 
 # Characters safe inside a valid ID: no whitespace, no '/', no '\\', no control characters.
@@ -66,10 +66,10 @@ def weighted(*options: tuple[int, st.SearchStrategy[T]]) -> st.SearchStrategy[T]
 def valid_ids() -> st.SearchStrategy[str]:
     """Workflow or principal IDs that are valid by construction (DESIGN §2)."""
     short = st.text(_ID_ALPHABET, min_size=1, max_size=16)
-    # Inner spaces are fine; surrounding whitespace is not.
-    spaced = st.tuples(short, short).map(lambda t: f"{t[0]} {t[1]}")
+    # No whitespace anywhere (issue 9 item 20; DESIGN §2): punctuation-joined instead.
+    joined = st.tuples(short, st.sampled_from("-_.:@"), short).map("".join)
     longest = st.text(_ID_ALPHABET, min_size=120, max_size=128)
-    return weighted((6, short), (2, spaced), (1, longest)).filter(lambda s: s not in {".", ".."})
+    return weighted((6, short), (2, joined), (1, longest)).filter(lambda s: s not in {".", ".."})
 
 
 @cache
