@@ -482,7 +482,7 @@ def note_relpaths(draw: st.DrawFn) -> str:
     components from :data:`NOTE_COMPONENTS` or generated text, an optional
     leading ``/`` or ``./`` and an optional trailing ``/``, ``/.`` or ``//``."""
     generated = st.tuples(
-        st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=8),
+        st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=8),
         st.sampled_from(("", ".md", ".txt")),
     ).map("".join)
     component = weighted((4, st.sampled_from(NOTE_COMPONENTS)), (1, generated))
