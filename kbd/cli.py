@@ -214,7 +214,9 @@ def doctor(c: Ctx, as_json: bool) -> None:
         _emit({"ok": ok, "checks": checks})
     else:
         for ch in checks:
-            click.echo(f"{'ok  ' if ch['ok'] else 'FAIL'} {ch['check']}: {ch['detail']}")
+            click.echo(
+                f"{'ok  ' if ch['ok'] else 'FAIL'} {ch['check']}: {one_line(ch['detail'], limit=10_000)}"
+            )
     if not ok:
         sys.exit(65)
 
