@@ -23,7 +23,11 @@ AUDIT_NAME = "audit.log"
 def append(state_dir: Path, event: str, **fields: Any) -> None:
     ensure_private_dir(state_dir)
     record = {"ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "event": event, **fields}
-    line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    # A refused name may hold a lone surrogate (an undecodable argv byte, JSON
+    # "\ud800"): backslashreplace writes it as a JSON \udcff escape, still one valid line.
+    line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode(
+        "utf-8", "backslashreplace"
+    )
     fd = os.open(
         state_dir / AUDIT_NAME,
         os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,

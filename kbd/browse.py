@@ -14,11 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 from kbd.errors import KbdError, NotFound, PermissionDenied
-from kbd.notes import NOTE_SUFFIXES, provenance_of, read_index
+from kbd.names import NOTE_SUFFIXES, request_parts
+from kbd.notes import provenance_of, read_index
 from kbd.ops import Host
 from kbd.principals import Principal
 from kbd.resolve import Attachment
-from kbd.safepath import list_dir, pin_dir, read_file, read_file_head, split_relative
+from kbd.safepath import list_dir, names_folder, pin_dir, read_file, read_file_head
 
 MAX_READ_BYTES = 2 * 1024 * 1024
 
@@ -58,18 +59,22 @@ def attachment(host: Host, wid: str, alias: str, actor: Principal) -> Attachment
 
 
 def read(host: Host, wid: str, alias: str, relpath: str, actor: Principal) -> bytes:
-    """The bytes of a regular, singly-linked file inside the source's KB (≤ 2 MiB)."""
+    """The bytes of a regular, singly-linked file inside the source's KB (≤ 2 MiB).
+    ``relpath`` follows :func:`kbd.names.request_parts` (raises InvalidPath)."""
+    parts = request_parts(relpath)
     att = attachment(host, wid, alias, actor)
     assert att.path is not None
     with pin_dir(att.path, expect=att.kb_identity) as kb:
-        if split_relative(relpath) == ["notes", "_index.json"]:
+        if parts == ["notes", "_index.json"] and not names_folder(relpath):
             # Never mistake a read failure for an empty KB: retried, then an error.
             return read_index(kb.fd, limit=MAX_READ_BYTES)
         return read_file(kb.fd, relpath, limit=MAX_READ_BYTES)
 
 
 def ls(host: Host, wid: str, alias: str, reldir: str, actor: Principal) -> list[dict[str, Any]]:
-    """Names and types in a folder of the source's KB; links are listed, never followed."""
+    """Names and types in a folder of the source's KB; links are listed, never followed.
+    ``reldir`` follows :func:`kbd.names.request_parts` (raises InvalidPath)."""
+    request_parts(reldir, allow_empty=True)
     att = attachment(host, wid, alias, actor)
     assert att.path is not None
     with pin_dir(att.path, expect=att.kb_identity) as kb:

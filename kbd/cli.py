@@ -214,7 +214,9 @@ def doctor(c: Ctx, as_json: bool) -> None:
         _emit({"ok": ok, "checks": checks})
     else:
         for ch in checks:
-            click.echo(f"{'ok  ' if ch['ok'] else 'FAIL'} {ch['check']}: {ch['detail']}")
+            click.echo(
+                f"{'ok  ' if ch['ok'] else 'FAIL'} {ch['check']}: {one_line(ch['detail'], limit=10_000)}"
+            )
     if not ok:
         sys.exit(65)
 
@@ -282,6 +284,11 @@ def workflows_list(c: Ctx, as_: str | None, as_json: bool) -> None:
         )
 
 
+def _ids(ids: list[str]) -> str:
+    """A list of workflow or principal IDs on one line, each escaped."""
+    return ", ".join(one_line(i) for i in ids)
+
+
 def _attachment_line(a: dict[str, Any]) -> str:
     """One attachment (contract JSON shape) for people."""
     if a["available"]:
@@ -292,7 +299,7 @@ def _attachment_line(a: dict[str, Any]) -> str:
     else:
         state = f"UNAVAILABLE {a['reason']}"
         where = one_line(a["message"] or "", limit=200)
-    return f"  {a['alias'] or '?':<14} {a['workflow_id'] or '?':<16} {a['access']:<5}  {state}\n      {where}"
+    return f"  {one_line(a['alias'] or '?'):<14} {one_line(a['workflow_id'] or '?'):<16} {a['access']:<5}  {state}\n      {where}"
 
 
 @workflows.command("show")
@@ -306,24 +313,24 @@ def workflows_show(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
     if as_json:
         _emit(data)
         return
-    click.echo(f"{data['workflow_id']}  {one_line(data['label'])}  ({one_line(data['path'])})")
-    owners = ", ".join(data["owners"]) or "none (legacy, account-visible)"
+    click.echo(f"{one_line(data['workflow_id'])}  {one_line(data['label'])}  ({one_line(data['path'])})")
+    owners = _ids(data["owners"]) or "none (legacy, account-visible)"
     click.echo(
-        f"  owners: {owners}; editors: {', '.join(data['editors']) or '-'}; readers: {', '.join(data['readers']) or '-'}"
+        f"  owners: {owners}; editors: {_ids(data['editors']) or '-'}; readers: {_ids(data['readers']) or '-'}"
     )
     click.echo("attached knowledge bases:")
     for a in data["sources"]:
         click.echo(_attachment_line(a))
     if not data["sources"]:
         click.echo("  (none)")
-    click.echo(f"writes into: {', '.join(data['writes_into']) or '-'}")
-    click.echo(
-        f"workflows allowed to write into this KB's notes/: {', '.join(data['allowed_kb_writers']) or '-'}"
-    )
+    click.echo(f"writes into: {_ids(data['writes_into']) or '-'}")
+    click.echo(f"workflows allowed to write into this KB's notes/: {_ids(data['allowed_kb_writers']) or '-'}")
     click.echo(
         "could attach now: "
         + (
-            ", ".join(f"{x['workflow_id']} ({one_line(x['label'], limit=40)})" for x in data["candidates"])
+            ", ".join(
+                f"{one_line(x['workflow_id'])} ({one_line(x['label'], limit=40)})" for x in data["candidates"]
+            )
             or "-"
         )
     )
@@ -453,7 +460,7 @@ def sources_candidates(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
         return
     for r in rows:
         click.echo(
-            f"{r['workflow_id']:<24} {one_line(r['label'], limit=60)}{'  (write granted)' if r['write_granted'] else ''}"
+            f"{one_line(r['workflow_id']):<24} {one_line(r['label'], limit=60)}{'  (write granted)' if r['write_granted'] else ''}"
         )
 
 
@@ -477,7 +484,7 @@ def writers_list(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> None
         _emit(data)
         return
     for w in data["writers"]:
-        click.echo(f"{w['workflow_id']}{'' if w['exists'] else '  (no such workflow now)'}")
+        click.echo(f"{one_line(w['workflow_id'])}{'' if w['exists'] else '  (no such workflow now)'}")
 
 
 @writers.command("grant")
@@ -547,7 +554,7 @@ def _session_actor(c: Ctx, as_: str | None) -> Principal | None:
 def _print_plan(plan: Plan) -> None:
     d = plan.to_json()
     click.echo(
-        f"session {d['session_id']}  workflow {d['workflow_id']}  kind {d['kind']}  "
+        f"session {d['session_id']}  workflow {one_line(d['workflow_id'])}  kind {d['kind']}  "
         f"kb_access {d['kb_access']} (effective {d['effective_kb_access']})  generation {d['generation']}"
     )
     click.echo("environment:")
@@ -687,7 +694,7 @@ def session_list(c: Ctx, wf: str | None, include_closed: bool, as_: str | None, 
         return
     for r in rows:
         click.echo(
-            f"{r['session_id']}  {r['workflow_id']:<20} {r['kind']:<22} {r['kb_access']:<10} "
+            f"{r['session_id']}  {one_line(r['workflow_id']):<20} {r['kind']:<22} {r['kb_access']:<10} "
             f"gen {r['generation']}{'  closed' if r['closed'] else ''}"
         )
 
@@ -798,7 +805,9 @@ def notes_write(
     if as_json:
         _emit(result)
     else:
-        click.echo(f"wrote {result['path']} in {result['workflow_id']} ({result['bytes']} bytes)")
+        click.echo(
+            f"wrote {one_line(result['path'])} in {one_line(result['workflow_id'])} ({result['bytes']} bytes)"
+        )
 
 
 # -- principals ----------------------------------------------------------------------------
@@ -919,5 +928,8 @@ def audit_cmd(c: Ctx, as_json: bool) -> None:
         _emit({"events": events})
         return
     for e in events:
-        rest = " ".join(f"{k}={v}" for k, v in e.items() if k not in ("ts", "event"))
-        click.echo(f"{e.get('ts')} {e.get('event')} {rest}")
+        # One event, one line: IDs, names and reasons in the log are escaped.
+        rest = " ".join(
+            f"{k}={one_line(str(v), limit=10_000)}" for k, v in e.items() if k not in ("ts", "event")
+        )
+        click.echo(f"{one_line(str(e.get('ts')))} {one_line(str(e.get('event')))} {rest}")

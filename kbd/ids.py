@@ -9,24 +9,58 @@ ALIAS_RE = re.compile(r"[a-z][a-z0-9_]{0,47}")
 RESERVED_ALIASES = frozenset({"access"})
 
 
+#: Unicode categories no ID may contain (DESIGN §2): control (Cc, C0 and C1),
+#: format (Cf: zero-width characters, bidi overrides), line and paragraph
+#: separators (Zl, Zp). Together with whitespace (``str.isspace``) these are the
+#: characters that make two IDs look the same, or that break a line in a
+#: listing, a log or an agent's context block.
+_UNPLAIN = {"Cc": "a control character", "Cf": "a format character (invisible or bidi)",
+            "Zl": "a line separator", "Zp": "a paragraph separator"}  # fmt: skip
+
+
+def char_name(ch: str) -> str:
+    """``U+200B ZERO WIDTH SPACE``: how an error names a character it refuses
+    (never the raw character, which may be invisible or reorder the message)."""
+    import unicodedata
+
+    name = unicodedata.name(ch, "")
+    return f"U+{ord(ch):04X}" + (f" {name}" if name else "")
+
+
+def unplain_problem(value: str) -> str | None:
+    """Why ``value`` holds a character that has no place in an ID or a name shown
+    on one line (Cc, Cf, Zl, Zp or whitespace), naming the first one and where."""
+    import unicodedata
+
+    for i, ch in enumerate(value):
+        what = _UNPLAIN.get(unicodedata.category(ch))
+        if what is None and ch.isspace():
+            what = "whitespace"
+        if what is not None:
+            return f"must not contain {what}: {char_name(ch)} at position {i}"
+    return None
+
+
 def id_problem(value: object) -> str | None:
-    """Return why ``value`` is not a valid workflow or principal ID, or None if it is."""
+    """Return why ``value`` is not a valid workflow or principal ID, or None if it is.
+
+    DESIGN §2: a non-empty string of at most :data:`MAX_ID_LEN` characters, no
+    ``/`` or ``\\``, not ``.`` or ``..``, and no control (Cc, C1 included),
+    format (Cf), line/paragraph-separator (Zl, Zp) or whitespace character
+    anywhere.
+    """
     if not isinstance(value, str):
         return "must be a string"
     if not value:
         return "must not be empty"
-    if value != value.strip():
-        return "must not start or end with whitespace"
-    if "/" in value or "\\" in value:
-        return "must not contain '/' or '\\' (an ID is not a path)"
-    if "\x00" in value:
-        return "must not contain NUL"
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
-        return "must not contain control characters"
-    if value in {".", ".."}:
-        return "must not be '.' or '..'"
     if len(value) > MAX_ID_LEN:
         return f"must be at most {MAX_ID_LEN} characters (got {len(value)})"
+    if "/" in value or "\\" in value:
+        return "must not contain '/' or '\\' (an ID is not a path)"
+    if (problem := unplain_problem(value)) is not None:
+        return problem + " (an ID holds no control, format, line-separator or whitespace characters)"
+    if value in {".", ".."}:
+        return "must not be '.' or '..'"
     return None
 
 

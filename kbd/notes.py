@@ -22,7 +22,6 @@ import contextlib
 import errno
 import json
 import os
-import re
 import socket
 import time
 from collections.abc import Iterator
@@ -33,10 +32,10 @@ from typing import Any
 import orjson
 
 from kbd.errors import Busy, InvalidInput, KbdError, NotFound, PermissionDenied
-from kbd.names import is_index_name
+from kbd.names import NOTE_SUFFIXES as NOTE_SUFFIXES  # re-exported: readers import it from here
+from kbd.names import TEMP_NAME, note_parts
 from kbd.plan import NOTES, Plan
 from kbd.safepath import (
-    InvalidPath,
     PathNotFound,
     list_dir,
     open_beneath,
@@ -44,15 +43,15 @@ from kbd.safepath import (
     read_file,
     read_file_stat,
     replace_file,
-    split_relative,
 )
 
 MAX_NOTE_BYTES = 1024 * 1024
-NOTE_SUFFIXES = (".md", ".markdown", ".txt")
+#: Every written note, whatever mode the file it replaces had (never set-id or executable).
+NOTE_MODE = 0o644
 PROVENANCE_KEYS = ("contributed_by_workflow", "contributed_by_session", "contributed_at")
 INDEX_RETRIES = 10
 INDEX_RETRY_DELAY = 0.02
-_TMP = re.compile(r"^\.kbd-[0-9a-f]{16}\.tmp$")
+_TMP = TEMP_NAME
 
 
 class IndexUnreadable(Busy):
@@ -178,29 +177,9 @@ def provenance_of(head: bytes) -> str | None:
 
 
 def validate_target(relpath: str) -> list[str]:
-    """The components of a note path relative to ``notes/``, or InvalidInput/PermissionDenied."""
-    if relpath.endswith("/"):
-        raise InvalidInput(f"{relpath!r} ends with '/': name a file, not a folder")
-    try:
-        parts = split_relative(relpath)
-    except InvalidPath as exc:
-        raise InvalidPath(
-            exc.message, hint="name a file relative to the source's notes/, e.g. findings/latency.md"
-        ) from None
-    for p in parts:
-        if is_index_name(p):
-            raise PermissionDenied(
-                f"{relpath!r} is (or folds to) _index.json; the index belongs to the source workflow",
-                hint="write a note beside it; the source's own agents maintain the index",
-            )
-        if _TMP.match(p):
-            raise InvalidInput(f"{relpath!r} uses a name reserved for kbd's temporary files")
-    if not parts[-1].lower().endswith(NOTE_SUFFIXES):
-        raise InvalidInput(
-            f"{relpath!r}: contributed notes must be Markdown or text ({', '.join(NOTE_SUFFIXES)}) so they can "
-            "carry provenance"
-        )
-    return parts
+    """The components of a note path relative to ``notes/``, or InvalidInput/PermissionDenied.
+    The rule itself is :func:`kbd.names.note_parts` (shared with ``kbd check --mode write``)."""
+    return note_parts(relpath)
 
 
 def _open_parent(notes_fd: int, parts: list[str]) -> int:
@@ -321,7 +300,7 @@ def commit_note(note: PreparedNote) -> dict[str, Any]:
                     parent = _open_parent(notes_fd, list(note.parts))
                     try:
                         _sweep_temp_files(parent)
-                        replace_file(parent, note.parts[-1], note.data)
+                        replace_file(parent, note.parts[-1], note.data, mode=NOTE_MODE)
                     finally:
                         os.close(parent)
             finally:

@@ -240,7 +240,8 @@ def context_block(
         # Labels come from the source's manifest: one quoted line, so a label cannot
         # add lines to (or step outside) this block.
         label = '"' + one_line(a.label or a.workflow_id, limit=80).replace('"', '\\"') + '"'
-        head = f"- {a.alias}: {label} ({a.workflow_id}), {a.access}"
+        # IDs too: an ID kbd refuses today may still sit in an invalid entry.
+        head = f"- {one_line(a.alias)}: {label} ({one_line(a.workflow_id)}), {a.access}"
         if not a.available:
             lines.append(
                 f"{head}, UNAVAILABLE ({a.reason}: {one_line(a.message or '', limit=200)}). "

@@ -10,7 +10,12 @@ Policy, stricter than the kernel's minimum and identical on both code paths:
 * A relative path is validated before any syscall: non-empty, no NUL, not
   absolute, no ``..`` component, at most :data:`PATH_MAX` bytes and
   :data:`NAME_MAX` bytes per component. Names are taken literally: ``..%2f``
-  and backslashes are ordinary characters, never decoded.
+  and backslashes are ordinary characters, never decoded. A trailing ``/``
+  names a folder (POSIX): ``a.md/`` is ENOTDIR, never the file ``a.md``.
+  (What callers may *ask for* is narrower — no control characters, no
+  backslashes: :func:`kbd.names.request_parts`, applied by every entry point.
+  This layer stays literal so kbd's own walks can still reach, and audit,
+  whatever names a contributor's shell created.)
 * Symbolic links are never followed inside a KB (``RESOLVE_NO_SYMLINKS``), nor
   magic links, nor mount crossings (``RESOLVE_NO_XDEV``): the files kbd serves
   and writes are exactly the files physically inside the pinned folder. (Shell
@@ -135,12 +140,24 @@ def split_relative(rel: str, *, allow_empty: bool = False) -> list[str]:
     return parts
 
 
+def names_folder(rel: str) -> bool:
+    """Does ``rel`` end with ``/`` (or ``/.``)? Then, as in POSIX, it names a
+    folder: ``notes/a.md/`` is ENOTDIR when ``notes/a.md`` is a file, never the file."""
+    raw = rel.split("/")
+    return len(raw) > 1 and raw[-1] in ("", ".") and any(p not in ("", ".") for p in raw)
+
+
 def _refusal(err: int, rel: str) -> KbdError:
     """errno → the error a caller sees. Never includes a host path."""
     shown = rel if len(rel) <= 200 else rel[:200] + "…"
     if err == errno.ENOENT:
         return PathNotFound(f"{shown!r} does not exist in the knowledge base")
     if err == errno.ENOTDIR:
+        if names_folder(rel):
+            return PathNotFound(
+                f"{shown!r} ends with '/', so it names a folder, but it (or a component) is not a folder",
+                hint="drop the trailing '/' to name a file",
+            )
         return PathNotFound(f"a component of {shown!r} is not a folder")
     if err == errno.ELOOP:
         return PathRefused(
@@ -235,6 +252,8 @@ def open_beneath(
     ``use_openat2`` exists for the differential tests; callers leave it None.
     """
     parts = split_relative(rel, allow_empty=True)
+    if parts and names_folder(rel):
+        flags |= os.O_DIRECTORY  # split_relative dropped the trailing '/': keep what it meant
     if not flags & os.O_PATH:  # openat2 refuses O_PATH with any other open flag
         flags |= os.O_NONBLOCK
     primary = HAVE_OPENAT2 if use_openat2 is None else use_openat2
@@ -420,9 +439,13 @@ def replace_file(dirfd: int, rel: str, data: bytes, *, mode: int = 0o644) -> Non
     in the (strictly resolved) parent folder, fsynced and renamed over the name,
     then the folder is fsynced. An existing destination that is not a regular
     file (folder, link, FIFO, device) is refused; a hardlinked one is replaced,
-    never written through.
+    never written through. The new file has exactly ``mode`` (masked to
+    read/write bits; umask-independent): an existing file's mode is never
+    carried over, so a planted set-id or executable bit does not survive.
     """
     parts = split_relative(rel)
+    if names_folder(rel):
+        raise InvalidPath(f"{rel[:200]!r} ends with '/': name a file, not a folder")
     parent = "/".join(parts[:-1])
     name = parts[-1]
     pfd = open_beneath(dirfd, parent, os.O_RDONLY | os.O_DIRECTORY)
@@ -437,7 +460,7 @@ def replace_file(dirfd: int, rel: str, data: bytes, *, mode: int = 0o644) -> Non
                 f"{rel!r} exists and is a {kind}; only regular files are replaced", why="not_file"
             )
         try:
-            write_atomic_at(pfd, name, data, mode=mode, keep_owner=False)
+            write_atomic_at(pfd, name, data, mode=mode, keep_owner=False, keep_mode=False)
         except OSError as exc:
             raise _refusal(exc.errno or errno.EIO, rel) from None
     finally:

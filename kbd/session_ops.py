@@ -17,10 +17,11 @@ from typing import Any
 from kbd import audience, policy
 from kbd.errors import InvalidInput, KbdError, NotFound, PermissionDenied, WorkflowNotFound
 from kbd.folders import resolve_folders
+from kbd.names import name_problem, note_parts
 from kbd.ops import Host
 from kbd.plan import Plan, build_plan
 from kbd.principals import Principal
-from kbd.safepath import pin_dir
+from kbd.safepath import PathNotFound, names_folder, pin_dir
 from kbd.sessions import SessionRow, SessionStore, new_session_id, require_open
 
 _MODES = {"none": set(), "read": {"r"}, "write": {"w"}, "read-write": {"r", "w"}}
@@ -245,8 +246,11 @@ def check_path(plan: Plan, path: str, mode: str) -> dict[str, Any]:
     """
     if mode not in ("read", "write"):
         raise InvalidInput(f"mode {mode!r} is not allowed; allowed: read, write")
-    if not path.startswith("/") or "\x00" in path:
+    if not path.startswith("/"):
         return {"allowed": False, "reason": "path must be absolute"}
+    for comp in path.split("/"):
+        if (problem := name_problem(comp)) is not None:
+            return {"allowed": False, "reason": f"path {problem}"}
     pure = PurePosixPath(path)
     if ".." in pure.parts:
         return {"allowed": False, "reason": "path must not contain '..'"}
@@ -264,28 +268,65 @@ def check_path(plan: Plan, path: str, mode: str) -> dict[str, Any]:
         return {"allowed": False, "reason": f"hidden in this session ({grant.origin})"}
     if mode == "write" and grant.mode != "write":
         return {"allowed": False, "reason": f"read-only ({grant.origin})"}
-    link = _symlink_below(grant.path, target)
+    if mode == "write" and grant.origin.startswith("kb_write:"):
+        # A source's notes/: exactly the names `kbd notes write` accepts.
+        try:
+            note_parts(_spelled_below(grant.path, path))
+        except KbdError as err:
+            return {"allowed": False, "reason": err.message}
+    link = _symlink_below(grant.path, target, folder=names_folder(path))
     if link is not None:
         return {"allowed": False, "reason": link}
     return {"allowed": True, "reason": f"{grant.mode} grant ({grant.origin})"}
 
 
-def _symlink_below(root: Path, target: Path) -> str | None:
+def _spelled_below(root: Path, path: str) -> str:
+    """The caller's own spelling of ``path`` below the grant ``root`` (empty and
+    ``.`` components, which PurePosixPath dropped, and a trailing ``/`` kept),
+    so the note-name rule judges exactly what was asked."""
+    want = list(root.parts[1:])
+    raw = path.split("/")[1:]
+    i = 0
+    while want and i < len(raw):
+        if raw[i] not in ("", "."):
+            want.pop(0)
+        i += 1
+    return "/".join(raw[i:])
+
+
+def _symlink_below(root: Path, target: Path, *, folder: bool = False) -> str | None:
     """Why ``target`` (inside the grant ``root``) must not be used, or None.
 
     Its folder is pinned from ``/`` without following any link, then the name
-    itself is checked with lstat: a link anywhere on the way is refused.
+    itself is checked with lstat: a link anywhere on the way is refused. A
+    folder that does not exist yet is fine (a writer creates it; nothing below a
+    missing folder can be a link), unless something else stands in its place.
+    With ``folder`` (the path ended with ``/``), the target must be a folder.
     """
     if target == Path("/"):
         return None
-    try:
-        with pin_dir(target.parent) as parent:
-            try:
-                st = os.stat(target.name, dir_fd=parent.fd, follow_symlinks=False)
-            except FileNotFoundError:
-                return None
-    except KbdError as exc:
-        return exc.message
+    parent = target.parent
+    missing: list[str] = [target.name]
+    while True:
+        try:
+            pinned = pin_dir(parent)
+            break
+        except PathNotFound as exc:
+            if parent == root or parent == Path("/") or root not in parent.parents:
+                return exc.message
+            missing.insert(0, parent.name)
+            parent = parent.parent
+        except KbdError as exc:
+            return exc.message
+    with pinned:
+        try:
+            st = os.stat(missing[0], dir_fd=pinned.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
     if stat.S_ISLNK(st.st_mode):
         return "the path is a symbolic link; kbd never follows links inside grants"
+    if len(missing) > 1 and not stat.S_ISDIR(st.st_mode):
+        return "a component of the path is not a folder"
+    if folder and not stat.S_ISDIR(st.st_mode):
+        return "the path ends with '/' but names a file, not a folder"
     return None

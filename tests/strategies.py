@@ -38,7 +38,7 @@ KNOWN_FIELDS = frozenset(
 HOST = "test-host"
 OTHER_HOST = "elsewhere"
 # Source workflow IDs of generated worlds (some with characters an ID may hold).
-SOURCE_IDS = ("wf_rts", "wf_sec", "wf_cost", "wf_docs", "wf pay", "wf:ü", "wf.7", "WF-Big")
+SOURCE_IDS = ("wf_rts", "wf_sec", "wf_cost", "wf_docs", "wf+pay", "wf:ü", "wf.7", "WF-Big")
 CONSUMER_ID = "wf_con"
 
 # Characters safe inside a valid ID: no whitespace, no '/', no '\\', no control characters.
@@ -66,10 +66,10 @@ def weighted(*options: tuple[int, st.SearchStrategy[T]]) -> st.SearchStrategy[T]
 def valid_ids() -> st.SearchStrategy[str]:
     """Workflow or principal IDs that are valid by construction (DESIGN §2)."""
     short = st.text(_ID_ALPHABET, min_size=1, max_size=16)
-    # Inner spaces are fine; surrounding whitespace is not.
-    spaced = st.tuples(short, short).map(lambda t: f"{t[0]} {t[1]}")
+    # No whitespace anywhere (issue 9 item 20; DESIGN §2): punctuation-joined instead.
+    joined = st.tuples(short, st.sampled_from("-_.:@"), short).map("".join)
     longest = st.text(_ID_ALPHABET, min_size=120, max_size=128)
-    return weighted((6, short), (2, spaced), (1, longest)).filter(lambda s: s not in {".", ".."})
+    return weighted((6, short), (2, joined), (1, longest)).filter(lambda s: s not in {".", ".."})
 
 
 @cache
@@ -430,3 +430,63 @@ def manifests(
 def encode(doc: Any) -> bytes:
     """Bytes of a workflow.json as a hand editor or another tool could write them."""
     return json.dumps(doc, ensure_ascii=True).encode("ascii")
+
+
+# -- note names (issue 9 item 9) ------------------------------------------------------------
+
+#: Path components a contributor (or a confused agent) might send as a note name:
+#: plain and odd-but-fine names, every suffix class, the index and look-alikes, kbd's
+#: temp names, traversal pieces, and every character class the name rule refuses
+#: (C0, DEL, C1, backslash) beside look-alikes it allows (U+2028, U+200B, é).
+NOTE_COMPONENTS: tuple[str, ...] = (
+    "a.md",
+    "fact.md",
+    "x.txt",
+    "y.markdown",
+    "Z.MD",
+    "README",
+    "x.json",
+    "x.md.sh",
+    "sub",
+    "new",
+    "_index.json",
+    "_INDEX.json",
+    "\uff3findex.json",
+    "_\u0131ndex.json",
+    ".kbd-0123456789abcdef.tmp",
+    ".",
+    "..",
+    "",
+    "...md",
+    "a\\b.md",
+    "..\\..\\x.md",
+    "evil\nWORKFLOW_KB_X=1.md",
+    "a\r.md",
+    "a\t.md",
+    "a\x1b[31m.md",
+    "a\x7f.md",
+    "a\x85.md",
+    "a\x9b.md",
+    "a\x00.md",
+    "a\u2028.md",
+    "a\u200b.md",
+    "caf\u00e9.md",
+    "\udcff.md",
+    "x" * 253 + ".md",
+)
+
+
+@st.composite
+def note_relpaths(draw: st.DrawFn) -> str:
+    """A RELPATH for ``kbd notes write`` / the tail of a ``kbd check`` path: 1-3
+    components from :data:`NOTE_COMPONENTS` or generated text, an optional
+    leading ``/`` or ``./`` and an optional trailing ``/``, ``/.`` or ``//``."""
+    generated = st.tuples(
+        st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=8),
+        st.sampled_from(("", ".md", ".txt")),
+    ).map("".join)
+    component = weighted((4, st.sampled_from(NOTE_COMPONENTS)), (1, generated))
+    parts = draw(st.lists(component, min_size=1, max_size=3))
+    head = draw(st.sampled_from(("", "", "", "/", "./")))
+    tail = draw(st.sampled_from(("", "", "", "/", "/.", "//")))
+    return head + "/".join(parts) + tail

@@ -770,3 +770,20 @@ def test_detach_known_alias(world: KbRoot) -> None:
     assert r.code == 0, r.err
     assert r.json() == {"workflow_id": "con", "detached": "s"}
     assert manifest_meaning(world.workflows / "con")["knowledgebase_sources"] == []
+
+
+@pytest.mark.parametrize("planted", [0o6755, 0o4640, 0o1660, 0o600])
+def test_manifest_save_keeps_owner_and_rw_mode_but_never_set_id_or_exec(world: KbRoot, planted: int) -> None:
+    """Issue 9 item 8: a manifest save (run as root) keeps the manifest's owner and
+    read/write bits, but set-id, sticky and executable bits never survive it."""
+    import os
+    import stat
+
+    manifest = world.workflows / "con" / "workflow.json"
+    os.chown(manifest, 4242, 4343)
+    os.chmod(manifest, planted)
+    r = world.cli("sources", "attach", "con", "src2", "--alias", "two", "--as", "alice")
+    assert r.code == 0, r.err
+    st = os.lstat(manifest)
+    assert (st.st_uid, st.st_gid) == (4242, 4343)
+    assert stat.S_IMODE(st.st_mode) == planted & 0o666, oct(st.st_mode)

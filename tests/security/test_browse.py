@@ -43,7 +43,17 @@ def test_read_and_list(attached: tuple[KbRoot, Path]) -> None:
         ("notes/missing.md", 66, "path-not-found"),
         ("notes/fact.md/x", 66, "path-not-found"),
         ("..%2fworkflow.json", 66, "path-not-found"),
-        ("..\\workflow.json", 66, "path-not-found"),
+        # Issue 9 item 9 (contract change): a backslash is refused by name (it was
+        # read literally and not found).
+        ("..\\workflow.json", 65, "invalid-path"),
+        ("notes\\fact.md", 65, "invalid-path"),
+        ("notes/evil\nWORKFLOW_KB_X=1.md", 65, "invalid-path"),
+        ("notes/a\x1b[31m.md", 65, "invalid-path"),
+        ("notes/a\x7f.md", 65, "invalid-path"),
+        ("notes/a\u0085.md", 65, "invalid-path"),
+        ("notes/a\u009b.md", 65, "invalid-path"),
+        ("notes/fact.md/", 66, "path-not-found"),
+        ("notes/fact.md/.", 66, "path-not-found"),
     ],
 )
 def test_paths_outside_or_odd_are_refused(

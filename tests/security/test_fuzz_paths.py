@@ -148,10 +148,23 @@ def lexical_parts(rel: str) -> list[str] | None:
     return parts
 
 
-def physical(nodes: dict[str, Node], parts: list[str] | None) -> tuple[str, Node] | None:
-    """What ``parts`` names when only real folders are walked through, else None."""
+def ends_as_folder(rel: str) -> bool:
+    """POSIX: a path ending in ``/`` (or ``/.``) names a folder, never a file (issue 9
+    item 9; until then the policy dropped the trailing slash and served the file)."""
+    raw = rel.split("/")
+    return len(raw) > 1 and raw[-1] in ("", ".") and any(p not in ("", ".") for p in raw)
+
+
+def physical(
+    nodes: dict[str, Node], parts: list[str] | None, *, folder: bool = False
+) -> tuple[str, Node] | None:
+    """What ``parts`` names when only real folders are walked through, else None
+    (also None when ``folder`` is asked for and it is not a real folder)."""
     if parts is None:
         return None
+    if folder and parts:
+        found = physical(nodes, parts)
+        return found if found is not None and found[1].kind == "dir" else None
     for i in range(1, len(parts)):
         node = nodes.get("/".join(parts[:i]))
         if node is None or node.kind != "dir":
@@ -248,7 +261,7 @@ def test_read_file_serves_only_singly_linked_regular_files_inside_root(
         inside_files = {n.ident for n in nodes.values() if n.kind == "file"}
         secret = _node(os.lstat(tree.secret_path))
         parts = lexical_parts(rel)
-        target = physical(nodes, parts) if parts else None
+        target = physical(nodes, parts, folder=ends_as_folder(rel)) if parts else None
         for use_openat2 in (None, False):
             got = attempt(partial(read_file_stat, root_fd, rel, limit=limit, use_openat2=use_openat2))
             body = attempt(partial(read_file, root_fd, rel, limit=limit, use_openat2=use_openat2))
@@ -285,7 +298,7 @@ def test_open_beneath_rdonly_opens_only_what_is_physically_inside_root(
         nodes = walk(tree.root)
         inside = {n.ident for n in nodes.values() if n.kind != "link"}
         outside = {n.ident for n in walk(tree.outside).values()} - inside
-        target = physical(nodes, lexical_parts(rel))
+        target = physical(nodes, lexical_parts(rel), folder=ends_as_folder(rel))
         flags = rdonly_flags(target)
         for use_openat2 in (None, False):
             got = _open(root_fd, rel, flags, use_openat2)
@@ -305,7 +318,7 @@ def test_open_beneath_rdonly_opens_only_what_is_physically_inside_root(
 def _differential(ops: list[Op], data: st.DataObject, flags: int | None, name: str) -> None:
     with built_tree(ops) as tree, pinned(tree) as root_fd:
         rel = data.draw(hostile_paths(tree.entries, tree.dirs + tree.files), label="rel")
-        target = physical(walk(tree.root), lexical_parts(rel))
+        target = physical(walk(tree.root), lexical_parts(rel), folder=ends_as_folder(rel))
         how = rdonly_flags(target) if flags is None else flags
         primary = _open(root_fd, rel, how, True)
         fallback = _open(root_fd, rel, how, False)
@@ -385,7 +398,10 @@ def test_replace_file_writes_only_the_named_file_inside_root(ops: list[Op], data
         parent = physical(nodes, parts[:-1]) if parts else None
         final = physical(nodes, parts) if parts else None
         replaceable = (
-            parent is not None and parent[1].kind == "dir" and (final is None or final[1].kind == "file")
+            parent is not None
+            and parent[1].kind == "dir"
+            and (final is None or final[1].kind == "file")
+            and not ends_as_folder(rel)
         )
         before = snapshot(tree.base)
         idents_before = walk(tree.base)

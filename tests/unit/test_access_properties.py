@@ -11,6 +11,7 @@ import copy
 import json
 import math
 import string
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,13 +94,15 @@ def oracle_can_write(consumer: dict[str, Any], source: dict[str, Any], principal
 
 
 def oracle_id_ok(value: object) -> bool:
-    """DESIGN §2 / kbd.ids: non-empty string, no surrounding whitespace, no '/', '\\',
-    NUL or other control characters, not '.' or '..', at most 128 characters."""
+    """DESIGN §2 / kbd.ids: non-empty string, no '/', '\\', no control (Cc, C1 included),
+    format (Cf), line/paragraph-separator (Zl, Zp) or whitespace character anywhere
+    (issue 9 item 20: was "no surrounding whitespace, no C0 control"), not '.' or '..',
+    at most 128 characters."""
     if not isinstance(value, str) or not value:
         return False
-    if value[0].isspace() or value[-1].isspace():
+    if any(c.isspace() or unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in value):
         return False
-    if any(c in "/\\" or ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+    if any(c in "/\\" for c in value):
         return False
     return value not in (".", "..") and len(value) <= 128
 

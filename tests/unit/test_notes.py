@@ -445,12 +445,37 @@ def test_an_existing_file_is_replaced_atomically_never_written_through(world: Wo
     assert not [n for n in os.listdir(world.notes) if n.startswith(".kbd-")]
 
 
-def test_permission_bits_of_a_replaced_file_are_kept_and_new_files_are_0644(world: World) -> None:
+def test_written_notes_are_0644_new_or_replaced(world: World) -> None:
+    # Contract changed (issue 9, item 8): a replaced note no longer keeps the old
+    # file's mode (that is how a planted 06755 survived); every note is 0644.
     os.chmod(world.notes / "fact.md", 0o640)
     world.write("fact.md", b"x\n")
-    assert stat.S_IMODE(os.stat(world.notes / "fact.md").st_mode) == 0o640
+    assert stat.S_IMODE(os.stat(world.notes / "fact.md").st_mode) == 0o644
     world.write("fresh.md", b"x\n")
     assert stat.S_IMODE(os.stat(world.notes / "fresh.md").st_mode) == 0o644
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o077, 0o022])
+@pytest.mark.parametrize("planted", [0o6755, 0o4777, 0o1777, 0o755, 0o600])
+def test_cli_note_write_never_carries_mode_bits_over(world: World, planted: int, umask: int) -> None:
+    """A source owner's set-id/executable bits on an existing note never survive
+    `kbd notes write` (run as root here: the replaced file was root's own), and
+    the umask of the writer does not matter."""
+    plan = world.notes / "plan.md"
+    plan.write_text("old plan\n")
+    os.chmod(plan, planted)
+    assert stat.S_IMODE(os.stat(plan).st_mode) == planted
+    old = os.umask(umask)
+    try:
+        r = world.kb.cli("notes", "write", world.sid, "src", "plan.md", input=b"new plan\n")
+        r2 = world.kb.cli("notes", "write", world.sid, "src", "sub/fresh.md", input=b"fresh\n")
+    finally:
+        os.umask(old)
+    assert (r.code, r2.code) == (0, 0), (r.err, r2.err)
+    st = os.lstat(plan)
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o644, oct(st.st_mode)
+    assert stat.S_IMODE(os.lstat(world.notes / "sub" / "fresh.md").st_mode) == 0o644
+    assert plan.read_text().endswith("new plan\n")
 
 
 def test_a_written_note_is_audited(world: World) -> None:

@@ -1,0 +1,162 @@
+"""IDs are plain (issue 9 item 20, DESIGN §2): workflow and principal IDs hold no
+control (Cc, C1 included), format (Cf), line/paragraph-separator (Zl, Zp) or
+whitespace character anywhere; the error names the character by code point; an
+on-disk manifest with such an ID is ``manifest_unreadable`` with that message;
+and every ID kbd prints goes through the one-line escaper.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kbd import audit
+from kbd.errors import InvalidConfig
+from kbd.ids import id_problem, one_line
+from kbd.principals import load_principals
+from tests.helpers import KbRoot
+
+#: Each one looks like (or breaks a line next to) the plain ID ``wf_rts``.
+BAD_IDS: dict[str, str] = {
+    "zero-width-space": "wf_rts\u200b",
+    "zero-width-joiner": "wf_\u200drts",
+    "bom": "\ufeffwf_rts",
+    "c1-nel": "wf_rts\u0085",
+    "c1-csi": "wf\u009b31mrts",
+    "line-separator": "wf_rts\u2028x",
+    "paragraph-separator": "wf_rts\u2029x",
+    "bidi-override": "wf_\u202erts",
+    "bidi-isolate": "\u2066wf_rts\u2069",
+    "tab": "wf\trts",
+    "inner-space": "wf rts",
+    "trailing-space": "wf_rts ",
+    "no-break-space": "wf\u00a0rts",
+    "ideographic-space": "wf\u3000rts",
+    "newline": "wf_rts\nWORKFLOW_KB_X=1",
+    "del": "wf_rts\x7f",
+}
+
+
+def first_bad(value: str) -> str:
+    """``U+XXXX`` of the first character the rule refuses (what the error must name)."""
+    import unicodedata
+
+    for ch in value:
+        if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") or ch.isspace():
+            return f"U+{ord(ch):04X}"
+    raise AssertionError(f"{value!r} holds no refused character")
+
+
+@pytest.mark.parametrize("case", sorted(BAD_IDS))
+def test_id_rule_refuses_and_names_the_character(case: str) -> None:
+    value = BAD_IDS[case]
+    problem = id_problem(value)
+    assert problem is not None
+    assert first_bad(value) in problem, problem
+    # The message itself is plain: it never carries the invisible character.
+    assert one_line(problem, limit=10_000) == problem
+
+
+@pytest.mark.parametrize("value", ["wf_rts", "Wf-RTS.2", "é😀", "a" * 128, "日本"])
+def test_plain_ids_stay_valid(value: str) -> None:
+    assert id_problem(value) is None
+
+
+@pytest.mark.parametrize("case", ["zero-width-space", "c1-nel", "line-separator", "bidi-override", "tab"])
+def test_principal_ids_follow_the_same_rule(tmp_path: Path, case: str) -> None:
+    f = tmp_path / "principals.yaml"
+    f.write_text(yaml.safe_dump({"principals": [{"id": "alice"}, {"id": BAD_IDS[case]}]}))
+    with pytest.raises(InvalidConfig) as info:
+        load_principals(tmp_path)
+    assert "principals[1].id" in info.value.message and first_bad(BAD_IDS[case]) in info.value.message
+
+
+# -- through the CLI -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def world(kb: KbRoot) -> KbRoot:
+    owners = {"owners": ["alice"]}
+    kb.workflow("wf_rts", label="RTS platform", access=owners)
+    kb.workflow("con", label="Consumer", access=owners, sources=[])
+    return kb
+
+
+def manifest_bytes(kb: KbRoot) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted(kb.workflows.rglob("workflow.json"))}
+
+
+@pytest.mark.parametrize(
+    "case", ["zero-width-space", "c1-nel", "c1-csi", "line-separator", "bidi-override", "tab", "inner-space"]
+)
+def test_attach_refuses_an_unplain_id_naming_the_character(world: KbRoot, case: str) -> None:
+    before = manifest_bytes(world)
+    r = world.cli("sources", "attach", "con", BAD_IDS[case], "--alias", "rts", "--as", "alice")
+    assert r.code == 65, (r.code, r.err)
+    first = r.err.splitlines()[0]
+    assert first.startswith("error[") and first_bad(BAD_IDS[case]) in first, r.err
+    assert manifest_bytes(world) == before
+
+
+@pytest.mark.parametrize("case", ["zero-width-space", "c1-nel", "line-separator", "bidi-override", "tab"])
+def test_validate_refuses_an_unplain_manifest_id(world: KbRoot, tmp_path: Path, case: str) -> None:
+    f = tmp_path / "workflow.json"
+    f.write_text(json.dumps({"id": BAD_IDS[case], "label": "RTS platform"}))
+    r = world.cli("validate", str(f))
+    assert r.code == 65, (r.code, r.err)
+    assert "error[manifest-unreadable]" in r.err and first_bad(BAD_IDS[case]) in r.err, r.err
+
+
+@pytest.mark.parametrize("case", ["zero-width-space", "c1-nel", "line-separator", "bidi-override", "tab"])
+def test_an_on_disk_manifest_with_an_unplain_id_is_unreadable_and_never_a_candidate(
+    world: KbRoot, case: str
+) -> None:
+    bad = BAD_IDS[case]
+    world.workflow(bad, folder="impostor", label="RTS platform", access={"owners": ["alice"]})
+    r = world.cli("workflows", "list", "--json", "--as", "ops")
+    assert r.code == 0, r.err
+    (row,) = [w for w in r.json()["workflows"] if w["path"].endswith("/impostor")]
+    assert row["status"] == "manifest_unreadable"
+    assert first_bad(bad) in row["problem"], row
+    r = world.cli("sources", "candidates", "con", "--as", "alice")
+    assert r.code == 0, r.err
+    assert [line.split()[0] for line in r.out.splitlines()] == ["wf_rts"], r.out
+    r = world.cli("sources", "attach", "con", bad, "--alias", "rts", "--as", "alice")
+    assert r.code == 65, r.err
+
+
+def test_every_printed_id_is_one_escaped_line(world: KbRoot) -> None:
+    """A hand-edited entry can still carry an unplain ID (it is an invalid_entry);
+    human output, the agent's context block and audit text show it escaped."""
+    bad = "wf_rts\u2028FAKE LINE\u0085\u200b"
+    con = world.workflows / "con"
+    world.edit(con, knowledgebase_sources=[{"workflow_id": bad, "alias": "rts"}])
+    r = world.cli("sources", "list", "con", "--as", "alice")
+    assert r.code == 0, r.err
+    assert "invalid_entry" in r.out and "\\u2028" in r.out, r.out
+    for text in (r.out,):
+        assert not {"\u2028", "\u0085", "\u200b"} & set(text), repr(text)
+    r = world.cli("session", "open", "con", "--kind", "execution", "--as", "alice", "--json")
+    assert r.code == 0, r.err
+    context = r.json()["context"]
+    assert not {"\u2028", "\u0085", "\u200b"} & set(context), repr(context)
+    assert len(context.splitlines()) == 2, context
+    r = world.cli("session", "show", r.json()["session_id"])
+    assert r.code == 0, r.err
+    assert not {"\u2028", "\u0085", "\u200b"} & set(r.out), repr(r.out)
+    audit.append(world.root / "state", "test_event", workflow_id=bad, alias="rts")
+    r = world.cli("audit")
+    assert r.code == 0, r.err
+    (line,) = [ln for ln in r.out.split("\n") if "test_event" in ln]
+    assert "\\u2028" in line and not {"\u2028", "\u0085", "\u200b"} & set(r.out), repr(r.out)
+
+
+def test_doctor_shows_an_unplain_folder_escaped(world: KbRoot) -> None:
+    world.workflow("wf_rts\u200b", folder="impostor\u2028FAKE", label="RTS platform")
+    r = world.cli("doctor")
+    (line,) = [ln for ln in r.out.splitlines() if "registry" in ln]
+    assert "manifest_unreadable" in line and "\\u2028FAKE" in line, r.out
+    assert not {"\u2028", "\u200b"} & set(r.out), repr(r.out)
