@@ -59,7 +59,12 @@ def attachment(host: Host, wid: str, alias: str, actor: Principal) -> Attachment
 
 def read(host: Host, wid: str, alias: str, relpath: str, actor: Principal) -> bytes:
     """The bytes of a regular, singly-linked file inside the source's KB (≤ 2 MiB)."""
-    att = attachment(host, wid, alias, actor)
+    return read_attached(attachment(host, wid, alias, actor), relpath)
+
+
+def read_attached(att: Attachment, relpath: str) -> bytes:
+    """:func:`read` for an attachment just resolved; needs no registry (the daemon
+    calls it outside its state lock: the index reader may retry)."""
     assert att.path is not None
     with pin_dir(att.path, expect=att.kb_identity) as kb:
         if split_relative(relpath) == ["notes", "_index.json"]:
@@ -70,7 +75,11 @@ def read(host: Host, wid: str, alias: str, relpath: str, actor: Principal) -> by
 
 def ls(host: Host, wid: str, alias: str, reldir: str, actor: Principal) -> list[dict[str, Any]]:
     """Names and types in a folder of the source's KB; links are listed, never followed."""
-    att = attachment(host, wid, alias, actor)
+    return ls_attached(attachment(host, wid, alias, actor), reldir)
+
+
+def ls_attached(att: Attachment, reldir: str) -> list[dict[str, Any]]:
+    """:func:`ls` for an attachment just resolved; needs no registry."""
     assert att.path is not None
     with pin_dir(att.path, expect=att.kb_identity) as kb:
         entries: list[dict[str, Any]] = list(list_dir(kb.fd, reldir))
