@@ -319,14 +319,6 @@ def inherited_socket(fd: int | None) -> socket.socket | None:
     return socket.socket(fileno=fd)
 
 
-class _Stop(Exception):
-    pass
-
-
-def _stopped(signum: int, frame: object) -> None:
-    raise _Stop
-
-
 def serve(host: Host, *, socket_path: Path | None = None, fd: int | None = None, ready: bool = True) -> None:
     nofile = raise_nofile_limit()
     PeerCredProtocol.limits = ConnectionLimits(total=connection_cap(nofile), per_uid=MAX_CONNECTIONS_PER_UID)
@@ -340,19 +332,24 @@ def serve(host: Host, *, socket_path: Path | None = None, fd: int | None = None,
                             timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
                             backlog=BACKLOG, access_log=False)  # fmt: skip
     server = uvicorn.Server(config)
-    if ready:
-        # The socket is listening already (connections queue until the loop
-        # accepts them), so this line is a truthful readiness signal for
-        # scripts and tests.
-        print(f"kbd: serving on {path or f'fd {sock.fileno()}'}", flush=True)
     # uvicorn.Server.serve captures SIGTERM/SIGINT (stop accepting, finish
-    # in-flight requests) and re-raises the signal once it has stopped; these
-    # handlers turn that re-raise into an orderly return so cleanup runs.
-    previous = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # in-flight requests) and re-raises the signal once it has stopped. These
+    # handlers cover the moments outside that capture — from the readiness
+    # line until uvicorn installs its own, and the re-raise — by asking the
+    # server to stop (an exception raised from a handler could land inside an
+    # event-loop callback, which asyncio would log and swallow).
+
+    def stop(signum: int, frame: object) -> None:
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        if ready:
+            # The socket is listening already (connections queue until the loop
+            # accepts them), so this line is a truthful readiness signal for
+            # scripts and tests.
+            print(f"kbd: serving on {path or f'fd {sock.fileno()}'}", flush=True)
         asyncio.run(server.serve(sockets=[sock]))
-    except _Stop:
-        pass
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
