@@ -39,10 +39,12 @@ REPO = Path(__file__).resolve().parents[2]
 # -- the flood process -------------------------------------------------------------------
 
 
-def _drop_to_nobody(fds: int) -> None:
+def _drop_to_nobody(fds: int, sock: str) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (fds, fds))
     if os.getuid() == 0:
-        os.setgroups([0])
+        # Group 0 traverses the test's folders; the socket's group (kbd, when
+        # this host has it) may connect.
+        os.setgroups(sorted({0, os.stat(sock).st_gid}))
         os.setgid(NOBODY)
         os.setuid(NOBODY)
 
@@ -65,7 +67,7 @@ def _connect(path: str, patience: float = 2.0) -> socket.socket | None:
 
 
 def _flood(path: str, n: int) -> None:
-    _drop_to_nobody(n + 64)
+    _drop_to_nobody(n + 64, path)
     conns: list[socket.socket] = []
     while len(conns) < n:
         s = _connect(path)
