@@ -6,7 +6,8 @@ The REAL daemon on its real Unix socket, started with a soft open-file limit of
 5,000 half-sent requests from another process and uid, 50 note POSTs against a
 held notes mutex, 30 reads of an unparsable ``_index.json`` — authenticated
 requests from another client (health, whoami, and a route that needs the
-daemon's state lock) are each answered within 1 s.
+daemon's state lock) are each answered within 1 s. A request stuck behind a long
+state-lock holder is answered 503 busy with Retry-After within ~2 s.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ import httpx
 import orjson
 import pytest
 
+from kbd.api import STATE_LOCK_WAIT
 from kbd.daemon import HEADER_TIMEOUT, MAX_CONNECTIONS_PER_UID
+from kbd.locks import held
 from kbd.notes import notes_lock
 from tests.helpers import PRINCIPALS, KbRoot
 from tests.integration.daemon import Daemon, issue_tokens, serving
-from tests.integration.loads import half_open_flood, index_reads, note_posts, timed
+from tests.integration.loads import half_open_flood, in_threads, index_reads, note_posts, timed
 
 NOFILE = (1024, 4096)
 WITHIN = 1.0
@@ -136,6 +139,28 @@ def test_reads_of_a_broken_index_do_not_hold_up_others(setup: Setup) -> None:
         assert isinstance(r, httpx.Response)
         assert r.status_code == 409 and r.json()["error"]["code"] == "index-unreadable", r.text
         assert r.headers["retry-after"] == "1"
+
+
+def test_a_request_behind_a_long_state_lock_holder_fails_fast_with_retry_after(setup: Setup) -> None:
+    """A grant waits (up to the lock timeout, 10 s) for src's manifest lock while
+    holding the daemon's state lock: others get 503 busy within ~2 s, not a 10 s wait."""
+    state_dir = setup.kb.host().config.state_dir
+    folder = str((setup.kb.workflows / "src").resolve())
+    with held(state_dir, "manifest", folder, timeout=5, what="src"):
+        grant = in_threads(1, setup.client, lambda c: c.delete("/v1/workflows/src/writers/nobody-wf"))
+        time.sleep(0.3)  # the grant now holds the state lock, waiting for the manifest lock
+        with setup.client() as c:
+            elapsed, r = timed(c, "/v1/workflows/con/sources")
+        assert r.status_code == 503, (r.status_code, r.text)
+        assert r.json()["error"]["code"] == "busy" and r.headers["retry-after"] == "1", r.text
+        assert elapsed < STATE_LOCK_WAIT + 1.0, elapsed
+        for path in ("/v1/health", "/v1/whoami"):
+            with setup.client() as c:
+                elapsed, r = timed(c, path)
+            assert r.status_code == 200 and elapsed < WITHIN, (path, elapsed)
+    (done,) = grant.join()
+    assert isinstance(done, httpx.Response) and done.status_code == 200, done
+    setup.answered_quickly()
 
 
 def _raw(sock: Path, data: bytes, *, timeout: float = 15.0) -> tuple[float, bytes]:
