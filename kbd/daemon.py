@@ -84,10 +84,12 @@ def raise_nofile_limit() -> int:
     return MAX_CONNECTIONS + FD_RESERVE if soft == resource.RLIM_INFINITY else soft
 
 
-def connection_cap(nofile: int) -> int:
-    """The total connection cap for an open-file limit of ``nofile``: never so
-    many that accepting one more could fail with EMFILE."""
-    return max(16, min(MAX_CONNECTIONS, nofile - FD_RESERVE))
+def connection_caps(nofile: int) -> tuple[int, int]:
+    """The (total, per-uid) connection caps for an open-file limit of ``nofile``:
+    never so many connections that accepting one more could fail with EMFILE,
+    and no uid allowed more than a quarter of them."""
+    total = max(16, min(MAX_CONNECTIONS, nofile - FD_RESERVE))
+    return total, max(4, min(MAX_CONNECTIONS_PER_UID, total // 4))
 
 
 class ConnectionLimits:
@@ -321,7 +323,8 @@ def inherited_socket(fd: int | None) -> socket.socket | None:
 
 def serve(host: Host, *, socket_path: Path | None = None, fd: int | None = None, ready: bool = True) -> None:
     nofile = raise_nofile_limit()
-    PeerCredProtocol.limits = ConnectionLimits(total=connection_cap(nofile), per_uid=MAX_CONNECTIONS_PER_UID)
+    total, per_uid = connection_caps(nofile)
+    PeerCredProtocol.limits = ConnectionLimits(total=total, per_uid=per_uid)
     sock = inherited_socket(fd)
     path = None
     if sock is None:
