@@ -7,19 +7,31 @@ principals.yaml. Unknown and disabled principals get 401/403. Authorization is
 the same code the CLI uses (:mod:`kbd.ops`, :mod:`kbd.session_ops`,
 :mod:`kbd.browse`). Errors are ``{"error": {"code", "message", "hint"}}``;
 unexpected exceptions are logged and answered without details.
+
+No request can hold up the others (issue 9, item 7): the shared state lock is
+held only for registry and session-store work, never for file reads, folder
+listings, retries or notes-mutex waits, and a request that cannot get it within
+``STATE_LOCK_WAIT`` is answered 503 ``busy`` with ``Retry-After``; note writes
+wait for their source's notes mutex in their own small pool (``NOTE_WORKERS``)
+behind a bounded queue, beyond which they are answered 503 at once; health and
+whoami never need a worker thread.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any, Literal
 
+import anyio
+import anyio.to_thread
 import orjson
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -29,13 +41,23 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kbd import browse
-from kbd.errors import InvalidInput, KbdError, PermissionDenied
+from kbd.errors import Busy, InvalidInput, KbdError, PermissionDenied, VersionConflict
 from kbd.ops import Host
 from kbd.principals import Principal
 from kbd.session_ops import Sessions
 
 log = logging.getLogger("kbd.api")
 PEER_UID = "kbd.peer_uid"
+# Normally the state lock is held for well under a millisecond; a request that
+# waited this long is behind something pathological and is better told to retry.
+STATE_LOCK_WAIT = 2.0
+# Note writes may wait up to locks.timeout_seconds for a source's notes mutex
+# (a write command can hold it for its whole run): a few threads of their own,
+# a bounded queue, and a fast 503 beyond it, so they never park the pool that
+# serves everything else.
+NOTE_WORKERS = 4
+NOTE_BACKLOG = 16
+RETRY_AFTER_SECONDS = 1
 
 
 class Unauthenticated(KbdError):
@@ -45,6 +67,14 @@ class Unauthenticated(KbdError):
     default_hint = (
         "send `Authorization: Bearer <token>` (see `kbd principals token`) or connect as a mapped uid"
     )
+
+
+class Overloaded(Busy):
+    """Too much of one kind of work is waiting: retry shortly (HTTP 503 + Retry-After)."""
+
+    code = "busy"
+    http_status = 503
+    default_hint = "the daemon is busy; retry after the Retry-After delay"
 
 
 # -- request and response models ------------------------------------------------
@@ -167,6 +197,26 @@ class State:
         self.lock = threading.RLock()
         self.started = time.time()
         self.requests: Counter[str] = Counter()
+        # Used on the event loop thread only.
+        self.notes_in_flight = 0
+        self._notes_limiter: anyio.CapacityLimiter | None = None
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """The state lock, or Overloaded after STATE_LOCK_WAIT: a worker thread
+        never waits behind a stuck holder for long."""
+        if not self.lock.acquire(timeout=STATE_LOCK_WAIT):
+            raise Overloaded(f"the daemon's state is busy (waited {STATE_LOCK_WAIT:g}s)")
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+    def notes_limiter(self) -> anyio.CapacityLimiter:
+        # Created on first use, inside the event loop that will run it.
+        if self._notes_limiter is None:
+            self._notes_limiter = anyio.CapacityLimiter(NOTE_WORKERS)
+        return self._notes_limiter
 
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a note is at most 1 MiB; JSON escaping can grow it
@@ -219,7 +269,10 @@ async def _too_large(send: Any) -> None:
 
 
 def _error(err: KbdError) -> JSONResponse:
-    return JSONResponse({"error": err.to_dict()}, status_code=err.http_status)
+    # Busy means "retry shortly"; a version conflict needs a fresh read first.
+    retry = isinstance(err, Busy) and not isinstance(err, VersionConflict)
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if retry else None
+    return JSONResponse({"error": err.to_dict()}, status_code=err.http_status, headers=headers)
 
 
 def create_app(host: Host) -> FastAPI:
@@ -229,7 +282,7 @@ def create_app(host: Host) -> FastAPI:
         version="1",
         description="Knowledge-base attachment daemon API (DESIGN §6).",
         responses={400: {"model": ErrorResponse}, 401: {"model": ErrorResponse}, 403: {"model": ErrorResponse},
-                   404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}},
+                   404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
     )  # fmt: skip
     app.state.kbd = state
     app.add_middleware(BodyLimit)
@@ -295,8 +348,9 @@ def create_app(host: Host) -> FastAPI:
 
     Actor = Depends(principal)
 
+    # health and whoami are async: they never wait for a worker thread.
     @app.get("/v1/health")
-    def health() -> dict[str, Any]:
+    async def health() -> dict[str, Any]:
         return {
             "status": "ok",
             "host": state.host.config.host,
@@ -308,7 +362,7 @@ def create_app(host: Host) -> FastAPI:
         if not (actor.enabled_admin or actor.is_service):
             # Host-wide counters are for operators.
             raise PermissionDenied("metrics are for admins and services", hint="ask an operator")
-        with state.lock:
+        with state.locked():
             return {
                 "requests": dict(state.requests),
                 "registry_scans": state.host.registry.scans,
@@ -316,28 +370,28 @@ def create_app(host: Host) -> FastAPI:
             }
 
     @app.get("/v1/whoami")
-    def whoami(actor: Principal = Actor) -> dict[str, Any]:
+    async def whoami(actor: Principal = Actor) -> dict[str, Any]:
         return {"id": actor.id, "kind": actor.kind, "admin": actor.enabled_admin}
 
     @app.get("/v1/workflows")
     def workflows(actor: Principal = Actor) -> dict[str, Any]:
-        with state.lock:
+        with state.locked():
             return {"workflows": state.host.list_workflows(actor)}
 
     @app.get("/v1/workflows/{wid}")
     def workflow(wid: str, actor: Principal = Actor) -> dict[str, Any]:
-        with state.lock:
+        with state.locked():
             return state.host.show(wid, actor)
 
     @app.get("/v1/workflows/{wid}/sources", response_model=SourcesResponse)
     def sources(wid: str, actor: Principal = Actor) -> dict[str, Any]:
-        with state.lock:
+        with state.locked():
             m, atts = state.host.sources(wid, actor)
             return {"workflow_id": m.id, "version": m.version, "sources": [a.to_json() for a in atts]}
 
     @app.put("/v1/workflows/{wid}/sources", response_model=SourcesResponse)
     def replace_sources(wid: str, body: ReplaceSourcesBody, actor: Principal = Actor) -> dict[str, Any]:
-        with state.lock:
+        with state.locked():
             saved = state.host.set_sources(
                 wid, body.sources, actor=actor, expected_version=body.expected_version
             )
@@ -346,26 +400,28 @@ def create_app(host: Host) -> FastAPI:
 
     @app.post("/v1/workflows/{wid}/sources", response_model=AttachmentModel, status_code=201)
     def attach(wid: str, body: AttachBody, actor: Principal = Actor) -> dict[str, Any]:
-        with state.lock:
+        with state.locked():
             return state.host.attach(
                 wid, body.workflow_id, alias=body.alias, access=body.access, actor=actor
             ).to_json()
 
     @app.delete("/v1/workflows/{wid}/sources/{alias}")
     def detach(wid: str, alias: str, actor: Principal = Actor) -> dict[str, Any]:
-        with state.lock:
+        with state.locked():
             state.host.detach(wid, alias, actor=actor)
             return {"workflow_id": wid, "detached": alias}
 
     @app.get("/v1/workflows/{wid}/candidates")
     def candidates(wid: str, actor: Principal = Actor) -> dict[str, Any]:
-        with state.lock:
+        with state.locked():
             return {"workflow_id": wid, "candidates": state.host.candidates(wid, actor)}
 
     @app.get("/v1/workflows/{wid}/sources/{alias}/file")
     def read_file(wid: str, alias: str, path: str, actor: Principal = Actor) -> dict[str, Any]:
-        with state.lock:
-            data = browse.read(state.host, wid, alias, path, actor)
+        with state.locked():
+            att = browse.attachment(state.host, wid, alias, actor)
+        # The read (and the index reader's retries) outside the state lock.
+        data = browse.read_attached(att, path)
         try:
             return {"path": path, "size": len(data), "encoding": "utf-8", "content": data.decode("utf-8")}
         except UnicodeDecodeError:
@@ -378,36 +434,38 @@ def create_app(host: Host) -> FastAPI:
 
     @app.get("/v1/workflows/{wid}/sources/{alias}/dir")
     def list_dir(wid: str, alias: str, path: str = "", actor: Principal = Actor) -> dict[str, Any]:
-        with state.lock:
-            return {"path": path, "entries": browse.ls(state.host, wid, alias, path, actor)}
+        with state.locked():
+            att = browse.attachment(state.host, wid, alias, actor)
+        # The listing outside the state lock.
+        return {"path": path, "entries": browse.ls_attached(att, path)}
 
     @app.get("/v1/workflows/{wid}/writers")
     def writers(wid: str, actor: Principal = Actor) -> dict[str, Any]:
-        with state.lock:
+        with state.locked():
             return state.host.writers(wid, actor)
 
     @app.post("/v1/workflows/{wid}/writers")
     def grant(wid: str, body: GrantBody, actor: Principal = Actor) -> dict[str, Any]:
-        with state.lock:
+        with state.locked():
             changed = state.host.grant(wid, body.workflow_id, actor=actor)
             return {"source": wid, "consumer": body.workflow_id.strip(), "granted": True, "changed": changed}
 
     @app.delete("/v1/workflows/{wid}/writers/{consumer}")
     def revoke(wid: str, consumer: str, actor: Principal = Actor) -> dict[str, Any]:
-        with state.lock:
+        with state.locked():
             changed = state.host.revoke(wid, consumer, actor=actor)
             return {"source": wid, "consumer": consumer, "granted": False, "changed": changed}
 
     @app.post("/v1/sessions", response_model=PlanResponse, status_code=201)
     def open_session(body: OpenSessionBody, actor: Principal = Actor) -> dict[str, Any]:
-        with state.lock:
+        with state.locked():
             plan = state.sessions.open(actor, body.workflow_id, kind=body.kind, kb_access=body.kb_access,
                                        item_kb_write=body.item_kb_write, parent=body.parent)  # fmt: skip
             return plan.to_json()
 
     @app.get("/v1/sessions")
     def list_sessions(workflow_id: str | None = None, actor: Principal = Actor) -> dict[str, Any]:
-        with state.lock:
+        with state.locked():
             return {"sessions": state.sessions.rows(actor=actor, workflow_id=workflow_id)}
 
     @app.get("/v1/sessions/{sid}", response_model=PlanResponse)
@@ -421,7 +479,7 @@ def create_app(host: Host) -> FastAPI:
             return {**plan.to_json(), "running": state.sessions.running(sid, plan)}
 
         def locked_lookup() -> dict[str, Any]:
-            with state.lock:
+            with state.locked():
                 return lookup()
 
         if state.lock.acquire(blocking=False):
@@ -437,7 +495,7 @@ def create_app(host: Host) -> FastAPI:
 
     @app.post("/v1/sessions/{sid}/children", response_model=PlanResponse, status_code=201)
     def open_child(sid: str, body: ChildBody, actor: Principal = Actor) -> dict[str, Any]:
-        with state.lock:
+        with state.locked():
             parent = state.sessions.store.get(sid)
             plan = state.sessions.open(actor, parent.workflow_id, kind=body.kind or parent.kind,
                                        kb_access=body.kb_access, item_kb_write=body.item_kb_write, parent=sid)  # fmt: skip
@@ -445,26 +503,40 @@ def create_app(host: Host) -> FastAPI:
 
     @app.delete("/v1/sessions/{sid}")
     def close_session(sid: str, actor: Principal = Actor) -> dict[str, Any]:
-        with state.lock:
+        with state.locked():
             return {"session_id": sid, "closed": state.sessions.close(sid, actor=actor)}
 
     @app.post("/v1/sessions/{sid}/notes", status_code=201)
-    def write_note(sid: str, body: NoteBody, actor: Principal = Actor) -> dict[str, Any]:
+    async def write_note(sid: str, body: NoteBody, actor: Principal = Actor) -> dict[str, Any]:
         from kbd.notes import commit_note, prepare_note
 
         try:
             data = body.content.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise InvalidInput("content is not valid Unicode text") from exc
-        with state.lock:
-            prepared = prepare_note(state.sessions, sid, body.alias, body.path, data, actor=actor)
-        # Outside the state lock: waiting for the notes mutex (up to the lock
-        # timeout, while a write command runs) must not stall other requests.
-        return commit_note(prepared)
+        if state.notes_in_flight >= NOTE_WORKERS + NOTE_BACKLOG:
+            raise Overloaded(f"{state.notes_in_flight} note writes are already waiting")
+
+        def prepare() -> Any:
+            with state.locked():
+                return prepare_note(state.sessions, sid, body.alias, body.path, data, actor=actor)
+
+        state.notes_in_flight += 1
+        try:
+            prepared = await run_in_threadpool(prepare)
+            # Outside the state lock and in the notes pool: waiting for the
+            # notes mutex (up to the lock timeout, while a write command runs)
+            # stalls neither other requests nor the shared worker threads.
+            result: dict[str, Any] = await anyio.to_thread.run_sync(
+                commit_note, prepared, limiter=state.notes_limiter()
+            )
+            return result
+        finally:
+            state.notes_in_flight -= 1
 
     @app.post("/v1/sessions/{sid}/check", response_model=CheckResponse)
     def check(sid: str, body: CheckBody, actor: Principal = Actor) -> dict[str, Any]:
-        with state.lock:
+        with state.locked():
             return state.sessions.check(sid, body.path, body.mode, actor=actor)
 
     return app

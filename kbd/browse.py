@@ -59,10 +59,15 @@ def attachment(host: Host, wid: str, alias: str, actor: Principal) -> Attachment
 
 
 def read(host: Host, wid: str, alias: str, relpath: str, actor: Principal) -> bytes:
-    """The bytes of a regular, singly-linked file inside the source's KB (≤ 2 MiB).
-    ``relpath`` follows :func:`kbd.names.request_parts` (raises InvalidPath)."""
+    """The bytes of a regular, singly-linked file inside the source's KB (≤ 2 MiB)."""
+    return read_attached(attachment(host, wid, alias, actor), relpath)
+
+
+def read_attached(att: Attachment, relpath: str) -> bytes:
+    """:func:`read` for an attachment just resolved; needs no registry (the daemon
+    calls it outside its state lock: the index reader may retry). ``relpath``
+    follows :func:`kbd.names.request_parts` (raises InvalidPath)."""
     parts = request_parts(relpath)
-    att = attachment(host, wid, alias, actor)
     assert att.path is not None
     with pin_dir(att.path, expect=att.kb_identity) as kb:
         if parts == ["notes", "_index.json"] and not names_folder(relpath):
@@ -72,10 +77,14 @@ def read(host: Host, wid: str, alias: str, relpath: str, actor: Principal) -> by
 
 
 def ls(host: Host, wid: str, alias: str, reldir: str, actor: Principal) -> list[dict[str, Any]]:
-    """Names and types in a folder of the source's KB; links are listed, never followed.
-    ``reldir`` follows :func:`kbd.names.request_parts` (raises InvalidPath)."""
+    """Names and types in a folder of the source's KB; links are listed, never followed."""
+    return ls_attached(attachment(host, wid, alias, actor), reldir)
+
+
+def ls_attached(att: Attachment, reldir: str) -> list[dict[str, Any]]:
+    """:func:`ls` for an attachment just resolved; needs no registry. ``reldir``
+    follows :func:`kbd.names.request_parts` (raises InvalidPath)."""
     request_parts(reldir, allow_empty=True)
-    att = attachment(host, wid, alias, actor)
     assert att.path is not None
     with pin_dir(att.path, expect=att.kb_identity) as kb:
         entries: list[dict[str, Any]] = list(list_dir(kb.fd, reldir))

@@ -860,7 +860,7 @@ def principals_token(c: Ctx, name: str) -> None:
 )
 @pass_ctx
 def serve_cmd(c: Ctx, socket_path: Path | None, fd: int | None) -> None:
-    """Run the daemon: the HTTP API on a Unix socket (0660, folder 0750)."""
+    """Run the daemon: the HTTP API on a Unix socket (0660, group kbd if it exists)."""
     from kbd.daemon import serve  # the API stack is imported only by the daemon
 
     serve(Host(c.root, sweep_interval=1.0), socket_path=socket_path, fd=fd)

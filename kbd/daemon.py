@@ -1,34 +1,139 @@
 """``kbd serve``: the composition root of the daemon.
 
-kbd creates its Unix socket itself — folder 0750, socket 0660 (never uvicorn's
-0666) — or takes one from systemd socket activation (``LISTEN_FDS``) or
-``--fd``, and serves the API with uvicorn. Each connection's peer uid
-(``SO_PEERCRED``) is attached to every request on it, for uid-mapped
-authentication. SIGTERM and SIGINT stop the server gracefully: uvicorn stops
-accepting, finishes in-flight requests, and returns.
+kbd creates its Unix socket itself — socket 0660 with group ``kbd`` when that
+group exists (else the daemon's own group), never uvicorn's 0666; a folder it
+has to create for the socket is 0750 with the same group, and a folder that
+already exists is never chmod-ed — or takes one from systemd socket activation
+(``LISTEN_FDS``) or ``--fd``, and serves the API with uvicorn. Each
+connection's peer uid (``SO_PEERCRED``) is attached to every request on it, for
+uid-mapped authentication. SIGTERM and SIGINT stop the server gracefully:
+uvicorn stops accepting, finishes in-flight requests, and returns.
+
+No client can starve the others (issue 9, item 7): the open-file limit is
+raised to its hard limit at start; connections are capped per peer uid and in
+total, and a connection over a cap is answered 503 and closed at once (its
+descriptor never lingers); a request whose headers do not arrive within
+``HEADER_TIMEOUT`` is answered 408 and closed, and an idle keep-alive
+connection is closed after ``KEEP_ALIVE_TIMEOUT``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
 import os
+import resource
 import signal
 import socket
 import stat
 import struct
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from kbd.api import PEER_UID, create_app
-from kbd.errors import Unavailable
+from kbd.errors import InvalidInput, Unavailable
 from kbd.ops import Host
 
 SD_LISTEN_FDS_START = 3
+SOCKET_GROUP = "kbd"
+# A local client sends its request line and headers in one write; five seconds
+# is generous and bounds how long a half-sent request can hold a descriptor.
+HEADER_TIMEOUT = 5.0
+KEEP_ALIVE_TIMEOUT = 5
+# 64 concurrent API clients of one service principal are a budgeted load
+# (DESIGN §8); four times that per uid leaves room, and needs several uids to
+# reach the total cap. Descriptors the daemon needs besides connections (state
+# files, locks, pinned folders, thread-pool work) are kept in reserve.
+MAX_CONNECTIONS_PER_UID = 256
+MAX_CONNECTIONS = 4096
+# asyncio accepts up to BACKLOG connections per loop iteration before any of
+# their connection_made runs (where the caps close them), so bursts of accepted
+# descriptors need room beyond the cap: uvicorn's default of 2048 would let a
+# flood reach EMFILE in a few iterations.
+BACKLOG = 128
+FD_RESERVE = 4 * BACKLOG + 256
+RETRY_AFTER_SECONDS = 1
+
+
+class UnsafeSocketFolder(InvalidInput):
+    code = "unsafe-socket-folder"
+    default_hint = (
+        "put the socket in a folder only its owner can write (or one with the sticky bit, like /tmp), "
+        "e.g. --socket /run/kbd/kbd.sock"
+    )
+
+
+# -- connection limits ------------------------------------------------------------------------
+
+
+def raise_nofile_limit() -> int:
+    """Raise the soft open-file limit to the hard one (a service's default soft
+    limit of 1024 is soon exhausted by connections); the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return MAX_CONNECTIONS + FD_RESERVE if soft == resource.RLIM_INFINITY else soft
+
+
+def connection_caps(nofile: int) -> tuple[int, int]:
+    """The (total, per-uid) connection caps for an open-file limit of ``nofile``:
+    never so many connections that accepting one more could fail with EMFILE,
+    and no uid allowed more than a quarter of them."""
+    total = max(16, min(MAX_CONNECTIONS, nofile - FD_RESERVE))
+    return total, max(4, min(MAX_CONNECTIONS_PER_UID, total // 4))
+
+
+class ConnectionLimits:
+    """Counts open connections, in total and per peer uid (``None``: peer unknown).
+
+    Only the event loop thread uses it (protocol callbacks), so it needs no lock.
+    """
+
+    def __init__(self, *, total: int, per_uid: int) -> None:
+        self.total = total
+        self.per_uid = per_uid
+        self.open: Counter[int | None] = Counter()
+
+    def admit(self, uid: int | None) -> bool:
+        if sum(self.open.values()) >= self.total or self.open[uid] >= self.per_uid:
+            return False
+        self.open[uid] += 1
+        return True
+
+    def release(self, uid: int | None) -> None:
+        self.open[uid] -= 1
+        if self.open[uid] <= 0:
+            del self.open[uid]
+
+
+def error_response(status: int, reason: str, code: str, message: str, hint: str, *, extra: str = "") -> bytes:
+    """A complete HTTP/1.1 response in the API's error envelope, closing the
+    connection: for answers given before (or without) the application."""
+    body = orjson.dumps({"error": {"code": code, "message": message, "hint": hint}})
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n{extra}\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+OVER_CAP = error_response(
+    503, "Service Unavailable", "busy", "too many open connections from this client",
+    "close idle connections and retry", extra=f"retry-after: {RETRY_AFTER_SECONDS}\r\n",
+)  # fmt: skip
+HEADERS_TOO_SLOW = error_response(
+    408, "Request Timeout", "timeout", f"the request headers did not arrive within {HEADER_TIMEOUT:g}s",
+    "send the whole request line and headers at once",
+)  # fmt: skip
 
 
 class _PeerApp:
@@ -55,17 +160,127 @@ def _peer_uid(transport: asyncio.Transport) -> int | None:
 
 class PeerCredProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol (a C HTTP parser: the API's hot path is
-    per-request overhead) with the peer's uid attached to every request."""
+    per-request overhead) with the peer's uid attached to every request, the
+    connection caps, a header timeout, and the API's error envelope on a
+    request the parser rejects."""
+
+    limits: ConnectionLimits = ConnectionLimits(total=MAX_CONNECTIONS, per_uid=MAX_CONNECTIONS_PER_UID)
+    _uid: int | None = None
+    _admitted = False
+    _header_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self.app = _PeerApp(self.app, _peer_uid(transport))
+        uid = _peer_uid(transport)
+        self._uid = uid
+        self.app = _PeerApp(self.app, uid)
         super().connection_made(transport)
+        if not self.limits.admit(uid):
+            # Refused before anything is parsed: the descriptor is freed now,
+            # not when the client gives up.
+            transport.write(OVER_CAP)
+            transport.close()
+            return
+        self._admitted = True
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_timer()
+        if self._admitted:
+            self._admitted = False
+            self.limits.release(self._uid)
+        super().connection_lost(exc)
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(HEADER_TIMEOUT, self._headers_too_slow)
+
+    def _disarm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing():
+            self.transport.write(HEADERS_TOO_SLOW)
+            self.transport.close()
+
+    def on_message_begin(self) -> None:
+        # The first byte of every request (also the next one on a keep-alive
+        # connection) starts the clock for its headers.
+        super().on_message_begin()
+        self._arm_header_timer()
+
+    def on_headers_complete(self) -> None:
+        self._disarm_header_timer()
+        super().on_headers_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn's own answer is plain text; the API answers in its envelope.
+        self._disarm_header_timer()
+        answer = error_response(400, "Bad Request", "invalid-input", f"malformed HTTP request: {msg.rstrip('.')}",
+                                "send an HTTP/1.1 request; see /openapi.json for the routes")  # fmt: skip
+        self.transport.write(answer)
+        self.transport.close()
+
+
+# -- the socket ---------------------------------------------------------------------------------
+
+
+def socket_gid() -> int:
+    """Group ``kbd`` if it exists, else the daemon's own group (DESIGN §10)."""
+    try:
+        return grp.getgrnam(SOCKET_GROUP).gr_gid
+    except KeyError:
+        return os.getegid()
+
+
+def unsafe_folder(mode: int) -> bool:
+    """Writable by others without the sticky bit: anyone could replace the socket."""
+    return bool(mode & stat.S_IWOTH) and not mode & stat.S_ISVTX
+
+
+def _check_ancestors(folder: Path) -> None:
+    """Refuse a socket whose folder (or a folder above it) others may rename or
+    replace entries in."""
+    for f in (folder, *folder.parents):
+        try:
+            st = os.stat(f)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise UnsafeSocketFolder(f"socket folder {f} is not a folder")
+        if unsafe_folder(st.st_mode):
+            raise UnsafeSocketFolder(
+                f"socket folder {f} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}) without the "
+                "sticky bit: anyone could replace the socket; kbd never changes the mode of a folder it did not "
+                "create"
+            )
+
+
+def _make_folders(folder: Path, gid: int) -> None:
+    """Create the missing folders above the socket, each 0750 with group ``gid``;
+    existing folders are left exactly as they are."""
+    missing: list[Path] = []
+    for f in (folder, *folder.parents):
+        if os.path.lexists(f):
+            break
+        missing.append(f)
+    for f in reversed(missing):
+        try:
+            os.mkdir(f, 0o700)  # born private: no window where it is wider than 0750
+        except FileExistsError:
+            raise UnsafeSocketFolder(f"socket folder {f} appeared while kbd was creating it") from None
+        os.chown(f, -1, gid)
+        os.chmod(f, 0o750)  # noqa: S103 - the group traverses to reach the 0660 socket
 
 
 def bind_socket(path: Path) -> socket.socket:
-    """Create the listening socket: parent folder 0750, socket 0660, stale socket replaced."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
-    os.chmod(path.parent, 0o750)  # noqa: S103 - group may traverse to reach the 0660 socket
+    """Create the listening socket: 0660 with the socket group, in a folder that
+    is safe; a folder kbd creates is 0750 with that group; stale socket replaced."""
+    gid = socket_gid()
+    _check_ancestors(path.parent)
+    _make_folders(path.parent, gid)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -83,13 +298,14 @@ def bind_socket(path: Path) -> socket.socket:
         finally:
             probe.close()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o117)  # the socket is born 0660: no window where it is wider
+    old = os.umask(0o177)  # the socket is born 0600: no window where it is wider
     try:
         sock.bind(str(path))
     finally:
         os.umask(old)
+    os.chown(path, -1, gid)
     os.chmod(path, 0o660)
-    sock.listen(128)
+    sock.listen(BACKLOG)
     return sock
 
 
@@ -105,15 +321,10 @@ def inherited_socket(fd: int | None) -> socket.socket | None:
     return socket.socket(fileno=fd)
 
 
-class _Stop(Exception):
-    pass
-
-
-def _stopped(signum: int, frame: object) -> None:
-    raise _Stop
-
-
 def serve(host: Host, *, socket_path: Path | None = None, fd: int | None = None, ready: bool = True) -> None:
+    nofile = raise_nofile_limit()
+    total, per_uid = connection_caps(nofile)
+    PeerCredProtocol.limits = ConnectionLimits(total=total, per_uid=per_uid)
     sock = inherited_socket(fd)
     path = None
     if sock is None:
@@ -121,21 +332,27 @@ def serve(host: Host, *, socket_path: Path | None = None, fd: int | None = None,
         sock = bind_socket(path)
     app = create_app(host)
     config = uvicorn.Config(app, http=PeerCredProtocol, log_level="warning", lifespan="off",
-                            timeout_graceful_shutdown=10, access_log=False)  # fmt: skip
+                            timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
+                            backlog=BACKLOG, access_log=False)  # fmt: skip
     server = uvicorn.Server(config)
-    if ready:
-        # The socket is listening already (connections queue until the loop
-        # accepts them), so this line is a truthful readiness signal for
-        # scripts and tests.
-        print(f"kbd: serving on {path or f'fd {sock.fileno()}'}", flush=True)
     # uvicorn.Server.serve captures SIGTERM/SIGINT (stop accepting, finish
-    # in-flight requests) and re-raises the signal once it has stopped; these
-    # handlers turn that re-raise into an orderly return so cleanup runs.
-    previous = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # in-flight requests) and re-raises the signal once it has stopped. These
+    # handlers cover the moments outside that capture — from the readiness
+    # line until uvicorn installs its own, and the re-raise — by asking the
+    # server to stop (an exception raised from a handler could land inside an
+    # event-loop callback, which asyncio would log and swallow).
+
+    def stop(signum: int, frame: object) -> None:
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        if ready:
+            # The socket is listening already (connections queue until the loop
+            # accepts them), so this line is a truthful readiness signal for
+            # scripts and tests.
+            print(f"kbd: serving on {path or f'fd {sock.fileno()}'}", flush=True)
         asyncio.run(server.serve(sockets=[sock]))
-    except _Stop:
-        pass
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

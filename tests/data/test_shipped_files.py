@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -162,8 +164,52 @@ def unit(name: str) -> dict[str, list[str]]:
 
 def test_socket_unit_is_group_only() -> None:
     sock = unit("kbd.socket")
-    assert sock["SocketMode"] == ["0660"] and sock["DirectoryMode"] == ["0750"]
+    # DirectoryMode was 0750, which locked group kbd out (issue 9, item 11): see the next test.
+    assert sock["SocketMode"] == ["0660"] and sock["DirectoryMode"] == ["0755"]
     assert sock["ListenStream"][0].startswith("/") and sock["Accept"] == ["no"]
+
+
+def rendered_socket(sock: dict[str, list[str]]) -> tuple[tuple[int, str], tuple[int, str, str]]:
+    """What systemd makes of a socket unit: the socket's folder (mode, group) and the
+    socket (mode, user, group). systemd creates missing parent folders root:root with
+    DirectoryMode (default 0755); SocketUser/SocketGroup/SocketMode apply to the socket
+    node only."""
+    folder = (int(sock.get("DirectoryMode", ["0755"])[-1], 8), "root")
+    node = (int(sock.get("SocketMode", ["0666"])[-1], 8), sock.get("SocketUser", ["root"])[-1],
+            sock.get("SocketGroup", ["root"])[-1])  # fmt: skip
+    return folder, node
+
+
+def reachable_by_group(group: str, folder: tuple[int, str], node: tuple[int, str, str]) -> bool:
+    """A member of ``group`` (not root, not the owner) can traverse the folder and connect
+    (connecting to a Unix socket needs write permission on it)."""
+    (dmode, dgroup), (smode, _, sgroup) = folder, node
+    traverse = bool(dmode & (0o010 if dgroup == group else 0o001))
+    connect = bool(smode & (0o020 if sgroup == group else 0o002))
+    return traverse and connect
+
+
+def test_socket_unit_renders_a_socket_group_kbd_can_reach_and_others_cannot() -> None:
+    folder, node = rendered_socket(unit("kbd.socket"))
+    assert node == (0o660, "root", "kbd")
+    assert reachable_by_group("kbd", folder, node), "group kbd cannot reach the socket"
+    assert not reachable_by_group("users", folder, node), "others can connect"
+    assert not folder[0] & 0o022, "the socket's folder is writable by group or others"
+    # The rule itself: the previous unit (0750 root:root) is refused.
+    assert not reachable_by_group("kbd", (0o750, "root"), node)
+
+
+def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
+    """When systemd-analyze exists, it parses both units (ExecStart pointed at a real binary)."""
+    tool = shutil.which("systemd-analyze")
+    for name in ("kbd.socket", "kbd.service"):
+        text = (SYSTEMD / name).read_text()
+        (tmp_path / name).write_text(re.sub(r"(?m)^ExecStart=\S+", "ExecStart=/bin/true", text))
+    if tool is None:
+        return  # the parse-based tests above still hold
+    proc = subprocess.run([tool, "verify", "kbd.socket", "kbd.service"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr
 
 
 def test_service_unit_keeps_bubblewrap_working() -> None:

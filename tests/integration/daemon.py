@@ -154,11 +154,25 @@ class Daemon:
         self._reap()
 
 
-def start(root: Path, *, sock: Path | None = None, home: Path | None = None) -> Daemon:
-    """Start `kbd serve` and return once it has printed its readiness line."""
+# Sets RLIMIT_NOFILE, then becomes `python ARGS…` (same pid): no preexec_fn.
+_NOFILE_SHIM = (
+    "import os, resource, sys; "
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2]))); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[3:]])"
+)
+
+
+def start(
+    root: Path, *, sock: Path | None = None, home: Path | None = None, nofile: tuple[int, int] | None = None
+) -> Daemon:
+    """Start `kbd serve` and return once it has printed its readiness line.
+    ``nofile``: the (soft, hard) open-file limit the daemon starts with."""
     sock = sock or socket_path(root)
+    argv = [sys.executable, "-m", "kbd", "--root", str(root), "serve", "--socket", str(sock)]
+    if nofile is not None:
+        argv = [sys.executable, "-c", _NOFILE_SHIM, str(nofile[0]), str(nofile[1]), *argv[1:]]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kbd", "--root", str(root), "serve", "--socket", str(sock)],
+        argv,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -185,10 +199,12 @@ def start(root: Path, *, sock: Path | None = None, home: Path | None = None) -> 
 
 
 @contextlib.contextmanager
-def serving(root: Path, *, sock: Path | None = None, home: Path | None = None) -> Iterator[Daemon]:
+def serving(
+    root: Path, *, sock: Path | None = None, home: Path | None = None, nofile: tuple[int, int] | None = None
+) -> Iterator[Daemon]:
     """The daemon for the duration of the block; stopped (and checked) afterwards.
     If the block fails, the daemon is killed without masking that failure."""
-    daemon = start(root, sock=sock, home=home)
+    daemon = start(root, sock=sock, home=home, nofile=nofile)
     try:
         yield daemon
     except BaseException:
