@@ -181,6 +181,9 @@ def test_check_write_and_notes_write_agree_on_names(kb: KbRoot, rel: str) -> Non
             written = f"{err.code}: {err.message}"
         assert checked["allowed"] is (written is None), (rel, checked, written)
     finally:
+        # Each example starts from the same tree: a folder left by an earlier one
+        # (`sub/a.md/x.md`) would turn a name question into a file-type one.
+        _reset(notes / "sub", set())
         _reset(notes, {"fact.md", "_index.json", "sub"})
 
 
