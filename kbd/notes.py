@@ -35,6 +35,7 @@ import orjson
 from kbd.errors import Busy, InvalidInput, KbdError, NotFound, PermissionDenied
 from kbd.names import is_index_name
 from kbd.plan import NOTES, Plan
+from kbd.principals import Actor
 from kbd.safepath import (
     InvalidPath,
     PathNotFound,
@@ -255,7 +256,7 @@ class PreparedNote:
 
 
 def prepare_note(
-    sessions: Any, sid: str, alias: str, relpath: str, data: bytes, *, actor: Any = None
+    sessions: Any, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
 ) -> PreparedNote:
     """Everything but the write: the session's plan now, the grant, the name, the
     size, the text and the injection gate, and the provenance-stamped content.
@@ -300,6 +301,11 @@ def prepare_note(
             raise InvalidInput(f"the note is not UTF-8 text (byte {exc.start})") from None
         if "\x00" in text:
             raise InvalidInput("the note contains a NUL byte")
+        if not text.strip():
+            raise InvalidInput(
+                "the note is empty (or only whitespace); nothing would be written but provenance",
+                hint="pass the note's content with --file F or on stdin",
+            )
         injection.check(text)
     except KbdError as err:
         raise draft.refuse(err) from None
@@ -339,7 +345,7 @@ def commit_note(note: PreparedNote) -> dict[str, Any]:
 
 
 def write_note(
-    sessions: Any, sid: str, alias: str, relpath: str, data: bytes, *, actor: Any = None
+    sessions: Any, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
 ) -> dict[str, Any]:
     """Write one contributed note. Returns ``{workflow_id, alias, path, bytes}``.
 
