@@ -513,7 +513,9 @@ def test_validate_rejects(tmp_path: Path, doc: dict[str, Any], fragments: list[s
     f.write_text(json.dumps(doc))
     r = KbRoot(tmp_path / "no-root").cli("validate", str(f))
     assert r.code == 65, r.out + r.err
-    message = error_message(r)
+    # Entry and field problems are listed on stdout, one per line (issue 9 changed
+    # this contract); whole-file problems stay in the error line.
+    message = error_message(r) + "\n" + r.out
     for fragment in fragments:
         assert fragment in message, f"{fragment!r} not in {message!r}"
 
