@@ -413,6 +413,7 @@ def test_empty_note_is_refused(world: KbRoot, content: bytes) -> None:
     assert snapshot(notes_dir) == before
     (refused,) = records(world, "note_refused")
     assert refused["code"] == "invalid-input" and refused["path"] == "empty.md"
+    assert (refused["actor"], refused["actor_uid"]) == (f"local:{OPERATOR.user}", os.getuid())
 
 
 def test_notes_write_from_a_terminal_says_what_to_do(world: KbRoot) -> None:
