@@ -63,10 +63,22 @@ class Sessions:
     def plan(self, sid: str, *, actor: Actor) -> Plan:
         """The session's current plan as ``actor`` may use it (a LocalOperator is
         the trusted CLI on the root). Closed sessions grant nothing."""
-        row = self.store.get(sid)
-        self._authorize(row, actor)
-        require_open(self.store, row)
+        row = self._usable(sid, actor, action="plan", need_open=True)
         return self._build(row)
+
+    def _usable(self, sid: str, actor: Actor, *, action: str, need_open: bool = False) -> SessionRow:
+        """The session ``sid`` if ``actor`` may use it for ``action`` (and it is
+        open, with ``need_open``); every refusal is audited before it is raised."""
+        try:
+            row = self.store.get(sid)
+            self._authorize(row, actor)
+            if need_open:
+                require_open(self.store, row)
+        except KbdError as err:
+            self.host.audit("session_refused", **actor_fields(actor), action=action, session=sid, code=err.code,
+                            message=err.message[:300])  # fmt: skip
+            raise
+        return row
 
     def _authorize(self, row: SessionRow, actor: Actor) -> None:
         """Who may use a session (plan, notes, check, close, revoke, children):
@@ -96,6 +108,26 @@ class Sessions:
         kb_access: str | None = None,
         item_kb_write: bool | None = None,
         parent: str | None = None,
+    ) -> Plan:
+        try:
+            return self._open(
+                actor, wid, kind=kind, kb_access=kb_access, item_kb_write=item_kb_write, parent=parent
+            )
+        except KbdError as err:
+            # Every refusal is recorded (who, what, target, why) before the caller hears of it.
+            self.host.audit("session_refused", **actor_fields(actor), action="open", workflow_id=wid, kind=kind,
+                            kb_access=kb_access, parent=parent, code=err.code, message=err.message[:300])  # fmt: skip
+            raise
+
+    def _open(
+        self,
+        actor: Principal,
+        wid: str,
+        *,
+        kind: str,
+        kb_access: str | None,
+        item_kb_write: bool | None,
+        parent: str | None,
     ) -> Plan:
         kind_policy = policy.kind(kind)
         parent_row: SessionRow | None = None
@@ -159,8 +191,7 @@ class Sessions:
         return self._build(row)
 
     def close(self, sid: str, *, actor: Actor) -> list[str]:
-        row = self.store.get(sid)
-        self._authorize(row, actor)
+        self._usable(sid, actor, action="close")
         closed = self.store.close(sid)
         self.host.audit("session_closed", session=sid, closed=closed, **actor_fields(actor))
         return closed
@@ -189,8 +220,7 @@ class Sessions:
         older generation — or every command of a closed session. Termination is
         SIGTERM to the process group, ``grace`` seconds, then SIGKILL; only what
         was actually terminated is reported as such."""
-        row = self.store.get(sid)
-        self._authorize(row, actor)
+        row = self._usable(sid, actor, action="revoke")
         closed = row.closed_at is not None or self.store.ancestors_closed(row)
         generation = row.generation if closed else self._build(row).generation
         procs = [p for p in self.store.processes(sid) if closed or p.generation < generation]

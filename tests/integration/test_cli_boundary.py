@@ -229,6 +229,25 @@ def test_refusals_record_who_what_target_and_reason(world: KbRoot) -> None:
     assert all(e["message"] for e in [*refused, grant])
 
 
+def test_session_refusals_are_recorded(world: KbRoot) -> None:
+    sid = open_session(world)
+    # bob only reads con: no execution session, and no use of alice's.
+    r = world.cli("session", "open", "con", "--kind", "execution", "--as", "bob")
+    assert_error(r, "permission-denied", 77)
+    r = world.cli("session", "close", sid, "--as", "bob")
+    assert_error(r, "not-found", 66)
+    assert world.cli("session", "close", sid).code == 0
+    r = world.cli("exec", sid, "--", "true")  # closed: refused on the lean exec path too
+    assert r.code == 77, r.err
+    got = [(e["actor"], e["action"], e.get("workflow_id") or e.get("session"), e["code"])
+           for e in records(world, "session_refused")]  # fmt: skip
+    assert got == [
+        ("bob", "open", "con", "permission-denied"),
+        ("bob", "close", sid, "not-found"),
+        (f"local:{OPERATOR.user}", "plan", sid, "session-closed"),
+    ], got
+
+
 def test_local_operator_is_named_in_the_log(world: KbRoot) -> None:
     sid = open_session(world)
     assert world.cli("session", "revoke", sid).code == 0
