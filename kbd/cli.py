@@ -20,7 +20,7 @@ import orjson
 
 from kbd import audit as audit_log
 from kbd import browse
-from kbd.boundary import die_of_sigpipe, guarded, internal_error, print_error
+from kbd.boundary import die_of_sigpipe, guarded, internal_error
 from kbd.config import default_root
 from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, NotFound, PermissionDenied, UsageError
 from kbd.ids import alias_problem, one_line
@@ -35,11 +35,6 @@ from kbd.sessions import SessionClosed
 from kbd.strict import load_json_strict
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _fail(err: KbdError) -> NoReturn:
-    print_error(err)
-    sys.exit(err.exit_code)
 
 
 class KbdGroup(click.Group):
@@ -102,7 +97,8 @@ def as_option(f: F) -> F:
         "--as",
         "as_",
         metavar="PRINCIPAL",
-        help="Principal acting (default: $KBD_AS, else the principal mapped to your uid).",
+        help="Principal acting (default: $KBD_AS, else the principal mapped to your uid; session commands: "
+        "the trusted local operator). An empty value is a usage error.",
     )(f)
 
 
