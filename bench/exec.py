@@ -15,6 +15,7 @@ from pathlib import Path
 import orjson
 
 from kbd.ops import Host
+from kbd.principals import LocalOperator
 from kbd.sandbox import bwrap
 from kbd.session_ops import Sessions
 
@@ -54,7 +55,7 @@ def main() -> None:
             opened[mode] = orjson.loads(out)["session_id"]
         subprocess.run([*kbd, "exec", opened["read"], "--", "/bin/true"], env=env, check=True)
         host = Host(kb.root)
-        plan = Sessions(host).plan(opened["read"])
+        plan = Sessions(host).plan(opened["read"], actor=LocalOperator.current())
 
         def bwrap_direct() -> float:
             # Rebuilt every run, as kbd does: bwrap consumes the seccomp memfd and the bind fds.

@@ -55,7 +55,9 @@ import contextlib, json, sys, time
 from pathlib import Path
 import kbd.notes as notes
 from kbd.ops import Host
+from kbd.principals import LocalOperator
 from kbd.session_ops import Sessions
+OPERATOR = LocalOperator.current()
 
 real_lock = notes.notes_lock
 waits, holds, latencies = [], [], []
@@ -74,14 +76,14 @@ def timed_lock(*args, **kwargs):
 notes.notes_lock = timed_lock
 job = json.loads(sys.stdin.readline())
 sessions = Sessions(Host(Path(job["root"])))
-sessions.plan(job["sid"])  # warm caches before the race
+sessions.plan(job["sid"], actor=OPERATOR)  # warm caches before the race
 print("ready", flush=True)
 if sys.stdin.readline().strip() != "go":
     sys.exit(3)
 start = time.time()
 for name, text in job["writes"]:
     t = time.perf_counter()
-    notes.write_note(sessions, job["sid"], "src", name, text.encode())
+    notes.write_note(sessions, job["sid"], "src", name, text.encode(), actor=OPERATOR)
     latencies.append(time.perf_counter() - t)
 print(json.dumps({"start": start, "end": time.time(), "waits": waits, "holds": holds,
                   "latencies": latencies}), flush=True)

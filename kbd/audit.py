@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kbd.fsio import ensure_private_dir
+
+if TYPE_CHECKING:
+    from datetime import datetime
 
 AUDIT_NAME = "audit.log"
 
@@ -40,9 +44,178 @@ def append(state_dir: Path, event: str, **fields: Any) -> None:
         os.close(fd)
 
 
-def read(state_dir: Path) -> list[dict[str, Any]]:
+def parse_line(line: bytes) -> dict[str, Any] | None:
+    """One record, or None for a torn or foreign line (not a JSON object with an
+    ``event``): a crash mid-write or a hand edit must not hide every other record."""
+    try:
+        record = json.loads(line)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError both
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("event"), str) else None
+
+
+def scan(state_dir: Path) -> tuple[list[dict[str, Any]], int]:
+    """Every readable record, in order, and how many lines were skipped as torn."""
     try:
         with open(state_dir / AUDIT_NAME, "rb") as fh:
-            return [json.loads(line) for line in fh if line.strip()]
+            data = fh.read()
     except FileNotFoundError:
-        return []
+        return [], 0
+    records, torn = [], 0
+    for line in data.splitlines():
+        if not line.strip():
+            continue
+        record = parse_line(line)
+        if record is None:
+            torn += 1
+        else:
+            records.append(record)
+    return records, torn
+
+
+def read(state_dir: Path) -> list[dict[str, Any]]:
+    """Every readable record, in order (torn lines skipped; see :func:`scan`)."""
+    return scan(state_dir)[0]
+
+
+class Tail:
+    """Reads records appended to the log since the last call (``kbd audit --follow``).
+
+    Only complete lines are parsed: a line still being written is kept until its
+    newline arrives. A log that shrank (rotated or truncated) is read again from
+    its start.
+    """
+
+    def __init__(self, state_dir: Path, *, offset: int = 0) -> None:
+        self.path = state_dir / AUDIT_NAME
+        self.offset = offset
+        self.pending = b""
+        self.torn = 0
+
+    @classmethod
+    def at_end(cls, state_dir: Path) -> Tail:
+        try:
+            size = os.stat(state_dir / AUDIT_NAME).st_size
+        except FileNotFoundError:
+            size = 0
+        return cls(state_dir, offset=size)
+
+    def poll(self) -> list[dict[str, Any]]:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return []
+        try:
+            if os.fstat(fd).st_size < self.offset:
+                self.offset, self.pending = 0, b""
+            os.lseek(fd, self.offset, os.SEEK_SET)
+            chunks = []
+            while chunk := os.read(fd, 1 << 16):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+        data = b"".join(chunks)
+        self.offset += len(data)
+        *lines, self.pending = (self.pending + data).split(b"\n")
+        out = []
+        for line in lines:
+            if not line.strip():
+                continue
+            record = parse_line(line)
+            if record is None:
+                self.torn += 1
+            else:
+                out.append(record)
+        return out
+
+
+# -- selecting records (pure) ------------------------------------------------------------
+
+_DURATION = re.compile(r"(\d+)([smhdw])")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(text: str, *, now: datetime | None = None) -> datetime:
+    """``--since``: a duration back from now (``90s``, ``10m``, ``2h``, ``7d``,
+    ``1w``) or an ISO 8601 time (``2026-12-01T14:00:00Z``; without a zone it
+    is UTC, as the log's own timestamps are). ValueError names what is allowed."""
+    from datetime import UTC, datetime, timedelta  # not on kbd exec's path
+
+    now = now or datetime.now(UTC)
+    if m := _DURATION.fullmatch(text.strip()):
+        return now - timedelta(seconds=int(m.group(1)) * _UNIT[m.group(2)])
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is neither a duration (a number and one of s, m, h, d, w: 10m) "
+            "nor an ISO 8601 time (2026-12-01T14:00:00Z)"
+        ) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def record_time(record: dict[str, Any]) -> datetime | None:
+    from datetime import UTC, datetime
+
+    ts = record.get("ts")
+    if not isinstance(ts, str):
+        return None
+    try:
+        when = datetime.fromisoformat(ts)
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+_WORKFLOW_FIELDS = ("workflow_id", "source", "consumer")
+
+
+class Selection:
+    """Which records ``kbd audit`` shows: at or after ``since``, and touching
+    workflow ``workflow`` (as consumer, source or target, or through one of its
+    sessions, which are learnt from their ``session_opened`` records)."""
+
+    def __init__(self, *, since: datetime | None = None, workflow: str | None = None) -> None:
+        self.since = since
+        self.workflow = workflow
+        self._sessions: set[str] = set()
+
+    def wants(self, record: dict[str, Any]) -> bool:
+        if self.workflow is not None and not self._touches(record):
+            return False
+        if self.since is not None:
+            when = record_time(record)
+            return when is not None and when >= self.since
+        return True
+
+    def _touches(self, record: dict[str, Any]) -> bool:
+        session = record.get("session")
+        if any(record.get(k) == self.workflow for k in _WORKFLOW_FIELDS):
+            if record.get("event") == "session_opened" and isinstance(session, str):
+                self._sessions.add(session)
+            return True
+        return isinstance(session, str) and session in self._sessions
+
+
+def format_value(value: Any) -> str:
+    """A field value for people: text as one escaped line (quoted when it holds
+    spaces, quotes or ``=``), everything else as compact JSON — never a Python repr."""
+    from kbd.ids import one_line
+
+    if isinstance(value, str):
+        text = one_line(value, limit=10_000)
+        return json.dumps(text, ensure_ascii=False) if not text or any(c in text for c in ' "=') else text
+    # ASCII-escaped: a nested string may hold U+2028 or U+0085, which break lines.
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":"))
+
+
+def format_record(record: dict[str, Any]) -> str:
+    """``TS EVENT key=value …``; fields without a value (None, empty lists and
+    objects) are left out rather than printed as ``None`` or ``{}``."""
+    rest = " ".join(
+        f"{k}={format_value(v)}"
+        for k, v in record.items()
+        if k not in ("ts", "event") and v is not None and v != {} and v != []
+    )
+    head = f"{format_value(record.get('ts', '?'))} {format_value(record.get('event', '?'))}"
+    return f"{head} {rest}" if rest else head

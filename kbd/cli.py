@@ -20,14 +20,15 @@ import orjson
 
 from kbd import audit as audit_log
 from kbd import browse
+from kbd.boundary import die_of_sigpipe, guarded, internal_error
 from kbd.config import default_root
 from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, NotFound, PermissionDenied, UsageError
-from kbd.ids import one_line
-from kbd.manifest import MAX_MANIFEST_BYTES, parse_manifest, writer_problems
+from kbd.ids import alias_problem, one_line
+from kbd.manifest import MAX_MANIFEST_BYTES, Manifest, entry_problems, parse_manifest, writer_problems
 from kbd.ops import Host
 from kbd.plan import Plan
 from kbd.policy import KB_ACCESS, KINDS
-from kbd.principals import Principal, issue_token
+from kbd.principals import Actor, LocalOperator, Principal, issue_token, named_principal
 from kbd.rootinit import init_root
 from kbd.session_ops import Sessions
 from kbd.sessions import SessionClosed
@@ -36,46 +37,55 @@ from kbd.strict import load_json_strict
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _fail(err: KbdError) -> NoReturn:
-    click.echo(f"error[{err.code}]: {err.message}", err=True)
-    if err.hint:
-        click.echo(f"hint: {err.hint}", err=True)
-    sys.exit(err.exit_code)
-
-
 class KbdGroup(click.Group):
-    """Turns every KbdError, usage error and stray OSError into the contract's output."""
+    """Turns every error into the contract's output through the one boundary
+    (:func:`kbd.boundary.guarded`, shared with the lean exec path)."""
 
     def main(self, *args: Any, **kwargs: Any) -> NoReturn:
         kwargs["standalone_mode"] = False
+
+        def body() -> int:
+            try:
+                rv = super(KbdGroup, self).main(*args, **kwargs)
+            except click.UsageError as exc:
+                cmd = exc.ctx.command_path if exc.ctx is not None else "kbd"
+                raise UsageError(exc.format_message(), hint=f"see `{cmd} --help`") from None
+            except click.Abort:
+                click.echo("aborted", err=True)
+                return 130
+            except click.ClickException as exc:
+                raise UsageError(exc.format_message()) from None
+            return rv if isinstance(rv, int) else 0
+
+        code = guarded(body)
         try:
-            rv = super().main(*args, **kwargs)
-        except click.UsageError as exc:
-            cmd = exc.ctx.command_path if exc.ctx is not None else "kbd"
-            _fail(UsageError(exc.format_message(), hint=f"see `{cmd} --help`"))
-        except click.Abort:
-            click.echo("aborted", err=True)
-            sys.exit(130)
-        except click.ClickException as exc:
-            _fail(UsageError(exc.format_message()))
-        sys.exit(rv if isinstance(rv, int) else 0)
+            sys.stdout.flush()  # a reader that left now still ends us quietly
+        except BrokenPipeError:
+            die_of_sigpipe()
+        sys.exit(code)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except KbdError as err:
-            _fail(err)
+        except BrokenPipeError:
+            die_of_sigpipe()  # before click's own EPIPE handling (exit 1) sees it
         except OSError as exc:
-            _fail(
-                KbdError(
-                    f"unexpected I/O error: {exc.strerror or exc}",
-                    hint="check the root's permissions; run `kbd doctor`",
-                )
-            )
+            # Not an OSError any more: click would otherwise swallow some of them.
+            raise internal_error(exc) from exc
 
 
 def _emit(data: Any) -> None:
-    click.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
+    _write_stdout(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
+
+
+def _write_stdout(data: bytes) -> None:
+    """All of ``data`` to stdout, or BrokenPipeError. Python's buffered streams
+    drop the rest of a large write the pipe only partly took (the reader left)
+    without an error; writing the descriptor directly sees EPIPE."""
+    sys.stdout.flush()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(sys.stdout.fileno(), view) :]
 
 
 def json_option(f: F) -> F:
@@ -87,7 +97,8 @@ def as_option(f: F) -> F:
         "--as",
         "as_",
         metavar="PRINCIPAL",
-        help="Principal acting (default: $KBD_AS, else the principal mapped to your uid).",
+        help="Principal acting (default: $KBD_AS, else the principal mapped to your uid; session commands: "
+        "the trusted local operator). An empty value is a usage error.",
     )(f)
 
 
@@ -103,8 +114,9 @@ class Ctx:
         return self._host
 
     def actor(self, as_: str | None) -> Principal:
-        pid = as_ or os.environ.get("KBD_AS")
-        if pid:
+        """The principal named by --as, else $KBD_AS, else the one mapped to your uid."""
+        pid = named_principal(as_, os.environ.get("KBD_AS"))
+        if pid is not None:
             return self.host.actor(pid)
         mapped = self.host.principals.by_uid(os.getuid())
         if mapped is None:
@@ -113,6 +125,14 @@ class Ctx:
                 hint="pass --as PRINCIPAL (or set KBD_AS), or add uid: to your entry in principals.yaml",
             )
         return self.host.actor(mapped.id)
+
+    def session_actor(self, as_: str | None) -> Actor:
+        """Session commands run as the trusted local operator (the root is the
+        trust boundary), unless --as or $KBD_AS names a principal: then they are
+        authorized as that principal would be through the API (opener, services,
+        admins). The only place besides kbd.entry that creates a LocalOperator."""
+        pid = named_principal(as_, os.environ.get("KBD_AS"))
+        return self.host.actor(pid) if pid is not None else LocalOperator.current()
 
 
 pass_ctx = click.make_pass_decorator(Ctx)
@@ -210,6 +230,10 @@ def doctor(c: Ctx, as_json: bool) -> None:
         record("landlock", lay["landlock"]["abi"] > 0, f"Landlock {lay['landlock']['detail']}")
         record("read sessions", lay["usable"], lay["read_sessions"])
         record("write sessions", not lay["write_sessions"].startswith("REFUSED"), lay["write_sessions"])
+        from kbd.sandbox.probe import landlock_only_summary
+
+        # Said whatever the backend: what would still run if bubblewrap went away.
+        record("landlock-only kinds", True, landlock_only_summary())
     if as_json:
         _emit({"ok": ok, "checks": checks})
     else:
@@ -225,7 +249,33 @@ def doctor(c: Ctx, as_json: bool) -> None:
 @click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
 @json_option
 def validate(file: Path, as_json: bool) -> None:
-    """Validate a workflow.json file (syntax and field rules, not reachability)."""
+    """Validate a workflow.json file (syntax and field rules, not reachability).
+
+    Every problem of every entry is listed, one per line (``FILE: where: problem``)
+    on stdout; with --json the answer is always JSON, errors included."""
+    try:
+        m, problems = _validate(file)
+    except KbdError as err:
+        if as_json:
+            _emit({"file": str(file), "workflow_id": None, "valid": False, "problems": [err.message],
+                   "version": None, "error": err.to_dict()})  # fmt: skip
+        raise
+    if as_json:
+        _emit({"file": str(file), "workflow_id": m.id, "valid": not problems, "problems": problems,
+               "version": m.version})  # fmt: skip
+    else:
+        for p in problems:
+            click.echo(f"{file}: {one_line(p, limit=1000)}")
+    if problems:
+        raise InvalidInput(
+            f"{file}: {len(problems)} problem(s)" + ("" if as_json else ", one per line above"),
+            hint="each problem names the entry and the field",
+        )
+    if not as_json:
+        click.echo(f"{file}: valid ({len(m.entries)} sources)")
+
+
+def _validate(file: Path) -> tuple[Manifest, list[str]]:
     try:
         # Non-blocking and checked before reading: a FIFO or a device never hangs validate.
         fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -240,23 +290,20 @@ def validate(file: Path, as_json: bool) -> None:
     m = parse_manifest(data)
     if m.sources_problem:
         raise ManifestUnreadable(m.sources_problem)
-    problems = [f"knowledgebase_sources[{e.index}]: {e.problem}" for e in m.entries if e.problem]
+    raw_entries = m.raw.get("knowledgebase_sources") or []
+    problems: list[str] = []
+    for e in m.entries:
+        if e.problem:
+            # Every problem of the entry, not only the first one the lookup keeps.
+            own = entry_problems(raw_entries[e.index], self_id=m.id)
+            problems += [f"knowledgebase_sources[{e.index}]: {p}" for p in own or [e.problem]]
     problems += writer_problems(m.raw, self_id=m.id)
     from kbd.folders import resolve_folders
 
     for i, f in enumerate(resolve_folders(m.raw.get("folder_access"), roots=())):
         if f.reason == "invalid_entry":
             problems.append(f"folder_access[{i}]: {f.message}")
-    if as_json:
-        _emit({"workflow_id": m.id, "valid": not problems, "problems": problems, "version": m.version})
-    if problems:
-        # One line (scripts parse `error[...]: ...`), problems separated by " | ".
-        raise InvalidInput(
-            f"{file}: {len(problems)} problem(s): " + " | ".join(problems),
-            hint="each problem names the entry and the field",
-        )
-    if not as_json:
-        click.echo(f"{file}: valid ({len(m.entries)} sources)")
+    return m, problems
 
 
 # -- workflows ----------------------------------------------------------------------
@@ -377,6 +424,9 @@ def sources_attach(
     c: Ctx, wf: str, source_id: str, alias: str, access: str, as_: str | None, as_json: bool
 ) -> None:
     """Attach SOURCE_ID's knowledge base to WF under ALIAS."""
+    if (problem := alias_problem(alias)) is not None:
+        # Name the flag the user typed, not the manifest entry it would become.
+        raise InvalidInput(f"--alias {alias!r} {problem}", hint="e.g. --alias rts")
     a = c.host.attach(wf, source_id, alias=alias, access=access, actor=c.actor(as_))
     if as_json:
         _emit(a.to_json())
@@ -544,13 +594,6 @@ def _sessions(c: Ctx) -> Sessions:
     return Sessions(c.host)
 
 
-def _session_actor(c: Ctx, as_: str | None) -> Principal | None:
-    """Session commands run as the trusted local caller (the root is the trust
-    boundary), unless ``--as`` names a principal: then they are authorized as
-    that principal would be through the API (opener, services, admins)."""
-    return c.actor(as_) if as_ else None
-
-
 def _print_plan(plan: Plan) -> None:
     d = plan.to_json()
     click.echo(
@@ -622,7 +665,7 @@ def session_open(
 def session_show(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
     """The session's plan, rebuilt from saved configuration now."""
     sessions = _sessions(c)
-    plan = sessions.plan(sid, actor=_session_actor(c, as_))
+    plan = sessions.plan(sid, actor=c.session_actor(as_))
     running = sessions.running(sid, plan)
     if as_json:
         _emit({**plan.to_json(), "running": running})
@@ -652,7 +695,7 @@ def session_revoke(c: Ctx, sid: str, immediate: bool, as_: str | None, as_json: 
         sid,
         immediate=immediate or cfg.revoke_immediately,
         grace=cfg.revoke_grace,
-        actor=_session_actor(c, as_),
+        actor=c.session_actor(as_),
     )
     if as_json:
         _emit(result)
@@ -672,7 +715,7 @@ def session_revoke(c: Ctx, sid: str, immediate: bool, as_: str | None, as_json: 
 @pass_ctx
 def session_env(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
     """The session's environment, as `export` lines (eval-able) or JSON."""
-    env = _sessions(c).plan(sid, actor=_session_actor(c, as_)).env
+    env = _sessions(c).plan(sid, actor=c.session_actor(as_)).env
     if as_json:
         _emit(env)
         return
@@ -688,7 +731,7 @@ def session_env(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
 @pass_ctx
 def session_list(c: Ctx, wf: str | None, include_closed: bool, as_: str | None, as_json: bool) -> None:
     """Sessions (with --as: only those that principal may use)."""
-    rows = _sessions(c).rows(actor=_session_actor(c, as_), workflow_id=wf, include_closed=include_closed)
+    rows = _sessions(c).rows(actor=c.session_actor(as_), workflow_id=wf, include_closed=include_closed)
     if as_json:
         _emit({"sessions": rows})
         return
@@ -706,7 +749,7 @@ def session_list(c: Ctx, wf: str | None, include_closed: bool, as_: str | None, 
 @pass_ctx
 def session_close(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
     """Close SID (and its child sessions): they grant nothing afterwards."""
-    closed = _sessions(c).close(sid, actor=_session_actor(c, as_))
+    closed = _sessions(c).close(sid, actor=c.session_actor(as_))
     if as_json:
         _emit({"session_id": sid, "closed": closed})
     else:
@@ -742,7 +785,8 @@ def exec_cmd(c: Ctx, sid: str, cwd: str | None, as_: str | None, command: tuple[
         argv = argv[1:]
     if not argv:
         raise UsageError("no command given", hint="kbd exec SID [--cwd DIR] [--as P] -- CMD [ARG...]")
-    sys.exit(run(c.root, sid, argv, cwd=cwd, actor=as_))
+    pid = named_principal(as_, os.environ.get("KBD_AS"))
+    sys.exit(run(c.root, sid, argv, cwd=cwd, actor=pid if pid is not None else LocalOperator.current()))
 
 
 @main.command("check")
@@ -755,7 +799,7 @@ def exec_cmd(c: Ctx, sid: str, cwd: str | None, as_: str | None, command: tuple[
 def check_cmd(c: Ctx, sid: str, path: str, mode: str, as_: str | None, as_json: bool) -> None:
     """May session SID read/write PATH? Exit 0 when allowed, 77 when not."""
     try:
-        result = _sessions(c).check(sid, path, mode, actor=_session_actor(c, as_))
+        result = _sessions(c).check(sid, path, mode, actor=c.session_actor(as_))
     except SessionClosed as err:
         # Still the contract's answer on stdout: a closed session grants nothing.
         result = {"allowed": False, "reason": err.message}
@@ -779,17 +823,24 @@ def notes() -> None:
 @click.argument("sid")
 @click.argument("alias")
 @click.argument("relpath")
-@click.option(
-    "--file", "file", default="-", show_default=True, metavar="F|-", help="Note content; - reads stdin."
-)
+@click.option("--file", "file", metavar="F|-", help="Note content; - reads stdin (the default when piped).")
 @as_option
 @json_option
 @pass_ctx
 def notes_write(
-    c: Ctx, sid: str, alias: str, relpath: str, file: str, as_: str | None, as_json: bool
+    c: Ctx, sid: str, alias: str, relpath: str, file: str | None, as_: str | None, as_json: bool
 ) -> None:
     """Write RELPATH (relative to the source's notes/) atomically, with provenance."""
     from kbd.notes import MAX_NOTE_BYTES, write_note
+
+    if file is None:
+        if sys.stdin.isatty():
+            # Reading a terminal would wait silently for input nobody knows to type.
+            raise UsageError(
+                "no note content: pass --file F, or pipe the content in",
+                hint="kbd notes write SID ALIAS RELPATH --file note.md   (or: ... < note.md, or --file - to type it)",
+            )
+        file = "-"
 
     try:
         if file == "-":
@@ -801,7 +852,7 @@ def notes_write(
         raise NotFound(f"{file} does not exist", hint="pass an existing file, or - for stdin") from exc
     except OSError as exc:
         raise InvalidInput(f"cannot read {file}: {exc.strerror}") from exc
-    result = write_note(_sessions(c), sid, alias, relpath, data, actor=_session_actor(c, as_))
+    result = write_note(_sessions(c), sid, alias, relpath, data, actor=c.session_actor(as_))
     if as_json:
         _emit(result)
     else:
@@ -890,8 +941,7 @@ def read_cmd(c: Ctx, wf: str, alias: str, relpath: str, as_: str | None, as_json
             }
         )
         return
-    sys.stdout.buffer.write(data)
-    sys.stdout.buffer.flush()
+    _write_stdout(data)
 
 
 @main.command("ls")
@@ -919,17 +969,54 @@ def ls_cmd(c: Ctx, wf: str, alias: str, reldir: str, as_: str | None, as_json: b
 
 
 @main.command("audit")
+@click.option(
+    "--since",
+    metavar="WHEN",
+    help="Only records from WHEN on: a duration back from now (10m, 2h, 7d) or an ISO time (UTC if no zone).",
+)
+@click.option("--workflow", "wf", metavar="WF", help="Only records touching WF (or one of its sessions).")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new records until Ctrl-C or SIGTERM.")
 @json_option
 @pass_ctx
-def audit_cmd(c: Ctx, as_json: bool) -> None:
-    """Show the audit log (grants, revokes, refusals, source changes)."""
-    events = audit_log.read(c.host.config.state_dir)
-    if as_json:
-        _emit({"events": events})
-        return
+def audit_cmd(c: Ctx, since: str | None, wf: str | None, follow: bool, as_json: bool) -> None:
+    """Show the audit log (grants, revokes, refusals, session and note events).
+
+    Torn lines (a crash mid-write, a hand edit) are skipped and counted on stderr.
+    With --follow and --json: one JSON object a line."""
+    try:
+        since_at = audit_log.parse_since(since) if since is not None else None
+    except ValueError as exc:
+        raise UsageError(f"--since: {exc}", hint="e.g. --since 10m or --since 2026-12-01T14:00:00Z") from None
+    select = audit_log.Selection(since=since_at, workflow=wf)
+    state_dir = c.host.config.state_dir
+    tail = audit_log.Tail(state_dir)  # from the start: a --follow shows what is there first
+    events = [e for e in tail.poll() if select.wants(e)]
+    if as_json and not follow:
+        _emit({"events": events, "skipped_lines": tail.torn})
+    else:
+        _print_audit(events, as_json)
+    if follow:
+        _follow_audit(tail, select, as_json)
+    if tail.torn:
+        click.echo(f"kbd audit: skipped {tail.torn} torn line(s) that are not a JSON record", err=True)
+
+
+def _print_audit(events: list[dict[str, Any]], as_json: bool) -> None:
     for e in events:
-        # One event, one line: IDs, names and reasons in the log are escaped.
-        rest = " ".join(
-            f"{k}={one_line(str(v), limit=10_000)}" for k, v in e.items() if k not in ("ts", "event")
-        )
-        click.echo(f"{one_line(str(e.get('ts')))} {one_line(str(e.get('event')))} {rest}")
+        click.echo(orjson.dumps(e).decode() if as_json else audit_log.format_record(e))
+
+
+def _follow_audit(tail: audit_log.Tail, select: audit_log.Selection, as_json: bool) -> None:
+    """Poll for appended records until SIGINT or SIGTERM asks to stop (then return
+    normally: stopping a follow is how it is meant to end)."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not stop.wait(0.2):
+            _print_audit([e for e in tail.poll() if select.wants(e)], as_json)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

@@ -6,8 +6,11 @@ else goes to the click CLI in :mod:`kbd.cli`.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+from kbd.boundary import guarded
 
 USAGE = "usage: kbd [--root DIR] exec SID [--cwd DIR] -- CMD [ARG...]"
 
@@ -40,20 +43,18 @@ def _lean_exec(argv: list[str]) -> int | None:
         return None  # any other option (--as, --help): the full CLI parses it
     if not rest:
         return None
+    return guarded(lambda: _run_exec(root, sid, rest, cwd))
+
+
+def _run_exec(root: str | None, sid: str, command: list[str], cwd: str | None) -> int:
     from kbd.config import default_root
-    from kbd.errors import KbdError
+    from kbd.principals import LocalOperator, named_principal
     from kbd.runner import run
 
-    try:
-        return run(Path(root) if root else default_root(), sid, rest, cwd=cwd)
-    except KbdError as err:
-        print(f"error[{err.code}]: {err.message}", file=sys.stderr)
-        if err.hint:
-            print(f"hint: {err.hint}", file=sys.stderr)
-        return err.exit_code
-    except OSError as exc:
-        print(f"error[internal]: unexpected I/O error: {exc.strerror or exc}", file=sys.stderr)
-        return 70
+    # Without --as / KBD_AS the caller is the trusted local operator of the root.
+    named = named_principal(None, os.environ.get("KBD_AS"))
+    actor = named if named is not None else LocalOperator.current()
+    return run(Path(root) if root else default_root(), sid, command, actor=actor, cwd=cwd)
 
 
 def main() -> None:

@@ -37,6 +37,9 @@ class KbdError(Exception):
     exit_code = 70
     http_status = 500
     default_hint = "this is a bug in kbd; please report it with the command you ran"
+    # A specific reason code (``audience_denied``, ``not_owner`` …) for audit
+    # records, when it says more than ``code``.
+    reason: str | None = None
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
@@ -93,9 +96,12 @@ class SourceUnusable(InvalidInput):
     code = "source-unusable"
     default_hint = "run `kbd sources candidates WF` to see sources this workflow may attach"
 
-    def __init__(self, message: str, *, reason: str, hint: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, reason: str, hint: str | None = None, source: str | None = None
+    ) -> None:
         super().__init__(message, hint=hint)
         self.reason = reason
+        self.source = source  # the source workflow ID the entry named, for the audit record
         self.exit_code = {"not_found": 66, "audience_denied": 77}.get(reason, 65)
         self.http_status = {"not_found": 404, "audience_denied": 403}.get(reason, 400)
 

@@ -169,36 +169,46 @@ def _optional_str(doc: dict[str, Any], key: str) -> str | None:
 
 
 def entry_problem(raw: Any, *, self_id: str | None) -> tuple[SourceRef | None, str | None]:
-    """Validate one attachment entry on its own. Returns (ref, None) or (None, problem)."""
+    """Validate one attachment entry on its own. Returns (ref, None) or (None, its first problem)."""
+    problems = entry_problems(raw, self_id=self_id)
+    if problems:
+        return None, problems[0]
+    return SourceRef(
+        workflow_id=raw["workflow_id"], alias=raw["alias"], access=raw.get("access", "read")
+    ), None
+
+
+def entry_problems(raw: Any, *, self_id: str | None) -> list[str]:
+    """Every problem of one attachment entry on its own (``kbd validate`` shows
+    them all), most fundamental first; empty when the entry is valid."""
     if not isinstance(raw, dict):
-        return None, f"must be an object with workflow_id, alias and access, got {kind_of(raw)}"
-    unknown = sorted(set(raw) - set(ENTRY_KEYS))
-    if unknown:
-        return None, (
-            f"unknown key {unknown[0]!r}; allowed: {', '.join(ENTRY_KEYS)} "
-            "(paths are never accepted here: reference workflows by ID)"
-        )
+        return [f"must be an object with workflow_id, alias and access, got {kind_of(raw)}"]
+    out = [
+        f"unknown key {key!r}; allowed: {', '.join(ENTRY_KEYS)} "
+        "(paths are never accepted here: reference workflows by ID)"
+        for key in sorted(set(raw) - set(ENTRY_KEYS))
+    ]
+    wid = raw.get("workflow_id")
     if "workflow_id" not in raw:
-        return None, "workflow_id is required"
-    wid = raw["workflow_id"]
-    if (problem := id_problem(wid)) is not None:
+        out.append("workflow_id is required")
+    elif (problem := id_problem(wid)) is not None:
         hint = (
             " (it looks like a path; reference the source by its workflow ID)"
             if (isinstance(wid, str) and ("/" in wid or "\\" in wid))
             else ""
         )
-        return None, f"workflow_id {problem}{hint}"
+        out.append(f"workflow_id {problem}{hint}")
+    alias = raw.get("alias")
     if "alias" not in raw:
-        return None, "alias is required"
-    alias = raw["alias"]
-    if (problem := alias_problem(alias)) is not None:
-        return None, f"alias {alias!r} {problem}" if isinstance(alias, str) else f"alias {problem}"
+        out.append("alias is required")
+    elif (problem := alias_problem(alias)) is not None:
+        out.append(f"alias {alias!r} {problem}" if isinstance(alias, str) else f"alias {problem}")
     access = raw.get("access", "read")
     if access not in ACCESS_MODES:
-        return None, f"access {access!r} is not allowed; allowed: read, write"
-    if self_id is not None and wid == self_id:
-        return None, "workflow_id names this workflow itself; a workflow cannot attach its own KB"
-    return SourceRef(workflow_id=wid, alias=alias, access=access), None
+        out.append(f"access {access!r} is not allowed; allowed: read, write")
+    if self_id is not None and "workflow_id" in raw and wid == self_id:
+        out.append("workflow_id names this workflow itself; a workflow cannot attach its own KB")
+    return out
 
 
 def parse_entries(raw: Any, *, self_id: str | None) -> tuple[tuple[Entry, ...], str | None]:

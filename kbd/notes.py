@@ -25,7 +25,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from kbd.errors import Busy, InvalidInput, KbdError, NotFound, PermissionDenied
 from kbd.names import NOTE_SUFFIXES as NOTE_SUFFIXES  # re-exported: readers import it from here
 from kbd.names import TEMP_NAME, note_parts
 from kbd.plan import NOTES, Plan
+from kbd.principals import Actor, actor_fields
 from kbd.safepath import (
     PathNotFound,
     list_dir,
@@ -225,16 +226,17 @@ class PreparedNote:
     kb_identity: tuple[int, int] | None
     parts: tuple[str, ...]
     data: bytes
+    who: dict[str, Any] = field(default_factory=dict)  # the actor, as audit records name it
 
     def refuse(self, err: KbdError) -> KbdError:
         self.host.audit("note_refused", session=self.sid, workflow_id=self.consumer, alias=self.alias,
                         path=self.relpath[:200], code=err.code, reason=err.message[:300],
-                        rule=getattr(err, "rule", None))  # fmt: skip
+                        rule=getattr(err, "rule", None), **self.who)  # fmt: skip
         return err
 
 
 def prepare_note(
-    sessions: Any, sid: str, alias: str, relpath: str, data: bytes, *, actor: Any = None
+    sessions: Any, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
 ) -> PreparedNote:
     """Everything but the write: the session's plan now, the grant, the name, the
     size, the text and the injection gate, and the provenance-stamped content.
@@ -247,10 +249,12 @@ def prepare_note(
         plan: Plan = sessions.plan(sid, actor=actor)
     except KbdError as err:
         host.audit("note_refused", session=sid, alias=alias, path=relpath[:200], code=err.code,
-                   reason=err.message[:300])  # fmt: skip
+                   reason=err.message[:300], **actor_fields(actor))  # fmt: skip
         raise
     att = next((a for a in plan.sources if a.alias == alias), None)
-    draft = PreparedNote(host, sid, plan.workflow_id, alias, relpath, "", Path("/"), None, (), b"")
+    draft = PreparedNote(
+        host, sid, plan.workflow_id, alias, relpath, "", Path("/"), None, (), b"", actor_fields(actor)
+    )
     if att is None:
         raise draft.refuse(
             NotFound(
@@ -279,12 +283,17 @@ def prepare_note(
             raise InvalidInput(f"the note is not UTF-8 text (byte {exc.start})") from None
         if "\x00" in text:
             raise InvalidInput("the note contains a NUL byte")
+        if not text.strip():
+            raise InvalidInput(
+                "the note is empty (or only whitespace); nothing would be written but provenance",
+                hint="pass the note's content with --file F or on stdin",
+            )
         injection.check(text)
     except KbdError as err:
         raise draft.refuse(err) from None
     final = with_provenance(text, workflow_id=plan.workflow_id, session_id=sid).encode("utf-8")
     return PreparedNote(host, sid, plan.workflow_id, alias, relpath, att.workflow_id, att.path, att.kb_identity,
-                        tuple(parts), final)  # fmt: skip
+                        tuple(parts), final, actor_fields(actor))  # fmt: skip
 
 
 def commit_note(note: PreparedNote) -> dict[str, Any]:
@@ -313,12 +322,12 @@ def commit_note(note: PreparedNote) -> dict[str, Any]:
         ) from None
     path = "/".join(note.parts)
     host.audit("note_written", session=note.sid, workflow_id=note.consumer, source=note.source, alias=note.alias,
-               path=path, bytes=len(note.data))  # fmt: skip
+               path=path, bytes=len(note.data), **note.who)  # fmt: skip
     return {"workflow_id": note.source, "alias": note.alias, "path": "notes/" + path, "bytes": len(note.data)}
 
 
 def write_note(
-    sessions: Any, sid: str, alias: str, relpath: str, data: bytes, *, actor: Any = None
+    sessions: Any, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
 ) -> dict[str, Any]:
     """Write one contributed note. Returns ``{workflow_id, alias, path, bytes}``.
 

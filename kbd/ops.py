@@ -20,6 +20,7 @@ from kbd.errors import (
     AmbiguousWorkflow,
     InvalidInput,
     InvalidManifest,
+    KbdError,
     ManifestUnreadable,
     NotFound,
     PermissionDenied,
@@ -107,6 +108,14 @@ class Host:
 
     def audit(self, event: str, **fields: Any) -> None:
         audit.append(self.config.state_dir, event, **fields)
+
+    def audit_refusal(self, event: str, err: KbdError, *, actor: Principal, **target: Any) -> None:
+        """Record a refused change: who (``actor``), what (``event`` and its
+        ``action``), the target fields, and why (``code``: the error's stable
+        code; ``reason``: the specific reason code; ``message``). Outsiders who
+        are told "not found" are recorded too: the log is the operator's."""
+        self.audit(event, actor=actor.id, **target, code=err.code, reason=err.reason or err.code,
+                   message=err.message[:300])  # fmt: skip
 
     def workflow(self, wid: str) -> Found:
         """The one readable folder holding ``wid``, or a specific error."""
@@ -215,15 +224,18 @@ class Host:
         return {"workflow_id": m.id, "writers": rows, "legacy": m.is_legacy}
 
     # -- changes -----------------------------------------------------------------
-    def _require_manage(self, actor: Principal, m: Manifest, action: str) -> None:
+    @staticmethod
+    def _require_manage(actor: Principal, m: Manifest) -> None:
         if not audience.can_manage_sources(actor, m):
             if not audience.can_inspect(actor, m):
                 # Outsiders get the same answer as for a missing workflow.
-                raise WorkflowNotFound(f"no workflow with ID {m.id!r} on this host")
-            self.audit("sources_refused", workflow_id=m.id, actor=actor.id, action=action)
-            raise PermissionDenied(
-                f"{actor.id!r} may not manage the sources of {m.id!r} (owners, editors and admins may; "
-                "readers only inspect)"
+                raise _because(WorkflowNotFound(f"no workflow with ID {m.id!r} on this host"), "not_visible")
+            raise _because(
+                PermissionDenied(
+                    f"{actor.id!r} may not manage the sources of {m.id!r} (owners, editors and admins may; "
+                    "readers only inspect)"
+                ),
+                "not_manager",
             )
 
     def _check_new_entries(self, consumer: Manifest, old: tuple[Entry, ...], refs: list[SourceRef]) -> None:
@@ -238,6 +250,7 @@ class Host:
                 raise SourceUnusable(
                     f"cannot attach {ref.workflow_id!r} as {ref.alias!r}: {att.reason}: {att.message}",
                     reason=att.reason or "invalid_entry",
+                    source=ref.workflow_id,
                 )
             if ref.access == "write" and att.write is not None and not att.write.available:
                 found = self.registry.find(ref.workflow_id)
@@ -247,6 +260,7 @@ class Host:
                         "so nobody can ever grant write access",
                         reason="write_not_granted",
                         hint="attach it with --access read, or give the source an owner first",
+                        source=ref.workflow_id,
                     )
 
     def _save_sources(
@@ -256,12 +270,24 @@ class Host:
         build: Any,
         *,
         action: str,
+        source: str | None = None,
         expected_version: str | None = None,
+    ) -> Manifest:
+        try:
+            return self._update_sources(wid, actor, build, action=action, expected_version=expected_version)
+        except KbdError as err:
+            # Every refusal is recorded (who, what, target, why) before the caller hears of it.
+            self.audit_refusal("sources_refused", err, actor=actor, action=action, workflow_id=wid,
+                               source=err.source if isinstance(err, SourceUnusable) else source)  # fmt: skip
+            raise
+
+    def _update_sources(
+        self, wid: str, actor: Principal, build: Any, *, action: str, expected_version: str | None
     ) -> Manifest:
         folder = self.workflow(wid).folder
 
         def change(current: Manifest) -> dict[str, Any]:
-            self._require_manage(actor, current, action)
+            self._require_manage(actor, current)
             if current.sources_problem is not None and action != "set":
                 raise InvalidManifest(
                     f"{current.sources_problem}; replace the whole list with `kbd sources set`"
@@ -303,7 +329,7 @@ class Host:
             entry = {"workflow_id": source_id, "alias": alias, "access": access}
             return validate_sources([r.to_json() for r in refs] + [entry], self_id=current.id)
 
-        saved = self._save_sources(wid, actor, build, action="attach")
+        saved = self._save_sources(wid, actor, build, action="attach", source=source_id)
         return next(a for a in self.resolve(saved) if a.alias == alias)
 
     def detach(self, wid: str, alias: str, *, actor: Principal) -> None:
@@ -322,7 +348,7 @@ class Host:
                 )
             return [e.ref for e in keep if e.ref is not None]
 
-        self._save_sources(wid, actor, build, action="detach")
+        self._save_sources(wid, actor, build, action="detach", source=alias)
 
     def set_sources(
         self, wid: str, raw: Any, *, actor: Principal, expected_version: str | None = None
@@ -333,6 +359,15 @@ class Host:
         return self._save_sources(wid, actor, build, action="set", expected_version=expected_version)
 
     def _change_writers(self, source_id: str, consumer_id: str, *, actor: Principal, grant: bool) -> bool:
+        try:
+            return self._update_writers(source_id, consumer_id, actor=actor, grant=grant)
+        except KbdError as err:
+            # Every refusal is recorded (who, what, target, why) before the caller hears of it.
+            self.audit_refusal("writer_grant_refused" if grant else "writer_revoke_refused", err,
+                               actor=actor, source=source_id, consumer=consumer_id)  # fmt: skip
+            raise
+
+    def _update_writers(self, source_id: str, consumer_id: str, *, actor: Principal, grant: bool) -> bool:
         folder = self.workflow(source_id).folder
         event = "writer_granted" if grant else "writer_revoked"
         changed = False
@@ -340,18 +375,18 @@ class Host:
         def change(current: Manifest) -> dict[str, Any]:
             nonlocal changed
             if not audience.can_grant_writers(actor, current):
-                self.audit(
-                    "writer_grant_refused" if grant else "writer_revoke_refused",
-                    source=source_id,
-                    consumer=consumer_id,
-                    actor=actor.id,
-                )
                 if not audience.can_inspect(actor, current):
-                    # Audited above; outsiders get the same answer as for a missing workflow.
-                    raise WorkflowNotFound(f"no workflow with ID {source_id!r} on this host")
-                raise PermissionDenied(
-                    f"{actor.id!r} may not change who writes into {source_id!r}: only its owners or an admin may",
-                    hint="ask an owner of the source workflow to run `kbd writers grant`",
+                    # Outsiders get the same answer as for a missing workflow.
+                    raise _because(
+                        WorkflowNotFound(f"no workflow with ID {source_id!r} on this host"), "not_visible"
+                    )
+                raise _because(
+                    PermissionDenied(
+                        f"{actor.id!r} may not change who writes into {source_id!r}: "
+                        "only its owners or an admin may",
+                        hint="ask an owner of the source workflow to run `kbd writers grant`",
+                    ),
+                    "not_owner",
                 )
             writers = list(current.access.allowed_kb_writers)
             if grant:
@@ -383,3 +418,9 @@ class Host:
 
     def revoke(self, source_id: str, consumer_id: str, *, actor: Principal) -> bool:
         return self._change_writers(source_id, consumer_id, actor=actor, grant=False)
+
+
+def _because(err: KbdError, reason: str) -> KbdError:
+    """``err`` with its specific reason code (recorded by :meth:`Host.audit_refusal`)."""
+    err.reason = reason
+    return err

@@ -63,6 +63,9 @@ class FolderStatus:
         }
 
 
+OVERLAY_MODES = ("read_only", "hidden")
+
+
 @dataclass(frozen=True)
 class Grant:
     path: Path
@@ -106,6 +109,12 @@ class Plan:
     @property
     def hidden(self) -> list[str]:
         return self.paths("hidden")
+
+    def overlays(self) -> list[Grant]:
+        """Grants that narrow a wider one (a read-only or hidden path inside a
+        granted folder). They need a mount namespace: Landlock alone only adds
+        access, so the Landlock-only backend refuses a plan that has any."""
+        return [g for g in self.grants if g.mode in OVERLAY_MODES]
 
     def writes_source(self, alias: str) -> bool:
         """Does this plan grant writing the ``notes/`` of the source ``alias``?"""

@@ -7,14 +7,15 @@ for every request. Unknown and disabled principals are refused everywhere.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from kbd.config import PRINCIPALS_NAME, STATE_DIR, read_text, read_yaml_cached
-from kbd.errors import InvalidConfig, PermissionDenied
+from kbd.errors import InvalidConfig, NotFound, PermissionDenied, UsageError
 from kbd.ids import id_problem
 from kbd.strict import check_keys, expect_bool, expect_choice, expect_mapping, expect_str, load_yaml
 
@@ -41,6 +42,75 @@ class Principal:
 
 
 @dataclass(frozen=True)
+class LocalOperator:
+    """The trusted local operator: the person running the CLI on the root, whose
+    file permissions on the root are the trust boundary (as for git).
+
+    Only the CLI entry points (:mod:`kbd.cli`, :mod:`kbd.entry`) create one, and
+    only when no principal was named; the daemon never does (a test checks every
+    construction site). Library code never treats a missing actor as trusted:
+    every operation takes an :data:`Actor` argument without a default.
+    """
+
+    uid: int
+    user: str
+
+    @classmethod
+    def current(cls) -> LocalOperator:
+        """The operator of this process: its real uid and that uid's user name."""
+        import pwd
+
+        uid = os.getuid()
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            user = str(uid)  # a uid without a passwd entry (containers) is still named
+        return cls(uid=uid, user=user)
+
+    @property
+    def name(self) -> str:
+        return f"local:{self.user}"
+
+
+# Who acts. A Principal (named with --as / KBD_AS, uid-mapped, or authenticated
+# by the daemon) is authorized by its roles; a LocalOperator is trusted.
+Actor: TypeAlias = Principal | LocalOperator
+
+
+def actor_fields(actor: Actor) -> dict[str, Any]:
+    """How an audit record names ``actor``: a principal by its ID, the local
+    operator by user name and uid (never ``None``)."""
+    if isinstance(actor, LocalOperator):
+        return {"actor": actor.name, "actor_uid": actor.uid}
+    return {"actor": actor.id}
+
+
+def named_principal(flag: str | None, env: str | None) -> str | None:
+    """The principal ID named by ``--as`` (``flag``), else by ``$KBD_AS`` (``env``);
+    None when neither is given. An explicitly empty (or blank) name is a usage
+    error, never a fallback: ``--as "$UNSET"`` must not act as anyone."""
+    if flag is not None:
+        if not flag.strip():
+            raise UsageError(
+                "--as was given an empty principal",
+                hint="pass --as PRINCIPAL with a principal's ID, or leave --as out",
+            )
+        return flag
+    if env is not None:
+        if not env.strip():
+            raise UsageError(
+                "KBD_AS is set but empty",
+                hint="set KBD_AS to a principal's ID, or unset it (`unset KBD_AS`)",
+            )
+        return env
+    return None
+
+
+def actor_name(actor: Actor) -> str:
+    return actor.name if isinstance(actor, LocalOperator) else actor.id
+
+
+@dataclass(frozen=True)
 class Principals:
     by_id: Mapping[str, Principal]
 
@@ -55,7 +125,13 @@ class Principals:
         return p is not None and p.enabled_admin
 
     def actor(self, pid: str) -> Principal:
-        """The enabled principal ``pid``, or PermissionDenied naming why not."""
+        """The enabled principal ``pid``, or PermissionDenied naming why not.
+        An empty ``pid`` is a usage error: it never falls back to anyone."""
+        if not pid:
+            raise UsageError(
+                'the principal is empty (--as "" or KBD_AS set to nothing)',
+                hint="name a principal with --as PRINCIPAL, or unset KBD_AS to act as the one mapped to your uid",
+            )
         p = self.by_id.get(pid)
         if p is None:
             raise PermissionDenied(
@@ -146,7 +222,7 @@ def issue_token(root: Path, pid: str, *, timeout: float) -> str:
             if entry["id"] == pid:
                 break
         else:
-            raise PermissionDenied(f"unknown principal {pid!r}", hint="add it to principals.yaml first")
+            raise NotFound(f"unknown principal {pid!r}", hint="add it to principals.yaml first")
         token = "kbd_" + secrets.token_urlsafe(32)
         entry["token_sha256"] = hashlib.sha256(token.encode()).hexdigest()
         write_atomic(path, yaml.safe_dump(doc, sort_keys=False).encode(), mode=0o640)

@@ -30,6 +30,7 @@ from pathlib import Path, PurePosixPath
 from kbd.errors import InvalidInput, Unavailable
 from kbd.ops import Host
 from kbd.plan import Plan
+from kbd.principals import LocalOperator
 from kbd.safepath import pin_dir
 from kbd.sandbox import bwrap, seccomp, spec
 from kbd.sandbox.landlock import LANDLOCK_ALL, landlock_abi, system_rules
@@ -93,7 +94,7 @@ def private_tmp(host: Host, sid: str) -> Path:
 
 
 def _landlock_argv(host: Host, plan: Plan, command: list[str], *, scratch: Path) -> list[str]:
-    overlays = [g for g in plan.grants if g.mode in ("read_only", "hidden")]
+    overlays = plan.overlays()
     if overlays:
         if not host.config.sandbox.unsafe_landlock_writes:
             raise Unavailable(
@@ -145,15 +146,18 @@ class _Forward:
             signal.signal(s, h)
 
 
-def run(root: Path, sid: str, command: list[str], *, cwd: str | None = None, actor: str | None = None) -> int:
+def run(
+    root: Path, sid: str, command: list[str], *, actor: LocalOperator | str, cwd: str | None = None
+) -> int:
     """Run ``command`` in session ``sid``; return its exit status (69 when the
-    sandbox could not be set up, 77 when the session is closed)."""
+    sandbox could not be set up, 77 when the session is closed). ``actor`` is the
+    trusted local operator, or the ID of the principal named with ``--as``
+    (resolved against the current principals; an empty ID is a usage error)."""
     if not command:
         raise InvalidInput("no command given", hint="kbd exec SID -- CMD [ARG...]")
     host = Host(root)
     sessions = Sessions(host)
-    # Without --as the caller is the trusted local user of the root (as for git).
-    plan = sessions.plan(sid, actor=host.actor(actor) if actor else None)
+    plan = sessions.plan(sid, actor=actor if isinstance(actor, LocalOperator) else host.actor(actor))
     workdir = resolve_cwd(plan, cwd)
     env = session_env(plan, sid)
     backend = choose_backend(host)

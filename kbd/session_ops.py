@@ -20,7 +20,7 @@ from kbd.folders import resolve_folders
 from kbd.names import name_problem, note_parts
 from kbd.ops import Host
 from kbd.plan import Plan, build_plan
-from kbd.principals import Principal
+from kbd.principals import Actor, LocalOperator, Principal, actor_fields
 from kbd.safepath import PathNotFound, names_folder, pin_dir
 from kbd.sessions import SessionRow, SessionStore, new_session_id, require_open
 
@@ -61,22 +61,34 @@ class Sessions:
             generation = self.store.record_generation(row.id, seen_digest=row.digest, new_digest=digest)
         return plan.with_generation(generation, session_id=row.id, parent=row.parent, opened_by=row.opened_by)
 
-    def plan(self, sid: str, *, actor: Principal | None = None) -> Plan:
-        """The session's current plan. ``actor`` None means a trusted local caller
-        (the CLI on the root, ``kbd exec``). Closed sessions grant nothing."""
-        row = self.store.get(sid)
-        self._authorize(row, actor)
-        require_open(self.store, row)
+    def plan(self, sid: str, *, actor: Actor) -> Plan:
+        """The session's current plan as ``actor`` may use it (a LocalOperator is
+        the trusted CLI on the root). Closed sessions grant nothing."""
+        row = self._usable(sid, actor, action="plan", need_open=True)
         return self._build(row)
 
-    def _authorize(self, row: SessionRow, actor: Principal | None) -> None:
+    def _usable(self, sid: str, actor: Actor, *, action: str, need_open: bool = False) -> SessionRow:
+        """The session ``sid`` if ``actor`` may use it for ``action`` (and it is
+        open, with ``need_open``); every refusal is audited before it is raised."""
+        try:
+            row = self.store.get(sid)
+            self._authorize(row, actor)
+            if need_open:
+                require_open(self.store, row)
+        except KbdError as err:
+            self.host.audit("session_refused", **actor_fields(actor), action=action, session=sid, code=err.code,
+                            message=err.message[:300])  # fmt: skip
+            raise
+        return row
+
+    def _authorize(self, row: SessionRow, actor: Actor) -> None:
         """Who may use a session (plan, notes, check, close, revoke, children):
-        a trusted local caller (``actor`` None: the CLI on the root), services,
+        the trusted local operator (the CLI on the root), services,
         enabled admins, and the principal who opened it — while that principal
         may still open this kind of session. Anyone else gets the same answer as
         for a session that does not exist (a reader of the workflow must not
         borrow an owner's execution session)."""
-        if actor is None or actor.is_service or actor.enabled_admin:
+        if isinstance(actor, LocalOperator) or actor.is_service or actor.enabled_admin:
             return
         if actor.id == row.opened_by:
             m = self.host.workflow(row.workflow_id).manifest
@@ -97,6 +109,26 @@ class Sessions:
         kb_access: str | None = None,
         item_kb_write: bool | None = None,
         parent: str | None = None,
+    ) -> Plan:
+        try:
+            return self._open(
+                actor, wid, kind=kind, kb_access=kb_access, item_kb_write=item_kb_write, parent=parent
+            )
+        except KbdError as err:
+            # Every refusal is recorded (who, what, target, why) before the caller hears of it.
+            self.host.audit("session_refused", **actor_fields(actor), action="open", workflow_id=wid, kind=kind,
+                            kb_access=kb_access, parent=parent, code=err.code, message=err.message[:300])  # fmt: skip
+            raise
+
+    def _open(
+        self,
+        actor: Principal,
+        wid: str,
+        *,
+        kind: str,
+        kb_access: str | None,
+        item_kb_write: bool | None,
+        parent: str | None,
     ) -> Plan:
         kind_policy = policy.kind(kind)
         parent_row: SessionRow | None = None
@@ -159,15 +191,14 @@ class Sessions:
         self.store.insert(row)
         return self._build(row)
 
-    def close(self, sid: str, *, actor: Principal | None = None) -> list[str]:
-        row = self.store.get(sid)
-        self._authorize(row, actor)
+    def close(self, sid: str, *, actor: Actor) -> list[str]:
+        self._usable(sid, actor, action="close")
         closed = self.store.close(sid)
-        self.host.audit("session_closed", session=sid, closed=closed, actor=actor.id if actor else None)
+        self.host.audit("session_closed", session=sid, closed=closed, **actor_fields(actor))
         return closed
 
     def rows(
-        self, *, actor: Principal | None = None, workflow_id: str | None = None, include_closed: bool = False
+        self, *, actor: Actor, workflow_id: str | None = None, include_closed: bool = False
     ) -> list[dict[str, Any]]:
         out = []
         for row in self.store.rows(workflow_id=workflow_id, include_closed=include_closed):
@@ -185,15 +216,12 @@ class Sessions:
         current = plan.generation if plan is not None else self.store.get(sid).generation
         return [{**p.to_json(), "stale": p.generation < current} for p in self.store.processes(sid)]
 
-    def revoke(
-        self, sid: str, *, immediate: bool, grace: float, actor: Principal | None = None
-    ) -> dict[str, Any]:
+    def revoke(self, sid: str, *, immediate: bool, grace: float, actor: Actor) -> dict[str, Any]:
         """Report (and with ``immediate`` terminate) commands running under an
         older generation — or every command of a closed session. Termination is
         SIGTERM to the process group, ``grace`` seconds, then SIGKILL; only what
         was actually terminated is reported as such."""
-        row = self.store.get(sid)
-        self._authorize(row, actor)
+        row = self._usable(sid, actor, action="revoke")
         closed = row.closed_at is not None or self.store.ancestors_closed(row)
         generation = row.generation if closed else self._build(row).generation
         procs = [p for p in self.store.processes(sid) if closed or p.generation < generation]
@@ -208,11 +236,11 @@ class Sessions:
         else:
             still = [p.pid for p in procs]
         self.host.audit("session_revoke", session=sid, immediate=immediate, terminated=terminated,
-                        still_running=still, actor=actor.id if actor else None)  # fmt: skip
+                        still_running=still, **actor_fields(actor))  # fmt: skip
         return {"session_id": sid, "generation": generation, "terminated": terminated, "still_running": still}
 
     # -- path guard -----------------------------------------------------------
-    def check(self, sid: str, path: str, mode: str, *, actor: Principal | None = None) -> dict[str, Any]:
+    def check(self, sid: str, path: str, mode: str, *, actor: Actor) -> dict[str, Any]:
         return check_path(self.plan(sid, actor=actor), path, mode)
 
 

@@ -14,7 +14,11 @@ import orjson
 import yaml
 
 from kbd.ops import Host
+from kbd.principals import LocalOperator
 from kbd.rootinit import init_root
+
+# The trusted local operator, as the CLI creates it for session commands.
+OPERATOR = LocalOperator.current()
 
 PRINCIPALS: list[dict[str, Any]] = [
     {"id": "alice"},

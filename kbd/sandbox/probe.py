@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 from typing import Any
 
+from kbd import policy
+from kbd.plan import build_plan
+from kbd.resolve import Attachment, WriteStatus
 from kbd.sandbox import bwrap as bw
 from kbd.sandbox.landlock import landlock_abi, landlock_status
 from kbd.sandbox.spec import argv_of
@@ -30,6 +34,50 @@ def bwrap_probe() -> tuple[bool, str]:
     return True, f"{version} at {path}; probe sandbox ran"
 
 
+def _overlays(kind: policy.KindPolicy, kb_access: str, *, item: bool) -> bool:
+    source = Attachment(
+        alias="src", workflow_id="wf_src", label=None, access="write", available=True, reason=None,
+        message=None, write=WriteStatus(True, None), path=Path("/kbd-doctor/source/knowledgebase"),
+    )  # fmt: skip
+    plan = build_plan(
+        workflow_id="wf_doctor",
+        workflow_folder=Path("/kbd-doctor/workflow"),
+        policy=kind,
+        kb_access=kb_access,
+        item_kb_write=item,
+        attachments=[source],
+        folders=[],
+    )
+    return bool(plan.overlays())
+
+
+def landlock_only_kinds() -> dict[str, list[str]]:
+    """Each consumer kind with the kb_access modes the Landlock-only backend runs.
+
+    Derived, not listed: every kind of ``policies/consumer_kinds.yaml`` and every
+    kb_access is planned against a sample workflow with one write-granted
+    source attached, and the runner's own rule decides (a plan with any
+    overlay — a read-only or hidden path inside a granted folder — is refused).
+    A mode counts only when it runs whatever the message_sequence item asks."""
+    runs: dict[str, list[str]] = {}
+    for name, kind in policy.kinds().items():
+        modes = [m for m in policy.KB_ACCESS if not any(_overlays(kind, m, item=i) for i in (False, True))]
+        if modes:
+            runs[name] = modes
+    return runs
+
+
+def landlock_only_summary() -> str:
+    """One line for people: which kinds (and kb_access modes) run under Landlock alone."""
+    runs = landlock_only_kinds()
+    refused = [k for k in policy.kinds() if k not in runs]
+    shown = "; ".join(f"{k} (kb_access {', '.join(m)})" for k, m in runs.items()) or "none"
+    return (
+        f"under Landlock alone only these kinds run: {shown}. Refused: {', '.join(refused) or 'none'} "
+        "(their plans keep read-only or hidden paths inside writable folders, which needs bubblewrap)"
+    )
+
+
 def layers(*, backend: str) -> dict[str, Any]:
     bw_ok, bw_detail = bwrap_probe()
     abi = landlock_abi()
@@ -43,7 +91,7 @@ def layers(*, backend: str) -> dict[str, Any]:
         )
         usable = True
     elif backend in ("auto", "landlock") and abi > 0:
-        reads = "enforced by Landlock alone (no capabilities, private scratch; only plans without overlays)"
+        reads = f"enforced by Landlock alone (no capabilities, private scratch); {landlock_only_summary()}"
         writes = "REFUSED unless sandbox.unsafe_landlock_writes (Landlock cannot protect _index.json)"
         usable = True
     else:
@@ -51,6 +99,7 @@ def layers(*, backend: str) -> dict[str, Any]:
         usable = False
     return {
         "usable": usable,
+        "landlock_only_kinds": landlock_only_kinds(),
         "backend": backend,
         "bwrap": {"ok": bw_ok, "detail": bw_detail},
         "landlock": {"abi": abi, "detail": landlock_status()},

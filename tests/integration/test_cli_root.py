@@ -453,9 +453,10 @@ def test_validate_lists_each_problem(tmp_path: Path) -> None:
     r = KbRoot(tmp_path / "no-root").cli("validate", str(f))
     assert r.code == 65, r.out + r.err
     message = error_message(r)
-    assert message.startswith(f"{f}: {len(BAD_PROBLEMS)} problem(s): ")
-    # One segment per problem, each starting with the entry it names.
-    segments = message.removeprefix(f"{f}: {len(BAD_PROBLEMS)} problem(s): ").split(" | ")
+    assert message.startswith(f"{f}: {len(BAD_PROBLEMS)} problem(s)")
+    # One line per problem on stdout (contract changed in issue 9: no longer
+    # joined with " | " into the error line), each starting with the entry it names.
+    segments = [line.removeprefix(f"{f}: ") for line in r.out.splitlines()]
     assert len(segments) == len(BAD_PROBLEMS), segments
     for segment, (where, what) in zip(segments, BAD_PROBLEMS, strict=True):
         assert segment.startswith(f"{where}: ") and what in segment, segment
@@ -520,7 +521,9 @@ def test_validate_rejects(tmp_path: Path, doc: dict[str, Any], fragments: list[s
     f.write_text(json.dumps(doc))
     r = KbRoot(tmp_path / "no-root").cli("validate", str(f))
     assert r.code == 65, r.out + r.err
-    message = error_message(r)
+    # Entry and field problems are listed on stdout, one per line (issue 9 changed
+    # this contract); whole-file problems stay in the error line.
+    message = error_message(r) + "\n" + r.out
     for fragment in fragments:
         assert fragment in message, f"{fragment!r} not in {message!r}"
 

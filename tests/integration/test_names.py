@@ -24,7 +24,7 @@ from hypothesis import given
 from kbd.errors import KbdError
 from kbd.notes import write_note
 from kbd.session_ops import Sessions
-from tests.helpers import KbRoot, snapshot
+from tests.helpers import OPERATOR, KbRoot, snapshot
 from tests.integration.daemon import Daemon, issue_tokens, serving
 from tests.strategies import note_relpaths
 
@@ -173,9 +173,9 @@ def test_check_write_and_notes_write_agree_on_names(kb: KbRoot, rel: str) -> Non
     plan = sessions.open(sessions.host.actor("alice"), "con", kind="execution", kb_access="read-write")
     sid = plan.extra["session_id"]
     try:
-        checked = sessions.check(sid, f"{notes.resolve()}/{rel}", "write")
+        checked = sessions.check(sid, f"{notes.resolve()}/{rel}", "write", actor=OPERATOR)
         try:
-            write_note(sessions, sid, "src", rel, b"a note\n")
+            write_note(sessions, sid, "src", rel, b"a note\n", actor=OPERATOR)
             written: str | None = None
         except KbdError as err:
             written = f"{err.code}: {err.message}"

@@ -43,7 +43,7 @@ from kbd.notes import read_index, write_note
 from kbd.ops import Host
 from kbd.safepath import pin_dir
 from kbd.session_ops import Sessions
-from tests.helpers import KbRoot
+from tests.helpers import OPERATOR, KbRoot
 
 WRITERS = 8
 WRITES = 200
@@ -193,17 +193,19 @@ import json, sys, time
 from pathlib import Path
 from kbd.notes import write_note
 from kbd.ops import Host
+from kbd.principals import LocalOperator
 from kbd.session_ops import Sessions
+OPERATOR = LocalOperator.current()
 
 job = json.loads(sys.stdin.readline())
 sessions = Sessions(Host(Path(job["root"])))
-sessions.plan(job["sid"])  # warm the caches before the race starts
+sessions.plan(job["sid"], actor=OPERATOR)  # warm the caches before the race starts
 print("ready", flush=True)
 if sys.stdin.readline().strip() != "go":
     sys.exit(3)
 t0 = time.time()
 for name, text in job["writes"]:
-    write_note(sessions, job["sid"], "src", name, text.encode())
+    write_note(sessions, job["sid"], "src", name, text.encode(), actor=OPERATOR)
 print(json.dumps({"start": t0, "end": time.time()}), flush=True)
 """
 
@@ -347,11 +349,13 @@ import json, os, sys
 from pathlib import Path
 from kbd.notes import write_note
 from kbd.ops import Host
+from kbd.principals import LocalOperator
 from kbd.session_ops import Sessions
+OPERATOR = LocalOperator.current()
 
 job = json.loads(sys.stdin.readline())
 sessions = Sessions(Host(Path(job["root"])))
-write_note(sessions, job["sid"], "src", job["name"], job["first"].encode())
+write_note(sessions, job["sid"], "src", job["name"], job["first"].encode(), actor=OPERATOR)
 real_write = os.write
 
 def stalling_write(fd, data):
@@ -364,7 +368,7 @@ def stalling_write(fd, data):
     return real_write(fd, data)
 
 os.write = stalling_write
-write_note(sessions, job["sid"], "src", job["name"], job["second"].encode())
+write_note(sessions, job["sid"], "src", job["name"], job["second"].encode(), actor=OPERATOR)
 print("finished", flush=True)
 """
 
@@ -392,7 +396,7 @@ def test_writer_killed_inside_the_temp_write_leaves_no_partial_file_and_no_stuck
         # The writer holds the mutex: another writer waits, then gets Busy naming the holder.
         quick = quick_host(kb, 0.3)
         with pytest.raises(KbdError) as info:
-            write_note(Sessions(quick), sid, "src", "other.md", b"other\n")
+            write_note(Sessions(quick), sid, "src", "other.md", b"other\n", actor=OPERATOR)
         assert (info.value.code, info.value.exit_code) == ("busy", 75)
         # It names the holder's workflow, never its session, pid or host (those stay in
         # the holder file for operators).
@@ -406,7 +410,7 @@ def test_writer_killed_inside_the_temp_write_leaves_no_partial_file_and_no_stuck
     assert split_note(target.read_text())[1] == first, "a killed writer left a partial note"
     assert len(temp_files(source.notes)) == 1  # its temp file stays until the next write
     t0 = time.monotonic()
-    write_note(Sessions(kb.host()), sid, "src", "big.md", third.encode())
+    write_note(Sessions(kb.host()), sid, "src", "big.md", third.encode(), actor=OPERATOR)
     assert time.monotonic() - t0 < host.config.lock_timeout, "the lock stayed stuck"
     assert split_note(target.read_text())[1] == third
     assert not temp_files(source.notes), "the next write did not sweep the dead writer's temp file"
@@ -417,14 +421,16 @@ import json, sys
 from pathlib import Path
 from kbd.notes import write_note
 from kbd.ops import Host
+from kbd.principals import LocalOperator
 from kbd.session_ops import Sessions
+OPERATOR = LocalOperator.current()
 
 job = json.loads(sys.stdin.readline())
 sessions = Sessions(Host(Path(job["root"])))
 k = 0
 while True:
     print(k, flush=True)
-    write_note(sessions, job["sid"], "src", job["name"], job["versions"][k % len(job["versions"])].encode())
+    write_note(sessions, job["sid"], "src", job["name"], job["versions"][k % len(job["versions"])].encode(), actor=OPERATOR)
     k += 1
 """
 
@@ -455,7 +461,7 @@ def test_writers_killed_at_random_moments_leave_whole_notes_and_free_locks(kb: K
             assert body in versions, "a killed writer left a partial note"
             assert doc["contributed_by_session"] == sid
         t0 = time.monotonic()
-        write_note(sessions, sid, "src", "loop.md", after.encode())
+        write_note(sessions, sid, "src", "loop.md", after.encode(), actor=OPERATOR)
         assert time.monotonic() - t0 < host.config.lock_timeout
         assert split_note(target.read_text())[1] == after
         assert not temp_files(source.notes)
@@ -474,20 +480,20 @@ def test_kbd_exec_killed_while_holding_the_mutex_leaves_no_stuck_lock(kb: KbRoot
         assert read_line(proc) == "ready"
         # The command holds the mutex while it runs: a note write waits and gives up.
         with pytest.raises(KbdError) as info:
-            write_note(Sessions(quick_host(kb, 0.3)), sid, "src", "blocked.md", b"x\n")
+            write_note(Sessions(quick_host(kb, 0.3)), sid, "src", "blocked.md", b"x\n", actor=OPERATOR)
         assert info.value.code == "busy" and "workflow con" in info.value.message
         os.killpg(proc.pid, signal.SIGKILL)
         assert proc.wait(timeout=PROC_TIMEOUT) == -signal.SIGKILL
         # EOF on the pipe: bwrap and the sandboxed shell died with kbd exec.
         wait_eof(proc)
     t0 = time.monotonic()
-    write_note(Sessions(kb.host()), sid, "src", "after.md", b"after\n")
+    write_note(Sessions(kb.host()), sid, "src", "after.md", b"after\n", actor=OPERATOR)
     assert time.monotonic() - t0 < host.config.lock_timeout, "the lock stayed stuck"
     assert split_note((source.notes / "after.md").read_text())[1] == "after\n"
     assert not (source.notes / "blocked.md").exists()
     # Nothing keeps writing after the kill.
     before = (source.notes / "looping.md").stat()
-    write_note(Sessions(kb.host()), sid, "src", "after2.md", b"after\n")
+    write_note(Sessions(kb.host()), sid, "src", "after2.md", b"after\n", actor=OPERATOR)
     assert (source.notes / "looping.md").stat().st_mtime_ns == before.st_mtime_ns
 
 
@@ -604,7 +610,9 @@ def test_kbd_exec_of_a_write_plan_holds_the_notes_mutex_under_every_backend(kb: 
         assert read_line(proc) == "ready"
         # The sandboxed command is running (waiting for our line): a confined write must wait for it.
         try:
-            write_note(Sessions(quick_host(kb, 0.3)), sid, "src", "meanwhile.md", b"meanwhile\n")
+            write_note(
+                Sessions(quick_host(kb, 0.3)), sid, "src", "meanwhile.md", b"meanwhile\n", actor=OPERATOR
+            )
         except KbdError as err:
             assert err.code == "busy" and "workflow con" in err.message
         else:
@@ -616,4 +624,4 @@ def test_kbd_exec_of_a_write_plan_holds_the_notes_mutex_under_every_backend(kb: 
             assert proc.wait(timeout=PROC_TIMEOUT) == 0
     assert (source.notes / "from-exec.md").read_text() == "done\n"
     assert not (source.notes / "meanwhile.md").exists()
-    write_note(Sessions(kb.host()), sid, "src", "after.md", b"after\n")
+    write_note(Sessions(kb.host()), sid, "src", "after.md", b"after\n", actor=OPERATOR)

@@ -9,7 +9,7 @@ import pytest
 from kbd import runner
 from kbd.errors import Unavailable
 from kbd.sandbox import bwrap
-from tests.helpers import KbRoot
+from tests.helpers import OPERATOR, KbRoot
 
 
 def set_backend(kb: KbRoot, backend: str, *, unsafe_none: bool = False) -> None:
@@ -38,7 +38,7 @@ def test_no_usable_layer_refuses_with_69(kb: KbRoot, monkeypatch: pytest.MonkeyP
 
     sid = str(Sessions(h).open(h.actor("alice"), "con", kind="reviewer_strategic").extra["session_id"])
     with pytest.raises(Unavailable):
-        runner.run(kb.root, sid, ["true"])
+        runner.run(kb.root, sid, ["true"], actor=OPERATOR)
 
 
 def test_explicit_bwrap_without_bwrap_refuses(kb: KbRoot, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,5 +61,5 @@ def test_unsafe_no_sandbox_is_explicit_and_warns(
 
     sid = str(Sessions(h).open(h.actor("alice"), "con", kind="reviewer_strategic").extra["session_id"])
     for _ in range(2):
-        assert runner.run(kb.root, sid, ["true"]) == 0
+        assert runner.run(kb.root, sid, ["true"], actor=OPERATOR) == 0
         assert "WARNING: unsafe_no_sandbox" in capfd.readouterr().err

@@ -35,7 +35,7 @@ from kbd.notes import MAX_NOTE_BYTES, PROVENANCE_KEYS, read_index, write_note
 from kbd.ops import Host
 from kbd.safepath import pin_dir
 from kbd.session_ops import Sessions
-from tests.helpers import Entry, KbRoot, snapshot
+from tests.helpers import OPERATOR, Entry, KbRoot, snapshot
 
 ISO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
 INDEX_BYTES = b'{"notes": ["fact.md"]}\n'
@@ -93,7 +93,7 @@ class World:
     def write(
         self, relpath: str, data: bytes, *, sid: str | None = None, alias: str = "src"
     ) -> dict[str, Any]:
-        return write_note(self.sessions, sid or self.sid, alias, relpath, data)
+        return write_note(self.sessions, sid or self.sid, alias, relpath, data, actor=OPERATOR)
 
     def events(self) -> list[dict[str, Any]]:
         return audit.read(self.host.config.state_dir)
@@ -298,7 +298,7 @@ def test_message_sequence_item_asking_for_kb_write_may_write(world: World) -> No
 
 
 def _close(world: World) -> None:
-    assert world.sessions.close(world.sid) == [world.sid]
+    assert world.sessions.close(world.sid, actor=OPERATOR) == [world.sid]
 
 
 def test_closed_session_is_refused_with_exit_77_and_nothing_written(world: World) -> None:

@@ -12,7 +12,7 @@ from kbd.errors import InvalidInput, PermissionDenied, WorkflowNotFound
 from kbd.policy import KINDS
 from kbd.session_ops import Sessions, check_path
 from kbd.sessions import SessionClosed
-from tests.helpers import KbRoot
+from tests.helpers import OPERATOR, KbRoot
 
 
 @pytest.fixture
@@ -184,25 +184,25 @@ def test_live_revocation_without_refresh(world: KbRoot) -> None:
     assert sec_notes in child.write
     # 1. The source owner revokes the writer grant by editing the manifest.
     world.edit(world.workflows / "sec", access={"owners": ["bob"], "readers": ["alice", "carol"]})
-    for plan in (s.plan(sid), s.plan(cid)):
+    for plan in (s.plan(sid, actor=OPERATOR), s.plan(cid, actor=OPERATOR)):
         assert (
             sec_notes not in plan.write
             and W(world, "sec", "knowledgebase", "notes", "_index.json") not in plan.read_only
         )
         assert W(world, "sec", "knowledgebase") in plan.read
-    assert s.plan(sid).generation > g0
+    assert s.plan(sid, actor=OPERATOR).generation > g0
     # 2. The consumer's audience is removed from a source.
     world.edit(world.workflows / "rts", access={"owners": ["bob"]})
-    for plan in (s.plan(sid), s.plan(cid)):
+    for plan in (s.plan(sid, actor=OPERATOR), s.plan(cid, actor=OPERATOR)):
         assert "WORKFLOW_KB_RTS" not in plan.env and W(world, "rts", "knowledgebase") not in plan.read
     # 3. Detach by hand-editing workflow.json.
     world.edit(world.workflows / "con", knowledgebase_sources=[])
-    for plan in (s.plan(sid), s.plan(cid)):
+    for plan in (s.plan(sid, actor=OPERATOR), s.plan(cid, actor=OPERATOR)):
         assert [k for k in plan.env if k.startswith("WORKFLOW_KB_") and k != "WORKFLOW_KB_ACCESS"] == []
         assert not any("/sec/" in p or "/cost/" in p for p in plan.read + plan.write + plan.read_only)
     # The generation is stable while nothing changes.
-    g = s.plan(sid).generation
-    assert s.plan(sid).generation == g
+    g = s.plan(sid, actor=OPERATOR).generation
+    assert s.plan(sid, actor=OPERATOR).generation == g
 
 
 def test_independent_folder_grant_on_the_same_path(world: KbRoot) -> None:
@@ -221,7 +221,7 @@ def test_independent_folder_grant_on_the_same_path(world: KbRoot) -> None:
     doc = world.read_manifest(world.workflows / "con")
     doc["knowledgebase_sources"] = [e for e in doc["knowledgebase_sources"] if e["alias"] != "rts"]
     world.write_manifest(world.workflows / "con", doc)
-    after = s.plan(sid)
+    after = s.plan(sid, actor=OPERATOR)
     # Detached: the folder grant keeps its own access and regains write.
     assert rts_kb in after.write and rts_kb not in after.read_only and "WORKFLOW_KB_RTS" not in after.env
     assert after.env["WORKFLOW_FOLDER_SHARED"] == rts_kb
@@ -230,7 +230,7 @@ def test_independent_folder_grant_on_the_same_path(world: KbRoot) -> None:
     world.edit(
         world.workflows / "con", folder_access=[{"alias": "etc", "path": "/etc", "access": "read_only"}]
     )
-    f = s.plan(sid).folders[0]
+    f = s.plan(sid, actor=OPERATOR).folders[0]
     assert (f.available, f.reason) == (False, "folder_not_approved")
 
 
@@ -247,13 +247,13 @@ def test_children_and_closing(world: KbRoot) -> None:
     child = s.open(alice, "con", kind="execution", parent=sid)
     cid = str(child.extra["session_id"])
     assert child.extra["parent"] == sid and child.kb_access == "read"
-    assert set(s.close(sid)) == {sid, cid}
+    assert set(s.close(sid, actor=OPERATOR)) == {sid, cid}
     for x in (sid, cid):
         with pytest.raises(SessionClosed):
-            s.plan(x)
+            s.plan(x, actor=OPERATOR)
     # Durable: a new store (a new process, a restarted daemon) sees the same sessions.
     again = Sessions(world.host())
-    assert {r["session_id"] for r in again.rows(include_closed=True)} == {sid, cid}
+    assert {r["session_id"] for r in again.rows(actor=OPERATOR, include_closed=True)} == {sid, cid}
 
 
 def test_path_guard(world: KbRoot) -> None:
@@ -279,12 +279,12 @@ def test_path_guard(world: KbRoot) -> None:
         ("/etc/passwd", "read"),
     ]
     for path, mode in ok:
-        assert s.check(sid, path, mode)["allowed"], (path, mode)
+        assert s.check(sid, path, mode, actor=OPERATOR)["allowed"], (path, mode)
     for path, mode in denied:
-        assert not s.check(sid, path, mode)["allowed"], (path, mode)
+        assert not s.check(sid, path, mode, actor=OPERATOR)["allowed"], (path, mode)
     link = Path(W(world, "sec", "knowledgebase", "notes", "leak.md"))
     link.symlink_to("../../credentials/token")
-    assert s.check(sid, str(link), "read") == {
+    assert s.check(sid, str(link), "read", actor=OPERATOR) == {
         "allowed": False,
         "reason": "the path is a symbolic link; kbd never follows links inside grants",
     }

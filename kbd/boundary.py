@@ -1,0 +1,94 @@
+"""The CLI boundary: the one place where an error becomes stderr lines and an exit code.
+
+Both entry points use it: the lean ``kbd exec`` path (:mod:`kbd.entry`) and the
+click CLI (:mod:`kbd.cli`). Standard library only, so the exec path stays lean.
+
+- A :class:`KbdError` prints ``error[<code>]: <message>`` and ``hint: <hint>`` and
+  exits with its code.
+- An ``OSError`` that escaped the library is an internal I/O error (70).
+- Anything else is a bug: ``error[internal]: …`` and 70, never a traceback unless
+  ``KBD_DEBUG=1`` asks for one (a traceback can carry host paths and data).
+- A closed stdout (``kbd audit | head -1``) ends the process the way git and the
+  coreutils end: killed by SIGPIPE, without a word. A shell then sees 141
+  (128 + SIGPIPE), which ``set -o pipefail`` scripts already treat as "reader
+  went away" for every other producer; exiting 0 would hide that the output was
+  cut short, and any message would land in the middle of the reader's terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+from kbd.errors import KbdError
+
+INTERNAL_EXIT = 70
+SIGPIPE_EXIT = 128 + signal.SIGPIPE
+
+
+def print_error(err: KbdError) -> None:
+    """``error[code]: message`` and ``hint: …`` on stderr (best effort: a closed
+    stderr must not turn one error into another)."""
+    lines = f"error[{err.code}]: {err.message}\n"
+    if err.hint:
+        lines += f"hint: {err.hint}\n"
+    try:
+        sys.stderr.write(lines)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def internal_error(exc: BaseException) -> KbdError:
+    """A KbdError (code ``internal``, exit 70) for an exception kbd did not expect."""
+    if isinstance(exc, OSError):
+        return KbdError(
+            f"unexpected I/O error: {exc.strerror or exc}",
+            hint="check the root's permissions; run `kbd doctor`",
+        )
+    return KbdError(f"unexpected {type(exc).__name__}: {exc}")
+
+
+def die_of_sigpipe() -> NoReturn:
+    """End the process as a writer into a closed pipe ends by default: SIGPIPE.
+
+    Python ignores SIGPIPE at start-up (so writes raise BrokenPipeError instead);
+    restoring the default and raising it gives the exact status git gives. The
+    buffered stdout is dropped first so nothing tries to flush it on the way out.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGPIPE)
+    os._exit(SIGPIPE_EXIT)  # not reached unless the signal is blocked
+
+
+def _is_broken_pipe(exc: BaseException) -> bool:
+    return isinstance(exc, BrokenPipeError) or (
+        isinstance(exc, KbdError) and isinstance(exc.__cause__, BrokenPipeError)
+    )
+
+
+def guarded(body: Callable[[], int]) -> int:
+    """Run ``body`` and return its exit code, turning every exception into the
+    contract's output and exit code (see the module docstring)."""
+    try:
+        return body()
+    except KeyboardInterrupt:
+        return 130  # the terminal already showed ^C; a traceback would add nothing
+    except Exception as exc:  # the boundary: nothing passes it as a traceback
+        if _is_broken_pipe(exc):
+            die_of_sigpipe()
+        err = exc if isinstance(exc, KbdError) else internal_error(exc)
+        print_error(err)
+        if os.environ.get("KBD_DEBUG") == "1" and not isinstance(exc, KbdError):
+            import traceback  # only when asked: kept off kbd exec's start-up path
+
+            traceback.print_exception(exc, file=sys.stderr)
+        return err.exit_code
