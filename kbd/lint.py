@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kbd.errors import KbdError
+from kbd.errors import KbdError, NotFound
 from kbd.registry import KB_DIR, MANIFEST, MAX_DEPTH, Folder, Registry
 from kbd.safepath import open_beneath, pin_dir
 
@@ -51,8 +51,11 @@ class BoundedWalk:
     """Every entry beneath the folder ``top`` (not following links, not crossing
     mounts), as (path relative to ``top``, lstat result), at most ``limit``
     entries and ``max_depth`` folders deep; ``truncated`` tells whether a bound
-    cut it short. Folders that cannot be opened (gone, a link swapped in,
-    another mount, no permission) are skipped and counted in ``skipped``."""
+    cut it short. Each subfolder is opened beneath its already opened parent
+    (one component, :func:`kbd.safepath.open_beneath`), so at most ``max_depth``
+    descriptors are open at once. Folders that cannot be opened (gone, a link
+    swapped in, another mount, no permission, a name kbd refuses) are skipped and
+    counted in ``skipped``."""
 
     def __init__(self, top: Path, *, limit: int, max_depth: int = MAX_DEPTH) -> None:
         self.top = top
@@ -64,45 +67,61 @@ class BoundedWalk:
 
     def __iter__(self) -> Iterator[tuple[str, os.stat_result]]:
         with pin_dir(self.top) as pinned:
-            stack: list[tuple[str, int]] = [("", 0)]
-            while stack:
-                rel, depth = stack.pop()
-                try:
-                    fd = open_beneath(pinned.fd, rel, os.O_RDONLY | os.O_DIRECTORY)
-                except KbdError:
-                    self.skipped += 1
-                    continue
-                try:
-                    names = sorted(os.listdir(fd))
-                    for name in names:
-                        if self.seen >= self.limit:
-                            self.truncated = True
-                            return
-                        self.seen += 1
-                        try:
-                            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                        except OSError:
-                            continue
-                        child = f"{rel}/{name}" if rel else name
-                        yield child, st
-                        if stat.S_ISDIR(st.st_mode):
-                            if depth + 1 >= self.max_depth:
-                                self.truncated = True
-                            else:
-                                stack.append((child, depth + 1))
-                except OSError:
-                    self.skipped += 1
-                finally:
-                    os.close(fd)
+            yield from self._folder(pinned.fd, "", 0)
+
+    def _folder(self, fd: int, rel: str, depth: int) -> Iterator[tuple[str, os.stat_result]]:
+        try:
+            names = sorted(os.listdir(fd))
+        except OSError:
+            self.skipped += 1
+            return
+        for name in names:
+            if self.seen >= self.limit:
+                self.truncated = True
+                return
+            self.seen += 1
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue
+            child = f"{rel}/{name}" if rel else name
+            yield child, st
+            if not stat.S_ISDIR(st.st_mode):
+                continue
+            if depth + 1 >= self.max_depth:
+                self.truncated = True
+                continue
+            try:
+                child_fd = open_beneath(fd, name, os.O_RDONLY | os.O_DIRECTORY)
+            except KbdError:
+                self.skipped += 1
+                continue
+            try:
+                yield from self._folder(child_fd, child, depth + 1)
+            finally:
+                os.close(child_fd)
+            if self.truncated and self.seen >= self.limit:
+                return
 
 
 @dataclass(frozen=True)
 class Scan:
-    """What a bounded scan found, how many entries it visited, whether it saw everything."""
+    """What a bounded scan found, how many entries it visited, whether it saw
+    everything (``truncated``: a bound was hit; ``skipped``: folders it could not open)."""
 
     items: list[str]
     seen: int
     truncated: bool
+    skipped: int = 0
+
+    def incomplete(self, limit: int) -> str:
+        """The detail suffix saying what was not checked, or ""."""
+        out = ""
+        if self.truncated:
+            out += f"; scan stopped after {limit} entries or at depth {MAX_DEPTH}: not everything was checked"
+        if self.skipped:
+            out += f"; {self.skipped} folder(s) could not be opened and were not checked"
+        return out
 
 
 def multi_link_files(kb: Path, *, limit: int = MAX_ENTRIES) -> Scan:
@@ -110,7 +129,7 @@ def multi_link_files(kb: Path, *, limit: int = MAX_ENTRIES) -> Scan:
     Raises KbdError when ``kb`` itself cannot be pinned."""
     walk = BoundedWalk(kb, limit=limit)
     items = [rel for rel, st in walk if stat.S_ISREG(st.st_mode) and st.st_nlink > 1]
-    return Scan(items, walk.seen, walk.truncated)
+    return Scan(items, walk.seen, walk.truncated, walk.skipped)
 
 
 def nested_manifests(folder: Path, *, limit: int = MAX_ENTRIES) -> Scan:
@@ -119,7 +138,7 @@ def nested_manifests(folder: Path, *, limit: int = MAX_ENTRIES) -> Scan:
     Raises KbdError when ``folder`` itself cannot be pinned."""
     walk = BoundedWalk(folder, limit=limit)
     items = [rel for rel, _ in walk if "/" in rel and rel.rsplit("/", 1)[1] == MANIFEST]
-    return Scan(items, walk.seen, walk.truncated)
+    return Scan(items, walk.seen, walk.truncated, walk.skipped)
 
 
 def _shown(items: list[str]) -> str:
@@ -140,6 +159,7 @@ def nesting_check(registry: Registry, folders: list[Folder], *, limit: int = MAX
     ]
     budget = limit
     truncated = False
+    skipped = 0
     for folder in folders:
         if folder.nested_in is not None:
             continue
@@ -153,6 +173,7 @@ def nesting_check(registry: Registry, folders: list[Folder], *, limit: int = MAX
             continue
         budget -= scan.seen
         truncated = truncated or scan.truncated
+        skipped += scan.skipped
         known = {str(p.relative_to(folder.path)) for p in registry.contained(folder)}
         problems += [
             f"{folder.path} holds another workflow.json at {rel} (never discovered: "
@@ -161,8 +182,7 @@ def nesting_check(registry: Registry, folders: list[Folder], *, limit: int = MAX
             if rel.rsplit("/", 1)[0] not in known
         ]
     detail = _shown(problems) if problems else "no workflow folder inside another"
-    if truncated:
-        detail += f"; scan stopped after {limit} entries or at depth {MAX_DEPTH}: not everything was checked"
+    detail += Scan([], limit - budget, truncated, skipped).incomplete(limit)
     return Check("registry-nesting", not problems, detail)
 
 
@@ -178,6 +198,9 @@ def kb_link_checks(host: Host, workflow_id: str, *, limit: int = MAX_ENTRIES) ->
     for label, kb in kbs:
         try:
             scan = multi_link_files(kb, limit=limit)
+        except NotFound:
+            checks.append(Check("kb-hardlinks", True, f"{label}: no knowledgebase/ folder"))
+            continue
         except KbdError as err:
             checks.append(Check("kb-hardlinks", False, f"{label}: cannot be inspected ({err.message})"))
             continue
@@ -188,9 +211,6 @@ def kb_link_checks(host: Host, workflow_id: str, *, limit: int = MAX_ENTRIES) ->
             )
         else:
             detail = f"{label}: no multi-link files"
-        if scan.truncated:
-            detail += (
-                f"; scan stopped after {limit} entries or at depth {MAX_DEPTH}: not everything was checked"
-            )
+        detail += scan.incomplete(limit)
         checks.append(Check("kb-hardlinks", not scan.items, detail))
     return checks

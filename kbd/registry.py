@@ -17,7 +17,7 @@ operator removes the extra manifest or moves a folder. So a manifest that copies
 the hidden workflow's ID can never redirect its consumers. Only folders known
 from the previous index (in memory or the cache file) are checked, so this costs
 nothing per walk; a nested manifest that was never discovered is reported by
-``kbd doctor`` (:func:`nested_manifests`).
+``kbd doctor`` (:func:`kbd.lint.nested_manifests`).
 
 Caching: the index is kept in memory and in ``state/cache/registry.json``.
 It is revalidated by ``lstat`` of every walked non-workflow folder (a new,
