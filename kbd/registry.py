@@ -55,7 +55,7 @@ MANIFEST = "workflow.json"
 KB_DIR = "knowledgebase"
 RACY_NS = 200_000_000  # 200 ms: well above any coarse timestamp granularity
 MAX_DEPTH = 32
-_CACHE_FORMAT = 2  # 2: folders carry nested_in
+_CACHE_FORMAT = 1  # entries may carry "nested_in" (absent in older caches: none was nested)
 
 Sig = tuple[int, int, int, int, int]  # dev, ino, size, mtime_ns, ctime_ns
 
