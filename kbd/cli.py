@@ -179,9 +179,15 @@ def init(c: Ctx, demo: bool, host_name: str | None, force: bool, as_json: bool) 
 
 
 @main.command()
+@click.option(
+    "--workflow",
+    "workflow_id",
+    metavar="WF",
+    help="also check the KBs WF's sessions can read (its own and its sources') for multi-link files",
+)
 @json_option
 @pass_ctx
-def doctor(c: Ctx, as_json: bool) -> None:
+def doctor(c: Ctx, as_json: bool, workflow_id: str | None) -> None:
     """Check the root, its config, principals and registry health."""
     checks: list[dict[str, Any]] = []
     ok = True
@@ -219,6 +225,12 @@ def doctor(c: Ctx, as_json: bool) -> None:
                 False,
                 f"walk stopped at depth limit under {host.registry.truncated[0]}",
             )
+        from kbd import lint  # walks every workflow folder (bounded): only for doctor
+
+        for check in [lint.nesting_check(host.registry, folders)] + (
+            lint.kb_link_checks(host, workflow_id) if workflow_id is not None else []
+        ):
+            record(check.name, check.ok, check.detail)
         from kbd.sandbox.probe import layers  # runs real sandboxes: only for doctor
 
         lay = layers(backend=host.config.sandbox.backend)
@@ -326,6 +338,10 @@ def workflows_list(c: Ctx, as_: str | None, as_json: bool) -> None:
         return
     for r in rows:
         status = "" if r["status"] == "ok" else f"  [{r['status']}]"
+        if r.get("nested_in"):
+            status += f" inside workflow folder {one_line(r['nested_in'])}"
+        if r.get("contains"):
+            status += f" contains workflow folder {', '.join(one_line(p) for p in r['contains'])}"
         click.echo(
             f"{one_line(r['id'] or '?'):<24} {one_line(r['label'] or '', limit=40):<28} {one_line(r['path'])}{status}"
         )

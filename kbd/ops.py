@@ -123,6 +123,12 @@ class Host:
         if isinstance(found, Missing):
             raise WorkflowNotFound(f"no workflow with ID {wid!r} on this host")
         if isinstance(found, Ambiguous):
+            if found.nested:
+                raise AmbiguousWorkflow(
+                    f"{found.describe()}; it is not used until an operator resolves it",
+                    hint="remove the workflow.json that does not belong, or move the nested folder out; "
+                    "`kbd doctor` names both folders",
+                )
             raise AmbiguousWorkflow(f"{len(found.folders)} folders claim workflow ID {wid!r}")
         if not isinstance(found, Found):
             raise ManifestUnreadable(
@@ -159,6 +165,10 @@ class Host:
                     "path": str(folder.path),
                     "status": status,
                     "problem": folder.problem if m is None else None,
+                    # A workflow folder inside another one (DESIGN §2): both are
+                    # ambiguous_id until an operator resolves it.
+                    "nested_in": str(folder.nested_in) if folder.nested_in is not None else None,
+                    "contains": [str(p) for p in self.registry.contained(folder)],
                 }
             )
         return out

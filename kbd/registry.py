@@ -8,11 +8,27 @@ resolve to nothing (fail closed); unreadable manifests are reported as
 ``manifest_unreadable`` under the ID they last had (or still declare), never
 silently dropped.
 
+Nesting: a known workflow folder that stops being discovered because a
+``workflow.json`` appeared in a folder above it (``workflows/team/rts`` hidden by
+a new ``workflows/team/workflow.json``) is not forgotten: while its own manifest
+is still there it stays in the index as *nested* (``Folder.nested_in``), and both
+it and the folder containing it answer ``ambiguous_id`` (fail closed) until an
+operator removes the extra manifest or moves a folder. So a manifest that copies
+the hidden workflow's ID can never redirect its consumers. Only folders known
+from the previous index (in memory or the cache file) are checked, so this costs
+nothing per walk; a nested manifest that was never discovered is reported by
+``kbd doctor`` (:func:`kbd.lint.nested_manifests`).
+
 Caching: the index is kept in memory and in ``state/cache/registry.json``.
 It is revalidated by ``lstat`` of every walked non-workflow folder (a new,
 removed or renamed child changes a folder's mtime/ctime) and of every manifest
 at most once per ``sweep_interval`` (and at the first lookup of every process),
-and, per lookup, of the matched ``workflow.json``; a miss always revalidates. Like git's "racy clean" rule, a folder or manifest
+and, per lookup, of the matched ``workflow.json``. A miss is answered from the
+index as it stands: it never forces a walk, so a lookup of a missing ID (or a
+plan with many missing sources) costs a dictionary lookup, and nobody can make
+the daemon walk the registry once per request. A one-shot process (every CLI
+call) still sees a workflow created a moment ago, because its first lookup
+revalidates the cache it loads. Like git's "racy clean" rule, a folder or manifest
 modified within :data:`RACY_NS` of the moment it was read is never trusted from
 cache, because coarse file timestamps could hide a second change in the same
 tick. The cache is an optimisation only: a corrupt cache is ignored.
@@ -25,8 +41,8 @@ import json
 import os
 import stat
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kbd.errors import KbdError, ManifestUnreadable
@@ -39,7 +55,7 @@ MANIFEST = "workflow.json"
 KB_DIR = "knowledgebase"
 RACY_NS = 200_000_000  # 200 ms: well above any coarse timestamp granularity
 MAX_DEPTH = 32
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 1  # entries may carry "nested_in" (absent in older caches: none was nested)
 
 Sig = tuple[int, int, int, int, int]  # dev, ino, size, mtime_ns, ctime_ns
 
@@ -61,6 +77,9 @@ class Folder:
     problem: str | None  # why the manifest is unreadable
     known_id: str | None  # manifest ID, or the ID it last had / still declares
     sig: Sig | None  # None: do not trust from cache (unreadable or racy)
+    # A known workflow folder hidden by a workflow.json that appeared above it:
+    # the folder that now holds that manifest. Never usable while set.
+    nested_in: Path | None = None
 
     @property
     def readable(self) -> bool:
@@ -86,6 +105,18 @@ class Missing:
 class Ambiguous:
     workflow_id: str
     folders: tuple[Folder, ...]
+    # True when the ID's folder lies inside another workflow folder (or holds
+    # one): which workflow owns those files is ambiguous even with one claimant.
+    nested: bool = False
+
+    def describe(self) -> str:
+        """Why the ID resolves to nothing, without host paths."""
+        if self.nested:
+            return (
+                f"the folder of workflow ID {self.workflow_id!r} is nested with another workflow folder "
+                "(a workflow.json appeared above a known workflow, or inside this one)"
+            )
+        return f"{len(self.folders)} workflow folders claim ID {self.workflow_id!r}"
 
 
 @dataclass(frozen=True)
@@ -118,6 +149,35 @@ def _load_folder(path: Path, *, previous_id: str | None, now_ns: int) -> Folder:
     return Folder(path, manifest, None, manifest.id, None if _racy(st, now_ns) else _sig(st))
 
 
+def _gone(path: Path) -> bool:
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False  # e.g. no search permission: still there, just unreadable
+    return False
+
+
+def hidden_beneath(found: Iterable[Path], previous: Iterable[Path]) -> dict[Path, Path]:
+    """Known folders (``previous``) that a walk (``found``) no longer reaches because
+    one of their ancestors is now a workflow folder: {hidden folder: that ancestor}.
+
+    Discovery never yields a folder inside another, so at most one ancestor matches.
+    Only folders missing from ``found`` are examined: cost is O(changes x depth).
+    """
+    found_set = set(found)
+    out: dict[Path, Path] = {}
+    for path in previous:
+        if path in found_set:
+            continue
+        for ancestor in path.parents:
+            if ancestor in found_set:
+                out[path] = ancestor
+                break
+    return out
+
+
 class Registry:
     """ID → workflow folder index over the configured roots.
 
@@ -125,20 +185,32 @@ class Registry:
     """
 
     def __init__(
-        self, roots: Sequence[Path], *, cache_path: Path | None = None, sweep_interval: float = 1.0
+        self,
+        roots: Sequence[Path],
+        *,
+        cache_path: Path | None = None,
+        sweep_interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.roots = tuple(roots)
         self.cache_path = cache_path
-        # How long a long-lived process trusts that no *other* folder changed its
-        # manifest ID in place. A hit is always verified against its own manifest;
-        # a miss always sweeps. A new process (every CLI call) sweeps once.
+        # How long a long-lived process answers from its index without re-checking
+        # the walked folders and every manifest: a new or renamed folder, or a
+        # manifest that changed its ID in place, is seen within this interval. A
+        # hit is always verified against its own manifest; a miss never forces a
+        # check (that would let any caller buy a registry walk per request). A
+        # new process (every CLI call) checks once, at its first lookup.
         self.sweep_interval = sweep_interval
+        self._clock = clock
         self._swept_at = float("-inf")
         self._folders: dict[Path, Folder] = {}
         self._by_id: dict[str, list[Path]] = {}
         self._dirs: dict[str, tuple[int, int, int]] = {}
+        # Workflow folder -> the known workflow folders nested beneath it.
+        self._containers: dict[Path, list[Path]] = {}
         self._loaded = False
         self.scans = 0  # for tests and benchmarks: how many full walks happened
+        self.verifications = 0  # full re-checks (walk or sweep of every manifest)
         self.truncated: list[Path] = []
 
     # -- discovery -------------------------------------------------------
@@ -189,27 +261,56 @@ class Registry:
         folders: dict[Path, Folder] = {}
         for path in paths:
             old = self._folders.get(path)
-            if old is not None and old.sig is not None and self._still(old):
+            if old is not None and old.sig is not None and old.nested_in is None and self._still(old):
                 folders[path] = old
             else:
                 folders[path] = _load_folder(path, previous_id=previous.get(path), now_ns=now_ns)
+        for path, container in hidden_beneath(paths, previous).items():
+            hidden = self._hidden(path, container, previous_id=previous[path], now_ns=now_ns)
+            if hidden is not None:
+                folders[path] = hidden
         self._set(folders, dirs)
         self.scans += 1
-        self._swept_at = time.monotonic()
+        self._swept_at = self._clock()
         self._save_cache()
 
+    def _hidden(self, path: Path, container: Path, *, previous_id: str | None, now_ns: int) -> Folder | None:
+        """The known workflow at ``path`` that discovery no longer reaches because
+        ``container`` (above it) now holds a workflow.json; None once its own
+        manifest is gone (then nothing is hidden: the workflow was removed)."""
+        old = self._folders.get(path)
+        if old is not None and old.sig is not None and old.nested_in == container and self._still(old):
+            return old
+        try:
+            os.lstat(path / MANIFEST)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            pass  # unreadable or a folder turned into a file: keep it, fail closed
+        loaded = _load_folder(path, previous_id=previous_id, now_ns=now_ns)
+        return replace(loaded, nested_in=container)
+
     def _sweep(self) -> None:
-        """Re-verify every known manifest by lstat; re-read the changed ones."""
+        """Re-verify every known manifest by lstat; re-read the changed ones.
+
+        A manifest that disappeared means a full walk: its folder may now hold
+        workflows that discovery stopped at before (the operator resolving a
+        nesting by removing the extra workflow.json), or it was removed."""
         now_ns = time.time_ns()
         folders = dict(self._folders)
         ids_changed = False
         for path, old in self._folders.items():
             if old.sig is not None and self._still(old):
                 continue
+            if _gone(path / MANIFEST):
+                self.rescan()
+                return
             new = _load_folder(path, previous_id=old.known_id, now_ns=now_ns)
+            if old.nested_in is not None:
+                new = replace(new, nested_in=old.nested_in)
             folders[path] = new
             ids_changed = ids_changed or new.known_id != old.known_id
-        self._swept_at = time.monotonic()
+        self._swept_at = self._clock()
         self._set(folders, self._dirs)
         if ids_changed:
             self._save_cache()
@@ -218,10 +319,14 @@ class Registry:
         self._folders = folders
         self._dirs = dirs
         by_id: dict[str, list[Path]] = {}
+        containers: dict[Path, list[Path]] = {}
         for path, folder in folders.items():
             if folder.known_id is not None:
                 by_id.setdefault(folder.known_id, []).append(path)
+            if folder.nested_in is not None:
+                containers.setdefault(folder.nested_in, []).append(path)
         self._by_id = by_id
+        self._containers = containers
         self._loaded = True
 
     @staticmethod
@@ -248,16 +353,17 @@ class Registry:
 
         The walked folders and every manifest are re-checked at most every
         ``sweep_interval`` seconds (always on the first call of a process); in
-        between, a hit is verified against its own manifest and a miss forces
-        a full check (see :meth:`find`).
+        between, a hit is verified against its own manifest and a miss is
+        answered from the index as it stands (see :meth:`find`).
         """
         if not self._loaded:
             self._load_cache()
-        if time.monotonic() - self._swept_at < self.sweep_interval and self._loaded:
+        if self._clock() - self._swept_at < self.sweep_interval and self._loaded:
             return False
         return self._verify()
 
     def _verify(self) -> bool:
+        self.verifications += 1
         if not self._loaded or not self._dirs_fresh():
             self.rescan()
         else:
@@ -288,6 +394,7 @@ class Registry:
                         int(raw_sig[4]),
                     )
                 kid = item.get("id")
+                nested_in = item.get("nested_in")
                 # Manifests are parsed lazily; a cached entry only remembers the ID
                 # and the stat signature it had when parsed.
                 folders[path] = Folder(
@@ -296,6 +403,7 @@ class Registry:
                     "not loaded",
                     kid if isinstance(kid, str) else None,
                     sig,
+                    Path(nested_in) if isinstance(nested_in, str) else None,
                 )
         except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
             return
@@ -309,7 +417,12 @@ class Registry:
             "roots": [str(r) for r in self.roots],
             "dirs": self._dirs,
             "folders": [
-                {"path": str(f.path), "id": f.known_id, "sig": list(f.sig) if f.sig else None}
+                {
+                    "path": str(f.path),
+                    "id": f.known_id,
+                    "sig": list(f.sig) if f.sig else None,
+                    "nested_in": str(f.nested_in) if f.nested_in else None,
+                }
                 for f in self._folders.values()
             ],
         }
@@ -328,6 +441,8 @@ class Registry:
             if st is None and self._still(folder):
                 return folder
         fresh = _load_folder(path, previous_id=folder.known_id, now_ns=time.time_ns())
+        if folder.nested_in is not None:
+            fresh = replace(fresh, nested_in=folder.nested_in)
         self._folders[path] = fresh
         return fresh
 
@@ -339,43 +454,47 @@ class Registry:
         return out
 
     def find(self, workflow_id: str) -> Lookup:
-        """Resolve a workflow ID. Re-walks only when the cached index is stale."""
-        verified = self._ensure()
-        for attempt in range(3):
-            paths = self._by_id.get(workflow_id, [])
-            current: list[Folder] = []
-            stale = False
-            for path in paths:
-                try:
-                    st = os.lstat(f"{path}/{MANIFEST}")
-                except OSError:
-                    stale = True
-                    break
-                folder = self._current(path, st)
-                if folder.known_id != workflow_id:
-                    stale = True
-                    break
+        """Resolve a workflow ID from the index.
+
+        The index is re-checked at most every ``sweep_interval`` (and at the first
+        lookup of a process); a miss never forces a check, so its cost does not
+        grow with the registry and is never multiplied per source. Every folder
+        the index names for the ID is verified against its manifest now: one
+        that no longer holds the ID (removed, renamed, changed in place) is not an
+        answer, and the next re-check finds where it went. A folder nested with
+        another workflow folder answers ``Ambiguous`` (fail closed).
+        """
+        self._ensure()
+        current: list[Folder] = []
+        for path in self._by_id.get(workflow_id, ()):
+            try:
+                st = os.lstat(f"{path}/{MANIFEST}")
+            except OSError:
+                continue
+            folder = self._current(path, st)
+            if folder.known_id == workflow_id:
                 current.append(folder)
-            if stale and attempt == 0:
-                self.rescan()
-                verified = True
-                continue
-            if not current and not verified:
-                # A miss may be a new folder or one whose manifest took this ID in place.
-                self._verify()
-                verified = True
-                continue
-            break
         if not current:
             return Missing(workflow_id)
-        if len(current) > 1:
-            return Ambiguous(workflow_id, tuple(current))
+        nested = any(self.is_nested(f) for f in current)
+        if nested or len(current) > 1:
+            return Ambiguous(workflow_id, tuple(current), nested=nested)
         only = current[0]
         if only.manifest is None:
             return Unreadable(only)
         return Found(only)
 
+    def is_nested(self, folder: Folder) -> bool:
+        """True when ``folder`` is hidden inside another workflow folder or holds one."""
+        return folder.nested_in is not None or folder.path in self._containers
+
+    def contained(self, folder: Folder) -> list[Path]:
+        """The known workflow folders hidden inside ``folder`` (sorted)."""
+        return sorted(self._containers.get(folder.path, ()))
+
     def status_of(self, folder: Folder) -> str:
+        if self.is_nested(folder):
+            return "ambiguous_id"
         if folder.known_id is not None and len(self._by_id.get(folder.known_id, [])) > 1:
             return "ambiguous_id"
         return "ok" if folder.manifest is not None else "manifest_unreadable"

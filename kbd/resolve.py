@@ -125,8 +125,12 @@ def resolve_entry(
         return _unavailable(
             entry,
             "ambiguous_id",
-            f"{len(found.folders)} workflow folders claim ID {ref.workflow_id!r}; "
-            "none is used until the copies get distinct IDs",
+            f"{found.describe()}; none is used until "
+            + (
+                "an operator removes the extra workflow.json or moves a folder"
+                if found.nested
+                else "the copies get distinct IDs"
+            ),
         )
     if isinstance(found, Unreadable):
         return _unavailable(

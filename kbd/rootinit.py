@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import re
 import socket
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,47 @@ revocation:
 """
 
 
+ROOT_FOLDERS = ("workflows", "folders", STATE_DIR)
+
+
+def _refuse_non_folder(root: Path, sub: str) -> None:
+    """Raise RootError when ``root/sub`` exists and is not a real folder (a
+    symbolic link to one included). A missing one is fine: init creates it."""
+    try:
+        st = os.lstat(root / sub)
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        return  # root itself is missing or not a folder: reported elsewhere
+    if stat.S_ISLNK(st.st_mode):
+        raise RootError(
+            f"{root / sub} is a symbolic link; kbd init never follows a link for {sub}/",
+            hint=f"remove the link and run `kbd init` again (kbd creates {sub}/ itself), "
+            "or point --root at the folder you mean",
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise RootError(f"{root / sub} exists and is not a folder", hint=f"remove or rename {root / sub}")
+
+
+def _make_folders(root: Path) -> None:
+    """Create the root's folders beneath the pinned root, never following a link:
+    ``mkdir`` does not follow a final link, and the ``O_NOFOLLOW`` open that
+    confirms each one refuses a link swapped in after the check above."""
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for sub in ROOT_FOLDERS:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(sub, 0o750, dir_fd=root_fd)
+            try:
+                fd = os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
+            except OSError as exc:
+                _refuse_non_folder(root, sub)
+                raise RootError(f"{root / sub} cannot be opened: {exc.strerror}") from None
+            os.close(fd)
+    finally:
+        os.close(root_fd)
+
+
 def _safe_name(value: str, fallback: str) -> str:
     cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", value).strip("-.") or fallback
     return cleaned if id_problem(cleaned) is None else fallback
@@ -50,6 +93,10 @@ def init_root(root: Path, *, host: str | None, force: bool, demo: bool) -> dict[
     """
     if root.exists() and not root.is_dir():
         raise RootError(f"{root} exists and is not a folder")
+    # Before anything is written: a pre-placed link would make kbd keep its
+    # state, or discover workflows, somewhere the operator never chose.
+    for sub in ROOT_FOLDERS:
+        _refuse_non_folder(root, sub)
     existing = (root / CONFIG_NAME).exists()
     if existing and not force:
         raise RootExists(f"{root} already holds a kbd root ({CONFIG_NAME} exists)")
@@ -66,8 +113,7 @@ def init_root(root: Path, *, host: str | None, force: bool, demo: bool) -> dict[
     if (problem := id_problem(host_name)) is not None:
         raise RootError(f"--host {problem}")
     root.mkdir(parents=True, exist_ok=True, mode=0o750)
-    for sub in ("workflows", "folders", STATE_DIR):
-        (root / sub).mkdir(exist_ok=True, mode=0o750)
+    _make_folders(root)
     write_atomic(root / CONFIG_NAME, CONFIG_TEMPLATE.format(host=host_name).encode(), mode=0o640)
     principals = demo_principals() if demo else default_principals()
     write_atomic(

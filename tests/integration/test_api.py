@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +101,17 @@ class World:
     def anon(self, headers: dict[str, str] | None = None) -> httpx.Client:
         return self.daemon.client(headers=headers)
 
+    def visible(self, *ids: str) -> None:
+        """Wait until the daemon answers for workflows created behind its back. A
+        miss is answered from its index as it stands, re-checked at most once per
+        sweep interval (1 s; issue 9 item 16: a missing ID must not cost a walk),
+        so a new folder shows up within about a second, not at once."""
+        deadline = time.monotonic() + 10
+        for wid in ids:
+            while self.as_("ops").get(f"/v1/workflows/{wid}").status_code == 404:
+                assert time.monotonic() < deadline, f"the daemon never saw {wid}"
+                time.sleep(0.05)
+
     def error(self, r: httpx.Response, status: int, code: str) -> str:
         """Assert the contract's error shape, the status and code, and no host path; the message."""
         assert r.status_code == status, (r.status_code, r.text)
@@ -152,7 +164,9 @@ class Scenario:
         return str(self.src.resolve() / "knowledgebase")
 
     def workflow(self, name: str, **fields: Any) -> Path:
-        return self.w.kb.workflow(f"{self.p}{name}", **fields)
+        path = self.w.kb.workflow(f"{self.p}{name}", **fields)
+        self.w.visible(f"{self.p}{name}")
+        return path
 
     def manifest_bytes(self, path: Path) -> bytes:
         return (path / "workflow.json").read_bytes()
@@ -172,6 +186,7 @@ def s(world: World) -> Scenario:
     p = f"t{next(_prefixes):03d}-"
     src = world.kb.workflow(f"{p}src", access=TEAM)
     con = world.kb.workflow(f"{p}con", access=TEAM, sources=[{"workflow_id": f"{p}src", "alias": "rts"}])
+    world.visible(f"{p}src", f"{p}con")
     return Scenario(world, p, src, con)
 
 
@@ -510,6 +525,7 @@ def odd(world: World) -> Browse:
     (src / "soul" / "persona.md").write_text("secret persona\n")
     os.link(src / "credentials" / "token", notes / "hard.md")
     os.mkfifo(notes / "pipe")
+    world.visible(f"{p}src", f"{p}con")
     (notes / "big.md").write_bytes(b"x" * (2 * MiB + 1))
     (notes / "max.md").write_bytes(b"y" * (2 * MiB))
     (notes / "blob.bin").write_bytes(b"\xff\x00\xfe")
