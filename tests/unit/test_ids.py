@@ -157,6 +157,6 @@ def test_every_printed_id_is_one_escaped_line(world: KbRoot) -> None:
 def test_doctor_shows_an_unplain_folder_escaped(world: KbRoot) -> None:
     world.workflow("wf_rts\u200b", folder="impostor\u2028FAKE", label="RTS platform")
     r = world.cli("doctor")
-    (line,) = [ln for ln in r.out.splitlines() if "registry" in ln]
+    (line,) = [ln for ln in r.out.splitlines() if "registry:" in ln]
     assert "manifest_unreadable" in line and "\\u2028FAKE" in line, r.out
     assert not {"\u2028", "\u200b"} & set(r.out), repr(r.out)
