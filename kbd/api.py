@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kbd import browse
-from kbd.errors import InvalidInput, KbdError, PermissionDenied
+from kbd.errors import InvalidInput, KbdError, PermissionDenied, UsageError
 from kbd.ops import Host
 from kbd.principals import Principal
 from kbd.session_ops import Sessions
@@ -377,9 +377,22 @@ def create_app(host: Host) -> FastAPI:
             }
 
     @app.get("/v1/workflows/{wid}/sources/{alias}/dir")
-    def list_dir(wid: str, alias: str, path: str = "", actor: Principal = Actor) -> dict[str, Any]:
+    def list_dir(
+        wid: str, alias: str, path: str = "", limit: str | None = None, after: str | None = None,
+        actor: Principal = Actor,
+    ) -> dict[str, Any]:  # fmt: skip
+        size = None
+        if limit is not None:
+            if not limit.isdigit():
+                raise UsageError(
+                    f"limit must be a whole number from 1 to {browse.MAX_LS_LIMIT}, not {limit!r}"
+                )
+            size = int(limit)
         with state.lock:
-            return {"path": path, "entries": browse.ls(state.host, wid, alias, path, actor)}
+            return {
+                "path": path,
+                **browse.ls_page(state.host, wid, alias, path, actor, limit=size, after=after),
+            }
 
     @app.get("/v1/workflows/{wid}/writers")
     def writers(wid: str, actor: Principal = Actor) -> dict[str, Any]:

@@ -568,6 +568,8 @@ def test_browse_dir(odd: Browse) -> None:
     assert r.json() == {
         "path": "",
         "entries": [{"name": "context", "type": "dir"}, {"name": "notes", "type": "dir"}],
+        "truncated": False,
+        "next": None,
     }
     listing = {e["name"]: e["type"] for e in odd.dir("notes").json()["entries"]}
     assert listing["leak.md"] == "symlink" and listing["sub"] == "symlink" and listing["pipe"] == "other"
@@ -579,6 +581,32 @@ def test_browse_dir(odd: Browse) -> None:
     w.error(odd.dir("notes/fact.md"), 404, "path-not-found")
     w.error(odd.dir("", pid="dave"), 404, "workflow-not-found")
     w.error(odd.dir("", alias="nope"), 404, "not-found")
+
+
+def test_browse_dir_is_paged(world: World, s: Scenario) -> None:
+    """Issue 9 item 19: a 5,000-entry folder comes in pages with a cursor."""
+    many = s.src / "knowledgebase" / "context" / "many"
+    many.mkdir()
+    for i in range(5000):
+        (many / f"f{i:05d}.txt").touch()
+    url = f"/v1/workflows/{s.con_id}/sources/rts/dir"
+    client = world.as_("alice")
+    first = client.get(url, params={"path": "context/many"}).json()
+    assert len(first["entries"]) == 1000 and first["truncated"] is True and first["next"] == "f00999.txt"
+    names: list[str] = []
+    params = {"path": "context/many", "limit": "3000"}
+    while True:
+        doc = client.get(url, params=params).json()
+        names += [e["name"] for e in doc["entries"]]
+        if not doc["truncated"]:
+            assert doc["next"] is None
+            break
+        params["after"] = doc["next"]
+    assert names == [f"f{i:05d}.txt" for i in range(5000)]
+    for bad in ("0", "10001", "x", "-3"):
+        assert "limit" in s.w.error(
+            client.get(url, params={"path": "context/many", "limit": bad}), 400, "usage"
+        )
 
 
 def test_browse_alias_and_availability_rules(world: World, s: Scenario) -> None:
