@@ -51,6 +51,11 @@ class Rule:
     id: str
     description: str
     pattern: re.Pattern[str]
+    # Prefilter: every match contains one of these words (case-folded, see
+    # :func:`fold`), so a note that contains none of them is not searched. None:
+    # the rule has no such words and is always searched.
+    words: frozenset[str] | None = None
+    width: int = 0  # the longest text one match can span (every repeat is bounded)
 
 
 class InjectionRefused(InvalidInput):
@@ -96,6 +101,8 @@ def parse_rules(data: Any, *, source: str) -> tuple[Rule, ...]:
                 rid,
                 expect_str(entry.get("description", ""), where=f"rules[{i}].description", source=source),
                 compiled,
+                required_words(pattern),
+                sre_parse.parse(pattern, re.IGNORECASE | re.MULTILINE).getwidth()[1],
             )
         )
     return tuple(rules)
@@ -130,6 +137,78 @@ def _items_problem(items: Any) -> str | None:
     return None
 
 
+def required_words(pattern: str) -> frozenset[str] | None:
+    """Words (case-folded, no whitespace) one of which every match of ``pattern``
+    contains, or None when there are none to rely on. Only mandatory literal runs
+    count: never one inside an optional or repeated part."""
+    if _FOLD is None:
+        return None  # without IGNORECASE's own table a fold could miss a match
+    words = _seq_words(sre_parse.parse(pattern, re.IGNORECASE | re.MULTILINE))
+    return frozenset(fold(w) for w in words) if words else None
+
+
+def _seq_words(items: Any) -> frozenset[str] | None:
+    """The best word set of one sequence: its longest mandatory literal run, or a
+    mandatory group every alternative of which has words."""
+    candidates: list[frozenset[str]] = []
+    run: list[str] = []
+
+    def end_run() -> None:
+        if run:
+            candidates.append(frozenset(["".join(run)]))
+            run.clear()
+
+    for op, av in items:
+        if op == sre_constants.LITERAL and not chr(av).isspace():
+            run.append(chr(av))
+            continue
+        end_run()
+        if op == sre_constants.SUBPATTERN:
+            if (sub := _seq_words(av[-1])) is not None:
+                candidates.append(sub)
+        elif op == sre_constants.BRANCH:
+            alts = [_seq_words(alt) for alt in av[1]]
+            if alts and all(a is not None for a in alts):
+                candidates.append(frozenset().union(*[a for a in alts if a is not None]))
+    end_run()
+    # The strongest filter: the set whose shortest word is longest.
+    return max(candidates, key=lambda ws: (min(map(len, ws)), -len(ws)), default=None)
+
+
+def _fold_table() -> dict[int, int | None]:
+    """After str.lower(): characters ``re.IGNORECASE`` treats as equal become one
+    (its own table of extra cases: dotless i and i, long s and s, micro and mu, ...)."""
+    table: dict[int, int | None] = {}
+    extra: dict[int, tuple[int, ...]] = importlib.import_module("re._casefix")._EXTRA_CASES
+    for key, others in extra.items():
+        group = (key, *others)
+        for member in group:
+            if member != min(group):
+                table[member] = min(group)
+    return table
+
+
+try:
+    _FOLD: dict[int, int | None] | None = _fold_table()
+except (ImportError, AttributeError):  # pragma: no cover - another Python: no prefilter (fail closed)
+    _FOLD = None
+
+
+_DOTTED_I = {0x130: "i"}
+
+
+def fold(text: str) -> str:
+    """``text`` such that two characters ``re.IGNORECASE`` matches as equal are
+    the same character, index for index (only for the prefilter: a fold may also
+    join characters that IGNORECASE keeps apart, which only lets more through).
+    İ is the one character whose lower() is longer (i + a combining dot), and
+    IGNORECASE matches it as i: it becomes i first, so every index is kept."""
+    if text.isascii():
+        return text.lower()
+    lowered = text.translate(_DOTTED_I).lower()
+    return lowered if _FOLD is None else lowered.translate(_FOLD)
+
+
 @functools.cache
 def rules() -> tuple[Rule, ...]:
     return parse_rules(
@@ -142,7 +221,6 @@ _CONFUSABLES = str.maketrans(
     "аеорсухіјѕԁɡκνοτАВЕКМНОРСТХІЈЅ",
     "aeopcyxijsdgkvotABEKMHOPCTXIJS",
 )
-_SPACE = re.compile(r"\s+")
 # Every format (Cf) character of Unicode 14 (Python 3.11's unicodedata; a unit
 # test keeps this in step), as one class: one C-speed pass over a 1 MiB note
 # instead of a Python-level loop over each character.
@@ -164,6 +242,15 @@ def normalize(text: str) -> str:
     if text.isascii():
         return text  # NFKC, format characters and look-alikes are all non-ASCII
     return _FORMAT.sub("", unicodedata.normalize("NFKC", text)).translate(_CONFUSABLES)
+
+
+def flatten(text: str) -> str:
+    """``text`` with every whitespace run made one space (as ``re.sub(r"\\s+", " ",
+    text)``: str.isspace is exactly ``\\s``, a unit test checks it), three times faster."""
+    parts = text.split()
+    if not parts:
+        return " " if text else ""
+    return (" " if text[0].isspace() else "") + " ".join(parts) + (" " if text[-1].isspace() else "")
 
 
 def strip_comments(text: str) -> str:
@@ -189,13 +276,70 @@ def check(text: str, *, ruleset: tuple[Rule, ...] | None = None) -> None:
     seen = normalize(text)
     # Rules see the text twice: with its lines (for rules anchored at a line
     # start) and with every whitespace run made one space (so a phrase split over
-    # lines still matches).
-    flat = _SPACE.sub(" ", seen)
-    both = flat != seen  # the same text need not be searched twice
+    # lines still matches). Folding keeps whitespace, so the flat text's fold is
+    # the folded text made flat.
+    folded = fold(seen)
+    flat: tuple[str, str] | None = None
+    present: dict[str, bool] = {}  # rules share words: look each up once
+
+    def occurs(word: str) -> bool:
+        if word not in present:
+            present[word] = word in folded
+        return present[word]
+
     for rule in rules() if ruleset is None else ruleset:
-        m = rule.pattern.search(seen) or (rule.pattern.search(flat) if both else None)
+        # A rule none of whose words occur cannot match (the words hold no
+        # whitespace, so the flat text has the same ones): no regex scan at all.
+        if rule.words is not None and not any(map(occurs, rule.words)):
+            continue
+        m = _search(rule, seen, folded)
+        if m is None:
+            if flat is None:  # made once, and only when a rule needs it
+                flat_seen = flatten(seen)
+                flat = (flat_seen, fold(flat_seen))
+            if flat[0] != seen:
+                m = _search(rule, *flat)
         if m is not None:
             excerpt = m.group(0)[:80]
             raise InjectionRefused(
                 f"the note matches injection rule {rule.id!r} ({rule.description}): {excerpt!r}", rule=rule.id
             )
+
+
+def _search(rule: Rule, text: str, folded: str) -> re.Match[str] | None:
+    """``rule.pattern.search(text)``, but only near the rule's words (found by a
+    plain substring search of ``folded``, ``text`` folded index for index): a
+    match contains one of them and spans at most ``rule.width`` characters, so
+    it lies within ``width`` of an occurrence. Overlapping windows are merged; a
+    note without any of the words costs a few substring searches."""
+    if rule.words is None:
+        return rule.pattern.search(text)
+    for start, end in _windows(folded, rule.words, rule.width):
+        pos = start
+        while (m := rule.pattern.search(text, pos, end)) is not None:
+            # The window's end is the text's end to the engine (for \b and $):
+            # confirm against the whole text.
+            if (real := rule.pattern.match(text, m.start())) is not None:
+                return real
+            pos = m.start() + 1
+    return None
+
+
+def _windows(folded: str, words: frozenset[str], width: int) -> list[tuple[int, int]]:
+    """Merged ranges [start, end) that hold every match containing an occurrence
+    of one of ``words``: from ``width`` before its end to ``width`` after its
+    start, plus one character so \b and $ at a match's end see what follows."""
+    spans = []
+    for word in words:
+        at = folded.find(word)
+        while at != -1:
+            spans.append((max(0, at + len(word) - width), min(len(folded), at + width + 1)))
+            at = folded.find(word, at + 1)
+    spans.sort()
+    merged: list[tuple[int, int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
