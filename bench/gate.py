@@ -2,9 +2,10 @@
 
 Prints ms per ``injection.check`` (median of several rounds) for notes shaped to
 hurt a backtracking engine: newlines, spaces+newlines, "\\n#" repeated, a random
-mix of the characters the rules care about, and (adversarial, beyond the budget
-list) keyword spam that makes each bounded rule do its most work per start
-position. Beside each: the floor, one trivial ``re.search`` over the same text,
+mix of printable ASCII; and, adversarial (beyond the budget list), a random mix
+of only the characters the rules' words are made of (many partial word matches)
+and keyword spam that makes each bounded rule do its most work per start
+position (linear, but every start position is a candidate). Beside each: the floor, one trivial ``re.search`` over the same text,
 and one ``\\b\\w`` IGNORECASE scan (what a single non-literal rule must cost).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import random
 import re
 import statistics
+import string
 import time
 from collections.abc import Callable
 
@@ -43,7 +45,12 @@ def main() -> None:
         ("newlines", fill("\n"), "<= 50"),
         ("spaces+newlines", fill(" \n"), "<= 50"),
         ('"\\n#" repeated', fill("\n#"), "<= 50"),
-        ("random mix", "".join(rnd.choice("\n \t#:.@<!->systemIGNOREal") for _ in range(MIB)), "<= 50"),
+        ("random mix", "".join(rnd.choice(string.printable) for _ in range(MIB)), "<= 50"),
+        (
+            "random rule letters",
+            "".join(rnd.choice("\n \t#:.@<!->systemIGNOREal") for _ in range(MIB)),
+            "(adversarial)",
+        ),
         ("prose (no match)", fill("the quick brown fox jumps over the lazy dog. "), ""),
         ('"ignore all " spam', fill("ignore all "), "(adversarial)"),
     ]
