@@ -415,6 +415,7 @@ class NotesScan:
     entries: int = 0
     bytes: int = 0
     truncated: bool = False  # stopped at the entry or depth cap: the counts are lower bounds
+    too_deep: bool = False  # folders below MAX_SCAN_DEPTH were not counted
     changed: list[tuple[str, int, int]] = field(default_factory=list)
 
     def over(self, quota: NotesQuota) -> bool:
@@ -443,7 +444,7 @@ def scan_notes(kb_fd: int, *, quota: NotesQuota, since_ns: int | None = None) ->
                     child = f"{rel}/{entry.name}"
                     if entry.is_dir(follow_symlinks=False):
                         if depth >= MAX_SCAN_DEPTH:
-                            out.truncated = True
+                            out.truncated = out.too_deep = True
                         else:
                             stack.append((child, depth + 1))
                         continue
@@ -472,7 +473,6 @@ class CommandChanges:
     source: str
     kb_path: Path
     kb_identity: tuple[int, int] | None
-    notes_key: str
     scan: NotesScan
 
 
@@ -498,9 +498,13 @@ def scan_command_changes(host: Any, plan: Plan, *, since_ns: int) -> list[Comman
                 finally:
                     os.close(notes_fd)
                 scan = scan_notes(kb.fd, quota=host.config.notes_quota, since_ns=since)
+                # Under the mutex, so a later command's verdict is never overwritten by this one's.
+                _mark_over_quota(
+                    host, key, att.workflow_id, scan if scan.over(host.config.notes_quota) else None
+                )
         except (KbdError, OSError):
             continue
-        out.append(CommandChanges(att.alias, att.workflow_id, att.path, att.kb_identity, key, scan))
+        out.append(CommandChanges(att.alias, att.workflow_id, att.path, att.kb_identity, scan))
     return out
 
 
@@ -542,9 +546,7 @@ def audit_command_changes(host: Any, plan: Plan, sid: str, changes: list[Command
         if files or truncated:
             host.audit("notes_changed_by_command", session=sid, workflow_id=plan.workflow_id, source=ch.source,
                        files=files[:200], flagged=flagged, truncated=truncated)  # fmt: skip
-        over = ch.scan.over(host.config.notes_quota)
-        _mark_over_quota(host, ch.notes_key, ch.source, ch.scan if over else None)
-        if over:
+        if ch.scan.over(host.config.notes_quota):
             host.audit("notes_quota_exceeded", session=sid, workflow_id=plan.workflow_id, source=ch.source,
                        entries=ch.scan.entries, bytes=ch.scan.bytes, truncated=ch.scan.truncated,
                        max_files=host.config.notes_quota.max_files,
@@ -586,10 +588,11 @@ def check_quota(host: Any, kb_fd: int, notes_fd: int, *, source: str, adds: tupl
         marked = False
     entries, size = scan.entries + adds[0], scan.bytes + adds[1]
     if marked or scan.truncated or entries > quota.max_files or size > quota.max_bytes:
-        counted = "more than " if scan.truncated else ""
+        counted = "more than " if scan.truncated and not scan.too_deep else ""
         raise QuotaExceeded(
             f"the notes/ of source {source!r} would exceed its quota ({quota.max_files} entries, "
             f"{quota.max_bytes} bytes): it holds {counted}{scan.entries} entries and {scan.bytes} bytes"
+            + (f", nested deeper than {MAX_SCAN_DEPTH} folders (not counted)" if scan.too_deep else "")
             + (" and a command left it over quota" if marked else "")
             + (f"; this write adds {adds[0]} entries and {adds[1]} bytes" if adds != (0, 0) else "")
         )

@@ -143,3 +143,13 @@ def test_the_audit_reads_a_bounded_number_of_bytes_and_says_truncated(kb: KbRoot
     (ev,) = _events(kb, "notes_changed_by_command")
     assert ev["truncated"] is True and len(ev["files"]) == count + 1
     assert not _events(kb, "notes_quota_exceeded")
+
+
+def test_a_notes_tree_too_deep_to_count_is_over_quota(kb: KbRoot) -> None:
+    sid = _writer(kb)
+    deep = 'cd "$WORKFLOW_KB_SRC/notes" && mkdir -p ' + "/".join(f"l{i}" for i in range(20))
+    assert kb.cli("exec", sid, "--", "sh", "-c", deep).code == 0
+    (over,) = _events(kb, "notes_quota_exceeded")
+    assert over["truncated"] is True
+    r = kb.cli("notes", "write", sid, "src", "a.md", input=b"a\n")
+    assert r.code == 65 and "deeper than 16 folders" in r.err, r.err
