@@ -62,10 +62,14 @@ def test_listings_are_paged_and_say_when_truncated(big: KbRoot) -> None:
     assert text.out.splitlines() == ["f00000.txt", "f00001.txt"] and "--after f00001.txt" in text.err
 
 
-@pytest.mark.parametrize("limit", ["0", "-1", "10001", "x"])
-def test_bad_listing_limits_are_usage_errors(big: KbRoot, limit: str) -> None:
+@pytest.mark.parametrize(
+    ("limit", "message"),
+    [("0", "from 1 to 10000, not 0"), ("-1", "from 1 to 10000, not -1"), ("10001", "from 1 to 10000, not 10001"),
+     ("x", "'x' is not a valid integer")],
+)  # fmt: skip
+def test_bad_listing_limits_are_usage_errors(big: KbRoot, limit: str, message: str) -> None:
     r = big.cli("ls", "con", "s", "context/many", "--limit", limit, "--as", "alice")
-    assert r.code == 2 and "limit" in r.err, r.err
+    assert r.code == 2 and "--limit" in r.err and message in r.err, r.err
 
 
 def _writer(kb: KbRoot) -> str:
