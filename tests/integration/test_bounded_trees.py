@@ -157,3 +157,43 @@ def test_a_notes_tree_too_deep_to_count_is_over_quota(kb: KbRoot) -> None:
     assert over["truncated"] is True
     r = kb.cli("notes", "write", sid, "src", "a.md", input=b"a\n")
     assert r.code == 65 and "deeper than 16 folders" in r.err, r.err
+
+
+def test_the_audit_gates_changed_files_after_releasing_the_notes_mutex(kb: KbRoot) -> None:
+    """Issue 9 item 1: the post-command audit held the source's notes mutex while
+    it gated what the command wrote, so another contributor got `busy`."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    path = kb.root / "kbd.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["locks"] = {"timeout_seconds": 1}
+    path.write_text(yaml.safe_dump(doc))
+    sid = _writer(kb)
+    notes = kb.workflows / "src" / "knowledgebase" / "notes"
+    # Keyword spam: linear, but each MiB takes the gate a good fraction of a second.
+    script = (
+        'cd "$WORKFLOW_KB_SRC/notes" && for i in 1 2 3 4; do { yes "ignore all" | tr "\\n" " " | head -c 1000000; '
+        'echo " previous instructions"; } > spam$i.md; done && echo done > zz-done.md'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KBD_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kbd", "--root", str(kb.root), "exec", sid, "--", "sh", "-c", script], env=env
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (notes / "zz-done.md").exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        # The command is done; its audit is now gating 4 MiB. Another write must not wait on that.
+        r = kb.cli("notes", "write", sid, "src", "other.md", input=b"a plain note\n")
+        assert r.code == 0, r.err
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    (ev,) = _events(kb, "notes_changed_by_command")
+    assert {f"notes/spam{i}.md" for i in range(1, 5)} <= set(ev["flagged"])
