@@ -51,10 +51,10 @@ class Rule:
     id: str
     description: str
     pattern: re.Pattern[str]
-    # Prefilter: every match contains one of these words (case-folded, see
-    # :func:`fold`), so a note that contains none of them is not searched. None:
-    # the rule has no such words and is always searched.
-    words: frozenset[str] | None = None
+    # Prefilter: every match contains a word of each group (case-folded, see
+    # :func:`fold`), so a note that lacks a group is not searched. None: the rule
+    # has no such words and is always searched.
+    words: tuple[frozenset[str], ...] | None = None
     width: int = 0  # the longest text one match can span (every repeat is bounded)
 
 
@@ -137,25 +137,29 @@ def _items_problem(items: Any) -> str | None:
     return None
 
 
-def required_words(pattern: str) -> frozenset[str] | None:
-    """Words (case-folded, no whitespace) one of which every match of ``pattern``
-    contains, or None when there are none to rely on. Only mandatory literal runs
-    count: never one inside an optional or repeated part."""
+def required_words(pattern: str) -> tuple[frozenset[str], ...] | None:
+    """Groups of words (case-folded, no whitespace) such that every match of
+    ``pattern`` contains a word of each group, or None when there are none to
+    rely on. Only mandatory parts count: never one inside an optional or
+    repeated part, and of alternatives only words every alternative offers."""
     if _FOLD is None:
         return None  # without IGNORECASE's own table a fold could miss a match
-    words = _seq_words(sre_parse.parse(pattern, re.IGNORECASE | re.MULTILINE))
-    return frozenset(fold(w) for w in words) if words else None
+    groups = _seq_groups(sre_parse.parse(pattern, re.IGNORECASE | re.MULTILINE))
+    # The strongest filter first (its shortest word the longest): an absent group ends the check.
+    groups.sort(key=lambda ws: (-min(map(len, ws)), len(ws)))
+    return tuple(frozenset(fold(w) for w in ws) for ws in groups) or None
 
 
-def _seq_words(items: Any) -> frozenset[str] | None:
-    """The best word set of one sequence: its longest mandatory literal run, or a
-    mandatory group every alternative of which has words."""
-    candidates: list[frozenset[str]] = []
+def _seq_groups(items: Any) -> list[frozenset[str]]:
+    """Every word group one sequence must match: each mandatory literal run
+    (split at whitespace), and each mandatory group or branch every alternative
+    of which has words (its group is the union of each alternative's best)."""
+    groups: list[frozenset[str]] = []
     run: list[str] = []
 
     def end_run() -> None:
         if run:
-            candidates.append(frozenset(["".join(run)]))
+            groups.append(frozenset(["".join(run)]))
             run.clear()
 
     for op, av in items:
@@ -164,15 +168,17 @@ def _seq_words(items: Any) -> frozenset[str] | None:
             continue
         end_run()
         if op == sre_constants.SUBPATTERN:
-            if (sub := _seq_words(av[-1])) is not None:
-                candidates.append(sub)
+            groups.extend(_seq_groups(av[-1]))
         elif op == sre_constants.BRANCH:
-            alts = [_seq_words(alt) for alt in av[1]]
-            if alts and all(a is not None for a in alts):
-                candidates.append(frozenset().union(*[a for a in alts if a is not None]))
+            best = [_best(_seq_groups(alt)) for alt in av[1]]
+            if best and all(b is not None for b in best):
+                groups.append(frozenset().union(*[b for b in best if b is not None]))
     end_run()
-    # The strongest filter: the set whose shortest word is longest.
-    return max(candidates, key=lambda ws: (min(map(len, ws)), -len(ws)), default=None)
+    return groups
+
+
+def _best(groups: list[frozenset[str]]) -> frozenset[str] | None:
+    return max(groups, key=lambda ws: (min(map(len, ws)), -len(ws)), default=None)
 
 
 def _fold_table() -> dict[int, int | None]:
@@ -288,17 +294,16 @@ def check(text: str, *, ruleset: tuple[Rule, ...] | None = None) -> None:
         return present[word]
 
     for rule in rules() if ruleset is None else ruleset:
-        # A rule none of whose words occur cannot match (the words hold no
-        # whitespace, so the flat text has the same ones): no regex scan at all.
-        if rule.words is not None and not any(map(occurs, rule.words)):
+        # A rule one of whose word groups is absent cannot match (the words hold
+        # no whitespace, so the flat text has the same ones): no regex scan at all.
+        if rule.words is not None and not all(any(map(occurs, group)) for group in rule.words):
             continue
         m = _search(rule, seen, folded)
-        if m is None:
+        if m is None and _flat_differs(rule, seen, folded):
             if flat is None:  # made once, and only when a rule needs it
                 flat_seen = flatten(seen)
                 flat = (flat_seen, fold(flat_seen))
-            if flat[0] != seen:
-                m = _search(rule, *flat)
+            m = _search(rule, *flat)
         if m is not None:
             excerpt = m.group(0)[:80]
             raise InjectionRefused(
@@ -306,15 +311,42 @@ def check(text: str, *, ruleset: tuple[Rule, ...] | None = None) -> None:
             )
 
 
+# Where the flat text differs from the text: a whitespace character other than
+# a space, or two whitespace characters in a row.
+_WS_CHANGE = re.compile(r"[^\S ]|\s\s")
+
+
+def _rarest(rule: Rule, folded: str) -> frozenset[str]:
+    assert rule.words is not None
+    return min(rule.words, key=lambda ws: sum(folded.count(w) for w in ws))
+
+
+def _flat_differs(rule: Rule, seen: str, folded: str) -> bool:
+    """Whether the flat text could hold a match the text does not. Where the text
+    around an occurrence of the rule's words has no whitespace to collapse, the
+    flat text there is the same characters (with the same neighbours), so its
+    windows were already searched; only the rest needs the flat pass."""
+    if rule.words is None:
+        return flatten(seen) != seen
+    group = _rarest(rule, folded)
+    longest = max(map(len, group))
+    # Each window, widened so it holds the match's neighbours on both sides.
+    return any(
+        _WS_CHANGE.search(seen, start, end)
+        for start, end in _windows(folded, group, rule.width + longest + 2)
+    )
+
+
 def _search(rule: Rule, text: str, folded: str) -> re.Match[str] | None:
     """``rule.pattern.search(text)``, but only near the rule's words (found by a
     plain substring search of ``folded``, ``text`` folded index for index): a
-    match contains one of them and spans at most ``rule.width`` characters, so
-    it lies within ``width`` of an occurrence. Overlapping windows are merged; a
+    match contains a word of each group and spans at most ``rule.width``
+    characters, so it lies within ``width`` of an occurrence of the rarest group. Overlapping windows are merged; a
     note without any of the words costs a few substring searches."""
     if rule.words is None:
         return rule.pattern.search(text)
-    for start, end in _windows(folded, rule.words, rule.width):
+    # Windows around the group with the fewest occurrences in this text.
+    for start, end in _windows(folded, _rarest(rule, folded), rule.width):
         pos = start
         while (m := rule.pattern.search(text, pos, end)) is not None:
             # The window's end is the text's end to the engine (for \b and $):
