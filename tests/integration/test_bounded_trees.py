@@ -197,3 +197,20 @@ def test_the_audit_gates_changed_files_after_releasing_the_notes_mutex(kb: KbRoo
             proc.wait()
     (ev,) = _events(kb, "notes_changed_by_command")
     assert {f"notes/spam{i}.md" for i in range(1, 5)} <= set(ev["flagged"])
+
+
+def test_the_api_refuses_a_note_over_quota_with_413(kb: KbRoot) -> None:
+    from tests.integration.daemon import issue_tokens, serving
+
+    _set_quota(kb, max_files=100, max_bytes=2048)
+    sid = _writer(kb)
+    token = issue_tokens(kb.root, ["alice"])["alice"]
+    with serving(kb.root) as daemon:
+        client = daemon.client(token)
+        body = {"alias": "src", "path": "big.md", "content": "x" * 4096}
+        r = client.post(f"/v1/sessions/{sid}/notes", json=body)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "quota-exceeded", r.text
+        assert str(kb.root) not in r.text
+        ok = client.post(f"/v1/sessions/{sid}/notes", json={**body, "path": "small.md", "content": "small\n"})
+        assert ok.status_code == 201, ok.text
+    assert not (kb.workflows / "src" / "knowledgebase" / "notes" / "big.md").exists()
