@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kbd import browse
-from kbd.errors import Busy, InvalidInput, KbdError, PermissionDenied, VersionConflict
+from kbd.errors import Busy, InvalidInput, KbdError, PermissionDenied, UsageError, VersionConflict
 from kbd.ops import Host
 from kbd.principals import Principal
 from kbd.session_ops import Sessions
@@ -433,11 +433,21 @@ def create_app(host: Host) -> FastAPI:
             }
 
     @app.get("/v1/workflows/{wid}/sources/{alias}/dir")
-    def list_dir(wid: str, alias: str, path: str = "", actor: Principal = Actor) -> dict[str, Any]:
+    def list_dir(
+        wid: str, alias: str, path: str = "", limit: str | None = None, after: str | None = None,
+        actor: Principal = Actor,
+    ) -> dict[str, Any]:  # fmt: skip
+        size = None
+        if limit is not None:
+            if not limit.isdigit():
+                raise UsageError(
+                    f"limit must be a whole number from 1 to {browse.MAX_LS_LIMIT}, not {limit!r}"
+                )
+            size = int(limit)
         with state.locked():
             att = browse.attachment(state.host, wid, alias, actor)
         # The listing outside the state lock.
-        return {"path": path, "entries": browse.ls_attached(att, path)}
+        return {"path": path, **browse.ls_page_attached(att, path, limit=size, after=after)}
 
     @app.get("/v1/workflows/{wid}/writers")
     def writers(wid: str, actor: Principal = Actor) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kbd.errors import KbdError, NotFound, PermissionDenied
+from kbd.errors import KbdError, NotFound, PermissionDenied, UsageError
 from kbd.names import NOTE_SUFFIXES, request_parts
 from kbd.notes import provenance_of, read_index
 from kbd.ops import Host
@@ -22,6 +22,9 @@ from kbd.resolve import Attachment
 from kbd.safepath import list_dir, names_folder, pin_dir, read_file, read_file_head
 
 MAX_READ_BYTES = 2 * 1024 * 1024
+# Listings are paged (issue 9 item 19: 100,000 files were 9.5 MB in one answer).
+DEFAULT_LS_LIMIT = 1000
+MAX_LS_LIMIT = 10_000
 
 
 class SourceUnavailable(KbdError):
@@ -76,18 +79,57 @@ def read_attached(att: Attachment, relpath: str) -> bytes:
         return read_file(kb.fd, relpath, limit=MAX_READ_BYTES)
 
 
-def ls(host: Host, wid: str, alias: str, reldir: str, actor: Principal) -> list[dict[str, Any]]:
+def check_limit(limit: int | None) -> int:
+    """The page size asked for, or a clear UsageError."""
+    if limit is None:
+        return DEFAULT_LS_LIMIT
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LS_LIMIT:
+        raise UsageError(f"limit (--limit) must be a whole number from 1 to {MAX_LS_LIMIT}, not {limit!r}")
+    return limit
+
+
+def ls_page(
+    host: Host, wid: str, alias: str, reldir: str, actor: Principal, *, limit: int | None = None,
+    after: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """One page of :func:`ls`, in name order: at most ``limit`` entries (default
+    DEFAULT_LS_LIMIT, at most MAX_LS_LIMIT) whose names sort after ``after``.
+    ``{"entries", "truncated", "next"}``: ``next`` is the name to pass as
+    ``after`` for the following page, or None when this page ends the folder."""
+    return ls_page_attached(attachment(host, wid, alias, actor), reldir, limit=limit, after=after)
+
+
+def ls_page_attached(
+    att: Attachment, reldir: str, *, limit: int | None = None, after: str | None = None
+) -> dict[str, Any]:
+    """:func:`ls_page` for an attachment just resolved; needs no registry (the
+    daemon lists outside its state lock)."""
+    size = check_limit(limit)
+    if after is not None and (not after or "/" in after or "\x00" in after):
+        raise UsageError(f"after (--after) must be one entry name from a previous page, not {after!r}")
+    entries = ls_attached(att, reldir, after=after, limit=size + 1)
+    truncated = len(entries) > size
+    entries = entries[:size]
+    return {"entries": entries, "truncated": truncated, "next": entries[-1]["name"] if truncated else None}
+
+
+def ls(
+    host: Host, wid: str, alias: str, reldir: str, actor: Principal, *, after: str | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
     """Names and types in a folder of the source's KB; links are listed, never followed."""
-    return ls_attached(attachment(host, wid, alias, actor), reldir)
+    return ls_attached(attachment(host, wid, alias, actor), reldir, after=after, limit=limit)
 
 
-def ls_attached(att: Attachment, reldir: str) -> list[dict[str, Any]]:
+def ls_attached(
+    att: Attachment, reldir: str, *, after: str | None = None, limit: int | None = None
+) -> list[dict[str, Any]]:
     """:func:`ls` for an attachment just resolved; needs no registry. ``reldir``
     follows :func:`kbd.names.request_parts` (raises InvalidPath)."""
     request_parts(reldir, allow_empty=True)
     assert att.path is not None
     with pin_dir(att.path, expect=att.kb_identity) as kb:
-        entries: list[dict[str, Any]] = list(list_dir(kb.fd, reldir))
+        entries: list[dict[str, Any]] = list(list_dir(kb.fd, reldir, after=after, limit=limit))
         # Contributed notes are told apart from the source's own by provenance.
         for e in entries:
             if e["type"] == "file" and e["name"].lower().endswith(NOTE_SUFFIXES):

@@ -964,15 +964,34 @@ def read_cmd(c: Ctx, wf: str, alias: str, relpath: str, as_: str | None, as_json
 @click.argument("wf")
 @click.argument("alias")
 @click.argument("reldir", required=False, default="")
+@click.option("--limit", type=int, default=None, help=f"At most N entries (default {browse.DEFAULT_LS_LIMIT}, "
+              f"at most {browse.MAX_LS_LIMIT}).")  # fmt: skip
+@click.option(
+    "--after", default=None, metavar="NAME", help="Start after this name (the previous page's next)."
+)
 @as_option
 @json_option
 @pass_ctx
-def ls_cmd(c: Ctx, wf: str, alias: str, reldir: str, as_: str | None, as_json: bool) -> None:
-    """List a folder of WF's attached KB ALIAS (default: the KB root)."""
-    entries = browse.ls(c.host, wf, alias, reldir, c.actor(as_))
+def ls_cmd(
+    c: Ctx,
+    wf: str,
+    alias: str,
+    reldir: str,
+    limit: int | None,
+    after: str | None,
+    as_: str | None,
+    as_json: bool,
+) -> None:
+    """List a folder of WF's attached KB ALIAS (default: the KB root), in name order, one page at a time."""
+    page = browse.ls_page(c.host, wf, alias, reldir, c.actor(as_), limit=limit, after=after)
+    entries = page["entries"]
     if as_json:
-        _emit({"workflow_id": wf, "alias": alias, "path": reldir, "entries": entries})
+        _emit({"workflow_id": wf, "alias": alias, "path": reldir, **page})
         return
+    if page["truncated"]:
+        click.echo(
+            f"kbd: more entries follow; next page: --after {one_line(page['next'], limit=300)}", err=True
+        )
     for e in entries:
         # Names are the source's: never let one print a fake second entry or control the terminal.
         click.echo(

@@ -55,6 +55,20 @@ class SandboxConfig:
     unsafe_no_sandbox: bool = False
 
 
+# notes_quota.max_files also bounds the post-command audit's walk of a notes/
+# (it visits at most max_files + 1 entries), so its maximum keeps that bounded.
+MAX_QUOTA_FILES = 50_000
+
+
+@dataclass(frozen=True)
+class NotesQuota:
+    """Per source ``notes/``: bytes of regular files, and entries of any kind
+    (files, folders, links: an inode quota)."""
+
+    max_bytes: int = 256 * 1024 * 1024
+    max_files: int = 10_000
+
+
 @dataclass(frozen=True)
 class Config:
     root: Path
@@ -66,6 +80,7 @@ class Config:
     revoke_grace: float = 5.0
     revoke_immediately: bool = False
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    notes_quota: NotesQuota = field(default_factory=NotesQuota)
 
     @property
     def state_dir(self) -> Path:
@@ -76,7 +91,16 @@ class Config:
         return self.socket if self.socket is not None else self.state_dir / "run" / "kbd.sock"
 
 
-_TOP_KEYS = ("host", "workflow_roots", "folder_roots", "socket", "locks", "sandbox", "revocation")
+_TOP_KEYS = (
+    "host",
+    "workflow_roots",
+    "folder_roots",
+    "socket",
+    "locks",
+    "sandbox",
+    "revocation",
+    "notes_quota",
+)
 
 
 def _abs_under(root: Path, value: str, *, where: str, source: str) -> Path:
@@ -147,6 +171,7 @@ def parse_config(data: Any, *, root: Path, source: str = CONFIG_NAME) -> Config:
         ),
     )
 
+    quota = _notes_quota(doc.get("notes_quota", {}), source=source)
     rv = expect_mapping(doc.get("revocation", {}), where="revocation", source=source)
     check_keys(rv, allowed=("immediate", "grace_seconds"), where="revocation", source=source)
     return Config(
@@ -167,7 +192,22 @@ def parse_config(data: Any, *, root: Path, source: str = CONFIG_NAME) -> Config:
             rv.get("immediate", False), where="revocation.immediate", source=source
         ),
         sandbox=sandbox,
+        notes_quota=quota,
     )
+
+
+def _notes_quota(raw: Any, *, source: str) -> NotesQuota:
+    nq = expect_mapping(raw, where="notes_quota", source=source)
+    check_keys(nq, allowed=("max_bytes", "max_files"), where="notes_quota", source=source)
+    values = {}
+    for key, top in (("max_bytes", 1 << 40), ("max_files", MAX_QUOTA_FILES)):
+        value = nq.get(key, getattr(NotesQuota, key))
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+            raise InvalidConfig(
+                f"{source}: notes_quota.{key} must be a whole number from 1 to {top}, not {value!r}"
+            )
+        values[key] = value
+    return NotesQuota(**values)
 
 
 def read_text(path: Path, *, what: str) -> str:

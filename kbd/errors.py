@@ -19,6 +19,7 @@ CLI and the API turn any of them into the same answer without knowing the class:
     │   └── VersionConflict          75  version-conflict   expected version is stale
     ├── PermissionDenied             77  permission-denied
     │   └── AudienceDenied           77  audience-denied
+    ├── QuotaExceeded                65  quota-exceeded     a source's notes/ quota
     ├── RootExists                   65  root-exists        init over an existing root
     └── RootError                    65  root-error         kbd root missing or unsafe
 
@@ -148,6 +149,19 @@ class AudienceDenied(PermissionDenied):
     default_hint = (
         "every owner, editor and reader of the consumer must be able to read the source; "
         "ask the source's owner to add them as readers"
+    )
+
+
+class QuotaExceeded(InvalidInput):
+    """A write would take (or a command left) a source's ``notes/`` over its quota
+    (``notes_quota`` in kbd.yaml). 65, not 75: retrying does not help until the
+    note is smaller or the source's owner frees space, so scripts must not loop.
+    HTTP 413: the request's content does not fit."""
+
+    code = "quota-exceeded"
+    http_status = 413
+    default_hint = (
+        "write a smaller note, or ask the source's owner to remove notes or raise notes_quota in kbd.yaml"
     )
 
 

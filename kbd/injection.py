@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import html
+import importlib
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -22,12 +23,39 @@ from kbd.strict import check_keys, expect_mapping, expect_str
 
 NAME = "injection.yaml"
 
+# The regex parser of ``re`` itself (no public name, no stubs; ``sre_parse`` is deprecated).
+sre_parse: Any = importlib.import_module("re._parser")
+sre_constants: Any = importlib.import_module("re._constants")
+
+# Every rule must run in time linear in the note's length (DESIGN §7; issue 9
+# item 1: one unbounded ``^\s*#{0,3}\s*system`` made 2,000 newlines cost 39 s).
+# Python's ``re`` backtracks, so linearity is a property of each rule's shape,
+# checked when the rules are loaded: every quantifier is bounded (at most
+# MAX_REPEAT), only a single character is ever repeated more than once (no
+# nested quantifiers), and nothing refers back or looks around. A bounded
+# single-character repeat can be retried at most MAX_REPEAT+1 ways per start
+# position, so the work per start position is bounded by the rule alone.
+MAX_REPEAT = 64
+_SINGLE_CHAR = {sre_constants.LITERAL, sre_constants.NOT_LITERAL, sre_constants.ANY, sre_constants.IN}
+_REPEATS = {sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT, sre_constants.POSSESSIVE_REPEAT}
+_REFUSED = {
+    sre_constants.GROUPREF: "a back-reference",
+    sre_constants.GROUPREF_EXISTS: "a conditional group",
+    sre_constants.ASSERT: "a lookaround",
+    sre_constants.ASSERT_NOT: "a negative lookaround",
+}
+
 
 @dataclass(frozen=True)
 class Rule:
     id: str
     description: str
     pattern: re.Pattern[str]
+    # Prefilter: every match contains a word of each group (case-folded, see
+    # :func:`fold`), so a note that lacks a group is not searched. None: the rule
+    # has no such words and is always searched.
+    words: tuple[frozenset[str], ...] | None = None
+    width: int = 0  # the longest text one match can span (every repeat is bounded)
 
 
 class InjectionRefused(InvalidInput):
@@ -63,14 +91,128 @@ def parse_rules(data: Any, *, source: str) -> tuple[Rule, ...]:
             compiled = re.compile(pattern, re.IGNORECASE | re.MULTILINE)
         except re.error as exc:
             raise InvalidConfig(f"{source}: rules[{i}].pattern does not compile: {exc}") from exc
+        if problem := shape_problem(pattern):
+            raise InvalidConfig(
+                f"{source}: rules[{i}].pattern ({rid}) could backtrack super-linearly: {problem}; allowed are "
+                f"bounded repeats ({{m,n}}, n <= {MAX_REPEAT}) of one character or class, and ? on groups"
+            )
         rules.append(
             Rule(
                 rid,
                 expect_str(entry.get("description", ""), where=f"rules[{i}].description", source=source),
                 compiled,
+                required_words(pattern),
+                sre_parse.parse(pattern, re.IGNORECASE | re.MULTILINE).getwidth()[1],
             )
         )
     return tuple(rules)
+
+
+def shape_problem(pattern: str) -> str | None:
+    """Why ``pattern`` is not provably linear-time under Python's ``re``, or None."""
+    return _items_problem(sre_parse.parse(pattern, re.IGNORECASE | re.MULTILINE))
+
+
+def _items_problem(items: Any) -> str | None:
+    for op, av in items:
+        if op in _REFUSED:
+            return f"it uses {_REFUSED[op]}"
+        if op in _REPEATS:
+            _lo, hi, body = av
+            if hi == sre_constants.MAXREPEAT:
+                return "it has an unbounded quantifier (*, + or {m,})"
+            if hi > MAX_REPEAT:
+                return f"a quantifier allows {hi} repeats (more than {MAX_REPEAT})"
+            if hi > 1 and not (len(body) == 1 and body[0][0] in _SINGLE_CHAR):
+                return "a quantifier repeats more than one character (a nested or group repeat)"
+            problem = _items_problem(body)
+        elif op == sre_constants.BRANCH:
+            problem = next(filter(None, (_items_problem(alt) for alt in av[1])), None)
+        elif op in (sre_constants.SUBPATTERN, sre_constants.ATOMIC_GROUP):
+            problem = _items_problem(av[-1])
+        else:
+            problem = None
+        if problem:
+            return problem
+    return None
+
+
+def required_words(pattern: str) -> tuple[frozenset[str], ...] | None:
+    """Groups of words (case-folded, no whitespace) such that every match of
+    ``pattern`` contains a word of each group, or None when there are none to
+    rely on. Only mandatory parts count: never one inside an optional or
+    repeated part, and of alternatives only words every alternative offers."""
+    if _FOLD is None:
+        return None  # without IGNORECASE's own table a fold could miss a match
+    groups = _seq_groups(sre_parse.parse(pattern, re.IGNORECASE | re.MULTILINE))
+    # The strongest filter first (its shortest word the longest): an absent group ends the check.
+    groups.sort(key=lambda ws: (-min(map(len, ws)), len(ws)))
+    return tuple(frozenset(fold(w) for w in ws) for ws in groups) or None
+
+
+def _seq_groups(items: Any) -> list[frozenset[str]]:
+    """Every word group one sequence must match: each mandatory literal run
+    (split at whitespace), and each mandatory group or branch every alternative
+    of which has words (its group is the union of each alternative's best)."""
+    groups: list[frozenset[str]] = []
+    run: list[str] = []
+
+    def end_run() -> None:
+        if run:
+            groups.append(frozenset(["".join(run)]))
+            run.clear()
+
+    for op, av in items:
+        if op == sre_constants.LITERAL and not chr(av).isspace():
+            run.append(chr(av))
+            continue
+        end_run()
+        if op == sre_constants.SUBPATTERN:
+            groups.extend(_seq_groups(av[-1]))
+        elif op == sre_constants.BRANCH:
+            best = [_best(_seq_groups(alt)) for alt in av[1]]
+            if best and all(b is not None for b in best):
+                groups.append(frozenset().union(*[b for b in best if b is not None]))
+    end_run()
+    return groups
+
+
+def _best(groups: list[frozenset[str]]) -> frozenset[str] | None:
+    return max(groups, key=lambda ws: (min(map(len, ws)), -len(ws)), default=None)
+
+
+def _fold_table() -> dict[int, int | None]:
+    """After str.lower(): characters ``re.IGNORECASE`` treats as equal become one
+    (its own table of extra cases: dotless i and i, long s and s, micro and mu, ...)."""
+    table: dict[int, int | None] = {}
+    extra: dict[int, tuple[int, ...]] = importlib.import_module("re._casefix")._EXTRA_CASES
+    for key, others in extra.items():
+        group = (key, *others)
+        for member in group:
+            if member != min(group):
+                table[member] = min(group)
+    return table
+
+
+try:
+    _FOLD: dict[int, int | None] | None = _fold_table()
+except (ImportError, AttributeError):  # pragma: no cover - another Python: no prefilter (fail closed)
+    _FOLD = None
+
+
+_DOTTED_I = {0x130: "i"}
+
+
+def fold(text: str) -> str:
+    """``text`` such that two characters ``re.IGNORECASE`` matches as equal are
+    the same character, index for index (only for the prefilter: a fold may also
+    join characters that IGNORECASE keeps apart, which only lets more through).
+    İ is the one character whose lower() is longer (i + a combining dot), and
+    IGNORECASE matches it as i: it becomes i first, so every index is kept."""
+    if text.isascii():
+        return text.lower()
+    lowered = text.translate(_DOTTED_I).lower()
+    return lowered if _FOLD is None else lowered.translate(_FOLD)
 
 
 @functools.cache
@@ -88,8 +230,14 @@ _CONFUSABLES = str.maketrans(
     "аеорсухіјѕԁɡκνοτАВЕКМНОРСТХІЈЅ",
     "aeopcyxijsdgkvotABEKMHOPCTXIJS",
 )
-_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
-_SPACE = re.compile(r"\s+")
+# Every format (Cf) character of Unicode 14 (Python 3.11's unicodedata; a unit
+# test keeps this in step), as one class: one C-speed pass over a 1 MiB note
+# instead of a Python-level loop over each character.
+_FORMAT = re.compile(
+    "[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U00013438"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]"
+)
 
 
 def normalize(text: str) -> str:
@@ -99,9 +247,37 @@ def normalize(text: str) -> str:
     characters (zero-width spaces and joiners, bidi controls, soft hyphens) are
     removed; and common Cyrillic and Greek look-alikes become Latin letters.
     Encodings such as base64 are not decoded. See :func:`check` for line breaks."""
-    text = _COMMENT.sub("", html.unescape(text))
-    text = "".join(ch for ch in unicodedata.normalize("NFKC", text) if unicodedata.category(ch) != "Cf")
-    return text.translate(_CONFUSABLES)
+    text = strip_comments(html.unescape(text))
+    if text.isascii():
+        return text  # NFKC, format characters and look-alikes are all non-ASCII
+    return _FORMAT.sub("", unicodedata.normalize("NFKC", text)).translate(_CONFUSABLES)
+
+
+def flatten(text: str) -> str:
+    """``text`` with every whitespace run made one space (as ``re.sub(r"\\s+", " ",
+    text)``: str.isspace is exactly ``\\s``, a unit test checks it), three times faster."""
+    parts = text.split()
+    if not parts:
+        return " " if text else ""
+    return (" " if text[0].isspace() else "") + " ".join(parts) + (" " if text[-1].isspace() else "")
+
+
+def strip_comments(text: str) -> str:
+    """``text`` without ``<!-- ... -->`` comments (an unclosed one runs to the end),
+    in one left-to-right pass: a lazy ``<!--.*?-->`` regex rescans the rest of
+    the text from every unclosed ``<!--`` (quadratic)."""
+    out: list[str] = []
+    pos = 0
+    while (start := text.find("<!--", pos)) != -1:
+        out.append(text[pos:start])
+        end = text.find("-->", start + 4)
+        if end == -1:
+            # The old regex kept an unclosed comment as text; so do we.
+            pos = start
+            break
+        pos = end + 3
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def check(text: str, *, ruleset: tuple[Rule, ...] | None = None) -> None:
@@ -109,12 +285,96 @@ def check(text: str, *, ruleset: tuple[Rule, ...] | None = None) -> None:
     seen = normalize(text)
     # Rules see the text twice: with its lines (for rules anchored at a line
     # start) and with every whitespace run made one space (so a phrase split over
-    # lines still matches).
-    flat = _SPACE.sub(" ", seen)
+    # lines still matches). Folding keeps whitespace, so the flat text's fold is
+    # the folded text made flat.
+    folded = fold(seen)
+    flat: tuple[str, str] | None = None
+    present: dict[str, bool] = {}  # rules share words: look each up once
+
+    def occurs(word: str) -> bool:
+        if word not in present:
+            present[word] = word in folded
+        return present[word]
+
     for rule in rules() if ruleset is None else ruleset:
-        m = rule.pattern.search(seen) or rule.pattern.search(flat)
+        # A rule one of whose word groups is absent cannot match (the words hold
+        # no whitespace, so the flat text has the same ones): no regex scan at all.
+        if rule.words is not None and not all(any(map(occurs, group)) for group in rule.words):
+            continue
+        m = _search(rule, seen, folded)
+        if m is None and _flat_differs(rule, seen, folded):
+            if flat is None:  # made once, and only when a rule needs it
+                flat_seen = flatten(seen)
+                flat = (flat_seen, fold(flat_seen))
+            m = _search(rule, *flat)
         if m is not None:
             excerpt = m.group(0)[:80]
             raise InjectionRefused(
                 f"the note matches injection rule {rule.id!r} ({rule.description}): {excerpt!r}", rule=rule.id
             )
+
+
+# Where the flat text differs from the text: a whitespace character other than
+# a space, or two whitespace characters in a row.
+_WS_CHANGE = re.compile(r"[^\S ]|\s\s")
+
+
+def _rarest(rule: Rule, folded: str) -> frozenset[str]:
+    assert rule.words is not None
+    return min(rule.words, key=lambda ws: sum(folded.count(w) for w in ws))
+
+
+def _flat_differs(rule: Rule, seen: str, folded: str) -> bool:
+    """Whether the flat text could hold a match the text does not. Where the text
+    around an occurrence of the rule's words has no whitespace to collapse, the
+    flat text there is the same characters (with the same neighbours), so its
+    windows were already searched; only the rest needs the flat pass."""
+    if rule.words is None:
+        return flatten(seen) != seen
+    group = _rarest(rule, folded)
+    longest = max(map(len, group))
+    # Each window, widened so it holds the match's neighbours on both sides.
+    return any(
+        _WS_CHANGE.search(seen, start, end)
+        for start, end in _windows(folded, group, rule.width + longest + 2)
+    )
+
+
+def _search(rule: Rule, text: str, folded: str) -> re.Match[str] | None:
+    """``rule.pattern.search(text)``, but only near the rule's words (found by a
+    plain substring search of ``folded``, ``text`` folded index for index): a
+    match contains a word of each group and spans at most ``rule.width``
+    characters, so it lies within ``width`` of an occurrence of the rarest group. Overlapping windows are merged; a
+    note without any of the words costs a few substring searches."""
+    if rule.words is None:
+        return rule.pattern.search(text)
+    # Windows around the group with the fewest occurrences in this text.
+    for start, end in _windows(folded, _rarest(rule, folded), rule.width):
+        pos = start
+        while (m := rule.pattern.search(text, pos, end)) is not None:
+            # The window's end is the text's end to the engine (for \b and $):
+            # confirm against the whole text.
+            if (real := rule.pattern.match(text, m.start())) is not None:
+                return real
+            pos = m.start() + 1
+    return None
+
+
+def _windows(folded: str, words: frozenset[str], width: int) -> list[tuple[int, int]]:
+    """Merged ranges [start, end) that hold every match containing an occurrence
+    of one of ``words``: from ``width`` before its end to ``width`` after its
+    start, plus one character so \b and $ at a match's end see what follows."""
+    spans = []
+    for word in words:
+        at = folded.find(word)
+        while at != -1:
+            spans.append((max(0, at + len(word) - width), min(len(folded), at + width + 1)))
+            at = folded.find(word, at + 1)
+    spans.sort()
+    merged: list[tuple[int, int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged

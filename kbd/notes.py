@@ -31,14 +31,14 @@ from typing import Any
 
 import orjson
 
-from kbd.errors import Busy, InvalidInput, KbdError, NotFound, PermissionDenied
+from kbd.config import NotesQuota
+from kbd.errors import Busy, InvalidInput, KbdError, NotFound, PermissionDenied, QuotaExceeded
 from kbd.names import NOTE_SUFFIXES as NOTE_SUFFIXES  # re-exported: readers import it from here
 from kbd.names import TEMP_NAME, note_parts
 from kbd.plan import NOTES, Plan
 from kbd.principals import Actor, actor_fields
 from kbd.safepath import (
     PathNotFound,
-    list_dir,
     open_beneath,
     pin_dir,
     read_file,
@@ -107,9 +107,13 @@ def notes_lock(state_dir: Path, notes_fd: int, *, timeout: float, who: dict[str,
 
 
 @contextlib.contextmanager
-def command_locks(state_dir: Path, plan: Plan, *, timeout: float, who: dict[str, Any]) -> Iterator[None]:
+def command_locks(
+    state_dir: Path, plan: Plan, *, timeout: float, who: dict[str, Any], host: Any = None
+) -> Iterator[None]:
     """For ``kbd exec``: hold the mutex of every source ``notes/`` the plan may
-    write, for the whole command, in a fixed order (no lock-order deadlocks)."""
+    write, for the whole command, in a fixed order (no lock-order deadlocks).
+    With ``host``, a ``notes/`` that an earlier command left over its quota
+    refuses the command (QuotaExceeded, audited) until it is back under."""
     targets = []
     for att in plan.sources:
         if att.path is None or att.kb_identity is None:
@@ -124,9 +128,16 @@ def command_locks(state_dir: Path, plan: Plan, *, timeout: float, who: dict[str,
             fd = open_beneath(kb.fd, NOTES, os.O_RDONLY | os.O_DIRECTORY)
             stack.callback(os.close, fd)
             st = os.fstat(fd)
-            fds.append(((st.st_dev, st.st_ino), fd))
-        for _, fd in sorted(fds):
+            fds.append(((st.st_dev, st.st_ino), fd, kb.fd, att.workflow_id))
+        for _, fd, kb_fd, source in sorted(fds):
             stack.enter_context(notes_lock(state_dir, fd, timeout=timeout, who=who))
+            if host is not None:
+                try:
+                    check_quota(host, kb_fd, fd, source=source)
+                except QuotaExceeded as err:
+                    host.audit("command_refused", session=who.get("session"), workflow_id=plan.workflow_id,
+                               source=source, code=err.code, reason=err.message[:300])  # fmt: skip
+                    raise
         yield
 
 
@@ -203,6 +214,27 @@ def _open_parent(notes_fd: int, parts: list[str]) -> int:
         raise
 
 
+def _adds(notes_fd: int, parts: tuple[str, ...], size: int) -> tuple[int, int]:
+    """(new entries, new bytes) that writing ``size`` bytes at ``parts`` adds to
+    ``notes/``; nothing is created (a refused write leaves nothing behind)."""
+    cur = os.dup(notes_fd)
+    try:
+        for i, comp in enumerate(parts[:-1]):
+            try:
+                nxt = open_beneath(cur, comp, os.O_RDONLY | os.O_DIRECTORY)
+            except PathNotFound:
+                return len(parts) - i, size  # this folder, those under it, and the note
+            os.close(cur)
+            cur = nxt
+        try:
+            old = os.stat(parts[-1], dir_fd=cur, follow_symlinks=False).st_size
+        except FileNotFoundError:
+            return 1, size
+        return 0, size - old
+    finally:
+        os.close(cur)
+
+
 def _sweep_temp_files(dir_fd: int) -> None:
     """Remove temp files of writers that died mid-write (we hold the mutex, so
     none is in use)."""
@@ -227,6 +259,7 @@ class PreparedNote:
     parts: tuple[str, ...]
     data: bytes
     who: dict[str, Any] = field(default_factory=dict)  # the actor, as audit records name it
+    text: str = ""  # what the injection gate checks, in commit_note (never under a shared lock)
 
     def refuse(self, err: KbdError) -> KbdError:
         self.host.audit("note_refused", session=self.sid, workflow_id=self.consumer, alias=self.alias,
@@ -238,12 +271,11 @@ class PreparedNote:
 def prepare_note(
     sessions: Any, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
 ) -> PreparedNote:
-    """Everything but the write: the session's plan now, the grant, the name, the
-    size, the text and the injection gate, and the provenance-stamped content.
-    Needs the host's registry (the daemon calls it under its state lock); waits
-    for no file lock. Every refusal is audited."""
-    from kbd import injection
-
+    """Everything but the gate and the write: the session's plan now, the grant,
+    the name, the size, the text, and the provenance-stamped content. Needs the
+    host's registry (the daemon calls it under its state lock); waits for no file
+    lock and does no work proportional to the note beyond decoding it (the
+    injection gate runs in :func:`commit_note`). Every refusal is audited."""
     host = sessions.host
     try:
         plan: Plan = sessions.plan(sid, actor=actor)
@@ -288,24 +320,33 @@ def prepare_note(
                 "the note is empty (or only whitespace); nothing would be written but provenance",
                 hint="pass the note's content with --file F or on stdin",
             )
-        injection.check(text)
     except KbdError as err:
         raise draft.refuse(err) from None
     final = with_provenance(text, workflow_id=plan.workflow_id, session_id=sid).encode("utf-8")
     return PreparedNote(host, sid, plan.workflow_id, alias, relpath, att.workflow_id, att.path, att.kb_identity,
-                        tuple(parts), final, actor_fields(actor))  # fmt: skip
+                        tuple(parts), final, actor_fields(actor), text)  # fmt: skip
 
 
 def commit_note(note: PreparedNote) -> dict[str, Any]:
-    """Write a prepared note: pin the KB (same identity as resolved), take the
-    notes mutex (may wait up to the lock timeout), replace the file atomically."""
+    """Write a prepared note: run the injection gate (before any lock: it is
+    linear in the note, but a lock shared with other writers must never wait
+    on it), pin the KB (same identity as resolved), take the notes mutex (may
+    wait up to the lock timeout), replace the file atomically."""
+    from kbd import injection
+
     host = note.host
     who = {"workflow": note.consumer}
+    try:
+        injection.check(note.text)
+    except KbdError as err:
+        raise note.refuse(err) from None
     try:
         with pin_dir(note.kb_path, expect=note.kb_identity) as kb:
             notes_fd = open_beneath(kb.fd, NOTES, os.O_RDONLY | os.O_DIRECTORY)
             try:
                 with notes_lock(host.config.state_dir, notes_fd, timeout=host.config.lock_timeout, who=who):
+                    adds = _adds(notes_fd, note.parts, len(note.data))
+                    check_quota(host, kb.fd, notes_fd, source=note.source, adds=adds)
                     parent = _open_parent(notes_fd, list(note.parts))
                     try:
                         _sweep_temp_files(parent)
@@ -340,64 +381,209 @@ def write_note(
     return commit_note(prepare_note(sessions, sid, alias, relpath, data, actor=actor))
 
 
-# -- after a shell command ------------------------------------------------------------------
+# -- after a shell command, and the notes/ quota -------------------------------------------------
 
 
+# Bounds of one post-command audit (issue 9 item 19: a contributed notes/ is
+# attacker-shaped). The walk of each notes/ happens under its mutex, so it visits
+# at most ``notes_quota.max_files + 1`` entries (kbd.yaml; at most
+# config.MAX_QUOTA_FILES) and MAX_SCAN_DEPTH levels; then, after the mutex is
+# released, at most MAX_SCAN_FILES changed files and MAX_AUDIT_READ_BYTES bytes
+# in all are read for the injection gate. A capped audit says "truncated": true.
 MAX_SCAN_FILES = 2000
 MAX_SCAN_DEPTH = 16
+MAX_AUDIT_READ_BYTES = 16 * 1024 * 1024
 
 
-def audit_command_changes(host: Any, plan: Plan, sid: str, *, since_ns: int) -> None:
-    """After a write-plan command (its notes mutexes still held): audit which
-    files in each contributed ``notes/`` changed while it ran, and which of them
-    the injection gate would have refused. Files are only read, never changed:
-    shell writes carry no enforced provenance (``kbd notes write`` is the path
-    that stamps it), but the source's owner can see who changed what.
+@dataclass
+class NotesScan:
+    """One walk of a ``notes/``: its size, and the regular files changed since a
+    time, with the identity (inode, ctime) each had when seen."""
 
-    A change is a status-change time (ctime, which a writer cannot set back) at
-    or after the command's start, less the coarse-timestamp margin.
-    """
-    from kbd import injection
+    entries: int = 0
+    bytes: int = 0
+    truncated: bool = False  # stopped at the entry or depth cap: the counts are lower bounds
+    too_deep: bool = False  # folders below MAX_SCAN_DEPTH were not counted
+    changed: list[tuple[str, int, int]] = field(default_factory=list)
 
-    since = since_ns - 50_000_000
+    def over(self, quota: NotesQuota) -> bool:
+        # A walk stopped early has seen more than max_files entries, or could not
+        # count what lies deeper: either way the usage is not known to fit.
+        return self.truncated or self.entries > quota.max_files or self.bytes > quota.max_bytes
+
+
+def scan_notes(kb_fd: int, *, quota: NotesQuota, since_ns: int | None = None) -> NotesScan:
+    """Walk ``notes/`` beneath the pinned KB (nothing followed), within the caps."""
+    out = NotesScan()
+    stack = [(NOTES, 0)]
+    while stack:
+        rel, depth = stack.pop()
+        try:
+            fd = open_beneath(kb_fd, rel, os.O_RDONLY | os.O_DIRECTORY)
+        except KbdError:
+            continue
+        try:
+            with os.scandir(fd) as it:
+                for entry in it:
+                    out.entries += 1
+                    if out.entries > quota.max_files:
+                        out.truncated = True
+                        return out
+                    child = f"{rel}/{entry.name}"
+                    if entry.is_dir(follow_symlinks=False):
+                        if depth >= MAX_SCAN_DEPTH:
+                            out.truncated = out.too_deep = True
+                        else:
+                            stack.append((child, depth + 1))
+                        continue
+                    if not entry.is_file(follow_symlinks=False):
+                        continue
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    out.bytes += st.st_size
+                    # A change is a status-change time (which a writer cannot set back).
+                    if since_ns is not None and st.st_ctime_ns >= since_ns:
+                        out.changed.append((child, st.st_ino, st.st_ctime_ns))
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return out
+
+
+@dataclass
+class CommandChanges:
+    """What :func:`scan_command_changes` saw in one source's notes/ under its mutex."""
+
+    alias: str
+    source: str
+    kb_path: Path
+    kb_identity: tuple[int, int] | None
+    scan: NotesScan
+
+
+def _notes_key(notes_fd: int) -> str:
+    st = os.fstat(notes_fd)
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+def scan_command_changes(host: Any, plan: Plan, *, since_ns: int) -> list[CommandChanges]:
+    """After a write-plan command, its notes mutexes still held: which files in
+    each contributed ``notes/`` changed while it ran (bounded walk, nothing read).
+    Reading and gating them is :func:`audit_command_changes`, after release."""
+    since = since_ns - 50_000_000  # the coarse-timestamp margin
+    out = []
     for att in plan.sources:
         if att.path is None or not plan.writes_source(att.alias):
             continue
-        changed: list[str] = []
-        flagged: dict[str, str] = {}
         try:
             with pin_dir(att.path, expect=att.kb_identity) as kb:
-                stack = [(NOTES, 0)]
-                while stack and len(changed) < MAX_SCAN_FILES:
-                    rel, depth = stack.pop()
-                    for entry in list_dir(kb.fd, rel):
-                        child = f"{rel}/{entry['name']}"
-                        if entry["type"] == "dir" and depth < MAX_SCAN_DEPTH:
-                            stack.append((child, depth + 1))
-                            continue
-                        if entry["type"] != "file":
-                            continue
-                        try:
-                            # A cheap ctime filter first (audit only: a race here can
-                            # only skip a file); the changed ones are read confined.
-                            if os.stat(child, dir_fd=kb.fd, follow_symlinks=False).st_ctime_ns < since:
-                                continue
-                        except OSError:
-                            continue
-                        changed.append(child)
-                        try:
-                            data, _ = read_file_stat(kb.fd, child, limit=MAX_NOTE_BYTES, allow_hardlinks=True)
-                        except KbdError:
-                            continue
-                        try:
-                            injection.check(data.decode("utf-8", "replace"))
-                        except injection.InjectionRefused as exc:
-                            flagged[child] = exc.rule
-        except KbdError:
+                notes_fd = open_beneath(kb.fd, NOTES, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    key = _notes_key(notes_fd)
+                finally:
+                    os.close(notes_fd)
+                scan = scan_notes(kb.fd, quota=host.config.notes_quota, since_ns=since)
+                # Under the mutex, so a later command's verdict is never overwritten by this one's.
+                _mark_over_quota(
+                    host, key, att.workflow_id, scan if scan.over(host.config.notes_quota) else None
+                )
+        except (KbdError, OSError):
             continue
-        if changed:
-            host.audit("notes_changed_by_command", session=sid, workflow_id=plan.workflow_id,
-                       source=att.workflow_id, files=changed[:200], flagged=flagged)  # fmt: skip
+        out.append(CommandChanges(att.alias, att.workflow_id, att.path, att.kb_identity, scan))
+    return out
+
+
+def audit_command_changes(host: Any, plan: Plan, sid: str, changes: list[CommandChanges]) -> None:
+    """Audit (after the notes mutexes are released) the changed files found by
+    :func:`scan_command_changes`, and which of them the injection gate would have
+    refused. Files are only read, never changed: shell writes carry no enforced
+    provenance (``kbd notes write`` is the path that stamps it), but the source's
+    owner can see who changed what. A file changed again since the scan (another
+    writer, after the mutex was released) is listed but not gated. A command
+    that left a notes/ over its quota is recorded, and the next write to it is
+    refused until it is back under (:func:`check_quota`)."""
+    from kbd import injection
+
+    budget = MAX_AUDIT_READ_BYTES
+    for ch in changes:
+        files = [rel for rel, _, _ in ch.scan.changed]
+        flagged: dict[str, str] = {}
+        truncated = ch.scan.truncated or len(files) > MAX_SCAN_FILES
+        try:
+            with pin_dir(ch.kb_path, expect=ch.kb_identity) as kb:
+                for rel, ino, ctime in ch.scan.changed[:MAX_SCAN_FILES]:
+                    if budget <= 0:
+                        truncated = True
+                        break
+                    try:
+                        data, st = read_file_stat(kb.fd, rel, limit=MAX_NOTE_BYTES, allow_hardlinks=True)
+                    except KbdError:
+                        continue
+                    if (st.st_ino, st.st_ctime_ns) != (ino, ctime):
+                        continue
+                    budget -= len(data)
+                    try:
+                        injection.check(data.decode("utf-8", "replace"))
+                    except injection.InjectionRefused as exc:
+                        flagged[rel] = exc.rule
+        except KbdError:
+            pass
+        if files or truncated:
+            host.audit("notes_changed_by_command", session=sid, workflow_id=plan.workflow_id, source=ch.source,
+                       files=files[:200], flagged=flagged, truncated=truncated)  # fmt: skip
+        if ch.scan.over(host.config.notes_quota):
+            host.audit("notes_quota_exceeded", session=sid, workflow_id=plan.workflow_id, source=ch.source,
+                       entries=ch.scan.entries, bytes=ch.scan.bytes, truncated=ch.scan.truncated,
+                       max_files=host.config.notes_quota.max_files,
+                       max_bytes=host.config.notes_quota.max_bytes)  # fmt: skip
+
+
+def _marker(state_dir: Path, notes_key: str) -> Path:
+    from kbd.locks import lock_path
+
+    return lock_path(state_dir, "quota", notes_key).with_suffix(".over")
+
+
+def _mark_over_quota(host: Any, notes_key: str, source: str, scan: NotesScan | None) -> None:
+    """Remember (in state/) that a notes/ was left over quota, or forget it."""
+    path = _marker(host.config.state_dir, notes_key)
+    if scan is None:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return
+    from kbd.fsio import write_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+    info = {"source": source, "entries": scan.entries, "bytes": scan.bytes, "since": time.time()}
+    write_atomic(path, json.dumps(info).encode(), mode=0o640)
+
+
+def check_quota(host: Any, kb_fd: int, notes_fd: int, *, source: str, adds: tuple[int, int] = (0, 0)) -> None:
+    """Under the source's notes mutex: raise QuotaExceeded when ``notes/`` is over
+    its quota, or would be after adding ``adds`` = (entries, bytes). The bounded
+    walk is paid only by writes and by a command into a notes/ marked over quota."""
+    quota = host.config.notes_quota
+    key = _notes_key(notes_fd)
+    marked = _marker(host.config.state_dir, key).exists()
+    if not marked and adds == (0, 0):
+        return
+    scan = scan_notes(kb_fd, quota=quota)
+    if marked and not scan.over(quota):
+        _mark_over_quota(host, key, source, None)  # back under: the source's owner cleaned up
+        marked = False
+    entries, size = scan.entries + adds[0], scan.bytes + adds[1]
+    if marked or scan.truncated or entries > quota.max_files or size > quota.max_bytes:
+        counted = "more than " if scan.truncated and not scan.too_deep else ""
+        raise QuotaExceeded(
+            f"the notes/ of source {source!r} would exceed its quota ({quota.max_files} entries, "
+            f"{quota.max_bytes} bytes): it holds {counted}{scan.entries} entries and {scan.bytes} bytes"
+            + (f", nested deeper than {MAX_SCAN_DEPTH} folders (not counted)" if scan.too_deep else "")
+            + (" and a command left it over quota" if marked else "")
+            + (f"; this write adds {adds[0]} entries and {adds[1]} bytes" if adds != (0, 0) else "")
+        )
 
 
 # -- readers ------------------------------------------------------------------------------------

@@ -37,6 +37,9 @@ sandbox:
 revocation:
   immediate: false           # terminate running commands when their grants shrink
   grace_seconds: 5
+notes_quota:                 # each source's notes/, enforced by notes writes and after commands
+  max_bytes: 268435456       # 256 MiB of regular files
+  max_files: 10000           # entries of any kind (files, folders, links); at most 50000
 """
 
 

@@ -171,8 +171,9 @@ def run(
                 # Two workflows' write turns into one notes/ never interleave,
                 # whatever the backend.
                 who = {"session": sid, "workflow": plan.workflow_id}
+                timeout = host.config.lock_timeout
                 stack.enter_context(
-                    command_locks(host.config.state_dir, plan, timeout=host.config.lock_timeout, who=who)
+                    command_locks(host.config.state_dir, plan, timeout=timeout, who=who, host=host)
                 )
             started = time.time_ns()
             if backend == "bwrap":
@@ -180,10 +181,16 @@ def run(
             else:
                 rc = _run_direct(host, sessions, plan, sid, command, workdir, env, forward, backend)
             if writes:
-                from kbd.notes import audit_command_changes
+                from kbd.notes import scan_command_changes
 
-                audit_command_changes(host, plan, sid, since_ns=started)
-            return rc
+                # Only the bounded walk under the mutexes; reading and gating the
+                # changed files waits until they are released (below).
+                changes = scan_command_changes(host, plan, since_ns=started)
+        if writes:
+            from kbd.notes import audit_command_changes
+
+            audit_command_changes(host, plan, sid, changes)
+        return rc
     finally:
         forward.restore()
 

@@ -414,13 +414,20 @@ def _check_regular(st: os.stat_result, rel: str, limit: int, allow_hardlinks: bo
 _TYPES = {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink"}
 
 
-def list_dir(dirfd: int, rel: str) -> list[dict[str, str]]:
+def list_dir(
+    dirfd: int, rel: str, *, after: str | None = None, limit: int | None = None
+) -> list[dict[str, str]]:
     """Names and types in the folder ``rel`` beneath ``dirfd`` (``""`` = the folder
-    itself). Entries are lstat'ed relative to the opened folder: nothing is followed."""
+    itself), in name order: those after ``after``, at most ``limit`` (only these
+    are stat'ed). Entries are lstat'ed relative to the opened folder: nothing is followed."""
     fd = open_beneath(dirfd, rel, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        out = []
+        out: list[dict[str, str]] = []
         for name in sorted(os.listdir(fd)):
+            if after is not None and name <= after:
+                continue
+            if limit is not None and len(out) >= limit:
+                break
             try:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                 kind = _TYPES.get(stat.S_IFMT(st.st_mode), "other")

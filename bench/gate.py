@@ -1,0 +1,68 @@
+"""The prompt-injection gate on 1 MiB worst-case notes (issue 9 item 1: ≤ 50 ms).
+
+Prints ms per ``injection.check`` (median of several rounds) for notes shaped to
+hurt a backtracking engine: newlines, spaces+newlines, "\\n#" repeated, a random
+mix of printable ASCII; and, adversarial (beyond the budget list), a random mix
+of only the characters the rules' words are made of (many partial word matches)
+and keyword spam that makes each bounded rule do its most work per start
+position (linear, but every start position is a candidate). Beside each: the floor, one trivial ``re.search`` over the same text,
+and one ``\\b\\w`` IGNORECASE scan (what a single non-literal rule must cost).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import statistics
+import string
+import time
+from collections.abc import Callable
+
+from kbd import injection
+
+MIB = 1 << 20
+ROUNDS = 5
+_TRIVIAL = re.compile("kbd-no-such-phrase")
+_SCAN = re.compile(r"\bzq\w", re.IGNORECASE | re.MULTILINE)
+
+
+def fill(unit: str) -> str:
+    return (unit * (MIB // len(unit) + 1))[:MIB]
+
+
+def ms(fn: Callable[[], object]) -> float:
+    samples = []
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append((time.perf_counter_ns() - t0) / 1e6)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    rnd = random.Random(9)
+    cases = [
+        ("newlines", fill("\n"), "<= 50"),
+        ("spaces+newlines", fill(" \n"), "<= 50"),
+        ('"\\n#" repeated', fill("\n#"), "<= 50"),
+        ("random mix", "".join(rnd.choice(string.printable) for _ in range(MIB)), "<= 50"),
+        (
+            "random rule letters",
+            "".join(rnd.choice("\n \t#:.@<!->systemIGNOREal") for _ in range(MIB)),
+            "(adversarial)",
+        ),
+        ("prose (no match)", fill("the quick brown fox jumps over the lazy dog. "), ""),
+        ('"ignore all " spam', fill("ignore all "), "(adversarial)"),
+    ]
+    injection.rules()  # load once, as a running daemon has
+    print(f"injection gate on 1 MiB notes (median of {ROUNDS}), {len(injection.rules())} rules")
+    print(f"{'note':<20} {'gate ms':>9} {'floor ms':>9} {'1 scan ms':>9}  budget")
+    for name, text, budget in cases:
+        gate = ms(lambda t=text: injection.check(t))  # type: ignore[misc]
+        floor = ms(lambda t=text: _TRIVIAL.search(t))  # type: ignore[misc]
+        scan = ms(lambda t=text: _SCAN.search(t))  # type: ignore[misc]
+        print(f"{name:<20} {gate:>9.1f} {floor:>9.2f} {scan:>9.1f}  {budget}")
+
+
+if __name__ == "__main__":
+    main()
