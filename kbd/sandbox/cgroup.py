@@ -25,6 +25,7 @@ Pure parsing and decision functions first; the file I/O is in ``Hierarchy`` and
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import time
@@ -326,10 +327,19 @@ def kill_tree(path: str, *, timeout: float = 5.0) -> bool:
     return True
 
 
-def _rmdir(path: str) -> None:
-    # ENOENT: already gone; EBUSY: still populated (a kill that timed out): revoke retries.
-    with contextlib.suppress(OSError):
-        os.rmdir(path)  # noqa: PTH106 - cgroupfs paths stay plain strings
+def _rmdir(path: str, *, timeout: float = 1.0) -> None:
+    """Remove an emptied cgroup. EBUSY is retried briefly: killed processes that
+    were reparented to init stay attached until init reaps them. Anything else
+    (ENOENT: already gone) is left alone; a folder that stays is empty and harmless."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.rmdir(path)  # noqa: PTH106 - cgroupfs paths stay plain strings
+        except OSError as exc:
+            if exc.errno == errno.EBUSY and time.monotonic() < deadline:
+                time.sleep(0.01)
+                continue
+        return
 
 
 def remove(hierarchy: Hierarchy, name: str) -> None:

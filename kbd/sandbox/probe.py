@@ -73,7 +73,10 @@ def containment(*, bwrap_ok: bool, backend: str) -> tuple[bool, str]:
             f"no per-command cgroup ({h.problem}); bubblewrap's PID namespace holds each tree, "
             "the Landlock-only backend would refuse (exit 69)"
         )
-    return False, f"no per-command cgroup ({h.problem}): the Landlock-only backend refuses to run commands (exit 69)"
+    return (
+        False,
+        f"no per-command cgroup ({h.problem}): the Landlock-only backend refuses to run commands (exit 69)",
+    )
 
 
 def limits(config: LimitsConfig) -> dict[str, str]:

@@ -4,6 +4,7 @@ backends — and ``kbd exec`` forwards signals only to its own, unreaped child."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -54,6 +55,15 @@ def tagged(token: str) -> list[int]:
     return out
 
 
+def _carrying(token: str) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError), open(f"/proc/{entry}/cmdline", "rb") as fh:
+            if entry.isdigit() and int(entry) != os.getpid() and token.encode() in fh.read():
+                out.append(int(entry))
+    return out
+
+
 def settle(predicate: object, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -67,11 +77,9 @@ def settle(predicate: object, timeout: float = 10.0) -> bool:
 def token() -> Iterator[str]:
     value = f"kbd-survivor-{os.urandom(6).hex()}"
     yield value
-    for pid in tagged(value):  # never leave a loop behind, whatever failed
-        try:
+    for pid in _carrying(value):  # never leave a loop (or its shell) behind, whatever failed
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def start(kb: KbRoot, sid: str, script: str) -> subprocess.Popen[bytes]:
@@ -182,4 +190,3 @@ def test_the_forwarder_reaches_the_child_and_is_disarmed_before_it_is_reaped() -
             bystander.wait()
     finally:
         forward.restore()
-
