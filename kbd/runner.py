@@ -24,10 +24,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from kbd.config import LimitsConfig
 from kbd.errors import InvalidInput, Unavailable
 from kbd.ops import Host
 from kbd.plan import Plan
@@ -164,23 +166,53 @@ def wait_child(proc: subprocess.Popen[bytes], forward: _Forward) -> int:
     return proc.wait()
 
 
-def contain(host: Host, sid: str, backend: str) -> cgroup.Box | None:
+class _Prepare(threading.Thread):
+    """Create the command's cgroup and step ``kbd exec`` into it while the main
+    thread looks the plan up: the move waits for an RCU grace period (~10 ms on
+    a busy host) that would otherwise add to every command's latency."""
+
+    def __init__(self, sid: str, limits: LimitsConfig) -> None:
+        super().__init__(name="kbd-cgroup", daemon=True)
+        self.sid, self.limits = sid, limits
+        self.box: cgroup.Box | None = None
+        self.error: str | None = None
+
+    def run(self) -> None:
+        try:
+            hierarchy = cgroup.detect()
+            if hierarchy.v2 is not None:
+                box = cgroup.Box.create(hierarchy, self.sid, self.limits)
+                try:
+                    box.enter()
+                except BaseException:
+                    box.remove()
+                    raise
+                self.box = box
+        except (OSError, ValueError) as exc:  # ValueError: not a session ID (the lookup says so)
+            self.error = getattr(exc, "strerror", None) or str(exc)
+
+    def result(self) -> tuple[cgroup.Box | None, str | None]:
+        self.join()
+        return self.box, self.error
+
+
+def contain(prepared: _Prepare, backend: str) -> cgroup.Box | None:
     """The command's cgroup (its whole tree, its limits), or None where this host
     has none and the backend still holds the tree (bubblewrap's PID namespace)."""
+    box, error = prepared.result()
+    if box is not None:
+        return box
     hierarchy = cgroup.detect()
-    if hierarchy.v2 is None:
-        problem = cgroup.uncontained_problem(backend, hierarchy.problem)
-        if problem is not None:
-            raise cgroup.ContainmentUnavailable(problem)
-        if backend == "none":
-            warn(f"no per-command cgroup ({hierarchy.problem}): background processes may outlive the command")
-        return None
-    try:
-        return cgroup.Box.create(hierarchy, sid, host.config.limits)
-    except OSError as exc:
+    if hierarchy.v2 is not None:
         raise cgroup.ContainmentUnavailable(
-            f"cannot create the command's cgroup under {hierarchy.v2}: {exc.strerror or exc}"
-        ) from None
+            f"cannot create the command's cgroup under {hierarchy.v2}: {error}"
+        )
+    problem = cgroup.uncontained_problem(backend, hierarchy.problem)
+    if problem is not None:
+        raise cgroup.ContainmentUnavailable(problem)
+    if backend == "none":
+        warn(f"no per-command cgroup ({hierarchy.problem}): background processes may outlive the command")
+    return None
 
 
 def _end_tree(box: cgroup.Box | None) -> None:
@@ -196,7 +228,8 @@ def spawn(argv: list[str], box: cgroup.Box | None, **popen: Any) -> subprocess.P
     instant), and steps back out before it records or waits for anything."""
     if box is None:
         return subprocess.Popen(argv, start_new_session=True, **popen)  # noqa: S603
-    box.enter()
+    if not box.inside:
+        box.enter()
     left: OSError | None = None
     try:
         proc = subprocess.Popen(argv, start_new_session=True, **popen)  # noqa: S603
@@ -220,18 +253,20 @@ def run(root: Path, sid: str, command: list[str], *, cwd: str | None = None, act
     if not command:
         raise InvalidInput("no command given", hint="kbd exec SID -- CMD [ARG...]")
     host = Host(root)
-    sessions = Sessions(host)
-    # Without --as the caller is the trusted local user of the root (as for git).
-    plan = sessions.plan(sid, actor=host.actor(actor) if actor else None)
-    workdir = resolve_cwd(plan, cwd)
-    env = session_env(plan, sid)
-    backend = choose_backend(host)
-    box = contain(host, sid, backend)
-    forward = _Forward()
+    prepared = _Prepare(sid, host.config.limits)
+    prepared.start()
+    box: cgroup.Box | None = None
+    forward: _Forward | None = None
     try:
+        sessions = Sessions(host)
+        # Without --as the caller is the trusted local user of the root (as for git).
+        plan = sessions.plan(sid, actor=host.actor(actor) if actor else None)
+        workdir = resolve_cwd(plan, cwd)
+        env = session_env(plan, sid)
+        backend = choose_backend(host)
+        box = contain(prepared, backend)
+        forward = _Forward()
         with contextlib.ExitStack() as stack:
-            if box is not None:
-                stack.callback(box.remove)
             writes = bool(spec.contributed_notes(plan))
             if writes:
                 from kbd.notes import command_locks  # filelock only for write plans
@@ -253,7 +288,15 @@ def run(root: Path, sid: str, command: list[str], *, cwd: str | None = None, act
                 audit_command_changes(host, plan, sid, since_ns=started)
             return rc
     finally:
-        forward.restore()
+        if forward is not None:
+            forward.restore()
+        if box is None:  # refused before the command ran: undo the preparation
+            box = prepared.result()[0]
+        if box is not None:
+            if box.inside:
+                with contextlib.suppress(OSError):  # spawn already reported it
+                    box.leave()
+            box.remove()
 
 
 def _run_direct(

@@ -220,8 +220,10 @@ def _probe() -> Hierarchy:
 
 
 def _ensure_dir(path: str) -> None:
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o755)
+    # stat first: mkdir on cgroupfs takes the global cgroup mutex even for EEXIST.
+    if not os.path.isdir(path):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o755)
     if not os.path.isdir(path) or os.path.islink(path):
         raise NotADirectoryError(20, "not a folder", path)
 
@@ -260,6 +262,7 @@ class Box:
     name: str
     path: str
     v1: str | None = None
+    inside: bool = False  # whether this process is in the cgroup now
 
     @classmethod
     def create(cls, hierarchy: Hierarchy, sid: str, limits: LimitsConfig) -> Box:
@@ -286,14 +289,20 @@ class Box:
         """Move this process in: whatever it forks from now on starts inside."""
         me = str(os.getpid())
         _write(f"{self.path}/cgroup.procs", me)
+        self.inside = True
         if self.v1 is not None:
-            _write(f"{self.v1}/cgroup.procs", me)
+            try:
+                _write(f"{self.v1}/cgroup.procs", me)
+            except BaseException:
+                self.leave()
+                raise
 
     def leave(self) -> None:
         me = str(os.getpid())
         if self.v1 is not None and self.hierarchy.v1_home is not None:
             _write(f"{self.hierarchy.v1_home}/cgroup.procs", me)
         _write(f"{self.hierarchy.home or self.hierarchy.v2}/cgroup.procs", me)
+        self.inside = False
 
     def kill(self, *, timeout: float = 5.0) -> bool:
         return kill_tree(self.path, timeout=timeout)
