@@ -34,7 +34,7 @@ from kbd.errors import InvalidInput, Unavailable
 from kbd.ops import Host
 from kbd.plan import Plan
 from kbd.safepath import pin_dir
-from kbd.sandbox import bwrap, cgroup, seccomp, spec
+from kbd.sandbox import bwrap, cgroup, reaper, seccomp, spec
 from kbd.sandbox import limits as rlimits
 from kbd.sandbox.landlock import LANDLOCK_ALL, landlock_abi, system_rules
 from kbd.session_ops import Sessions
@@ -207,10 +207,12 @@ def contain(prepared: _Prepare, backend: str) -> cgroup.Box | None:
         raise cgroup.ContainmentUnavailable(
             f"cannot create the command's cgroup under {hierarchy.v2}: {error}"
         )
-    problem = cgroup.uncontained_problem(backend, hierarchy.problem)
+    if backend != "bwrap":  # bubblewrap's PID namespace already holds the tree
+        reaper.become_subreaper()
+    problem = cgroup.uncontained_problem(backend, hierarchy.problem, subreaper=reaper.active())
     if problem is not None:
         raise cgroup.ContainmentUnavailable(problem)
-    if backend == "none":
+    if backend == "none" and not reaper.active():
         warn(f"no per-command cgroup ({hierarchy.problem}): background processes may outlive the command")
     return None
 
@@ -220,6 +222,8 @@ def _end_tree(box: cgroup.Box | None) -> None:
     before the post-command audit reads what it wrote and before the locks go."""
     if box is not None and not box.kill():
         warn(f"processes of this command are still alive in cgroup {box.path}; revoke it with --immediate")
+    if box is None and reaper.active() and not reaper.kill_descendants():
+        warn("processes of this command are still alive after SIGKILL")
 
 
 def spawn(argv: list[str], box: cgroup.Box | None, **popen: Any) -> subprocess.Popen[bytes]:

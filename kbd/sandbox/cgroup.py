@@ -369,16 +369,17 @@ class ContainmentUnavailable(Unavailable):
     )
 
 
-def uncontained_problem(backend: str, problem: str | None) -> str | None:
+def uncontained_problem(backend: str, problem: str | None, *, subreaper: bool) -> str | None:
     """Why ``backend`` must refuse to run without a per-command cgroup, or None.
 
     bubblewrap holds the tree in its PID namespace (``--unshare-pid``,
     ``--die-with-parent``): killing it kills everything. The Landlock-only
-    backend has nothing else: it refuses rather than run uncontained.
-    ``none`` is already the operator's explicit unsafe choice (it warns)."""
-    if backend != "landlock":
+    backend has only the subreaper fallback (kbd.sandbox.reaper); without it, it
+    refuses rather than run uncontained. ``none`` is already the operator's
+    explicit unsafe choice (it warns)."""
+    if backend != "landlock" or subreaper:
         return None
     return (
-        "the Landlock-only backend cannot contain the command's processes without a per-command "
-        f"cgroup ({problem or 'unavailable'}); refusing to run it uncontained"
+        "the Landlock-only backend cannot contain the command's processes: no per-command "
+        f"cgroup ({problem or 'unavailable'}) and no subreaper; refusing to run it uncontained"
     )

@@ -190,3 +190,27 @@ def test_the_forwarder_reaches_the_child_and_is_disarmed_before_it_is_reaped() -
             bystander.wait()
     finally:
         forward.restore()
+
+
+# -- the fallback without a cgroup: kbd exec as the command's subreaper ------------------------
+REAPER = """
+import subprocess, sys, time
+from kbd.sandbox import reaper
+assert reaper.become_subreaper()
+loop = "while :; do sleep 0.1; done; : " + sys.argv[1]
+p = subprocess.Popen(["sh", "-c", f"setsid sh -c '{loop}' </dev/null >/dev/null 2>&1 & exit 0"], start_new_session=True)
+p.wait()
+time.sleep(0.3)
+print(len(reaper.children()), reaper.kill_descendants(), len(reaper.children()))
+"""
+
+
+def test_the_subreaper_fallback_kills_a_detached_tree(token: str) -> None:
+    """Real processes: the detached loop is reparented to the subreaper (not to
+    init) once its shell exits, and kill_descendants ends it and its children."""
+    r = subprocess.run(
+        [sys.executable, "-c", REAPER, token], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1", "True", "0"]
+    assert not tagged(token)

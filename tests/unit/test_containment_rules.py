@@ -106,10 +106,12 @@ def test_command_cgroup_names_are_checked() -> None:
 
 
 def test_only_the_landlock_backend_refuses_without_containment() -> None:
-    assert cgroup.uncontained_problem("bwrap", "no cgroup2") is None  # its PID namespace holds the tree
-    assert cgroup.uncontained_problem("none", "no cgroup2") is None  # unsafe_no_sandbox already warns
-    problem = cgroup.uncontained_problem("landlock", "no cgroup2")
-    assert problem is not None and "no cgroup2" in problem
+    for subreaper in (False, True):
+        assert cgroup.uncontained_problem("bwrap", "no cgroup2", subreaper=subreaper) is None  # PID namespace
+        assert cgroup.uncontained_problem("none", "no cgroup2", subreaper=subreaper) is None  # already warns
+    assert cgroup.uncontained_problem("landlock", "no cgroup2", subreaper=True) is None  # the fallback
+    problem = cgroup.uncontained_problem("landlock", "no cgroup2", subreaper=False)
+    assert problem is not None and "no cgroup2" in problem and "refusing" in problem
     assert cgroup.ContainmentUnavailable("x").exit_code == 69
 
 
