@@ -306,6 +306,10 @@ class SessionStore:
                 out.append(row)
             elif row.cgroup is not None and _tree_left(row.cgroup):
                 out.append(replace(row, alive=False))
+            elif row.cgroup is not None:
+                # Its kbd exec was killed and the tree is gone: drop what it left behind.
+                _drop_cgroup(row.cgroup)
+                self.remove_process(sid, row.pid)
         return out
 
 
@@ -314,6 +318,12 @@ def _tree_left(name: str) -> bool:
 
     path = cgroup.detect().path(name)
     return path is not None and cgroup.populated(path)
+
+
+def _drop_cgroup(name: str) -> None:
+    from kbd.sandbox import cgroup
+
+    cgroup.remove(cgroup.detect(), name)
 
 
 def _boot_id() -> str:

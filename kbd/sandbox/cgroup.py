@@ -313,12 +313,19 @@ class Box:
                 _rmdir(path)
 
 
+# A cgroup removed meanwhile (another kbd process ended the same command): its
+# files are gone (ENOENT) or, when already open, answer ENODEV.
+_GONE = (errno.ENOENT, errno.ENODEV)
+
+
 def populated(path: str) -> bool:
     """Whether any process is left in the cgroup at ``path`` (False when it is gone)."""
     try:
         return "populated 1" in _read(f"{path}/cgroup.events")
-    except FileNotFoundError:
-        return False
+    except OSError as exc:
+        if exc.errno in _GONE:
+            return False
+        raise
 
 
 def kill_tree(path: str, *, timeout: float = 5.0) -> bool:
@@ -326,8 +333,10 @@ def kill_tree(path: str, *, timeout: float = 5.0) -> bool:
     processes forked during the kill) and wait until it is empty. True when it is."""
     try:
         _write(f"{path}/cgroup.kill", "1")
-    except FileNotFoundError:
-        return True
+    except OSError as exc:
+        if exc.errno in _GONE:
+            return True
+        raise
     deadline = time.monotonic() + timeout
     while populated(path):
         if time.monotonic() > deadline:

@@ -214,3 +214,26 @@ def test_the_subreaper_fallback_kills_a_detached_tree(token: str) -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["1", "True", "0"]
     assert not tagged(token)
+
+
+def test_a_killed_kbd_exec_leaves_no_cgroup_behind(kb: KbRoot, token: str) -> None:
+    """bubblewrap: SIGKILL the recording kbd exec; its sandbox dies with it
+    (--die-with-parent) and the next listing removes the empty cgroup and the record."""
+    from kbd.sandbox import cgroup
+
+    sid = world(kb, "bwrap")
+    proc = start(kb, sid, f"{survivor(token)} sleep 60")
+    try:
+        assert settle(lambda: tagged(token)), "the survivor never started"
+        before = {n for n in os.listdir(cgroup.detect().v2 or "/nonexistent") if n.startswith(sid)}
+        assert len(before) == 1
+        proc.kill()
+        proc.wait(timeout=30)
+        assert settle(lambda: not tagged(token), timeout=5)
+        assert settle(lambda: kb.cli("session", "show", sid, "--json").json()["running"] == [])
+        assert not [n for n in os.listdir(cgroup.detect().v2 or "/nonexistent") if n.startswith(sid)]
+        assert not list((kb.root / "state" / "procs" / sid).iterdir())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
