@@ -188,6 +188,7 @@ class _Prepare(threading.Thread):
                     box.remove()
                     raise
                 self.box = box
+                cgroup.sweep(hierarchy)  # what killed execs left: off the critical path
         except (OSError, ValueError) as exc:  # ValueError: not a session ID (the lookup says so)
             self.error = getattr(exc, "strerror", None) or str(exc)
 

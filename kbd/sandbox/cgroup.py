@@ -360,6 +360,18 @@ def _rmdir(path: str, *, timeout: float = 1.0) -> None:
         return
 
 
+def sweep(hierarchy: Hierarchy) -> None:
+    """Remove the empty cgroups of ``kbd exec`` processes that were killed before
+    they could (a killed exec's tree, if any is left, keeps its cgroup populated
+    for close and revoke). A name whose exec PID is alive — maybe reused — stays."""
+    if hierarchy.v2 is None:
+        return
+    for name in os.listdir(hierarchy.v2):
+        dead = NAME.fullmatch(name) and not os.path.exists(f"/proc/{name.split('.')[1]}")
+        if dead and not populated(f"{hierarchy.v2}/{name}"):
+            remove(hierarchy, name)
+
+
 def remove(hierarchy: Hierarchy, name: str) -> None:
     """Remove the (empty) cgroups named ``name`` in both hierarchies."""
     path = hierarchy.path(name)

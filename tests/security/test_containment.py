@@ -237,3 +237,21 @@ def test_a_killed_kbd_exec_leaves_no_cgroup_behind(kb: KbRoot, token: str) -> No
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
+
+
+def test_kbd_exec_sweeps_the_empty_cgroups_of_killed_execs(kb: KbRoot) -> None:
+    from kbd.sandbox import cgroup
+
+    sid = world(kb, "landlock")
+    dead = subprocess.Popen(["true"])  # a PID that has just exited
+    dead.wait()
+    subtree = cgroup.detect().v2
+    assert subtree is not None
+    stale = f"{subtree}/{sid}.{dead.pid}.{os.urandom(4).hex()}"
+    Path(stale).mkdir()
+    try:
+        assert kb.cli("exec", sid, "--", "true").code == 0
+        assert not os.path.exists(stale)
+    finally:
+        with contextlib.suppress(OSError):
+            Path(stale).rmdir()
