@@ -168,12 +168,14 @@ def wait_child(proc: subprocess.Popen[bytes], forward: _Forward) -> int:
 
 class _Prepare(threading.Thread):
     """Create the command's cgroup and step ``kbd exec`` into it while the main
-    thread looks the plan up: the move waits for an RCU grace period (~10 ms on
-    a busy host) that would otherwise add to every command's latency."""
+    thread loads the config and looks the plan up: the move waits for an RCU
+    grace period (~10 ms on a busy host) that would otherwise add to every
+    command's latency. The limits are written by :func:`contain`, before the
+    command starts."""
 
-    def __init__(self, sid: str, limits: LimitsConfig) -> None:
+    def __init__(self, sid: str) -> None:
         super().__init__(name="kbd-cgroup", daemon=True)
-        self.sid, self.limits = sid, limits
+        self.sid = sid
         self.box: cgroup.Box | None = None
         self.error: str | None = None
 
@@ -181,7 +183,7 @@ class _Prepare(threading.Thread):
         try:
             hierarchy = cgroup.detect()
             if hierarchy.v2 is not None:
-                box = cgroup.Box.create(hierarchy, self.sid, self.limits)
+                box = cgroup.Box.create(hierarchy, self.sid)
                 try:
                     box.enter()
                 except BaseException:
@@ -197,11 +199,17 @@ class _Prepare(threading.Thread):
         return self.box, self.error
 
 
-def contain(prepared: _Prepare, backend: str) -> cgroup.Box | None:
+def contain(prepared: _Prepare, backend: str, limits: LimitsConfig) -> cgroup.Box | None:
     """The command's cgroup (its whole tree, its limits), or None where this host
     has none and the backend still holds the tree (bubblewrap's PID namespace)."""
     box, error = prepared.result()
     if box is not None:
+        try:
+            box.limit(limits)
+        except OSError as exc:
+            raise cgroup.ContainmentUnavailable(
+                f"cannot set the limits of the command's cgroup {box.path}: {exc.strerror or exc}"
+            ) from None
         return box
     hierarchy = cgroup.detect()
     if hierarchy.v2 is not None:
@@ -257,19 +265,19 @@ def run(root: Path, sid: str, command: list[str], *, cwd: str | None = None, act
     sandbox could not be set up, 77 when the session is closed)."""
     if not command:
         raise InvalidInput("no command given", hint="kbd exec SID -- CMD [ARG...]")
-    host = Host(root)
-    prepared = _Prepare(sid, host.config.limits)
+    prepared = _Prepare(sid)
     prepared.start()
     box: cgroup.Box | None = None
     forward: _Forward | None = None
     try:
+        host = Host(root)
         sessions = Sessions(host)
         # Without --as the caller is the trusted local user of the root (as for git).
         plan = sessions.plan(sid, actor=host.actor(actor) if actor else None)
         workdir = resolve_cwd(plan, cwd)
         env = session_env(plan, sid)
         backend = choose_backend(host)
-        box = contain(prepared, backend)
+        box = contain(prepared, backend, host.config.limits)
         forward = _Forward()
         with contextlib.ExitStack() as stack:
             writes = bool(spec.contributed_notes(plan))

@@ -265,25 +265,31 @@ class Box:
     inside: bool = False  # whether this process is in the cgroup now
 
     @classmethod
-    def create(cls, hierarchy: Hierarchy, sid: str, limits: LimitsConfig) -> Box:
+    def create(cls, hierarchy: Hierarchy, sid: str) -> Box:
+        """Make the (still unlimited) cgroups; :meth:`limit` bounds them."""
         name = f"{sid}.{os.getpid()}.{os.urandom(4).hex()}"
         path = hierarchy.path(name)
         if path is None:
             raise ValueError(f"cannot name a cgroup for session {sid!r}")
         os.mkdir(path, 0o755)
         box = cls(hierarchy, name, path)
-        try:
-            for fname, value in v2_files(limits, hierarchy.controllers).items():
-                _write(f"{path}/{fname}", value)
-            v1_max = v1_pids_max(limits, hierarchy.controllers, v1_pids=hierarchy.v1_pids is not None)
-            if v1_max is not None and hierarchy.v1_pids is not None:
+        if hierarchy.v1_pids is not None and "pids" not in hierarchy.controllers:
+            try:
                 box.v1 = f"{hierarchy.v1_pids}/{name}"
                 os.mkdir(box.v1, 0o755)
-                _write(f"{box.v1}/pids.max", v1_max)
-        except BaseException:
-            box.remove()
-            raise
+            except BaseException:
+                box.v1 = None
+                box.remove()
+                raise
         return box
+
+    def limit(self, limits: LimitsConfig) -> None:
+        """Write the limit files; before the command is started, never after."""
+        for fname, value in v2_files(limits, self.hierarchy.controllers).items():
+            _write(f"{self.path}/{fname}", value)
+        v1_max = v1_pids_max(limits, self.hierarchy.controllers, v1_pids=self.v1 is not None)
+        if v1_max is not None and self.v1 is not None:
+            _write(f"{self.v1}/pids.max", v1_max)
 
     def enter(self) -> None:
         """Move this process in: whatever it forks from now on starts inside."""
