@@ -40,12 +40,17 @@ def _lean_exec(argv: list[str]) -> int | None:
         return None  # any other option (--as, --help): the full CLI parses it
     if not rest:
         return None
+    # First: the command's cgroup takes an RCU grace period to enter; a helper
+    # thread pays it while the imports, config load and plan lookup below run.
+    from kbd.sandbox.cgroup import Preparation
+
+    prepared = Preparation.start_for(sid)
     from kbd.config import default_root
     from kbd.errors import KbdError
     from kbd.runner import run
 
     try:
-        return run(Path(root) if root else default_root(), sid, rest, cwd=cwd)
+        return run(Path(root) if root else default_root(), sid, rest, cwd=cwd, prepared=prepared)
     except KbdError as err:
         print(f"error[{err.code}]: {err.message}", file=sys.stderr)
         if err.hint:

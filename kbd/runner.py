@@ -24,7 +24,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -166,40 +165,7 @@ def wait_child(proc: subprocess.Popen[bytes], forward: _Forward) -> int:
     return proc.wait()
 
 
-class _Prepare(threading.Thread):
-    """Create the command's cgroup and step ``kbd exec`` into it while the main
-    thread loads the config and looks the plan up: the move waits for an RCU
-    grace period (~10 ms on a busy host) that would otherwise add to every
-    command's latency. The limits are written by :func:`contain`, before the
-    command starts."""
-
-    def __init__(self, sid: str) -> None:
-        super().__init__(name="kbd-cgroup", daemon=True)
-        self.sid = sid
-        self.box: cgroup.Box | None = None
-        self.error: str | None = None
-
-    def run(self) -> None:
-        try:
-            hierarchy = cgroup.detect()
-            if hierarchy.v2 is not None:
-                box = cgroup.Box.create(hierarchy, self.sid)
-                try:
-                    box.enter()
-                except BaseException:
-                    box.remove()
-                    raise
-                self.box = box
-                cgroup.sweep(hierarchy)  # what killed execs left: off the critical path
-        except (OSError, ValueError) as exc:  # ValueError: not a session ID (the lookup says so)
-            self.error = getattr(exc, "strerror", None) or str(exc)
-
-    def result(self) -> tuple[cgroup.Box | None, str | None]:
-        self.join()
-        return self.box, self.error
-
-
-def contain(prepared: _Prepare, backend: str, limits: LimitsConfig) -> cgroup.Box | None:
+def contain(prepared: cgroup.Preparation, backend: str, limits: LimitsConfig) -> cgroup.Box | None:
     """The command's cgroup (its whole tree, its limits), or None where this host
     has none and the backend still holds the tree (bubblewrap's PID namespace)."""
     box, error = prepared.result()
@@ -229,44 +195,51 @@ def contain(prepared: _Prepare, backend: str, limits: LimitsConfig) -> cgroup.Bo
 def _end_tree(box: cgroup.Box | None) -> None:
     """Kill whatever the command left running (setsid'd background loops too),
     before the post-command audit reads what it wrote and before the locks go."""
-    if box is not None and not box.kill():
-        warn(f"processes of this command are still alive in cgroup {box.path}; revoke it with --immediate")
+    if box is not None:
+        box.settle()  # out of the cgroup first: cgroup.kill must not take kbd exec along
+        if not box.kill():
+            warn(
+                f"processes of this command are still alive in cgroup {box.path}; revoke it with --immediate"
+            )
     if box is None and reaper.active() and not reaper.kill_descendants():
         warn("processes of this command are still alive after SIGKILL")
 
 
 def spawn(argv: list[str], box: cgroup.Box | None, **popen: Any) -> subprocess.Popen[bytes]:
-    """Start ``argv`` in a new session, inside ``box``: ``kbd exec`` steps into the
-    cgroup, forks (the child inherits it: nothing runs outside, not even for an
-    instant), and steps back out before it records or waits for anything."""
+    """Start ``argv`` in a new session, inside ``box``: ``kbd exec`` is in the
+    cgroup when it forks (the child inherits it: nothing runs outside, not even
+    for an instant), then steps back out on a helper thread while the command
+    runs (the move waits for an RCU grace period); ``_end_tree`` waits for that
+    before it kills the cgroup."""
     if box is None:
         return subprocess.Popen(argv, start_new_session=True, **popen)  # noqa: S603
     if not box.inside:
         box.enter()
-    left: OSError | None = None
     try:
         proc = subprocess.Popen(argv, start_new_session=True, **popen)  # noqa: S603
-    finally:
-        try:
-            box.leave()
-        except OSError as exc:
-            left = exc
-    if left is not None:
-        # Still inside: cgroup.kill would take kbd exec along; end the new group alone.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise cgroup.ContainmentUnavailable(f"cannot leave the command's cgroup: {left.strerror or left}")
+    except BaseException:
+        box.leave()
+        raise
+    box.leave_soon()
     return proc
 
 
-def run(root: Path, sid: str, command: list[str], *, cwd: str | None = None, actor: str | None = None) -> int:
+def run(
+    root: Path,
+    sid: str,
+    command: list[str],
+    *,
+    cwd: str | None = None,
+    actor: str | None = None,
+    prepared: cgroup.Preparation | None = None,
+) -> int:
     """Run ``command`` in session ``sid``; return its exit status (69 when the
-    sandbox could not be set up, 77 when the session is closed)."""
+    sandbox could not be set up, 77 when the session is closed). ``prepared``:
+    the command's cgroup, when the caller started preparing it even earlier."""
     if not command:
         raise InvalidInput("no command given", hint="kbd exec SID -- CMD [ARG...]")
-    prepared = _Prepare(sid)
-    prepared.start()
+    if prepared is None:
+        prepared = cgroup.Preparation.start_for(sid)
     box: cgroup.Box | None = None
     forward: _Forward | None = None
     try:
@@ -306,8 +279,9 @@ def run(root: Path, sid: str, command: list[str], *, cwd: str | None = None, act
         if box is None:  # refused before the command ran: undo the preparation
             box = prepared.result()[0]
         if box is not None:
-            if box.inside:
-                with contextlib.suppress(OSError):  # spawn already reported it
+            with contextlib.suppress(OSError):  # a failed leave was already reported
+                box.settle()
+                if box.inside:
                     box.leave()
             box.remove()
 

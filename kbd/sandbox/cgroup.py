@@ -28,8 +28,9 @@ import contextlib
 import errno
 import os
 import re
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kbd.errors import Unavailable
@@ -263,6 +264,8 @@ class Box:
     path: str
     v1: str | None = None
     inside: bool = False  # whether this process is in the cgroup now
+    _leaving: threading.Thread | None = field(default=None, repr=False)
+    _leave_error: OSError | None = field(default=None, repr=False)
 
     @classmethod
     def create(cls, hierarchy: Hierarchy, sid: str) -> Box:
@@ -310,6 +313,27 @@ class Box:
         _write(f"{self.hierarchy.home or self.hierarchy.v2}/cgroup.procs", me)
         self.inside = False
 
+    def leave_soon(self) -> None:
+        """:meth:`leave` on a helper thread; :meth:`settle` waits for it."""
+        self._leaving = threading.Thread(target=self._leave_quietly, name="kbd-cgroup-leave", daemon=True)
+        self._leaving.start()
+
+    def _leave_quietly(self) -> None:
+        try:
+            self.leave()
+        except OSError as exc:
+            self._leave_error = exc
+
+    def settle(self) -> None:
+        """Wait until this process is out of the cgroup (retrying a failed move once,
+        here, so that its OSError reaches the caller)."""
+        if self._leaving is not None:
+            self._leaving.join()
+            self._leaving = None
+        if self._leave_error is not None:
+            self._leave_error = None
+            self.leave()
+
     def kill(self, *, timeout: float = 5.0) -> bool:
         return kill_tree(self.path, timeout=timeout)
 
@@ -322,6 +346,45 @@ class Box:
 # A cgroup removed meanwhile (another kbd process ended the same command): its
 # files are gone (ENOENT) or, when already open, answer ENODEV.
 _GONE = (errno.ENOENT, errno.ENODEV)
+
+
+class Preparation(threading.Thread):
+    """Create a command's cgroup and step this process into it on a helper thread,
+    while ``kbd exec`` imports, loads its config and looks the plan up: the move
+    waits for an RCU grace period (~10-15 ms on a busy host) that would otherwise
+    add to every command's latency. Limits are written (``Box.limit``) after
+    :meth:`result`, before the command starts."""
+
+    def __init__(self, sid: str) -> None:
+        super().__init__(name="kbd-cgroup", daemon=True)
+        self.sid = sid
+        self.box: Box | None = None
+        self.error: str | None = None
+
+    @classmethod
+    def start_for(cls, sid: str) -> Preparation:
+        prep = cls(sid)
+        prep.start()
+        return prep
+
+    def run(self) -> None:
+        try:
+            hierarchy = detect()
+            if hierarchy.v2 is not None:
+                box = Box.create(hierarchy, self.sid)
+                try:
+                    box.enter()
+                except BaseException:
+                    box.remove()
+                    raise
+                self.box = box
+                sweep(hierarchy)  # what killed execs left: off the critical path
+        except (OSError, ValueError) as exc:  # ValueError: not a session ID (the lookup says so)
+            self.error = getattr(exc, "strerror", None) or str(exc)
+
+    def result(self) -> tuple[Box | None, str | None]:
+        self.join()
+        return self.box, self.error
 
 
 def populated(path: str) -> bool:
