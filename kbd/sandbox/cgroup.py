@@ -108,12 +108,13 @@ def enforcement(limits: LimitsConfig, hierarchy: Hierarchy) -> dict[str, str]:
     ctl = hierarchy.controllers
     where = "not enforceable here: no writable cgroup v2 hierarchy" if hierarchy.v2 is None else ""
 
-    def cgroup(key: str, controller: str, value: object) -> str:
+    def by_cgroup(controller: str, value: object) -> str:
         if value is None:
             return "off (null in kbd.yaml)"
         if controller in ctl:
             return f"enforced: cgroup v2 {controller} controller ({value})"
-        if controller == "pids" and hierarchy.v1_pids is not None:
+        # The v1 pids cgroup sits beside the v2 one: without v2 there is no command cgroup.
+        if controller == "pids" and hierarchy.v1_pids is not None and hierarchy.v2 is not None:
             return f"enforced: cgroup v1 pids hierarchy at {os.path.dirname(hierarchy.v1_pids)} ({value})"
         return where or (
             f"not enforceable here: the {controller} controller is not available in the cgroup v2 "
@@ -124,10 +125,10 @@ def enforcement(limits: LimitsConfig, hierarchy: Hierarchy) -> dict[str, str]:
         return "off (null in kbd.yaml)" if value is None else f"enforced: {name} ({value})"
 
     return {
-        "pids_max": cgroup("pids_max", "pids", limits.pids_max),
-        "memory_max": cgroup("memory_max", "memory", limits.memory_max),
-        "cpu_weight": cgroup("cpu_weight", "cpu", limits.cpu_weight),
-        "cpu_max": cgroup("cpu_max", "cpu", limits.cpu_max),
+        "pids_max": by_cgroup("pids", limits.pids_max),
+        "memory_max": by_cgroup("memory", limits.memory_max),
+        "cpu_weight": by_cgroup("cpu", limits.cpu_weight),
+        "cpu_max": by_cgroup("cpu", limits.cpu_max),
         "file_size_max": rlimit("RLIMIT_FSIZE", limits.file_size_max),
         "open_files_max": rlimit("RLIMIT_NOFILE", limits.open_files_max),
         "address_space_max": rlimit("RLIMIT_AS", limits.address_space_max),

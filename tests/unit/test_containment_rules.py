@@ -121,3 +121,17 @@ def test_the_rlimit_step_sets_hard_limits_within_the_callers() -> None:
     script = ulimit_script(lim, {resource.RLIMIT_NOFILE: 1024, resource.RLIMIT_FSIZE: inf})
     assert script.startswith("ulimit -c 0 && ulimit -f 20480 && ulimit -n 1024 && ulimit -t 60 ||")
     assert script.endswith('exec "$@"') and "-v" not in script
+
+
+def test_doctor_never_claims_a_limit_without_a_command_cgroup() -> None:
+    lim = LimitsConfig()
+    hybrid = cgroup.Hierarchy("/u/kbd", "/u", frozenset(), "/p/kbd", "/p", None)
+    assert cgroup.enforcement(lim, hybrid)["pids_max"].startswith("enforced: cgroup v1")
+    assert cgroup.enforcement(lim, hybrid)["memory_max"].startswith("not enforceable here")
+    none = cgroup.Hierarchy(None, None, frozenset(), "/p/kbd", "/p", "no cgroup2")
+    assert all(
+        cgroup.enforcement(lim, none)[k].startswith("not enforceable here")
+        for k in ("pids_max", "memory_max", "cpu_weight")
+    )
+    pure = cgroup.Hierarchy("/c/kbd", "/c", frozenset({"pids", "memory", "cpu"}), None, None, None)
+    assert cgroup.enforcement(lim, pure)["memory_max"] == f"enforced: cgroup v2 memory controller ({4 << 30})"
