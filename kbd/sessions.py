@@ -296,8 +296,10 @@ class SessionStore:
                 with open(self._procs(sid) / name, "rb") as fh:
                     r = json.loads(fh.read())
                 cg = r.get("cgroup")
+                if not (isinstance(cg, str) and cg.startswith(f"{sid}.")):
+                    cg = None  # only this session's own command cgroups
                 row = ProcessRow(sid, int(r["pid"]), int(r["pgid"]), int(r["generation"]), float(r["started_at"]),
-                                 [str(a) for a in r["argv"]], cgroup=cg if isinstance(cg, str) else None)  # fmt: skip
+                                 [str(a) for a in r["argv"]], cgroup=cg)  # fmt: skip
             except (OSError, ValueError, KeyError, TypeError):
                 continue
             if r.get("boot_id") != _boot_id():
