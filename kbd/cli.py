@@ -242,10 +242,14 @@ def doctor(c: Ctx, as_json: bool, workflow_id: str | None) -> None:
         record("landlock", lay["landlock"]["abi"] > 0, f"Landlock {lay['landlock']['detail']}")
         record("read sessions", lay["usable"], lay["read_sessions"])
         record("write sessions", not lay["write_sessions"].startswith("REFUSED"), lay["write_sessions"])
-        from kbd.sandbox.probe import landlock_only_summary
+        from kbd.sandbox.probe import containment, landlock_only_summary, limits
 
         # Said whatever the backend: what would still run if bubblewrap went away.
         record("landlock-only kinds", True, landlock_only_summary())
+        record("containment", *containment(bwrap_ok=lay["bwrap"]["ok"], backend=host.config.sandbox.backend))
+        for key, detail in limits(host.config.limits).items():
+            # Informational: an unenforceable limit is reported, never a failure of the root.
+            record(f"limit {key}", True, detail)
     if as_json:
         _emit({"ok": ok, "checks": checks})
     else:

@@ -70,6 +70,27 @@ class NotesQuota:
 
 
 @dataclass(frozen=True)
+class LimitsConfig:
+    """Per-command resource limits (``limits:`` in kbd.yaml). None = no limit.
+
+    The cgroup ones apply where the controller is usable (``kbd doctor`` says
+    which); the rlimits always apply, and core dumps are always off. Sandboxed
+    commands run as uid 0, which RLIMIT_NPROC exempts: ``pids_max`` is the
+    fork-bomb bound, so it is not offered as an rlimit.
+    """
+
+    pids_max: int | None = 512  # cgroup pids.max: processes + threads of one command
+    memory_max: int | None = 4 << 30  # cgroup memory.max, bytes
+    cpu_weight: int | None = 50  # cgroup cpu.weight (100 = an ordinary process)
+    cpu_max: float | None = None  # cgroup cpu.max in CPUs (1.5 = one and a half cores)
+    file_size_max: int | None = 1 << 30  # RLIMIT_FSIZE, bytes
+    open_files_max: int | None = 4096  # RLIMIT_NOFILE
+    address_space_max: int | None = None  # RLIMIT_AS, bytes (off: memory_max is the better bound)
+    cpu_time_max: int | None = None  # RLIMIT_CPU, seconds
+    tmpfs_size: int | None = 512 << 20  # the sandbox's /tmp and /dev/shm (bubblewrap), bytes
+
+
+@dataclass(frozen=True)
 class Config:
     root: Path
     host: str
@@ -81,6 +102,7 @@ class Config:
     revoke_immediately: bool = False
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     notes_quota: NotesQuota = field(default_factory=NotesQuota)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     @property
     def state_dir(self) -> Path:
@@ -100,7 +122,59 @@ _TOP_KEYS = (
     "sandbox",
     "revocation",
     "notes_quota",
+    "limits",
 )
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE_KEYS = ("memory_max", "file_size_max", "address_space_max", "tmpfs_size")
+_COUNT_KEYS = {"pids_max": (8, 1 << 22), "open_files_max": (64, 1 << 20), "cpu_time_max": (1, 1 << 31)}
+_LIMIT_KEYS = (*_SIZE_KEYS, *_COUNT_KEYS, "cpu_weight", "cpu_max")
+_MIN_SIZE = 1 << 20  # below 1 MiB nothing useful runs (a shell, the helper)
+
+
+def _size(value: Any, *, where: str, source: str) -> int:
+    """Bytes from an integer or a string like ``512M`` / ``4G`` (binary units)."""
+    allowed = "an integer number of bytes or a string like 512M or 4G (units K, M, G, T)"
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InvalidConfig(f"{source}: {where} must be {allowed}, or null for no limit")
+    if isinstance(value, str):
+        text = value.strip().upper().removesuffix("B").removesuffix("I")
+        digits, unit = (text[:-1], text[-1]) if text[-1:] in _SIZE_UNITS else (text, "")
+        if not digits.isascii() or not digits.isdigit():
+            raise InvalidConfig(f"{source}: {where} must be {allowed}, got {value!r}")
+        value = int(digits) * _SIZE_UNITS[unit]
+    if not _MIN_SIZE <= value <= 1 << 50:
+        raise InvalidConfig(f"{source}: {where} must be between 1M and 1P bytes, got {value}")
+    return int(value)
+
+
+def _count(value: Any, *, where: str, source: str, minimum: int, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidConfig(f"{source}: {where} must be a whole number or null, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise InvalidConfig(f"{source}: {where} must be between {minimum} and {maximum}, got {value}")
+    return value
+
+
+def parse_limits(data: Any, *, source: str) -> LimitsConfig:
+    """The ``limits:`` section; a missing key keeps its safe default, ``null`` lifts it."""
+    doc = expect_mapping(data, where="limits", source=source)
+    check_keys(doc, allowed=_LIMIT_KEYS, where="limits", source=source)
+    values: dict[str, Any] = {}
+    for key, raw in doc.items():
+        where = f"limits.{key}"
+        if raw is None:
+            values[key] = None
+        elif key in _SIZE_KEYS:
+            values[key] = _size(raw, where=where, source=source)
+        elif key in _COUNT_KEYS:
+            lo, hi = _COUNT_KEYS[key]
+            values[key] = _count(raw, where=where, source=source, minimum=lo, maximum=hi)
+        elif key == "cpu_weight":
+            values[key] = _count(raw, where=where, source=source, minimum=1, maximum=10000)
+        else:  # cpu_max
+            values[key] = expect_number(raw, where=where, source=source, minimum=0.01, maximum=4096)
+    return LimitsConfig(**values)
 
 
 def _abs_under(root: Path, value: str, *, where: str, source: str) -> Path:
@@ -193,6 +267,7 @@ def parse_config(data: Any, *, root: Path, source: str = CONFIG_NAME) -> Config:
         ),
         sandbox=sandbox,
         notes_quota=quota,
+        limits=parse_limits(doc.get("limits", {}), source=source),
     )
 
 

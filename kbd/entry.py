@@ -47,14 +47,22 @@ def _lean_exec(argv: list[str]) -> int | None:
 
 
 def _run_exec(root: str | None, sid: str, command: list[str], cwd: str | None) -> int:
-    from kbd.config import default_root
     from kbd.principals import LocalOperator, named_principal
+
+    # An empty KBD_AS is a usage error before anything starts.
+    named = named_principal(None, os.environ.get("KBD_AS"))
+    # Then the command's cgroup, which takes an RCU grace period to enter: a
+    # helper thread pays it while the imports, config load and plan lookup below
+    # run (run() undoes it when the command is refused).
+    from kbd.sandbox.cgroup import Preparation
+
+    prepared = Preparation.start_for(sid)
+    from kbd.config import default_root
     from kbd.runner import run
 
     # Without --as / KBD_AS the caller is the trusted local operator of the root.
-    named = named_principal(None, os.environ.get("KBD_AS"))
     actor = named if named is not None else LocalOperator.current()
-    return run(Path(root) if root else default_root(), sid, command, actor=actor, cwd=cwd)
+    return run(Path(root) if root else default_root(), sid, command, actor=actor, cwd=cwd, prepared=prepared)
 
 
 def main() -> None:

@@ -34,6 +34,19 @@ sandbox:
   network: none              # none | host: network inside `kbd exec` sandboxes
   unsafe_landlock_writes: false
   unsafe_no_sandbox: false
+# Per-command resource limits (null = no limit). The cgroup ones need the controller
+# in the cgroup v2 hierarchy (pids also works through a cgroup v1 pids hierarchy);
+# `kbd doctor` lists which ones this host enforces. Sizes take K, M, G, T.
+limits:
+  pids_max: 512              # processes + threads per command (the fork-bomb bound)
+  memory_max: 4G             # cgroup memory.max per command
+  cpu_weight: 50             # cgroup cpu.weight (100 = an ordinary process)
+  cpu_max: null              # CPUs per command (e.g. 1.5); null = no quota
+  file_size_max: 1G          # RLIMIT_FSIZE: largest file a command may write
+  open_files_max: 4096       # RLIMIT_NOFILE
+  address_space_max: null    # RLIMIT_AS (breaks runtimes that reserve address space)
+  cpu_time_max: null         # RLIMIT_CPU seconds
+  tmpfs_size: 512M           # the sandbox's /tmp and /dev/shm (bubblewrap backend)
 revocation:
   immediate: false           # terminate running commands when their grants shrink
   grace_seconds: 5

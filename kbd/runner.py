@@ -26,13 +26,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path, PurePosixPath
+from typing import Any
 
+from kbd.config import LimitsConfig
 from kbd.errors import InvalidInput, Unavailable
 from kbd.ops import Host
 from kbd.plan import Plan
 from kbd.principals import LocalOperator
 from kbd.safepath import pin_dir
-from kbd.sandbox import bwrap, seccomp, spec
+from kbd.sandbox import bwrap, cgroup, reaper, seccomp, spec
+from kbd.sandbox import limits as rlimits
 from kbd.sandbox.landlock import LANDLOCK_ALL, landlock_abi, system_rules
 from kbd.session_ops import Sessions
 
@@ -128,7 +131,8 @@ def _landlock_argv(host: Host, plan: Plan, command: list[str], *, scratch: Path)
 
 
 class _Forward:
-    """Forward SIGINT/SIGTERM/SIGHUP from ``kbd exec`` to the command's process group."""
+    """Forward SIGINT/SIGTERM/SIGHUP from ``kbd exec`` to the command's process group
+    while its leader is ours and unreaped (see :func:`wait_child`)."""
 
     def __init__(self) -> None:
         self.pgid: int | None = None
@@ -141,28 +145,116 @@ class _Forward:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pgid, signum)
 
+    def disarm(self) -> None:
+        self.pgid = None
+
     def restore(self) -> None:
+        self.disarm()
         for s, h in self.previous.items():
             signal.signal(s, h)
 
 
+def wait_child(proc: subprocess.Popen[bytes], forward: _Forward) -> int:
+    """Wait for the command, disarm the forwarder, and only then reap it.
+
+    ``waitid(WNOWAIT)`` leaves the exited leader a zombie: until it is reaped its
+    PID — the process group's number — cannot be reused, so a signal forwarded
+    before the disarm can only reach the command's own group, never a stranger
+    that later got the same number."""
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+    forward.disarm()
+    return proc.wait()
+
+
+def contain(prepared: cgroup.Preparation, backend: str, limits: LimitsConfig) -> cgroup.Box | None:
+    """The command's cgroup (its whole tree, its limits), or None where this host
+    has none and the backend still holds the tree (bubblewrap's PID namespace)."""
+    box, error = prepared.result()
+    if box is not None:
+        try:
+            box.limit(limits)
+        except OSError as exc:
+            raise cgroup.ContainmentUnavailable(
+                f"cannot set the limits of the command's cgroup {box.path}: {exc.strerror or exc}"
+            ) from None
+        return box
+    hierarchy = cgroup.detect()
+    if hierarchy.v2 is not None:
+        raise cgroup.ContainmentUnavailable(
+            f"cannot create the command's cgroup under {hierarchy.v2}: {error}"
+        )
+    if backend != "bwrap":  # bubblewrap's PID namespace already holds the tree
+        reaper.become_subreaper()
+    problem = cgroup.uncontained_problem(backend, hierarchy.problem, subreaper=reaper.active())
+    if problem is not None:
+        raise cgroup.ContainmentUnavailable(problem)
+    if backend == "none" and not reaper.active():
+        warn(f"no per-command cgroup ({hierarchy.problem}): background processes may outlive the command")
+    return None
+
+
+def _end_tree(box: cgroup.Box | None) -> None:
+    """Kill whatever the command left running (setsid'd background loops too),
+    before the post-command audit reads what it wrote and before the locks go."""
+    if box is not None:
+        box.settle()  # out of the cgroup first: cgroup.kill must not take kbd exec along
+        if not box.kill():
+            warn(
+                f"processes of this command are still alive in cgroup {box.path}; revoke it with --immediate"
+            )
+    if box is None and reaper.active() and not reaper.kill_descendants():
+        warn("processes of this command are still alive after SIGKILL")
+
+
+def spawn(argv: list[str], box: cgroup.Box | None, **popen: Any) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a new session, inside ``box``: ``kbd exec`` is in the
+    cgroup when it forks (the child inherits it: nothing runs outside, not even
+    for an instant), then steps back out on a helper thread while the command
+    runs (the move waits for an RCU grace period); ``_end_tree`` waits for that
+    before it kills the cgroup."""
+    if box is None:
+        return subprocess.Popen(argv, start_new_session=True, **popen)  # noqa: S603
+    if not box.inside:
+        box.enter()
+    try:
+        proc = subprocess.Popen(argv, start_new_session=True, **popen)  # noqa: S603
+    except BaseException:
+        box.leave()
+        raise
+    box.leave_soon()
+    return proc
+
+
 def run(
-    root: Path, sid: str, command: list[str], *, actor: LocalOperator | str, cwd: str | None = None
+    root: Path,
+    sid: str,
+    command: list[str],
+    *,
+    actor: LocalOperator | str,
+    cwd: str | None = None,
+    prepared: cgroup.Preparation | None = None,
 ) -> int:
     """Run ``command`` in session ``sid``; return its exit status (69 when the
     sandbox could not be set up, 77 when the session is closed). ``actor`` is the
     trusted local operator, or the ID of the principal named with ``--as``
-    (resolved against the current principals; an empty ID is a usage error)."""
+    (resolved against the current principals; an empty ID is a usage error).
+    ``prepared``: the command's cgroup, when the caller started preparing it
+    even earlier."""
     if not command:
         raise InvalidInput("no command given", hint="kbd exec SID -- CMD [ARG...]")
-    host = Host(root)
-    sessions = Sessions(host)
-    plan = sessions.plan(sid, actor=actor if isinstance(actor, LocalOperator) else host.actor(actor))
-    workdir = resolve_cwd(plan, cwd)
-    env = session_env(plan, sid)
-    backend = choose_backend(host)
-    forward = _Forward()
+    if prepared is None:
+        prepared = cgroup.Preparation.start_for(sid)
+    box: cgroup.Box | None = None
+    forward: _Forward | None = None
     try:
+        host = Host(root)
+        sessions = Sessions(host)
+        plan = sessions.plan(sid, actor=actor if isinstance(actor, LocalOperator) else host.actor(actor))
+        workdir = resolve_cwd(plan, cwd)
+        env = session_env(plan, sid)
+        backend = choose_backend(host)
+        box = contain(prepared, backend, host.config.limits)
+        forward = _Forward()
         with contextlib.ExitStack() as stack:
             writes = bool(spec.contributed_notes(plan))
             if writes:
@@ -177,9 +269,9 @@ def run(
                 )
             started = time.time_ns()
             if backend == "bwrap":
-                rc = _run_bwrap(host, sessions, plan, sid, command, workdir, env, forward)
+                rc = _run_bwrap(host, sessions, plan, sid, command, workdir, env, forward, box)
             else:
-                rc = _run_direct(host, sessions, plan, sid, command, workdir, env, forward, backend)
+                rc = _run_direct(host, sessions, plan, sid, command, workdir, env, forward, backend, box)
             if writes:
                 from kbd.notes import scan_command_changes
 
@@ -192,12 +284,21 @@ def run(
             audit_command_changes(host, plan, sid, changes)
         return rc
     finally:
-        forward.restore()
+        if forward is not None:
+            forward.restore()
+        if box is None:  # refused before the command ran: undo the preparation
+            box = prepared.result()[0]
+        if box is not None:
+            with contextlib.suppress(OSError):  # a failed leave was already reported
+                box.settle()
+                if box.inside:
+                    box.leave()
+            box.remove()
 
 
 def _run_direct(
     host: Host, sessions: Sessions, plan: Plan, sid: str, command: list[str], workdir: Path,
-    env: dict[str, str], forward: _Forward, backend: str,
+    env: dict[str, str], forward: _Forward, backend: str, box: cgroup.Box | None,
 ) -> int:  # fmt: skip
     if backend == "landlock":
         scratch = private_tmp(host, sid)
@@ -206,40 +307,52 @@ def _run_direct(
     else:
         warn("unsafe_no_sandbox: running WITHOUT any sandbox; the plan is not enforced")
         argv = command
-    proc = subprocess.Popen(argv, env=env, cwd=workdir, start_new_session=True)  # noqa: S603
+    proc = spawn([*rlimits.shell_prefix(host.config.limits), *argv], box, env=env, cwd=workdir)
     forward.pgid = proc.pid
-    sessions.store.add_process(sid, pid=proc.pid, generation=plan.generation, argv=command)
     try:
-        return proc.wait()
+        sessions.store.add_process(
+            sid, pid=proc.pid, generation=plan.generation, argv=command, cgroup=box.name if box else None
+        )
+        return wait_child(proc, forward)
     finally:
+        if proc.returncode is None:  # recording failed: the command must not run on
+            forward.disarm()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        _end_tree(box)
         sessions.store.remove_process(sid, proc.pid)
 
 
 def _run_bwrap(
     host: Host, sessions: Sessions, plan: Plan, sid: str, command: list[str], workdir: Path,
-    env: dict[str, str], forward: _Forward,
+    env: dict[str, str], forward: _Forward, box: cgroup.Box | None,
 ) -> int:  # fmt: skip
     bwrap.prepare(plan)
     fds = bwrap.Fds()
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     try:
-        argv = bwrap.build_argv(
-            plan, command, cwd=workdir, network=host.config.sandbox.network, status_fd=status_w, fds=fds
-        )
-        proc = subprocess.Popen(argv, env=env, pass_fds=[*fds.handed, status_w], start_new_session=True)  # noqa: S603
+        argv = bwrap.build_argv(plan, command, cwd=workdir, network=host.config.sandbox.network,
+                                status_fd=status_w, fds=fds, limits=host.config.limits)  # fmt: skip
+        proc = spawn(argv, box, env=env, pass_fds=[*fds.handed, status_w])
     finally:
         os.close(status_w)
         fds.close()
     forward.pgid = proc.pid
     started = time.time()
-    sessions.store.add_process(
-        sid, pid=proc.pid, generation=plan.generation, argv=command, started_at=started
-    )
     try:
+        sessions.store.add_process(sid, pid=proc.pid, generation=plan.generation, argv=command,
+                                   started_at=started, cgroup=box.name if box else None)  # fmt: skip
         child, code = bwrap.read_status(status_r)
-        rc = proc.wait()
+        rc = wait_child(proc, forward)
     finally:
         os.close(status_r)
+        if proc.returncode is None:  # recording failed: the command must not run on
+            forward.disarm()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        _end_tree(box)
         sessions.store.remove_process(sid, proc.pid)
     if child is None:
         raise Unavailable(

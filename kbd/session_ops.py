@@ -7,6 +7,7 @@ configuration (DESIGN §4 "Reconciliation").
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import stat
@@ -22,7 +23,7 @@ from kbd.ops import Host
 from kbd.plan import Plan, build_plan
 from kbd.principals import Actor, LocalOperator, Principal, actor_fields
 from kbd.safepath import PathNotFound, names_folder, pin_dir
-from kbd.sessions import SessionRow, SessionStore, new_session_id, require_open
+from kbd.sessions import ProcessRow, SessionRow, SessionStore, new_session_id, require_open
 
 _MODES = {"none": set(), "read": {"r"}, "write": {"w"}, "read-write": {"r", "w"}}
 
@@ -194,7 +195,16 @@ class Sessions:
     def close(self, sid: str, *, actor: Actor) -> list[str]:
         self._usable(sid, actor, action="close")
         closed = self.store.close(sid)
-        self.host.audit("session_closed", session=sid, closed=closed, **actor_fields(actor))
+        # A closed session grants nothing: whatever its commands left running —
+        # background trees included — ends now, without a grace period.
+        terminated = [
+            p.pid
+            for s in dict.fromkeys([sid, *closed])
+            for p in self.store.processes(s)
+            if terminate_command(self.store, p, grace=0)
+        ]
+        self.host.audit("session_closed", session=sid, closed=closed, terminated=terminated,
+                        **actor_fields(actor))  # fmt: skip
         return closed
 
     def rows(
@@ -219,8 +229,9 @@ class Sessions:
     def revoke(self, sid: str, *, immediate: bool, grace: float, actor: Actor) -> dict[str, Any]:
         """Report (and with ``immediate`` terminate) commands running under an
         older generation — or every command of a closed session. Termination is
-        SIGTERM to the process group, ``grace`` seconds, then SIGKILL; only what
-        was actually terminated is reported as such."""
+        SIGTERM to the process group, ``grace`` seconds, then SIGKILL to the
+        command's whole tree (its cgroup); only what was actually terminated is
+        reported as such."""
         row = self._usable(sid, actor, action="revoke")
         closed = row.closed_at is not None or self.store.ancestors_closed(row)
         generation = row.generation if closed else self._build(row).generation
@@ -229,7 +240,7 @@ class Sessions:
         still: list[int] = []
         if immediate:
             for p in procs:
-                if terminate_group(p.pgid, grace=grace):
+                if terminate_command(self.store, p, grace=grace):
                     terminated.append(p.pid)
                 else:
                     still.append(p.pid)
@@ -242,6 +253,34 @@ class Sessions:
     # -- path guard -----------------------------------------------------------
     def check(self, sid: str, path: str, mode: str, *, actor: Actor) -> dict[str, Any]:
         return check_path(self.plan(sid, actor=actor), path, mode)
+
+
+def terminate_command(store: SessionStore, p: ProcessRow, *, grace: float) -> bool:
+    """End one recorded command: SIGTERM its process group (only while its leader
+    is still the recorded process), up to ``grace`` seconds, then ``cgroup.kill``
+    for everything left in its cgroup — processes that left the group with
+    setsid or outlived a killed ``kbd exec`` included. Without a cgroup (bwrap
+    on a host without one: its PID namespace holds the tree) the group alone.
+    True when nothing of it is left."""
+    from kbd.sandbox import cgroup  # not on the exec path
+
+    hierarchy = cgroup.detect()
+    name = p.cgroup or ""
+    path = hierarchy.path(name)
+    if path is None:
+        return p.alive and terminate_group(p.pgid, grace=grace)
+    if p.alive and grace > 0:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while cgroup.populated(path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    if not cgroup.kill_tree(path):
+        return False
+    cgroup.remove(hierarchy, name)
+    if not p.alive:  # no kbd exec is left to remove its record
+        store.remove_process(p.session_id, p.pid)
+    return True
 
 
 def terminate_group(pgid: int, *, grace: float) -> bool:

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -251,12 +251,22 @@ class SessionStore:
         return self.path.parent / "procs" / sid
 
     def add_process(
-        self, sid: str, *, pid: int, generation: int, argv: list[str], started_at: float | None = None
+        self,
+        sid: str,
+        *,
+        pid: int,
+        generation: int,
+        argv: list[str],
+        started_at: float | None = None,
+        cgroup: str | None = None,
     ) -> None:
+        """Record a running command; ``cgroup`` names the per-command cgroup that
+        holds its whole process tree (kbd.sandbox.cgroup), so that close and
+        revoke from another process can kill all of it."""
         folder = self._procs(sid)
         folder.mkdir(parents=True, exist_ok=True, mode=0o750)
         record = {"pid": pid, "pgid": pid, "generation": generation, "started_at": started_at or time.time(),
-                  "boot_id": _boot_id(), "start_ticks": _start_ticks(pid), "argv": argv}  # fmt: skip
+                  "boot_id": _boot_id(), "start_ticks": _start_ticks(pid), "argv": argv, "cgroup": cgroup}  # fmt: skip
         fd = os.open(
             folder / f"{pid}.json",
             os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -272,8 +282,10 @@ class SessionStore:
             os.unlink(self._procs(sid) / f"{pid}.json")
 
     def processes(self, sid: str) -> list[ProcessRow]:
-        """Commands recorded for ``sid`` that are still the same running process
-        (boot ID and start time match: a recycled PID is never reported)."""
+        """Commands recorded for ``sid`` that are still running: the same process
+        (boot ID and start time match: a recycled PID is never reported), or —
+        when the recording ``kbd exec`` was killed — a tree its cgroup still holds
+        (then ``alive`` is False and its PID must not be signalled)."""
         out = []
         try:
             names = os.listdir(self._procs(sid))
@@ -283,17 +295,37 @@ class SessionStore:
             try:
                 with open(self._procs(sid) / name, "rb") as fh:
                     r = json.loads(fh.read())
+                cg = r.get("cgroup")
+                if not (isinstance(cg, str) and cg.startswith(f"{sid}.")):
+                    cg = None  # only this session's own command cgroups
                 row = ProcessRow(sid, int(r["pid"]), int(r["pgid"]), int(r["generation"]), float(r["started_at"]),
-                                 [str(a) for a in r["argv"]])  # fmt: skip
+                                 [str(a) for a in r["argv"]], cgroup=cg)  # fmt: skip
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            if (
-                r.get("boot_id") == _boot_id()
-                and r.get("start_ticks", -1) != -1
-                and r["start_ticks"] == _start_ticks(row.pid)
-            ):
+            if r.get("boot_id") != _boot_id():
+                continue
+            if r.get("start_ticks", -1) != -1 and r["start_ticks"] == _start_ticks(row.pid):
                 out.append(row)
+            elif row.cgroup is not None and _tree_left(row.cgroup):
+                out.append(replace(row, alive=False))
+            elif row.cgroup is not None:
+                # Its kbd exec was killed and the tree is gone: drop what it left behind.
+                _drop_cgroup(row.cgroup)
+                self.remove_process(sid, row.pid)
         return out
+
+
+def _tree_left(name: str) -> bool:
+    from kbd.sandbox import cgroup  # only when a recorded main process is gone
+
+    path = cgroup.detect().path(name)
+    return path is not None and cgroup.populated(path)
+
+
+def _drop_cgroup(name: str) -> None:
+    from kbd.sandbox import cgroup
+
+    cgroup.remove(cgroup.detect(), name)
 
 
 def _boot_id() -> str:
@@ -323,6 +355,8 @@ class ProcessRow:
     generation: int
     started_at: float
     argv: list[str]
+    cgroup: str | None = None  # the per-command cgroup's name (kbd.sandbox.cgroup)
+    alive: bool = True  # False: the main process is gone, its cgroup still holds processes
 
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "pgid": self.pgid, "generation": self.generation,

@@ -17,12 +17,17 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kbd.errors import Unavailable
 from kbd.plan import INDEX, NOTES, Plan
 from kbd.safepath import open_beneath, pin_dir
+from kbd.sandbox import limits as rlimits
 from kbd.sandbox import seccomp, spec
 from kbd.sandbox.spec import HELPER_DEST, Opt, arg, bind_fd, flag
+
+if TYPE_CHECKING:
+    from kbd.config import LimitsConfig
 
 HELPER_SOURCE = Path(__file__).with_name("landlock_helper.py")
 PYTHON = "/usr/bin/python3"
@@ -169,9 +174,11 @@ def build_argv(
     network: str,
     status_fd: int,
     fds: Fds,
+    limits: LimitsConfig | None = None,
 ) -> list[str]:
     """The complete bwrap argv for ``command`` under ``plan``; opens (and records in
-    ``fds``) every grant's descriptor."""
+    ``fds``) every grant's descriptor. ``limits`` bounds the private tmpfs mounts
+    and sets the command's rlimits (``kbd.yaml`` ``limits:``)."""
     bwrap = bwrap_path()
     if bwrap is None:
         raise Unavailable(
@@ -196,9 +203,10 @@ def build_argv(
     ]
     if network == "none":
         opts.append(flag("--unshare-net"))
+    # A tmpfs is memory: each one the command can write into gets a size.
+    tmpfs_size = [arg("--size", str(limits.tmpfs_size))] if limits and limits.tmpfs_size else []
     # Private /tmp first: roots under /tmp (as in tests) are bound beneath it.
-    # Private /tmp first: roots under /tmp (as in tests) are bound beneath it.
-    opts.append(arg("--tmpfs", "/tmp"))  # noqa: S108
+    opts += [*tmpfs_size, arg("--tmpfs", "/tmp")]  # noqa: S108
     dests: list[str] = ["/", "/tmp"]  # noqa: S108
     for m in spec.mounts(plan):
         dests.append(m.dest)
@@ -217,6 +225,11 @@ def build_argv(
     system += list(system_opts())
     opts += system
     dests += [w for o in system for w in o.words[1:2] if o.words[0] != "--symlink"]
+    # bwrap's /dev is an unbounded tmpfs (--size cannot apply to --dev): make it
+    # read-only and give shared memory its own bounded tmpfs.
+    shm = "/dev/shm"  # noqa: S108 - the sandbox's own, fresh tmpfs
+    opts += [*tmpfs_size, arg("--tmpfs", shm), arg("--remount-ro", "/dev")]
+    dests.append(shm)
     # The seccomp filter (no set-id bits, keyrings, user namespaces, io_uring/openat2;
     # socket families by allow-list), read by bwrap from a memfd.
     filt = fds.add(os.memfd_create("kbd-seccomp", os.MFD_CLOEXEC))
@@ -232,14 +245,13 @@ def build_argv(
         # these (plus what --dev and --proc create beneath /dev and /proc).
         inner = {**inner, "mounts": sorted(set(dests)), "mount_prefixes": ["/dev/", "/proc/"]}
     opts += [arg("--remount-ro", "/"), arg("--chdir", str(cwd))]
-    argv = [bwrap, *spec.argv_of(opts), "--"]
+    # bwrap reports a failed execvp as exit 1; a POSIX shell's `exec` gives the
+    # conventional 127 (not found) / 126 (not executable) instead. The same
+    # step sets the rlimits, inside the sandbox, before anything untrusted runs.
+    argv = [bwrap, *spec.argv_of(opts), "--", *rlimits.shell_prefix(limits)]
     if inner is not None:
         # The helper applies Landlock, then execs the command (127/126 on failure).
         argv += [PYTHON, "-I", "-S", HELPER_DEST, json.dumps(inner), "--"]
-    else:
-        # bwrap reports a failed execvp as exit 1; a POSIX shell's `exec` gives the
-        # conventional 127 (not found) / 126 (not executable) instead.
-        argv += ["/bin/sh", "-c", 'exec "$@"', "kbd-exec"]
     return argv + command
 
 

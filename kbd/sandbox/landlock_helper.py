@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import signal
 import stat
 import sys
 
@@ -255,6 +256,11 @@ def main(argv: list[str]) -> None:
     if "mounts" in spec:
         check_mounts(list(spec["mounts"]), list(spec.get("mount_prefixes", [])))
     apply(spec)
+    # Python starts with SIGPIPE and SIGXFSZ ignored and exec keeps ignored
+    # signals: give the command the default actions, so RLIMIT_FSIZE stops a
+    # writer (SIGXFSZ) as it would outside kbd.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
     try:
         os.execvp(argv[3], argv[3:])  # noqa: S606 - argv list, no shell
     except OSError as exc:

@@ -1,17 +1,22 @@
-"""What this host can enforce (``kbd doctor``): Landlock, bubblewrap, user namespaces."""
+"""What this host can enforce (``kbd doctor``): Landlock, bubblewrap, user namespaces,
+process containment and resource limits."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kbd import policy
 from kbd.plan import build_plan
 from kbd.resolve import Attachment, WriteStatus
 from kbd.sandbox import bwrap as bw
+from kbd.sandbox import cgroup
 from kbd.sandbox.landlock import landlock_abi, landlock_status
 from kbd.sandbox.spec import argv_of
+
+if TYPE_CHECKING:
+    from kbd.config import LimitsConfig
 
 
 def bwrap_probe() -> tuple[bool, str]:
@@ -106,3 +111,24 @@ def layers(*, backend: str) -> dict[str, Any]:
         "read_sessions": reads,
         "write_sessions": writes,
     }
+
+
+def containment(*, bwrap_ok: bool, backend: str) -> tuple[bool, str]:
+    """Whether every command's whole process tree can be killed on this host."""
+    h = cgroup.detect()
+    if h.v2 is not None:
+        return True, f"per-command cgroups under {h.v2} (cgroup.kill ends each command's whole tree)"
+    if bwrap_ok and backend in ("auto", "bwrap"):
+        return True, (
+            f"no per-command cgroup ({h.problem}); bubblewrap's PID namespace holds each tree, "
+            "the Landlock-only backend would refuse (exit 69)"
+        )
+    return (
+        False,
+        f"no per-command cgroup ({h.problem}): the Landlock-only backend refuses to run commands (exit 69)",
+    )
+
+
+def limits(config: LimitsConfig) -> dict[str, str]:
+    """Each ``limits:`` key and whether this host enforces it."""
+    return cgroup.enforcement(config, cgroup.detect())

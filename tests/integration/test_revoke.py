@@ -99,9 +99,13 @@ def test_a_closed_session_refuses_new_commands_and_lists_old_ones_for_revocation
         wait_for(lambda: kb.cli("session", "show", sid, "--json").json()["running"])
         assert kb.cli("session", "close", sid).code == 0
         assert kb.cli("exec", sid, "--", "true").code == 77
-        r = kb.cli("session", "revoke", sid, "--immediate", "--json").json()
-        assert len(r["terminated"]) == 1
+        # Contract change (issue 9 item 5): closing now terminates the session's
+        # commands itself (it used to leave them for `revoke --immediate`).
+        closes = [e for e in kb.cli("audit", "--json").json()["events"] if e["event"] == "session_closed"]
+        assert len(closes[-1]["terminated"]) == 1
         runner.wait(timeout=30)
+        r = kb.cli("session", "revoke", sid, "--immediate", "--json").json()
+        assert r["terminated"] == [] and r["still_running"] == []
     finally:
         if runner.poll() is None:
             runner.kill()

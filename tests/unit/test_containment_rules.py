@@ -1,0 +1,137 @@
+"""The pure parts of issue 9 items 5 and 6: the ``limits:`` section of kbd.yaml,
+how cgroup hierarchies are found (hybrid and pure v2), which limit files a
+command's cgroup gets, the rlimit shell step, and when a backend must refuse."""
+
+from __future__ import annotations
+
+import resource
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kbd.config import LimitsConfig, parse_config
+from kbd.errors import InvalidConfig
+from kbd.sandbox import cgroup
+from kbd.sandbox.limits import ulimit_script
+
+
+def config(limits: Any) -> LimitsConfig:
+    return parse_config({"host": "h", "limits": limits}, root=Path("/r"), source="kbd.yaml").limits
+
+
+def test_limits_defaults_are_safe() -> None:
+    d = parse_config({"host": "h"}, root=Path("/r")).limits
+    assert d.pids_max == 512 and d.memory_max == 4 << 30 and d.file_size_max == 1 << 30
+    assert d.open_files_max == 4096 and d.tmpfs_size == 512 << 20 and d.cpu_weight == 50
+
+
+def test_limits_parse_sizes_and_null() -> None:
+    got = config({"memory_max": "2G", "file_size_max": 10 << 20, "tmpfs_size": "64MiB", "pids_max": None})
+    assert (got.memory_max, got.file_size_max, got.tmpfs_size, got.pids_max) == (
+        2 << 30,
+        10 << 20,
+        64 << 20,
+        None,
+    )
+    assert config({"cpu_max": 1.5}).cpu_max == 1.5
+
+
+@pytest.mark.parametrize(
+    ("limits", "words"),
+    [
+        ({"pid_max": 10}, ["limits", "pid_max"]),  # a typo is an error, never a silent default
+        ({"memory_max": "lots"}, ["limits.memory_max", "'lots'", "512M"]),
+        ({"memory_max": "1K"}, ["limits.memory_max", "between 1M"]),
+        ({"pids_max": 2}, ["limits.pids_max", "between 8"]),
+        ({"pids_max": "100"}, ["limits.pids_max", "whole number"]),
+        ({"cpu_weight": 0}, ["limits.cpu_weight", "between 1 and 10000"]),
+        ({"open_files_max": True}, ["limits.open_files_max"]),
+        ("none", ["limits"]),
+    ],
+)
+def test_limits_are_validated_strictly(limits: Any, words: list[str]) -> None:
+    with pytest.raises(InvalidConfig) as err:
+        config(limits)
+    for w in words:
+        assert w in err.value.message, err.value.message
+
+
+HYBRID = """\
+30 25 0:26 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755
+31 30 0:27 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:10 - cgroup2 cgroup2 rw
+40 30 0:36 / /sys/fs/cgroup/pids rw,nosuid,nodev,noexec,relatime shared:20 - cgroup cgroup rw,pids
+41 30 0:37 / /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime shared:21 - cgroup cgroup rw,memory
+"""
+PURE_V2 = (
+    "35 24 0:30 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate\n"
+)
+CONTAINER = "35 24 0:30 /docker/abc /sys/fs/cgroup ro,relatime - cgroup2 cgroup2 rw\n"
+
+
+def test_hierarchies_are_detected_not_assumed() -> None:
+    assert cgroup.parse_mounts(HYBRID) == ("/sys/fs/cgroup/unified", "/sys/fs/cgroup/pids")
+    assert cgroup.parse_mounts(PURE_V2) == ("/sys/fs/cgroup", None)
+    # A read-only bind of a sub-cgroup (some containers) cannot hold kbd's subtree.
+    assert cgroup.parse_mounts(CONTAINER) == (None, None)
+    assert cgroup.parse_mounts(r"1 2 0:3 / /mnt/cg\040v2 rw - cgroup2 cgroup2 rw") == ("/mnt/cg v2", None)
+
+
+def test_own_cgroup_paths() -> None:
+    text = "9:name=systemd:/\n8:pids:/user.slice\n4:memory:/x\n0::/user.slice/session-3.scope\n"
+    assert cgroup.parse_own(text) == ("/user.slice/session-3.scope", "/user.slice")
+    assert cgroup.parse_own("0::/\n") == ("/", None)
+
+
+def test_limit_files_follow_the_available_controllers() -> None:
+    lim = LimitsConfig(pids_max=64, memory_max=1 << 30, cpu_weight=50, cpu_max=1.5)
+    assert cgroup.v2_files(lim, frozenset({"pids", "memory", "cpu"})) == {
+        "pids.max": "64", "memory.max": str(1 << 30), "cpu.weight": "50", "cpu.max": "150000 100000"
+    }  # fmt: skip
+    assert cgroup.v2_files(lim, frozenset()) == {}
+    # Hybrid host: pids bound to v1 -> the v1 pids hierarchy bounds processes instead.
+    assert cgroup.v1_pids_max(lim, frozenset(), v1_pids=True) == "64"
+    assert cgroup.v1_pids_max(lim, frozenset({"pids"}), v1_pids=True) is None
+    assert cgroup.v1_pids_max(LimitsConfig(pids_max=None), frozenset(), v1_pids=True) is None
+
+
+def test_command_cgroup_names_are_checked() -> None:
+    h = cgroup.Hierarchy("/sys/fs/cgroup/kbd", "/sys/fs/cgroup", frozenset(), None, None, None)
+    assert (
+        h.path("s_0123456789abcdef0123.42.deadbeef")
+        == "/sys/fs/cgroup/kbd/s_0123456789abcdef0123.42.deadbeef"
+    )
+    for bad in ("../x", "s_0123456789abcdef0123.42.deadbeef/..", "", "kbd"):
+        assert h.path(bad) is None
+
+
+def test_only_the_landlock_backend_refuses_without_containment() -> None:
+    for subreaper in (False, True):
+        assert cgroup.uncontained_problem("bwrap", "no cgroup2", subreaper=subreaper) is None  # PID namespace
+        assert cgroup.uncontained_problem("none", "no cgroup2", subreaper=subreaper) is None  # already warns
+    assert cgroup.uncontained_problem("landlock", "no cgroup2", subreaper=True) is None  # the fallback
+    problem = cgroup.uncontained_problem("landlock", "no cgroup2", subreaper=False)
+    assert problem is not None and "no cgroup2" in problem and "refusing" in problem
+    assert cgroup.ContainmentUnavailable("x").exit_code == 69
+
+
+def test_the_rlimit_step_sets_hard_limits_within_the_callers() -> None:
+    inf = resource.RLIM_INFINITY
+    lim = LimitsConfig(file_size_max=10 << 20, open_files_max=4096, address_space_max=None, cpu_time_max=60)
+    script = ulimit_script(lim, {resource.RLIMIT_NOFILE: 1024, resource.RLIMIT_FSIZE: inf})
+    assert script.startswith("ulimit -c 0 && ulimit -f 20480 && ulimit -n 1024 && ulimit -t 60 ||")
+    assert script.endswith('exec "$@"') and "-v" not in script
+
+
+def test_doctor_never_claims_a_limit_without_a_command_cgroup() -> None:
+    lim = LimitsConfig()
+    hybrid = cgroup.Hierarchy("/u/kbd", "/u", frozenset(), "/p/kbd", "/p", None)
+    assert cgroup.enforcement(lim, hybrid)["pids_max"].startswith("enforced: cgroup v1")
+    assert cgroup.enforcement(lim, hybrid)["memory_max"].startswith("not enforceable here")
+    none = cgroup.Hierarchy(None, None, frozenset(), "/p/kbd", "/p", "no cgroup2")
+    assert all(
+        cgroup.enforcement(lim, none)[k].startswith("not enforceable here")
+        for k in ("pids_max", "memory_max", "cpu_weight")
+    )
+    pure = cgroup.Hierarchy("/c/kbd", "/c", frozenset({"pids", "memory", "cpu"}), None, None, None)
+    assert cgroup.enforcement(lim, pure)["memory_max"] == f"enforced: cgroup v2 memory controller ({4 << 30})"
