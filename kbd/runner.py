@@ -296,6 +296,20 @@ def run(
             box.remove()
 
 
+def _finish(
+    proc: subprocess.Popen[bytes], forward: _Forward, box: cgroup.Box | None, sessions: Sessions, sid: str
+) -> None:
+    """After the command (or a failure to record it): never let it run on
+    unrecorded, kill what it left behind, and drop its record."""
+    if proc.returncode is None:  # recording failed: the command must not run on
+        forward.disarm()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    _end_tree(box)
+    sessions.store.remove_process(sid, proc.pid)
+
+
 def _run_direct(
     host: Host, sessions: Sessions, plan: Plan, sid: str, command: list[str], workdir: Path,
     env: dict[str, str], forward: _Forward, backend: str, box: cgroup.Box | None,
@@ -315,13 +329,7 @@ def _run_direct(
         )
         return wait_child(proc, forward)
     finally:
-        if proc.returncode is None:  # recording failed: the command must not run on
-            forward.disarm()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        _end_tree(box)
-        sessions.store.remove_process(sid, proc.pid)
+        _finish(proc, forward, box, sessions, sid)
 
 
 def _run_bwrap(
@@ -347,13 +355,7 @@ def _run_bwrap(
         rc = wait_child(proc, forward)
     finally:
         os.close(status_r)
-        if proc.returncode is None:  # recording failed: the command must not run on
-            forward.disarm()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        _end_tree(box)
-        sessions.store.remove_process(sid, proc.pid)
+        _finish(proc, forward, box, sessions, sid)
     if child is None:
         raise Unavailable(
             f"bubblewrap could not set up the sandbox (exit {rc}); nothing was run",
