@@ -248,8 +248,9 @@ def doctor(c: Ctx, as_json: bool, workflow_id: str | None) -> None:
         record("landlock-only kinds", True, landlock_only_summary())
         record("containment", *containment(bwrap_ok=lay["bwrap"]["ok"], backend=host.config.sandbox.backend))
         for key, detail in limits(host.config.limits).items():
-            # Informational: an unenforceable limit is reported, never a failure of the root.
-            record(f"limit {key}", True, detail)
+            # Informational: an unenforceable limit is reported, never a failure of the root;
+            # a limit kbd exec would refuse to run under is one.
+            record(f"limit {key}", not detail.startswith("REFUSED"), detail)
     if as_json:
         _emit({"ok": ok, "checks": checks})
     else:

@@ -79,10 +79,10 @@ class LimitsConfig:
     fork-bomb bound, so it is not offered as an rlimit.
     """
 
-    pids_max: int | None = 512  # cgroup pids.max: processes + threads of one command
-    memory_max: int | None = 4 << 30  # cgroup memory.max, bytes
-    cpu_weight: int | None = 50  # cgroup cpu.weight (100 = an ordinary process)
-    cpu_max: float | None = None  # cgroup cpu.max in CPUs (1.5 = one and a half cores)
+    pids_max: int | None = 512  # cgroup pids.max (v2 or v1): processes + threads of one command
+    memory_max: int | None = 4 << 30  # cgroup memory.max (v1: memory.limit_in_bytes + memsw), bytes
+    cpu_weight: int | None = 50  # cgroup cpu.weight, 100 = ordinary (v1: cpu.shares = w*1024/100)
+    cpu_max: float | None = None  # cgroup cpu.max (v1: cfs quota/period) in CPUs (1.5 = 1.5 cores)
     file_size_max: int | None = 1 << 30  # RLIMIT_FSIZE, bytes
     open_files_max: int | None = 4096  # RLIMIT_NOFILE
     address_space_max: int | None = None  # RLIMIT_AS, bytes (off: memory_max is the better bound)

@@ -171,11 +171,15 @@ def contain(prepared: cgroup.Preparation, backend: str, limits: LimitsConfig) ->
     has none and the backend still holds the tree (bubblewrap's PID namespace)."""
     box, error = prepared.result()
     if box is not None:
+        problem = cgroup.v1_problem(limits, box.hierarchy)
+        if problem is not None:  # the controller is there but unusable: fail closed
+            raise cgroup.ContainmentUnavailable(problem)
         try:
             box.limit(limits)
         except OSError as exc:
+            where = exc.filename or box.path
             raise cgroup.ContainmentUnavailable(
-                f"cannot set the limits of the command's cgroup {box.path}: {exc.strerror or exc}"
+                f"cannot set the limits of the command's cgroup ({where}): {exc.strerror or exc}"
             ) from None
         return box
     hierarchy = cgroup.detect()
@@ -282,7 +286,7 @@ def run(
             from kbd.notes import audit_command_changes
 
             audit_command_changes(host, plan, sid, changes)
-        return rc
+        return 128 - rc if rc < 0 else rc  # killed by signal N: 128+N, as a shell says (DESIGN §8)
     finally:
         if forward is not None:
             forward.restore()

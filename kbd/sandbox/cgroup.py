@@ -14,9 +14,13 @@ outside), and moves itself back before it records or waits for anything.
 
 The v2 hierarchy is found in ``/proc/self/mountinfo``, never assumed: pure-v2
 hosts mount it at /sys/fs/cgroup, hybrid ones at /sys/fs/cgroup/unified beside
-v1 controllers. Controllers (pids, memory, cpu) are used only where the v2
-parent already delegates them; a v1 ``pids`` hierarchy (hybrid hosts) still
-bounds the number of processes. kbd never changes a host-wide setting.
+v1 controllers. Controllers (pids, memory, cpu) are used in v2 where its parent
+already delegates them; each one v2 lacks but a v1 hierarchy has (hybrid hosts)
+gets a per-command cgroup of the same name there, under kbd's subtree *inside
+this process's own v1 cgroup* (so whatever bounds kbd also bounds the command),
+and the same move puts the command into all of them (``V1_FILES`` says which
+files each takes). The kill path stays ``cgroup.kill`` on v2: the v1 cgroups
+hold the same processes. kbd never changes a host-wide setting.
 
 Pure parsing and decision functions first; the file I/O is in ``Hierarchy`` and
 ``Box``.
@@ -40,6 +44,11 @@ if TYPE_CHECKING:
 
 SUBTREE = "kbd"
 WANTED = ("pids", "memory", "cpu")
+# Which ``limits:`` keys each controller enforces: a configured one whose v1
+# hierarchy exists but cannot hold kbd's cgroups refuses the command.
+LIMIT_KEYS = {"pids": ("pids_max",), "memory": ("memory_max",), "cpu": ("cpu_weight", "cpu_max")}
+# Written only where the kernel has them (memsw: swap accounting is on).
+OPTIONAL_FILES = frozenset({"memory.memsw.limit_in_bytes"})
 # <session id>.<kbd exec pid>.<random>: a record naming anything else is ignored.
 NAME = re.compile(r"s_[0-9a-f]{20}\.[0-9]{1,10}\.[0-9a-f]{8}")
 CPU_PERIOD = 100_000
@@ -51,11 +60,13 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def parse_mounts(mountinfo: str) -> tuple[str | None, str | None]:
-    """(cgroup2 mount point, cgroup v1 ``pids`` mount point) from mountinfo text;
-    only writable mounts of a hierarchy's root count (a bind of a sub-cgroup, as
-    in some containers, would not match the paths in /proc/self/cgroup)."""
-    v2 = v1_pids = None
+def parse_mounts(mountinfo: str) -> tuple[str | None, dict[str, str]]:
+    """(cgroup2 mount point, {wanted controller: its cgroup v1 mount point}) from
+    mountinfo text; only writable mounts of a hierarchy's root count (a bind of a
+    sub-cgroup, as in some containers, would not match the paths in
+    /proc/self/cgroup). Co-mounted controllers (``cpu,cpuacct``) share a mount."""
+    v2: str | None = None
+    v1: dict[str, str] = {}
     for line in mountinfo.splitlines():
         pre, sep, post = line.partition(" - ")
         f, p = pre.split(), post.split()
@@ -63,22 +74,25 @@ def parse_mounts(mountinfo: str) -> tuple[str | None, str | None]:
             continue
         if p[0] == "cgroup2" and v2 is None:
             v2 = _unescape(f[4])
-        elif p[0] == "cgroup" and "pids" in p[2].split(",") and v1_pids is None:
-            v1_pids = _unescape(f[4])
-    return v2, v1_pids
+        elif p[0] == "cgroup":
+            for controller in p[2].split(","):
+                if controller in WANTED:
+                    v1.setdefault(controller, _unescape(f[4]))
+    return v2, v1
 
 
-def parse_own(proc_cgroup: str) -> tuple[str | None, str | None]:
-    """(v2 path, v1 pids path) of a process from its /proc/PID/cgroup text."""
-    v2 = v1_pids = None
+def parse_own(proc_cgroup: str) -> tuple[str | None, dict[str, str]]:
+    """(v2 path, {wanted v1 controller: path}) of a process from its /proc/PID/cgroup text."""
+    v2: str | None = None
+    v1: dict[str, str] = {}
     for line in proc_cgroup.splitlines():
         hid, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if hid == "0" and controllers == "":
             v2 = path
-        elif "pids" in controllers.split(","):
-            v1_pids = path
-    return v2, v1_pids
+        else:
+            v1.update((c, path) for c in controllers.split(",") if c in WANTED)
+    return v2, v1
 
 
 def v2_files(limits: LimitsConfig, controllers: frozenset[str]) -> dict[str, str]:
@@ -96,11 +110,44 @@ def v2_files(limits: LimitsConfig, controllers: frozenset[str]) -> dict[str, str
     return out
 
 
-def v1_pids_max(limits: LimitsConfig, controllers: frozenset[str], *, v1_pids: bool) -> str | None:
-    """pids.max for the v1 pids hierarchy: only when v2 cannot bound processes."""
-    if limits.pids_max is None or "pids" in controllers or not v1_pids:
-        return None
-    return str(limits.pids_max)
+def v1_files(limits: LimitsConfig, controllers: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(file, value) to write, in order, into a command's cgroup in a v1 hierarchy
+    binding ``controllers`` (only those v2 lacks: see ``_v1_hierarchies``)."""
+    out: list[tuple[str, str]] = []
+    if "pids" in controllers and limits.pids_max is not None:
+        out.append(("pids.max", str(limits.pids_max)))
+    if "memory" in controllers and limits.memory_max is not None:
+        value = str(limits.memory_max)
+        # memsw (memory + swap) after the memory limit, which it may not undercut:
+        # swap must not be a way around the bound. oom_control 0: a child cgroup
+        # inherits its parent's oom_kill_disable, and a command stopped at its
+        # limit must be OOM-killed (inside its own cgroup), never left hanging.
+        out += [("memory.limit_in_bytes", value), ("memory.memsw.limit_in_bytes", value)]
+        out.append(("memory.oom_control", "0"))
+    if "cpu" in controllers:
+        if limits.cpu_weight is not None:
+            # cpu.shares: 1024 is an ordinary process, as cpu.weight 100 is (kernel range 2..262144).
+            out.append(("cpu.shares", str(max(2, round(limits.cpu_weight * 1024 / 100)))))
+        if limits.cpu_max is not None:
+            out.append(("cpu.cfs_period_us", str(CPU_PERIOD)))
+            out.append(("cpu.cfs_quota_us", str(max(1000, round(limits.cpu_max * CPU_PERIOD)))))
+    return out
+
+
+def v1_problem(limits: LimitsConfig, hierarchy: Hierarchy) -> str | None:
+    """Why a command must be refused: a limit is configured whose controller has a
+    v1 hierarchy here that cannot hold kbd's cgroups (fail closed), or None."""
+    for h in hierarchy.v1:
+        if h.subtree is not None:
+            continue
+        for controller in h.controllers:
+            for key in LIMIT_KEYS[controller]:
+                if getattr(limits, key) is not None:
+                    return (
+                        f"limits.{key} is set but the cgroup v1 {controller} hierarchy at {h.mount} "
+                        f"cannot hold the command's cgroup: {h.problem}"
+                    )
+    return None
 
 
 def enforcement(limits: LimitsConfig, hierarchy: Hierarchy) -> dict[str, str]:
@@ -113,12 +160,19 @@ def enforcement(limits: LimitsConfig, hierarchy: Hierarchy) -> dict[str, str]:
             return "off (null in kbd.yaml)"
         if controller in ctl:
             return f"enforced: cgroup v2 {controller} controller ({value})"
-        # The v1 pids cgroup sits beside the v2 one: without v2 there is no command cgroup.
-        if controller == "pids" and hierarchy.v1_pids is not None and hierarchy.v2 is not None:
-            return f"enforced: cgroup v1 pids hierarchy at {os.path.dirname(hierarchy.v1_pids)} ({value})"
+        # The v1 cgroups sit beside the v2 one: without v2 there is no command cgroup.
+        v1 = hierarchy.v1_for(controller)
+        if v1 is not None and hierarchy.v2 is not None:
+            if v1.subtree is not None:
+                return f"enforced: cgroup v1 {controller} hierarchy at {v1.mount} ({value})"
+            return (
+                f"REFUSED: the cgroup v1 {controller} hierarchy at {v1.mount} cannot hold the command's "
+                f"cgroup ({v1.problem}); kbd exec refuses to run while this limit is set"
+            )
         return where or (
             f"not enforceable here: the {controller} controller is not available in the cgroup v2 "
-            f"hierarchy at {os.path.dirname(hierarchy.v2 or '')} (bound to cgroup v1 or not delegated)"
+            f"hierarchy at {os.path.dirname(hierarchy.v2 or '')} (not delegated) and no cgroup v1 "
+            f"{controller} hierarchy is mounted"
         )
 
     def rlimit(name: str, value: object) -> str:
@@ -154,22 +208,37 @@ def _write(path: str, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
         os.write(fd, text.encode())
+    except OSError as exc:  # name the file: the error reaches the user
+        raise OSError(exc.errno, exc.strerror, path) from None
     finally:
         os.close(fd)
+
+
+@dataclass(frozen=True)
+class V1:
+    """A cgroup v1 hierarchy binding wanted controllers that v2 does not offer here.
+    ``subtree`` is kbd's folder in it (``<mount><this process's cgroup>/kbd``),
+    None when it cannot hold kbd's cgroups (``problem`` says why); ``home`` is
+    this process's own cgroup there, to step back into."""
+
+    controllers: tuple[str, ...]
+    mount: str
+    subtree: str | None
+    home: str | None
+    problem: str | None = None
 
 
 @dataclass(frozen=True)
 class Hierarchy:
     """Where this host lets kbd put per-command cgroups. ``v2`` is kbd's own
     subtree (``<mount>/kbd``), None when containment is unavailable (``problem``
-    says why); ``home``/``v1_home`` are this process's own cgroups, to step back
-    into after starting a command."""
+    says why); ``home`` is this process's own v2 cgroup, to step back into after
+    starting a command; ``v1``: the v1 hierarchies for what v2 cannot bound."""
 
     v2: str | None
     home: str | None
     controllers: frozenset[str]
-    v1_pids: str | None
-    v1_home: str | None
+    v1: tuple[V1, ...]
     problem: str | None
 
     def path(self, name: str) -> str | None:
@@ -177,6 +246,9 @@ class Hierarchy:
         if self.v2 is None or not NAME.fullmatch(name):
             return None
         return f"{self.v2}/{name}"
+
+    def v1_for(self, controller: str) -> V1 | None:
+        return next((h for h in self.v1 if controller in h.controllers), None)
 
 
 _detected: Hierarchy | None = None
@@ -192,33 +264,32 @@ def detect() -> Hierarchy:
 
 def _probe() -> Hierarchy:
     try:
-        v2_mount, v1_mount = parse_mounts(_read("/proc/self/mountinfo"))
+        v2_mount, v1_mounts = parse_mounts(_read("/proc/self/mountinfo"))
         own_v2, own_v1 = parse_own(_read("/proc/self/cgroup"))
     except OSError as exc:
-        return Hierarchy(None, None, frozenset(), None, None, f"cannot read /proc: {exc.strerror}")
-    v1_sub, v1_home = _v1_pids(v1_mount, own_v1)
+        return Hierarchy(None, None, frozenset(), (), f"cannot read /proc: {exc.strerror}")
     if v2_mount is None or own_v2 is None:
-        return Hierarchy(
-            None, None, frozenset(), v1_sub, v1_home, "no writable cgroup v2 hierarchy is mounted"
-        )
-    home = v2_mount.rstrip("/") + own_v2.rstrip("/") if own_v2 != "/" else v2_mount
+        return Hierarchy(None, None, frozenset(), (), "no writable cgroup v2 hierarchy is mounted")
+    home = _join(v2_mount, own_v2)
     sub = f"{v2_mount.rstrip('/')}/{SUBTREE}"
     try:
         _ensure_dir(sub)
         if not os.path.exists(f"{sub}/cgroup.kill"):
-            return Hierarchy(
-                None, None, frozenset(), v1_sub, v1_home, "the kernel has no cgroup.kill (Linux < 5.14)"
-            )
-        if not os.path.isdir(home):
-            return Hierarchy(
-                None, None, frozenset(), v1_sub, v1_home, f"this process's cgroup {home} is not visible"
-            )
+            return Hierarchy(None, None, frozenset(), (), "the kernel has no cgroup.kill (Linux < 5.14)")
+        if home is None or not os.path.isdir(home):
+            return Hierarchy(None, None, frozenset(), (), f"this process's cgroup {home} is not visible")
         controllers = _delegate(sub)
     except OSError as exc:
-        return Hierarchy(
-            None, None, frozenset(), v1_sub, v1_home, f"cannot create {sub}: {exc.strerror or exc}"
-        )
-    return Hierarchy(sub, home, controllers, v1_sub, v1_home, None)
+        return Hierarchy(None, None, frozenset(), (), f"cannot create {sub}: {exc.strerror or exc}")
+    return Hierarchy(sub, home, controllers, _v1_hierarchies(v1_mounts, own_v1, controllers), None)
+
+
+def _join(mount: str, own: str) -> str | None:
+    """``mount`` + a cgroup path from /proc/self/cgroup; None for a path that is not
+    plain (outside our cgroup namespace the kernel shows ``/../..``)."""
+    if not own.startswith("/") or ".." in own.split("/"):
+        return None
+    return mount if own == "/" else mount.rstrip("/") + own.rstrip("/")
 
 
 def _ensure_dir(path: str) -> None:
@@ -244,27 +315,42 @@ def _delegate(sub: str) -> frozenset[str]:
     return frozenset(c for c in WANTED if c in enabled)
 
 
-def _v1_pids(mount: str | None, own: str | None) -> tuple[str | None, str | None]:
-    if mount is None or own is None:
-        return None, None
-    home = mount.rstrip("/") + own.rstrip("/") if own != "/" else mount
-    sub = f"{mount.rstrip('/')}/{SUBTREE}"
+def _v1_hierarchies(mounts: dict[str, str], own: dict[str, str], v2: frozenset[str]) -> tuple[V1, ...]:
+    """One entry per v1 mount binding a wanted controller that v2 lacks."""
+    by_mount: dict[str, list[str]] = {}
+    for controller in WANTED:
+        if controller not in v2 and controller in mounts:
+            by_mount.setdefault(mounts[controller], []).append(controller)
+    return tuple(_v1_subtree(m, tuple(cs), own.get(cs[0])) for m, cs in by_mount.items())
+
+
+def _v1_subtree(mount: str, controllers: tuple[str, ...], own: str | None) -> V1:
+    # Inside this process's own cgroup, not at the hierarchy's root: a command
+    # must stay under whatever limit the operator put on kbd (never widen).
+    home = None if own is None else _join(mount, own)
+    if home is None:
+        return V1(controllers, mount, None, None, f"this process's cgroup in it is unknown ({own!r})")
+    sub = f"{home.rstrip('/')}/{SUBTREE}"
     try:
+        if not os.path.isdir(home):
+            raise FileNotFoundError(errno.ENOENT, "this process's cgroup is not visible", home)
         _ensure_dir(sub)
-    except OSError:
-        return None, None
-    return (sub, home) if os.path.isdir(home) else (None, None)
+        if not os.access(f"{sub}/cgroup.procs", os.W_OK):  # a read-only mount, or not ours
+            raise PermissionError(errno.EACCES, "not writable", sub)
+    except OSError as exc:
+        return V1(controllers, mount, None, None, f"cannot use {sub}: {exc.strerror or exc}")
+    return V1(controllers, mount, sub, home)
 
 
 @dataclass
 class Box:
-    """One command's cgroup (and its v1 pids sibling)."""
+    """One command's cgroup, and its siblings in the v1 hierarchies (hybrid hosts)."""
 
     hierarchy: Hierarchy
     name: str
     path: str
-    v1: str | None = None
-    inside: bool = False  # whether this process is in the cgroup now
+    v1: list[tuple[V1, str]] = field(default_factory=list)  # (hierarchy, this command's cgroup there)
+    inside: bool = False  # whether this process is in the cgroups now
     _leaving: threading.Thread | None = field(default=None, repr=False)
     _leave_error: OSError | None = field(default=None, repr=False)
 
@@ -277,40 +363,43 @@ class Box:
             raise ValueError(f"cannot name a cgroup for session {sid!r}")
         os.mkdir(path, 0o755)
         box = cls(hierarchy, name, path)
-        if hierarchy.v1_pids is not None and "pids" not in hierarchy.controllers:
-            try:
-                box.v1 = f"{hierarchy.v1_pids}/{name}"
-                os.mkdir(box.v1, 0o755)
-            except BaseException:
-                box.v1 = None
-                box.remove()
-                raise
+        try:
+            for h in hierarchy.v1:
+                if h.subtree is not None:
+                    os.mkdir(f"{h.subtree}/{name}", 0o755)
+                    box.v1.append((h, f"{h.subtree}/{name}"))
+        except BaseException:
+            box.remove()
+            raise
         return box
 
     def limit(self, limits: LimitsConfig) -> None:
         """Write the limit files; before the command is started, never after."""
         for fname, value in v2_files(limits, self.hierarchy.controllers).items():
             _write(f"{self.path}/{fname}", value)
-        v1_max = v1_pids_max(limits, self.hierarchy.controllers, v1_pids=self.v1 is not None)
-        if v1_max is not None and self.v1 is not None:
-            _write(f"{self.v1}/pids.max", v1_max)
+        for h, path in self.v1:
+            for fname, value in v1_files(limits, h.controllers):
+                if fname in OPTIONAL_FILES and not os.path.exists(f"{path}/{fname}"):
+                    continue
+                _write(f"{path}/{fname}", value)
 
     def enter(self) -> None:
-        """Move this process in: whatever it forks from now on starts inside."""
+        """Move this process in, v2 then every v1 sibling, back to back (on the
+        preparing thread): whatever it forks from now on starts inside all of them."""
         me = str(os.getpid())
         _write(f"{self.path}/cgroup.procs", me)
         self.inside = True
-        if self.v1 is not None:
-            try:
-                _write(f"{self.v1}/cgroup.procs", me)
-            except BaseException:
-                self.leave()
-                raise
+        try:
+            for _, path in self.v1:
+                _write(f"{path}/cgroup.procs", me)
+        except BaseException:
+            self.leave()
+            raise
 
     def leave(self) -> None:
         me = str(os.getpid())
-        if self.v1 is not None and self.hierarchy.v1_home is not None:
-            _write(f"{self.hierarchy.v1_home}/cgroup.procs", me)
+        for h, _ in self.v1:
+            _write(f"{h.home}/cgroup.procs", me)
         _write(f"{self.hierarchy.home or self.hierarchy.v2}/cgroup.procs", me)
         self.inside = False
 
@@ -339,9 +428,9 @@ class Box:
         return kill_tree(self.path, timeout=timeout)
 
     def remove(self) -> None:
-        for path in (self.v1, self.path):
-            if path is not None:
-                _rmdir(path)
+        for _, path in self.v1:
+            _rmdir(path)
+        _rmdir(self.path)
 
 
 # A cgroup removed meanwhile (another kbd process ended the same command): its
@@ -350,10 +439,11 @@ _GONE = (errno.ENOENT, errno.ENODEV)
 
 
 class Preparation(threading.Thread):
-    """Create a command's cgroup and step this process into it on a helper thread,
-    while ``kbd exec`` imports, loads its config and looks the plan up: the move
-    waits for an RCU grace period (~10-15 ms on a busy host) that would otherwise
-    add to every command's latency. Limits are written (``Box.limit``) after
+    """Create a command's cgroups and step this process into them on a helper thread,
+    while ``kbd exec`` imports, loads its config and looks the plan up: the first
+    move waits for an RCU grace period (~10-15 ms on a busy host) that would
+    otherwise add to every command's latency; the v1 moves right behind it find
+    the grace period passed and cost ~1 ms more, still off the critical path. Limits are written (``Box.limit``) after
     :meth:`result`, before the command starts."""
 
     def __init__(self, sid: str) -> None:
@@ -433,22 +523,31 @@ def _rmdir(path: str, *, timeout: float = 1.0) -> None:
 def sweep(hierarchy: Hierarchy) -> None:
     """Remove the empty cgroups of ``kbd exec`` processes that were killed before
     they could (a killed exec's tree, if any is left, keeps its cgroup populated
-    for close and revoke). A name whose exec PID is alive — maybe reused — stays."""
+    for close and revoke). A name whose exec PID is alive — maybe reused — stays.
+    The v1 subtrees are listed too: a v1 sibling outlives its v2 cgroup when
+    another kbd process (in another v1 cgroup) removed that one."""
     if hierarchy.v2 is None:
         return
-    for name in os.listdir(hierarchy.v2):
+    names = set(os.listdir(hierarchy.v2))
+    for h in hierarchy.v1:
+        if h.subtree is not None:
+            with contextlib.suppress(OSError):
+                names.update(os.listdir(h.subtree))
+    for name in names:
         dead = NAME.fullmatch(name) and not os.path.exists(f"/proc/{name.split('.')[1]}")
         if dead and not populated(f"{hierarchy.v2}/{name}"):
             remove(hierarchy, name)
 
 
 def remove(hierarchy: Hierarchy, name: str) -> None:
-    """Remove the (empty) cgroups named ``name`` in both hierarchies."""
+    """Remove the (empty) cgroups named ``name`` in every hierarchy (the v1 ones
+    under this process's own v1 cgroups)."""
     path = hierarchy.path(name)
     if path is None:
         return
-    if hierarchy.v1_pids is not None:
-        _rmdir(f"{hierarchy.v1_pids}/{name}")
+    for h in hierarchy.v1:
+        if h.subtree is not None:
+            _rmdir(f"{h.subtree}/{name}")
     _rmdir(path)
 
 

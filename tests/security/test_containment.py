@@ -255,3 +255,29 @@ def test_kbd_exec_sweeps_the_empty_cgroups_of_killed_execs(kb: KbRoot) -> None:
     finally:
         with contextlib.suppress(OSError):
             Path(stale).rmdir()
+
+
+def test_the_v1_cgroups_of_a_command_are_removed_on_exit_and_swept(kb: KbRoot) -> None:
+    """Hybrid hosts: each command also gets a cgroup in every v1 hierarchy that
+    bounds what v2 cannot (pids, memory, cpu); none is left after it exits, and a
+    v1 one left by a killed exec (with no v2 sibling any more) is swept."""
+    from kbd.sandbox import cgroup
+
+    sid = world(kb, "landlock")
+    subtrees = [h.subtree for h in cgroup.detect().v1 if h.subtree is not None]
+    controllers = {c for h in cgroup.detect().v1 if h.subtree is not None for c in h.controllers}
+    assert controllers | cgroup.detect().controllers >= {"pids", "memory", "cpu"}, cgroup.detect()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = [f"{s}/{sid}.{dead.pid}.{os.urandom(4).hex()}" for s in subtrees]
+    for path in stale:
+        Path(path).mkdir()
+    try:
+        r = kb.cli("exec", sid, "--", "true")
+        assert r.code == 0, r.err
+        assert not [p for p in stale if os.path.exists(p)]
+        assert not [(s, n) for s in subtrees for n in os.listdir(s) if n.startswith(sid)]
+    finally:
+        for path in stale:
+            with contextlib.suppress(OSError):
+                Path(path).rmdir()

@@ -1,16 +1,25 @@
-"""Issue 9 item 6 with real commands: a bounded fork bomb and a large write are
-stopped on both backends, the sandbox's tmpfs mounts are bounded, the rlimits
+"""Issue 9 item 6 with real commands: a bounded fork bomb, a memory bomb and a
+large write are stopped on both backends (through the v1 memory and cpu
+hierarchies on hybrid hosts), the sandbox's tmpfs mounts are bounded, the rlimits
 cannot be raised again, and ``kbd doctor`` says what this host enforces."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from kbd.ops import Host
+from kbd.sandbox import cgroup
+from kbd.session_ops import Sessions
 from tests.helpers import KbRoot
 
 BACKENDS = ["bwrap", "landlock"]
@@ -100,5 +109,95 @@ def test_doctor_reports_containment_and_each_limit(kb: KbRoot) -> None:
     for key in keys:
         detail = checks[f"limit {key}"]["detail"]
         assert detail.startswith(("enforced", "not enforceable here", "off", "always off")), (key, detail)
-    # On this host the pids bound is real (cgroup v2 pids, or a v1 pids hierarchy).
+    # On this host the pids bound is real (cgroup v2 pids, or a v1 pids hierarchy),
+    # and so are the memory and cpu ones (v2, or the v1 memory and cpu hierarchies).
     assert checks["limit pids_max"]["detail"].startswith("enforced")
+    for key in ("memory_max", "cpu_weight"):
+        assert checks[f"limit {key}"]["detail"].startswith("enforced: cgroup"), checks[f"limit {key}"]
+        assert checks[f"limit {key}"]["ok"]
+
+
+MEMORY = """
+import sys
+chunks = []
+for _ in range(int(sys.argv[1])):
+    chunks.append(b"\\x01" * (10 << 20))  # 10 MiB, every page written (charged)
+print("allocated", len(chunks) * 10, flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_memory_bomb_is_killed_at_memory_max_and_the_host_stays_responsive(
+    kb: KbRoot, backend: str
+) -> None:
+    sid = world(kb, backend, memory_max="256M")
+    r = kb.cli("exec", sid, "--", "python3", "-c", MEMORY, "6")  # 60 MiB: well inside the bound
+    assert (r.code, r.out.strip()) == (0, "allocated 60"), (r.out, r.err)
+    t0 = time.monotonic()
+    r = kb.cli("exec", sid, "--", "python3", "-c", MEMORY, "60")  # 600 MiB on a host with far more
+    took = time.monotonic() - t0
+    assert "allocated" not in r.out, f"{backend}: 600 MiB allocated under memory_max 256M ({r.out!r})"
+    assert r.code == 128 + signal.SIGKILL, (r.code, r.err)  # the OOM killer, inside the command's cgroup
+    assert took < 30
+    t0 = time.monotonic()
+    subprocess.run(["true"], check=True)
+    assert time.monotonic() - t0 < 1.0
+
+
+def _own_v1_cgroup(pid: int, controller: str) -> str:
+    """The v1 ``controller`` cgroup folder of host process ``pid``, found through
+    /proc/PID/cgroup and this host's mount table (never an assumed path)."""
+    _, mounts = cgroup.parse_mounts(Path("/proc/self/mountinfo").read_text())
+    _, own = cgroup.parse_own(Path(f"/proc/{pid}/cgroup").read_text())
+    assert controller in mounts and controller in own, (controller, mounts, own)
+    return mounts[controller].rstrip("/") + own[controller]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_command_cgroups_carry_the_configured_values(kb: KbRoot, backend: str) -> None:
+    """Read from the host side while the command runs, through the session's
+    process record: the command's own v1 memory and cpu cgroups (hybrid hosts;
+    where v2 offers the controller, its files instead) hold what kbd.yaml says."""
+    sid = world(kb, backend, memory_max="256M", cpu_weight=25, cpu_max=0.5, pids_max=64)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kbd", "--root", str(kb.root), "exec", sid, "--", "sleep", "30"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 15
+        rows: list[Any] = []
+        while not rows and time.monotonic() < deadline:
+            rows = Sessions(Host(kb.root)).store.processes(sid)
+            time.sleep(0.05)
+        assert len(rows) == 1 and rows[0].cgroup, rows
+        pid, name = rows[0].pid, rows[0].cgroup
+        hierarchy = cgroup.detect()
+        files: dict[str, str] = {}
+        for controller in ("memory", "cpu", "pids"):
+            if controller in hierarchy.controllers:  # pure v2 host: the v2 cgroup has them
+                folder = hierarchy.path(name)
+                assert folder is not None
+            else:
+                folder = _own_v1_cgroup(pid, controller)
+                assert folder.endswith(f"/kbd/{name}"), (controller, folder)
+            wanted = ("memory.", "cpu.shares", "cpu.cfs_", "cpu.weight", "cpu.max", "pids.max")
+            for f in os.listdir(folder):
+                if f.startswith(wanted) and os.access(f"{folder}/{f}", os.R_OK):
+                    with contextlib.suppress(OSError):  # write-only files (memory.force_empty)
+                        files[f] = (Path(folder) / f).read_text()
+        if "memory" in hierarchy.controllers:
+            assert files["memory.max"].strip() == str(256 << 20)
+            assert files["cpu.weight"].strip() == "25" and files["cpu.max"].split() == ["50000", "100000"]
+        else:
+            assert files["memory.limit_in_bytes"].strip() == str(256 << 20)
+            if "memory.memsw.limit_in_bytes" in files:  # swap accounting on: swap cannot bypass the bound
+                assert files["memory.memsw.limit_in_bytes"].strip() == str(256 << 20)
+            assert "oom_kill_disable 0" in files["memory.oom_control"]
+            assert files["cpu.shares"].strip() == "256"  # 25 * 1024 / 100
+            assert files["cpu.cfs_period_us"].strip() == "100000"
+            assert files["cpu.cfs_quota_us"].strip() == "50000"
+        assert files["pids.max"].strip() == "64"
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)

@@ -69,18 +69,31 @@ PURE_V2 = (
 CONTAINER = "35 24 0:30 /docker/abc /sys/fs/cgroup ro,relatime - cgroup2 cgroup2 rw\n"
 
 
+CO_MOUNTED = (
+    "42 30 0:38 / /sys/fs/cgroup/cpu,cpuacct rw,relatime shared:22 - cgroup cgroup rw,cpu,cpuacct\n"
+    "43 30 0:39 / /sys/fs/cgroup/blkio rw,relatime shared:23 - cgroup cgroup rw,blkio\n"
+    "44 30 0:40 / /sys/fs/cgroup/memro ro,relatime shared:24 - cgroup cgroup ro,memory\n"
+)
+
+
 def test_hierarchies_are_detected_not_assumed() -> None:
-    assert cgroup.parse_mounts(HYBRID) == ("/sys/fs/cgroup/unified", "/sys/fs/cgroup/pids")
-    assert cgroup.parse_mounts(PURE_V2) == ("/sys/fs/cgroup", None)
+    v1 = {"pids": "/sys/fs/cgroup/pids", "memory": "/sys/fs/cgroup/memory"}
+    assert cgroup.parse_mounts(HYBRID) == ("/sys/fs/cgroup/unified", v1)
+    assert cgroup.parse_mounts(PURE_V2) == ("/sys/fs/cgroup", {})
     # A read-only bind of a sub-cgroup (some containers) cannot hold kbd's subtree.
-    assert cgroup.parse_mounts(CONTAINER) == (None, None)
-    assert cgroup.parse_mounts(r"1 2 0:3 / /mnt/cg\040v2 rw - cgroup2 cgroup2 rw") == ("/mnt/cg v2", None)
+    assert cgroup.parse_mounts(CONTAINER) == (None, {})
+    assert cgroup.parse_mounts(r"1 2 0:3 / /mnt/cg\040v2 rw - cgroup2 cgroup2 rw") == ("/mnt/cg v2", {})
+    # cpu co-mounted with cpuacct; unwanted controllers and read-only mounts are ignored.
+    assert cgroup.parse_mounts(CO_MOUNTED) == (None, {"cpu": "/sys/fs/cgroup/cpu,cpuacct"})
 
 
 def test_own_cgroup_paths() -> None:
-    text = "9:name=systemd:/\n8:pids:/user.slice\n4:memory:/x\n0::/user.slice/session-3.scope\n"
-    assert cgroup.parse_own(text) == ("/user.slice/session-3.scope", "/user.slice")
-    assert cgroup.parse_own("0::/\n") == ("/", None)
+    text = "9:name=systemd:/\n8:pids:/user.slice\n4:memory:/x\n3:cpu,cpuacct:/y\n0::/user.slice/session-3.scope\n"
+    assert cgroup.parse_own(text) == (
+        "/user.slice/session-3.scope",
+        {"pids": "/user.slice", "memory": "/x", "cpu": "/y"},
+    )
+    assert cgroup.parse_own("0::/\n") == ("/", {})
 
 
 def test_limit_files_follow_the_available_controllers() -> None:
@@ -89,14 +102,28 @@ def test_limit_files_follow_the_available_controllers() -> None:
         "pids.max": "64", "memory.max": str(1 << 30), "cpu.weight": "50", "cpu.max": "150000 100000"
     }  # fmt: skip
     assert cgroup.v2_files(lim, frozenset()) == {}
-    # Hybrid host: pids bound to v1 -> the v1 pids hierarchy bounds processes instead.
-    assert cgroup.v1_pids_max(lim, frozenset(), v1_pids=True) == "64"
-    assert cgroup.v1_pids_max(lim, frozenset({"pids"}), v1_pids=True) is None
-    assert cgroup.v1_pids_max(LimitsConfig(pids_max=None), frozenset(), v1_pids=True) is None
+    # Hybrid host: the controllers bound to v1 bound the command through its v1 cgroups instead.
+    assert cgroup.v1_files(lim, ("pids",)) == [("pids.max", "64")]
+    assert cgroup.v1_files(LimitsConfig(pids_max=None), ("pids",)) == []
+    assert cgroup.v1_files(lim, ("memory",)) == [
+        ("memory.limit_in_bytes", str(1 << 30)),
+        ("memory.memsw.limit_in_bytes", str(1 << 30)),  # swap cannot bypass it (written where present)
+        ("memory.oom_control", "0"),  # the OOM killer ends the command, even if the parent disables it
+    ]
+    assert cgroup.v1_files(lim, ("cpu",)) == [
+        ("cpu.shares", "512"),  # weight 50 of 100 -> 512 of 1024
+        ("cpu.cfs_period_us", "100000"),
+        ("cpu.cfs_quota_us", "150000"),
+    ]
+    assert cgroup.v1_files(LimitsConfig(cpu_weight=1, cpu_max=0.001), ("cpu",))[::2] == [
+        ("cpu.shares", "10"),
+        ("cpu.cfs_quota_us", "1000"),  # the kernel's minimum quota
+    ]
+    assert cgroup.v1_files(LimitsConfig(memory_max=None, cpu_weight=None), ("memory", "cpu")) == []
 
 
 def test_command_cgroup_names_are_checked() -> None:
-    h = cgroup.Hierarchy("/sys/fs/cgroup/kbd", "/sys/fs/cgroup", frozenset(), None, None, None)
+    h = cgroup.Hierarchy("/sys/fs/cgroup/kbd", "/sys/fs/cgroup", frozenset(), (), None)
     assert (
         h.path("s_0123456789abcdef0123.42.deadbeef")
         == "/sys/fs/cgroup/kbd/s_0123456789abcdef0123.42.deadbeef"
@@ -123,15 +150,44 @@ def test_the_rlimit_step_sets_hard_limits_within_the_callers() -> None:
     assert script.endswith('exec "$@"') and "-v" not in script
 
 
+def _v1(controller: str, *, usable: bool = True) -> cgroup.V1:
+    mount = f"/v1/{controller}"
+    if usable:
+        return cgroup.V1((controller,), mount, f"{mount}/kbd", mount)
+    return cgroup.V1((controller,), mount, None, None, "cannot use /v1/x/kbd: Read-only file system")
+
+
 def test_doctor_never_claims_a_limit_without_a_command_cgroup() -> None:
     lim = LimitsConfig()
-    hybrid = cgroup.Hierarchy("/u/kbd", "/u", frozenset(), "/p/kbd", "/p", None)
+    hybrid = cgroup.Hierarchy("/u/kbd", "/u", frozenset(), (_v1("pids"),), None)
     assert cgroup.enforcement(lim, hybrid)["pids_max"].startswith("enforced: cgroup v1")
     assert cgroup.enforcement(lim, hybrid)["memory_max"].startswith("not enforceable here")
-    none = cgroup.Hierarchy(None, None, frozenset(), "/p/kbd", "/p", "no cgroup2")
+    none = cgroup.Hierarchy(None, None, frozenset(), (_v1("pids"),), "no cgroup2")
     assert all(
         cgroup.enforcement(lim, none)[k].startswith("not enforceable here")
         for k in ("pids_max", "memory_max", "cpu_weight")
     )
-    pure = cgroup.Hierarchy("/c/kbd", "/c", frozenset({"pids", "memory", "cpu"}), None, None, None)
+    pure = cgroup.Hierarchy("/c/kbd", "/c", frozenset({"pids", "memory", "cpu"}), (), None)
     assert cgroup.enforcement(lim, pure)["memory_max"] == f"enforced: cgroup v2 memory controller ({4 << 30})"
+
+
+def test_doctor_reports_memory_and_cpu_enforced_through_v1() -> None:
+    lim = LimitsConfig(cpu_max=1.5)
+    hybrid = cgroup.Hierarchy("/u/kbd", "/u", frozenset(), (_v1("pids"), _v1("memory"), _v1("cpu")), None)
+    got = cgroup.enforcement(lim, hybrid)
+    assert got["memory_max"] == f"enforced: cgroup v1 memory hierarchy at /v1/memory ({4 << 30})"
+    assert got["cpu_weight"] == "enforced: cgroup v1 cpu hierarchy at /v1/cpu (50)"
+    assert got["cpu_max"] == "enforced: cgroup v1 cpu hierarchy at /v1/cpu (1.5)"
+
+
+def test_a_configured_limit_fails_closed_when_its_v1_hierarchy_is_unusable() -> None:
+    broken = cgroup.Hierarchy("/u/kbd", "/u", frozenset(), (_v1("pids"), _v1("memory", usable=False)), None)
+    problem = cgroup.v1_problem(LimitsConfig(), broken)
+    assert problem is not None and "limits.memory_max" in problem and "Read-only" in problem
+    assert cgroup.enforcement(LimitsConfig(), broken)["memory_max"].startswith("REFUSED")
+    # Lifted (null), the unusable controller is not needed: nothing to refuse.
+    assert cgroup.v1_problem(LimitsConfig(memory_max=None), broken) is None
+    cpu = cgroup.Hierarchy("/u/kbd", "/u", frozenset(), (_v1("cpu", usable=False),), None)
+    assert "limits.cpu_weight" in (cgroup.v1_problem(LimitsConfig(), cpu) or "")
+    assert "limits.cpu_max" in (cgroup.v1_problem(LimitsConfig(cpu_weight=None, cpu_max=2), cpu) or "")
+    assert cgroup.v1_problem(LimitsConfig(cpu_weight=None), cpu) is None
