@@ -204,11 +204,7 @@ def scenario(tmp: Path, name: str, writers: int) -> dict[str, Any]:
     host = Host(kb.root)
     sessions = Sessions(host)
     sids = [
-        str(
-            sessions.open(host.actor("alice"), "con", kind="execution", kb_access="read-write").extra[
-                "session_id"
-            ]
-        )
+        str(sessions.open(host.actor("alice"), "con", kind="execution", kb_access="read-write").session_id)
         for _ in range(writers)
     ]
     wall, results = run_writers(kb, sids)

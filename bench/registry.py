@@ -40,8 +40,9 @@ import orjson
 import yaml
 
 from kbd.config import load_config
+from kbd.layout import RACY_NS
 from kbd.ops import Host
-from kbd.registry import RACY_NS, Found, Registry
+from kbd.registry import Found, Registry
 from kbd.rootinit import init_root
 
 WORKFLOWS = 10_000

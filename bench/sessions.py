@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kbd import registry
+from kbd import layout
 from kbd.ops import Host
 from kbd.session_ops import Sessions
 
@@ -48,14 +48,12 @@ def main() -> None:
             sources=[{"workflow_id": f"s{i:02d}", "alias": f"a{i:02d}", "access": "write" if i < 4 else "read"}
                      for i in range(20)],
         )  # fmt: skip
-        time.sleep(
-            registry.RACY_NS / 1e9 * 1.5
-        )  # let timestamps age out of the racy window, as on a live host
+        time.sleep(layout.RACY_NS / 1e9 * 1.5)  # let timestamps age out of the racy window, as on a live host
         host = Host(kb.root)  # default sweep_interval, as in the daemon
         sessions = Sessions(host)
         alice = host.actor("alice")
         plan = sessions.open(alice, "con", kind="execution", kb_access="read-write")
-        sid = str(plan.extra["session_id"])
+        sid = str(plan.session_id)
         assert len(plan.sources) == 20 and all(a.available for a in plan.sources)
         for _ in range(200):
             sessions.plan(sid, actor=alice)

@@ -18,8 +18,11 @@ Decisions recorded here (README "Access rules"):
 
 from __future__ import annotations
 
-from kbd.manifest import Manifest
-from kbd.principals import Principal, Principals
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # types only: principals.yaml loading stays out of the pure core
+    from kbd.manifest import Manifest
+    from kbd.principals import Principal, Principals
 
 
 def audience(m: Manifest) -> frozenset[str]:

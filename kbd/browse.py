@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from kbd.errors import KbdError, NotFound, PermissionDenied, UsageError
+from kbd.layout import INDEX_NAME, NOTES_DIR
 from kbd.names import NOTE_SUFFIXES, request_parts
 from kbd.notes import provenance_of, read_index
 from kbd.ops import Host
@@ -73,7 +74,7 @@ def read_attached(att: Attachment, relpath: str) -> bytes:
     parts = request_parts(relpath)
     assert att.path is not None
     with pin_dir(att.path, expect=att.kb_identity) as kb:
-        if parts == ["notes", "_index.json"] and not names_folder(relpath):
+        if parts == [NOTES_DIR, INDEX_NAME] and not names_folder(relpath):
             # Never mistake a read failure for an empty KB: retried, then an error.
             return read_index(kb.fd, limit=MAX_READ_BYTES)
         return read_file(kb.fd, relpath, limit=MAX_READ_BYTES)

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from kbd.errors import InvalidConfig, RootError
 from kbd.ids import id_problem
+from kbd.layout import RACY_NS
 from kbd.strict import (
     check_keys,
     expect_bool,
@@ -295,7 +296,6 @@ def read_text(path: Path, *, what: str) -> str:
         raise InvalidConfig(f"{what} at {path} is unreadable: {exc}") from exc
 
 
-_RACY_NS = 200_000_000
 T = TypeVar("T")
 
 
@@ -328,7 +328,7 @@ def read_yaml_cached(path: Path, *, what: str, cache: Path | None, parse: Callab
     except OSError as exc:
         raise InvalidConfig(f"{what} at {path} is unreadable: {exc.strerror}") from exc
     sig = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-    fresh = max(st.st_mtime_ns, st.st_ctime_ns) < time.time_ns() - _RACY_NS
+    fresh = max(st.st_mtime_ns, st.st_ctime_ns) < time.time_ns() - RACY_NS
     if cache is not None and fresh:
         try:
             with open(cache, "rb") as fh:

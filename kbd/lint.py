@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kbd.errors import KbdError, NotFound
-from kbd.registry import KB_DIR, MANIFEST, MAX_DEPTH, Folder, Registry
+from kbd.layout import KB_DIR, MANIFEST
+from kbd.registry import MAX_DEPTH, Folder, Registry
 from kbd.safepath import open_beneath, pin_dir
 
 if TYPE_CHECKING:

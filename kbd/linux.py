@@ -8,6 +8,7 @@ else's KB on the same filesystem (``st_dev`` alone cannot tell).
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 from dataclasses import dataclass
 
@@ -18,9 +19,12 @@ STATX_BASIC_STATS = 0x7FF
 STATX_MNT_ID = 0x1000
 STATX_ATTR_MOUNT_ROOT = 0x2000
 
-# The already-loaded libc (find_library would run ldconfig: slow on every start).
-_libc = ctypes.CDLL(None, use_errno=True)
-_statx = getattr(_libc, "statx", None)
+# The already-loaded libc (find_library would run ldconfig: slow on every start),
+# loaded once for every parent-side module (kbd/sandbox/landlock_helper.py runs
+# standalone inside the sandbox and loads its own). ``syscall`` returns a long.
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+_statx = getattr(libc, "statx", None)
 if _statx is not None:
     _statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
     _statx.restype = ctypes.c_int
@@ -62,7 +66,7 @@ def mount_info(path: str | os.PathLike[str], *, dir_fd: int | None = None, flags
             mode = int.from_bytes(raw[28:30], "little")
             return MountInfo(mode=mode, dev=dev, ino=ino, mnt_id=mnt, mount_root=root)
         err = ctypes.get_errno()
-        if err != 38:  # ENOSYS: fall through to lstat
+        if err != errno.ENOSYS:  # no statx: fall through to lstat
             raise OSError(err, os.strerror(err), os.fspath(path))
     st = os.fstat(dir_fd) if flags & AT_EMPTY_PATH and dir_fd is not None else os.lstat(path, dir_fd=dir_fd)
     return MountInfo(mode=st.st_mode, dev=st.st_dev, ino=st.st_ino, mnt_id=None, mount_root=None)

@@ -14,9 +14,9 @@ from typing import Any
 
 from kbd.errors import KbdError, ManifestUnreadable, VersionConflict
 from kbd.fsio import write_atomic_at
+from kbd.layout import MANIFEST
 from kbd.locks import held
 from kbd.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest, render
-from kbd.registry import MANIFEST
 from kbd.safepath import pin_dir, read_file_stat
 
 

@@ -31,9 +31,9 @@ import unicodedata
 
 from kbd.errors import InvalidInput, PermissionDenied
 from kbd.ids import char_name
+from kbd.layout import INDEX_NAME as INDEX_NAME
 from kbd.safepath import InvalidPath, names_folder, split_relative
 
-INDEX_NAME = "_index.json"
 NOTE_SUFFIXES = (".md", ".markdown", ".txt")
 TEMP_NAME = re.compile(r"^\.kbd-[0-9a-f]{16}\.tmp$")
 _NOTE_HINT = "name a file relative to the source's notes/, e.g. findings/latency.md"

@@ -33,9 +33,11 @@ import orjson
 
 from kbd.config import NotesQuota
 from kbd.errors import Busy, InvalidInput, KbdError, NotFound, PermissionDenied, QuotaExceeded
+from kbd.layout import INDEX_NAME
+from kbd.layout import NOTES_DIR as NOTES
 from kbd.names import NOTE_SUFFIXES as NOTE_SUFFIXES  # re-exported: readers import it from here
 from kbd.names import TEMP_NAME, note_parts
-from kbd.plan import NOTES, Plan
+from kbd.plan import Plan
 from kbd.principals import Actor, actor_fields
 from kbd.safepath import (
     PathNotFound,
@@ -595,7 +597,7 @@ def read_index(kb_fd: int, *, limit: int) -> bytes:
     error is raised — never an empty index."""
     last = ""
     for attempt in range(INDEX_RETRIES):
-        data = read_file(kb_fd, f"{NOTES}/_index.json", limit=limit)
+        data = read_file(kb_fd, f"{NOTES}/{INDEX_NAME}", limit=limit)
         try:
             if not data.strip():
                 raise ValueError("the index file is empty")

@@ -27,6 +27,7 @@ from kbd.errors import (
     SourceUnusable,
     WorkflowNotFound,
 )
+from kbd.layout import RACY_NS
 from kbd.manifest import (
     Entry,
     Manifest,
@@ -68,7 +69,7 @@ class Host:
             except OSError:
                 out.append(None)
                 continue
-            racy = max(st.st_mtime_ns, st.st_ctime_ns) >= time.time_ns() - 200_000_000
+            racy = max(st.st_mtime_ns, st.st_ctime_ns) >= time.time_ns() - RACY_NS
             # A file changed within the coarse-timestamp window is never trusted unchanged.
             out.append(None if racy else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
         return tuple(out)

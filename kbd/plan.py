@@ -23,17 +23,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from kbd.ids import one_line
-from kbd.policy import KindPolicy
-from kbd.resolve import Attachment
+from kbd.layout import INDEX_NAME, KB_DIR, MANIFEST, NOTES_DIR
 
-KB = "knowledgebase"
-NOTES = "notes"
-INDEX = "_index.json"
+if TYPE_CHECKING:  # types only: policy files are read by kbd.policy, not here
+    from kbd.policy import KindPolicy
+    from kbd.resolve import Attachment
+
+GrantMode = Literal["read", "write", "read_only", "hidden"]
+OriginKind = Literal["own", "local_kb", "kb", "kb_write", "folder"]
+_ALIASED: frozenset[str] = frozenset({"kb", "kb_write", "folder"})
 
 
 @dataclass(frozen=True)
@@ -63,17 +66,52 @@ class FolderStatus:
         }
 
 
-OVERLAY_MODES = ("read_only", "hidden")
+OVERLAY_MODES: tuple[GrantMode, ...] = ("read_only", "hidden")
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a grant came from: the session's own folder (``own``), its own KB
+    (``local_kb``), an attached source (``kb:ALIAS``), a source's notes/ it may
+    write (``kb_write:ALIAS``) or a folder grant (``folder:ALIAS``).
+
+    ``str(origin)`` is the contract's string form (DESIGN §6); :meth:`parse` is
+    its inverse and raises ValueError for anything else.
+    """
+
+    kind: OriginKind
+    alias: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.alias is not None) != (self.kind in _ALIASED):
+            raise ValueError(
+                f"origin kind {self.kind!r} {'needs' if self.alias is None else 'takes no'} alias"
+            )
+
+    def __str__(self) -> str:
+        return self.kind if self.alias is None else f"{self.kind}:{self.alias}"
+
+    @classmethod
+    def parse(cls, text: str) -> Origin:
+        kind, sep, alias = text.partition(":")
+        for known in get_args(OriginKind):
+            if kind == known:
+                return cls(known, alias if sep else None)
+        raise ValueError(f"unknown grant origin {text!r}")
+
+
+OWN = Origin("own")
+LOCAL_KB = Origin("local_kb")
 
 
 @dataclass(frozen=True)
 class Grant:
     path: Path
-    mode: str  # read | write | read_only | hidden
-    origin: str  # own | local_kb | kb:<alias> | kb_write:<alias> | folder:<alias>
+    mode: GrantMode
+    origin: Origin
 
     def to_json(self) -> dict[str, str]:
-        return {"path": str(self.path), "mode": self.mode, "origin": self.origin}
+        return {"path": str(self.path), "mode": self.mode, "origin": str(self.origin)}
 
 
 @dataclass(frozen=True)
@@ -89,9 +127,12 @@ class Plan:
     folders: tuple[FolderStatus, ...]
     context: str
     generation: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    # Set on a session's plan (see :meth:`with_generation`); a bare plan has none.
+    session_id: str | None = None
+    parent: str | None = None
+    opened_by: str | None = None
 
-    def paths(self, mode: str) -> list[str]:
+    def paths(self, mode: GrantMode) -> list[str]:
         return sorted({str(g.path) for g in self.grants if g.mode == mode})
 
     @property
@@ -118,22 +159,27 @@ class Plan:
 
     def writes_source(self, alias: str) -> bool:
         """Does this plan grant writing the ``notes/`` of the source ``alias``?"""
-        return any(g.mode == "write" and g.origin == f"kb_write:{alias}" for g in self.grants)
+        return any(g.mode == "write" and g.origin == Origin("kb_write", alias) for g in self.grants)
 
     def digest(self) -> str:
         """Changes exactly when the effective grants or environment change."""
         doc = {"env": self.env, "grants": sorted((str(g.path), g.mode) for g in self.grants)}
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
-    def with_generation(self, generation: int, **extra: Any) -> Plan:
-        return Plan(
-            self.workflow_id, self.kind, self.kb_access, self.effective, self.workflow_folder, self.env,
-            self.grants, self.sources, self.folders, self.context, generation, {**self.extra, **extra},
-        )  # fmt: skip
+    def with_generation(
+        self, generation: int, *, session_id: str, parent: str | None, opened_by: str
+    ) -> Plan:
+        """This plan as session ``session_id``'s plan at ``generation``."""
+        return replace(self, generation=generation, session_id=session_id, parent=parent, opened_by=opened_by)
 
     def to_json(self) -> dict[str, Any]:
+        session: dict[str, Any] = (
+            {}
+            if self.session_id is None
+            else {"session_id": self.session_id, "parent": self.parent, "opened_by": self.opened_by}
+        )
         return {
-            **self.extra,
+            **session,
             "workflow_id": self.workflow_id,
             "kind": self.kind,
             "kb_access": self.kb_access,
@@ -165,28 +211,28 @@ def build_plan(
     effective = policy.effective_mode(kb_access, item_kb_write=item_kb_write)
     reads = effective in ("read", "read-write")
     writes = effective in ("write", "read-write")
-    own_kb = workflow_folder / KB
+    own_kb = workflow_folder / KB_DIR
     grants: list[Grant] = []
 
     own_rw = policy.own_folder == "read-write"
-    grants.append(Grant(workflow_folder, "write" if own_rw else "read", "own"))
+    grants.append(Grant(workflow_folder, "write" if own_rw else "read", OWN))
     if own_rw:
-        grants.append(Grant(workflow_folder / "workflow.json", "read_only", "own"))
+        grants.append(Grant(workflow_folder / MANIFEST, "read_only", OWN))
 
     # The session's own knowledge base.
     if effective == "none":
-        grants.append(Grant(own_kb, "hidden", "local_kb"))
+        grants.append(Grant(own_kb, "hidden", LOCAL_KB))
     elif policy.local_kb == "full":
         pass  # covered by the read-write own folder
     elif policy.local_kb == "read_only":
         if own_rw:
-            grants.append(Grant(own_kb, "read_only", "local_kb"))
+            grants.append(Grant(own_kb, "read_only", LOCAL_KB))
     elif policy.local_kb == "notes" or (policy.local_kb == "per_access" and writes):
         if own_rw:
-            grants.append(Grant(own_kb, "read_only", "local_kb"))
-        grants.append(Grant(own_kb / NOTES, "write", "local_kb"))
+            grants.append(Grant(own_kb, "read_only", LOCAL_KB))
+        grants.append(Grant(own_kb / NOTES_DIR, "write", LOCAL_KB))
     elif policy.local_kb == "per_access" and own_rw:
-        grants.append(Grant(own_kb, "read_only", "local_kb"))
+        grants.append(Grant(own_kb, "read_only", LOCAL_KB))
 
     env: dict[str, str] = {"WORKFLOW_KB_ACCESS": effective}
     may_write_sources = writes and policy.source_write
@@ -195,16 +241,20 @@ def build_plan(
             continue
         source_writable = may_write_sources and att.writable
         if reads:
-            grants.append(Grant(att.path, "read", f"kb:{att.alias}"))
+            grants.append(Grant(att.path, "read", Origin("kb", att.alias)))
         if source_writable:
-            grants.append(Grant(att.path / NOTES, "write", f"kb_write:{att.alias}"))
-            grants.append(Grant(att.path / NOTES / INDEX, "read_only", f"kb_write:{att.alias}"))
+            grants.append(Grant(att.path / NOTES_DIR, "write", Origin("kb_write", att.alias)))
+            grants.append(
+                Grant(att.path / NOTES_DIR / INDEX_NAME, "read_only", Origin("kb_write", att.alias))
+            )
         if reads or source_writable:
             env[att.env] = str(att.path)
 
     for f in folders:
         if f.available and f.path is not None:
-            grants.append(Grant(f.path, "write" if f.access == "read_write" else "read", f"folder:{f.alias}"))
+            grants.append(
+                Grant(f.path, "write" if f.access == "read_write" else "read", Origin("folder", f.alias))
+            )
             env[f.env] = str(f.path)
 
     # A readable KB inside (or equal to) a writable folder grant stays read-only:
@@ -212,7 +262,7 @@ def build_plan(
     writable = {str(g.path) for g in grants if g.mode == "write"}
     prefixes = tuple(w.rstrip("/") + "/" for w in writable)
     for g in list(grants):
-        if g.mode == "read" and g.origin.startswith("kb:"):
+        if g.mode == "read" and g.origin.kind == "kb":
             p = str(g.path)
             if p in writable or p.startswith(prefixes):
                 grants.append(Grant(g.path, "read_only", g.origin))
@@ -264,5 +314,5 @@ def context_block(
         mode = "read" if not writable else ("read + write notes/" if reads else "write notes/ only")
         if a.access == "write" and not writable and a.write is not None and a.write.reason:
             mode += f" (write: {a.write.reason})"
-        lines.append(f"{head}, available, {mode}. ${a.env}; index: ${a.env}/notes/_index.json")
+        lines.append(f"{head}, available, {mode}. ${a.env}; index: ${a.env}/{NOTES_DIR}/{INDEX_NAME}")
     return "\n".join(lines) + "\n"

@@ -42,22 +42,27 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from kbd.errors import KbdError, ManifestUnreadable
 from kbd.fsio import ensure_private_dir, write_atomic
+from kbd.layout import INDEX_NAME, KB_DIR, MANIFEST, NOTES_DIR, RACY_NS
 from kbd.linux import AT_EMPTY_PATH, MountInfo, mount_info
-from kbd.manifest import MAX_MANIFEST_BYTES, Manifest, extract_id, parse_manifest
+from kbd.manifest import MAX_MANIFEST_BYTES, extract_id, parse_manifest
+from kbd.registry_types import Ambiguous as Ambiguous
+from kbd.registry_types import Folder as Folder
+from kbd.registry_types import Found as Found
+from kbd.registry_types import KbProbe as KbProbe
+from kbd.registry_types import KbProblem as KbProblem
+from kbd.registry_types import Lookup as Lookup
+from kbd.registry_types import Missing as Missing
+from kbd.registry_types import Sig as Sig
+from kbd.registry_types import Unreadable as Unreadable
 from kbd.safepath import open_beneath, pin_dir, read_file_stat
 
-MANIFEST = "workflow.json"
-KB_DIR = "knowledgebase"
-RACY_NS = 200_000_000  # 200 ms: well above any coarse timestamp granularity
 MAX_DEPTH = 32
 _CACHE_FORMAT = 1  # entries may carry "nested_in" (absent in older caches: none was nested)
-
-Sig = tuple[int, int, int, int, int]  # dev, ino, size, mtime_ns, ctime_ns
 
 
 def _sig(st: os.stat_result) -> Sig:
@@ -66,65 +71,6 @@ def _sig(st: os.stat_result) -> Sig:
 
 def _racy(st: os.stat_result, now_ns: int) -> bool:
     return max(st.st_mtime_ns, st.st_ctime_ns) >= now_ns - RACY_NS
-
-
-@dataclass(frozen=True)
-class Folder:
-    """One discovered workflow folder."""
-
-    path: Path
-    manifest: Manifest | None
-    problem: str | None  # why the manifest is unreadable
-    known_id: str | None  # manifest ID, or the ID it last had / still declares
-    sig: Sig | None  # None: do not trust from cache (unreadable or racy)
-    # A known workflow folder hidden by a workflow.json that appeared above it:
-    # the folder that now holds that manifest. Never usable while set.
-    nested_in: Path | None = None
-
-    @property
-    def readable(self) -> bool:
-        return self.manifest is not None
-
-
-@dataclass(frozen=True)
-class Found:
-    folder: Folder
-
-    @property
-    def manifest(self) -> Manifest:
-        assert self.folder.manifest is not None
-        return self.folder.manifest
-
-
-@dataclass(frozen=True)
-class Missing:
-    workflow_id: str
-
-
-@dataclass(frozen=True)
-class Ambiguous:
-    workflow_id: str
-    folders: tuple[Folder, ...]
-    # True when the ID's folder lies inside another workflow folder (or holds
-    # one): which workflow owns those files is ambiguous even with one claimant.
-    nested: bool = False
-
-    def describe(self) -> str:
-        """Why the ID resolves to nothing, without host paths."""
-        if self.nested:
-            return (
-                f"the folder of workflow ID {self.workflow_id!r} is nested with another workflow folder "
-                "(a workflow.json appeared above a known workflow, or inside this one)"
-            )
-        return f"{len(self.folders)} workflow folders claim ID {self.workflow_id!r}"
-
-
-@dataclass(frozen=True)
-class Unreadable:
-    folder: Folder
-
-
-Lookup = Found | Missing | Ambiguous | Unreadable
 
 
 def read_manifest_bytes(folder: Path) -> tuple[bytes, os.stat_result]:
@@ -504,23 +450,6 @@ class Registry:
         return list(self._by_id)
 
 
-@dataclass(frozen=True)
-class KbProblem:
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class KbProbe:
-    """The KB folder as seen now: a problem, or its identity for later pinning."""
-
-    problem: KbProblem | None
-    identity: tuple[int, int] | None = None  # (st_dev, st_ino) of knowledgebase/
-    # Why knowledgebase/notes/ cannot take contributions (missing, a link, not a
-    # folder, another mount), or None when it can.
-    notes_problem: str | None = None
-
-
 def probe_kb(workflow_folder: Path, *, notes: bool = False) -> KbProbe:
     """Why ``<workflow>/knowledgebase`` cannot be attached right now, or its identity
     (and, with ``notes``, whether its ``notes/`` can take contributions).
@@ -588,7 +517,7 @@ def _notes_problem(workflow_fd: int, kb: MountInfo) -> str | None:
         if (st.st_dev, st.st_ino) != (kb.dev, kb.ino):
             return "the source's knowledgebase/ changed while it was inspected"
         try:
-            notes = mount_info("notes", dir_fd=kb_fd)
+            notes = mount_info(NOTES_DIR, dir_fd=kb_fd)
         except FileNotFoundError:
             return "the source has no notes/ folder"
         if stat.S_ISLNK(notes.mode):
@@ -597,9 +526,9 @@ def _notes_problem(workflow_fd: int, kb: MountInfo) -> str | None:
             return "the source's notes is not a folder"
         if notes.mount_root or notes.dev != kb.dev:
             return "the source's notes/ is a mount point"
-        notes_fd = open_beneath(kb_fd, "notes", os.O_PATH | os.O_DIRECTORY)
+        notes_fd = open_beneath(kb_fd, NOTES_DIR, os.O_PATH | os.O_DIRECTORY)
         try:
-            index = mount_info("_index.json", dir_fd=notes_fd)
+            index = mount_info(INDEX_NAME, dir_fd=notes_fd)
         except FileNotFoundError:
             return None  # kbd creates a missing index before a write command
         finally:

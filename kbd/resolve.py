@@ -13,13 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kbd import audience
 from kbd.ids import env_name
-from kbd.manifest import Entry, Manifest
-from kbd.principals import Principals
-from kbd.registry import KB_DIR, Ambiguous, Found, KbProbe, Lookup, Missing, Unreadable
+from kbd.layout import KB_DIR
+from kbd.registry_types import Ambiguous, Found, KbProbe, Lookup, Missing, Unreadable
+
+if TYPE_CHECKING:  # types only: principals.yaml loading stays out of the pure core
+    from kbd.manifest import Entry, Manifest
+    from kbd.principals import Principals
 
 REASONS = (
     "not_found",

@@ -102,7 +102,7 @@ def _landlock_argv(host: Host, plan: Plan, command: list[str], *, scratch: Path)
         if not host.config.sandbox.unsafe_landlock_writes:
             raise Unavailable(
                 "this plan needs read-only or hidden paths inside writable folders "
-                f"({', '.join(sorted({g.origin for g in overlays}))}), which Landlock alone cannot enforce",
+                f"({', '.join(sorted({str(g.origin) for g in overlays}))}), which Landlock alone cannot enforce",
                 hint="install bubblewrap, use a read-only session kind, or set sandbox.unsafe_landlock_writes",
             )
         warn("unsafe_landlock_writes: read-only overlays inside writable folders are NOT enforced")

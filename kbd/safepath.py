@@ -41,7 +41,7 @@ from pathlib import Path
 
 from kbd.errors import Busy, InvalidInput, KbdError, NotFound, PermissionDenied
 from kbd.fsio import write_atomic_at
-from kbd.linux import AT_EMPTY_PATH, mount_info
+from kbd.linux import AT_EMPTY_PATH, AT_FDCWD, libc, mount_info
 
 PATH_MAX = 4096
 NAME_MAX = 255
@@ -82,9 +82,7 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_syscall = _libc.syscall
-_syscall.restype = ctypes.c_long
+_syscall = libc.syscall
 
 
 def _raw_openat2(dirfd: int, path: bytes, flags: int, mode: int, resolve: int) -> int:
@@ -101,7 +99,7 @@ def _raw_openat2(dirfd: int, path: bytes, flags: int, mode: int, resolve: int) -
 
 
 def _probe_openat2() -> bool:
-    fd = _raw_openat2(-100, b"/", os.O_PATH | os.O_CLOEXEC, 0, 0)
+    fd = _raw_openat2(AT_FDCWD, b"/", os.O_PATH | os.O_CLOEXEC, 0, 0)
     if fd >= 0:
         os.close(fd)
         return True

@@ -335,7 +335,7 @@ def check_path(plan: Plan, path: str, mode: str) -> dict[str, Any]:
         return {"allowed": False, "reason": f"hidden in this session ({grant.origin})"}
     if mode == "write" and grant.mode != "write":
         return {"allowed": False, "reason": f"read-only ({grant.origin})"}
-    if mode == "write" and grant.origin.startswith("kb_write:"):
+    if mode == "write" and grant.origin.kind == "kb_write":
         # A source's notes/: exactly the names `kbd notes write` accepts.
         try:
             note_parts(_spelled_below(grant.path, path))

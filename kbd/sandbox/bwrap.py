@@ -20,7 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kbd.errors import Unavailable
-from kbd.plan import INDEX, NOTES, Plan
+from kbd.layout import INDEX_NAME as INDEX
+from kbd.layout import KB_DIR
+from kbd.layout import NOTES_DIR as NOTES
+from kbd.plan import Plan
 from kbd.safepath import open_beneath, pin_dir
 from kbd.sandbox import limits as rlimits
 from kbd.sandbox import seccomp, spec
@@ -101,7 +104,7 @@ def prepare(plan: Plan) -> None:
     itself never creates files there: each contributed ``notes/_index.json``
     (empty index) and the session's own ``knowledgebase/`` when it is overlaid."""
     for g in plan.grants:
-        if g.mode == "read_only" and g.path.name == INDEX and g.origin.startswith("kb_write:"):
+        if g.mode == "read_only" and g.path.name == INDEX and g.origin.kind == "kb_write":
             notes = g.path.parent
             with pin_dir(notes) as pinned:
                 try:
@@ -115,13 +118,13 @@ def prepare(plan: Plan) -> None:
                 finally:
                     os.close(fd)
                 os.fsync(pinned.fd)
-        if g.origin == "local_kb" and g.mode in ("read_only", "hidden", "write"):
+        if g.origin.kind == "local_kb" and g.mode in ("read_only", "hidden", "write"):
             # The session's own KB is its own to create; a missing one would make
             # bwrap create the mount point itself.
             with pin_dir(plan.workflow_folder) as own:
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir("knowledgebase", 0o755, dir_fd=own.fd)
-                kb_fd = open_beneath(own.fd, "knowledgebase", os.O_RDONLY | os.O_DIRECTORY)
+                    os.mkdir(KB_DIR, 0o755, dir_fd=own.fd)
+                kb_fd = open_beneath(own.fd, KB_DIR, os.O_RDONLY | os.O_DIRECTORY)
                 try:
                     with contextlib.suppress(FileExistsError):
                         os.mkdir(NOTES, 0o755, dir_fd=kb_fd)

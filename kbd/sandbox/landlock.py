@@ -5,21 +5,23 @@ a standalone file executed in the child, so there is one implementation."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 
-from kbd.sandbox.landlock_helper import RIGHTS
+from kbd.linux import libc
+from kbd.sandbox.landlock_helper import CREATE_RULESET_VERSION, RIGHTS, SYS_CREATE_RULESET
 from kbd.sandbox.spec import ETC_FILES
 
 DEV_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
 
 LANDLOCK_ALL = tuple(RIGHTS)
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
 
 
 def _query_abi() -> tuple[int, int]:
     """(ABI version or 0, errno when 0)."""
-    abi = int(_libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+    abi = int(
+        libc.syscall(SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(CREATE_RULESET_VERSION))
+    )
     return (abi, 0) if abi > 0 else (0, ctypes.get_errno())
 
 
@@ -32,7 +34,9 @@ def landlock_status() -> str:
     abi, err = _query_abi()
     if abi > 0:
         return f"ABI {abi}"
-    return {38: "not supported by this kernel", 95: "disabled at boot"}.get(err, os.strerror(err))
+    return {errno.ENOSYS: "not supported by this kernel", errno.EOPNOTSUPP: "disabled at boot"}.get(
+        err, os.strerror(err)
+    )
 
 
 def system_rules() -> list[dict[str, object]]:

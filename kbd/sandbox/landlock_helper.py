@@ -23,6 +23,7 @@ Any failure exits 69 before the command runs: fail closed, never run unconfined.
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import signal
@@ -62,8 +63,8 @@ PR_SET_NO_NEW_PRIVS = 38
 EX_UNAVAILABLE = 69
 
 REASONS = {
-    38: "the kernel has no Landlock support (ENOSYS: too old or not compiled in)",
-    95: "Landlock is supported but disabled at boot (EOPNOTSUPP: add 'landlock' to lsm=)",
+    errno.ENOSYS: "the kernel has no Landlock support (ENOSYS: too old or not compiled in)",
+    errno.EOPNOTSUPP: "Landlock is supported but disabled at boot (EOPNOTSUPP: add 'landlock' to lsm=)",
 }
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -105,7 +106,7 @@ def drop_capabilities() -> None:
     """Empty the bounding set (so exec as root regains nothing), the ambient set,
     and the effective, permitted and inheritable sets."""
     for cap in range(64):
-        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == errno.EINVAL:
             break  # EINVAL: past the last capability this kernel knows
     _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = CapHeader(CAP_VERSION_3, 0)
@@ -265,7 +266,7 @@ def main(argv: list[str]) -> None:
         os.execvp(argv[3], argv[3:])  # noqa: S606 - argv list, no shell
     except OSError as exc:
         sys.stderr.write(f"kbd: cannot run {argv[3]}: {exc.strerror}\n")
-        os._exit(127 if exc.errno == 2 else 126)
+        os._exit(127 if exc.errno == errno.ENOENT else 126)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,11 @@ says which containment this host has.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import time
+
+from kbd.linux import libc
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -30,7 +31,6 @@ _active = False
 def become_subreaper() -> bool:
     """Make this process the subreaper of everything it starts; False if refused."""
     global _active
-    libc = ctypes.CDLL(None, use_errno=True)
     _active = bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     return _active
 

@@ -51,13 +51,13 @@ def mounts(plan: Plan) -> list[Mount]:
     out: dict[tuple[str, str], Mount] = {}
     for g in plan.grants:
         op = {"write": "bind", "read": "ro-bind", "read_only": "ro-bind", "hidden": "hidden"}[g.mode]
-        out.setdefault((str(g.path), op), Mount(str(g.path), op, g.origin))
+        out.setdefault((str(g.path), op), Mount(str(g.path), op, str(g.origin)))
     return sorted(out.values(), key=lambda m: (len(Path(m.dest).parts), _RANK[m.op], m.dest))
 
 
 def contributed_notes(plan: Plan) -> list[Path]:
     """Source ``notes/`` folders this plan may write into."""
-    return sorted({g.path for g in plan.grants if g.mode == "write" and g.origin.startswith("kb_write:")})
+    return sorted({g.path for g in plan.grants if g.mode == "write" and g.origin.kind == "kb_write"})
 
 
 def inner_landlock(plan: Plan) -> dict[str, Any] | None:
@@ -73,7 +73,7 @@ def inner_landlock(plan: Plan) -> dict[str, Any] | None:
     if not notes:
         return None
     rules = []
-    candidates = [g.path for g in plan.grants if g.mode == "write" and not g.origin.startswith("kb_write:")]
+    candidates = [g.path for g in plan.grants if g.mode == "write" and g.origin.kind != "kb_write"]
     candidates.append(Path("/tmp"))  # noqa: S108 - the sandbox's private tmpfs
     for path in sorted(set(candidates)):
         if any(path == n or path in n.parents or n in path.parents for n in notes):

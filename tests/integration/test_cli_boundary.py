@@ -539,5 +539,5 @@ def test_empty_note_refused_by_the_shared_entry_point(world: KbRoot) -> None:
     sessions = session_ops.Sessions(host)
     plan = sessions.open(host.actor("alice"), "con", kind="execution", kb_access="read-write")
     with pytest.raises(InvalidInput, match="empty") as info:
-        notes.write_note(sessions, str(plan.extra["session_id"]), "src", "e.md", b"\n", actor=OPERATOR)
+        notes.write_note(sessions, str(plan.session_id), "src", "e.md", b"\n", actor=OPERATOR)
     assert info.value.exit_code == 65

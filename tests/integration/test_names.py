@@ -171,7 +171,7 @@ def test_check_write_and_notes_write_agree_on_names(kb: KbRoot, rel: str) -> Non
     notes = kb.workflows / "src" / "knowledgebase" / "notes"
     sessions = Sessions(kb.host())
     plan = sessions.open(sessions.host.actor("alice"), "con", kind="execution", kb_access="read-write")
-    sid = plan.extra["session_id"]
+    sid = str(plan.session_id)
     try:
         checked = sessions.check(sid, f"{notes.resolve()}/{rel}", "write", actor=OPERATOR)
         try:

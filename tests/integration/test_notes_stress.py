@@ -175,7 +175,7 @@ def build(kb: KbRoot, consumers: list[str]) -> Source:
 
 def open_session(host: Host, wid: str) -> str:
     plan = Sessions(host).open(host.actor("alice"), wid, kind="execution", kb_access="read-write")
-    sid: str = plan.extra["session_id"]
+    sid = str(plan.session_id)
     return sid
 
 

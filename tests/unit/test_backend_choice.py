@@ -36,7 +36,7 @@ def test_no_usable_layer_refuses_with_69(kb: KbRoot, monkeypatch: pytest.MonkeyP
     h = kb.host()
     from kbd.session_ops import Sessions
 
-    sid = str(Sessions(h).open(h.actor("alice"), "con", kind="reviewer_strategic").extra["session_id"])
+    sid = str(Sessions(h).open(h.actor("alice"), "con", kind="reviewer_strategic").session_id)
     with pytest.raises(Unavailable):
         runner.run(kb.root, sid, ["true"], actor=OPERATOR)
 
@@ -59,7 +59,7 @@ def test_unsafe_no_sandbox_is_explicit_and_warns(
     h = kb.host()
     from kbd.session_ops import Sessions
 
-    sid = str(Sessions(h).open(h.actor("alice"), "con", kind="reviewer_strategic").extra["session_id"])
+    sid = str(Sessions(h).open(h.actor("alice"), "con", kind="reviewer_strategic").session_id)
     for _ in range(2):
         assert runner.run(kb.root, sid, ["true"], actor=OPERATOR) == 0
         assert "WARNING: unsafe_no_sandbox" in capfd.readouterr().err

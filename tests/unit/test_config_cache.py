@@ -17,7 +17,7 @@ def test_a_rejected_config_is_never_cached(tmp_path: Path, monkeypatch: pytest.M
     from kbd.errors import InvalidConfig
     from kbd.rootinit import init_root
 
-    monkeypatch.setattr(config, "_RACY_NS", 0)
+    monkeypatch.setattr(config, "RACY_NS", 0)
     root = tmp_path / "root"
     init_root(root, host="h", force=False, demo=False)
     (root / "kbd.yaml").write_text((root / "kbd.yaml").read_text() + "bogus: 1\n")

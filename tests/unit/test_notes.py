@@ -87,7 +87,7 @@ class World:
         plan = self.sessions.open(
             self.host.actor("alice"), wid, kind=kind, kb_access=kb_access, item_kb_write=item
         )
-        sid: str = plan.extra["session_id"]
+        sid = str(plan.session_id)
         return sid
 
     def write(

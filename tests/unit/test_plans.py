@@ -3,12 +3,14 @@ lookup (upstream T9, T10, T12, T13, T17, T19) through the session store."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kbd.errors import InvalidInput, PermissionDenied, WorkflowNotFound
+from kbd.plan import Origin
 from kbd.policy import KINDS
 from kbd.session_ops import Sessions, check_path
 from kbd.sessions import SessionClosed
@@ -176,9 +178,9 @@ def test_live_revocation_without_refresh(world: KbRoot) -> None:
     s = Sessions(world.host())
     alice = s.host.actor("alice")
     parent = s.open(alice, "con", kind="execution", kb_access="read-write")
-    sid = str(parent.extra["session_id"])
+    sid = str(parent.session_id)
     child = s.open(alice, "con", kind="execution", parent=sid)
-    cid = str(child.extra["session_id"])
+    cid = str(child.session_id)
     g0 = parent.generation
     sec_notes = W(world, "sec", "knowledgebase", "notes")
     assert sec_notes in child.write
@@ -214,7 +216,7 @@ def test_independent_folder_grant_on_the_same_path(world: KbRoot) -> None:
     )
     s = Sessions(world.host())
     plan = s.open(s.host.actor("alice"), "con", kind="execution", kb_access="read")
-    sid = str(plan.extra["session_id"])
+    sid = str(plan.session_id)
     # While attached, the KB's read-only overlay wins over the folder grant.
     assert rts_kb in plan.write and rts_kb in plan.read_only and plan.env["WORKFLOW_FOLDER_SHARED"] == rts_kb
     assert check_path(plan, rts_kb + "/notes/x.md", "write")["allowed"] is False
@@ -238,15 +240,15 @@ def test_children_and_closing(world: KbRoot) -> None:
     s = Sessions(world.host())
     alice = s.host.actor("alice")
     parent = s.open(alice, "con", kind="execution", kb_access="read")
-    sid = str(parent.extra["session_id"])
+    sid = str(parent.session_id)
     with pytest.raises(PermissionDenied, match="cannot widen"):
         s.open(alice, "con", kind="execution", kb_access="read-write", parent=sid)
     world.workflow("other", access={"owners": ["alice"]})
     with pytest.raises(InvalidInput, match="belongs to 'con', not 'other'"):
         s.open(alice, "other", kind="execution", parent=sid)
     child = s.open(alice, "con", kind="execution", parent=sid)
-    cid = str(child.extra["session_id"])
-    assert child.extra["parent"] == sid and child.kb_access == "read"
+    cid = str(child.session_id)
+    assert child.parent == sid and child.kb_access == "read"
     assert set(s.close(sid, actor=OPERATOR)) == {sid, cid}
     for x in (sid, cid):
         with pytest.raises(SessionClosed):
@@ -288,3 +290,35 @@ def test_path_guard(world: KbRoot) -> None:
         "allowed": False,
         "reason": "the path is a symbolic link; kbd never follows links inside grants",
     }
+
+
+def test_plan_json_shape_is_unchanged_by_typed_fields(world: KbRoot) -> None:
+    """Issue 10: typed origins and explicit session fields, the same JSON. A
+    session's plan starts with session_id, parent, opened_by (in that order); every
+    origin is the contract's string and parses back to the same Origin."""
+    s = Sessions(world.host())
+    alice = s.host.actor("alice")
+    parent = s.open(alice, "con", kind="execution", kb_access="read-write")
+    child = s.open(alice, "con", kind="execution", parent=str(parent.session_id))
+    doc = child.to_json()
+    assert list(doc) == [
+        "session_id", "parent", "opened_by", "workflow_id", "kind", "kb_access", "effective_kb_access",
+        "generation", "env", "read", "write", "read_only", "hidden", "grants", "sources", "folders", "context",
+    ]  # fmt: skip
+    assert (doc["session_id"], doc["parent"]) == (child.session_id, parent.session_id)
+    assert doc["opened_by"] == child.opened_by and isinstance(doc["opened_by"], str)
+    assert parent.to_json()["parent"] is None
+    origins = {g["origin"] for g in doc["grants"]}
+    assert {"own", "local_kb", "kb:rts", "kb:sec", "kb_write:sec"} <= origins
+    assert all(str(Origin.parse(o)) == o for o in origins)
+    assert all(isinstance(g.origin, Origin) for g in child.grants)
+    assert child.writes_source("sec") and not child.writes_source("rts")
+    # A plan outside any session carries no session keys at all.
+    bare = replace(child, session_id=None, parent=None, opened_by=None)
+    assert not {"session_id", "parent", "opened_by"} & set(bare.to_json())
+
+
+@pytest.mark.parametrize("bad", ["", "kb", "own:x", "local_kb:a", "folders:x", "KB:x", " kb:x"])
+def test_origin_parse_refuses_what_kbd_never_writes(bad: str) -> None:
+    with pytest.raises(ValueError, match="origin"):
+        Origin.parse(bad)

@@ -1,0 +1,248 @@
+"""The layering rule (STYLE habit 1, issue 10): a pure core that takes data and
+returns decisions, and a shell that does I/O and calls it.
+
+Two tiers, both checked here:
+
+* :data:`CORE` — pure. Every import of these modules, at any depth and inside
+  functions too, stays inside the core and never names a forbidden library.
+  Imports under ``if TYPE_CHECKING:`` are allowed (they never run).
+* :data:`IMPORT_CLEAN` — modules whose decisions are pure but which also hold a
+  small file loader (``read_yaml_cached``: config.yaml, principals.yaml, the
+  policy and pattern files), so their loaders reach :mod:`kbd.fsio` lazily.
+  Importing them must still load nothing from the I/O layer: checked in a fresh
+  interpreter, through ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import kbd
+
+PACKAGE = Path(kbd.__file__).resolve().parent
+
+CORE = frozenset(
+    {
+        "kbd",
+        "kbd.errors",
+        "kbd.ids",
+        "kbd.layout",
+        "kbd.strict",
+        "kbd.manifest",
+        "kbd.registry_types",
+        "kbd.audience",
+        "kbd.resolve",
+        "kbd.plan",
+        "kbd.sandbox",
+        "kbd.sandbox.spec",
+        "kbd.sandbox.seccomp",
+    }
+)
+IMPORT_CLEAN = CORE | {
+    "kbd.config",
+    "kbd.policy",
+    "kbd.principals",
+    "kbd.injection",
+    "kbd.sandbox.seatbelt",
+}
+# Pure rules still importing from the path layer: kbd.names takes split_relative,
+# names_folder and InvalidPath from kbd.safepath (which loads ctypes and probes
+# openat2 at import). It joins the core once InvalidPath lives in kbd.errors.
+NOT_YET_CORE = frozenset({"kbd.names"})
+# Libraries that mean I/O, processes or native calls; none may reach the core.
+FORBIDDEN = frozenset(
+    {
+        "ctypes",
+        "_ctypes",
+        "sqlite3",
+        "subprocess",
+        "socket",
+        "filelock",
+        "psutil",
+        "watchfiles",
+        "multiprocessing",
+    }
+)
+# The I/O layer of kbd, named so a failure reads plainly.
+IO_MODULES = frozenset(
+    {
+        "kbd.safepath", "kbd.linux", "kbd.registry", "kbd.fsio", "kbd.locks", "kbd.sessions", "kbd.notes",
+        "kbd.audit", "kbd.ops", "kbd.session_ops", "kbd.manifest_store", "kbd.folders", "kbd.browse",
+        "kbd.lint", "kbd.rootinit", "kbd.runner", "kbd.api", "kbd.daemon", "kbd.cli", "kbd.entry",
+        "kbd.boundary", "kbd.sandbox.bwrap", "kbd.sandbox.cgroup", "kbd.sandbox.landlock",
+        "kbd.sandbox.landlock_helper", "kbd.sandbox.limits", "kbd.sandbox.probe", "kbd.sandbox.reaper",
+        "kbd.__main__",
+    }
+)  # fmt: skip
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _module_file(name: str) -> Path | None:
+    """The source file of a kbd module, or None when ``name`` is not a module
+    (``from kbd import audience`` names the module kbd.audience; ``from kbd.x
+    import y`` names a function y)."""
+    parts = name.split(".")
+    if parts[0] != "kbd":
+        return None
+    if len(parts) == 1:
+        return PACKAGE / "__init__.py"
+    rel = Path(*parts[1:])
+    for candidate in (PACKAGE / rel / "__init__.py", PACKAGE / rel.parent / f"{rel.name}.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def imports_of(source: str, *, module: str, is_package: bool = False) -> set[str]:
+    """Every module ``source`` imports, at any depth (functions, classes, try
+    blocks), except under ``if TYPE_CHECKING:``. ``importlib.import_module`` and
+    ``__import__`` with a literal name count too."""
+    found: set[str] = set()
+    package = module if is_package else module.rpartition(".")[0]
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for stmt in node.orelse:
+                visit(stmt)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parent = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{parent}.{base}" if base else parent
+            found.add(base)
+            # `from kbd import audience` imports the module kbd.audience.
+            found.update(f"{base}.{a.name}" for a in node.names if _module_file(f"{base}.{a.name}"))
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = (
+                func.attr
+                if isinstance(func, ast.Attribute)
+                else func.id
+                if isinstance(func, ast.Name)
+                else ""
+            )
+            if name in ("import_module", "__import__") and node.args:
+                arg = node.args[0]
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    found.add(arg.value)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(source))
+    return found
+
+
+def _kbd_imports(module: str) -> set[str]:
+    path = _module_file(module)
+    assert path is not None, module
+    return imports_of(path.read_text(encoding="utf-8"), module=module, is_package=path.name == "__init__.py")
+
+
+def layering_problems(core: frozenset[str]) -> list[str]:
+    """Each import that leaves the pure core, with the chain that reaches it."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    stack: list[tuple[str, tuple[str, ...]]] = [(m, (m,)) for m in sorted(core)]
+    while stack:
+        module, chain = stack.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        for imported in sorted(_kbd_imports(module)):
+            top = imported.split(".")[0]
+            route = " -> ".join((*chain, imported))
+            if top in FORBIDDEN:
+                problems.append(f"{route}: {top} is I/O, never core")
+            elif top == "kbd" and _module_file(imported) is not None:
+                if imported in IO_MODULES:
+                    problems.append(f"{route}: an I/O-layer module")
+                elif imported not in core:
+                    problems.append(f"{route}: not a core module")
+                else:
+                    stack.append((imported, (*chain, imported)))
+    return problems
+
+
+def test_the_core_imports_only_the_core() -> None:
+    assert layering_problems(CORE) == []
+
+
+def test_core_and_io_lists_name_real_modules() -> None:
+    """A renamed module must not silently drop out of the check."""
+    for name in CORE | IMPORT_CLEAN | IO_MODULES:
+        assert _module_file(name) is not None, name
+    assert not CORE & IO_MODULES
+    assert not IMPORT_CLEAN & IO_MODULES
+    every = set()
+    for p in PACKAGE.rglob("*.py"):
+        parts = ("kbd", *p.relative_to(PACKAGE).with_suffix("").parts)
+        every.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    # Every module is placed in a tier, so a new module is a conscious decision.
+    assert every == IMPORT_CLEAN | IO_MODULES | NOT_YET_CORE
+
+
+def test_the_scanner_sees_what_it_must() -> None:
+    """The checks above can fail: imports inside functions, relative imports and
+    import_module count; only TYPE_CHECKING blocks are exempt."""
+    src = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from kbd.registry import Registry\nelse:\n    import sqlite3\n"
+        "def f():\n    import ctypes\n    from . import safepath\n"
+        "    try:\n        from .fsio import write_atomic\n    except ImportError:\n        pass\n"
+        "importlib.import_module('subprocess')\n"
+    )
+    found = imports_of(src, module="kbd.plan")
+    assert {"sqlite3", "ctypes", "kbd.safepath", "kbd.fsio", "subprocess"} <= found
+    assert "kbd.registry" not in found
+
+
+def test_a_core_module_reaching_the_io_layer_is_reported() -> None:
+    """The same walk over a core that wrongly lists an import-clean module
+    reports the loader's lazy I/O import, with the chain."""
+    problems = layering_problems(CORE | {"kbd.config"})
+    assert any("kbd.config -> kbd.fsio" in p for p in problems), problems
+
+
+SUBPROCESS_IMPORTS = (
+    "kbd.plan",
+    "kbd.resolve",
+    "kbd.audience",
+    "kbd.manifest",
+    "kbd.policy",
+    "kbd.ids",
+    "kbd.sandbox.spec",
+    "kbd.sandbox.seccomp",
+    "kbd.sandbox.seatbelt",
+    "kbd.injection",
+    "kbd.principals",
+    "kbd.config",
+    "kbd.registry_types",
+    "kbd.layout",
+)
+
+
+@pytest.mark.parametrize("modules", [SUBPROCESS_IMPORTS, *[(m,) for m in SUBPROCESS_IMPORTS]], ids=str)
+def test_importing_the_core_loads_no_io(modules: tuple[str, ...]) -> None:
+    """In a fresh interpreter: no ctypes (so no openat2 probe), no sqlite3,
+    subprocess, socket or filelock, and no I/O-layer module of kbd."""
+    code = f"import json, sys\nimport {', '.join(modules)}\nprint(json.dumps(sorted(sys.modules)))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    loaded = set(json.loads(r.stdout))
+    assert {m for m in loaded if m.split(".")[0] in FORBIDDEN} == set()
+    assert {m for m in loaded if m.startswith("kbd")} - IMPORT_CLEAN == set()
