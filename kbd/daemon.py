@@ -65,8 +65,8 @@ RETRY_AFTER_SECONDS = 1
 class UnsafeSocketFolder(InvalidInput):
     code = "unsafe-socket-folder"
     default_hint = (
-        "put the socket in a folder only its owner can write (or one with the sticky bit, like /tmp), "
-        "e.g. --socket /run/kbd/kbd.sock"
+        "put the socket in a folder owned by root or the daemon's user that only its owner can write (or "
+        "one with the sticky bit, like /tmp), e.g. --socket /run/kbd/kbd.sock"
     )
 
 
@@ -240,16 +240,31 @@ def unsafe_folder(mode: int) -> bool:
     return bool(mode & stat.S_IWOTH) and not mode & stat.S_ISVTX
 
 
+def foreign_owner(uid: int, *, me: int) -> bool:
+    """A folder's owner may rename or replace any entry in it (sticky bit or not):
+    only root and the daemon's own user may own a folder above the socket."""
+    return uid not in (0, me)
+
+
 def _check_ancestors(folder: Path) -> None:
     """Refuse a socket whose folder (or a folder above it) others may rename or
-    replace entries in."""
-    for f in (folder, *folder.parents):
+    replace entries in. The folders checked are the real ones: a symlinked
+    component is resolved, so a link to someone else's folder is seen as that
+    folder (its owner could swap the socket for their own and collect tokens)."""
+    real = Path(os.path.realpath(folder))
+    me = os.geteuid()
+    for f in (real, *real.parents):
         try:
             st = os.stat(f)
         except FileNotFoundError:
             continue
         if not stat.S_ISDIR(st.st_mode):
             raise UnsafeSocketFolder(f"socket folder {f} is not a folder")
+        if foreign_owner(st.st_uid, me=me):
+            raise UnsafeSocketFolder(
+                f"socket folder {f} belongs to uid {st.st_uid}, neither root nor the daemon's uid {me}: its "
+                "owner could replace the socket"
+            )
         if unsafe_folder(st.st_mode):
             raise UnsafeSocketFolder(
                 f"socket folder {f} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}) without the "
