@@ -46,6 +46,11 @@ SOCKET_GROUP = "kbd"
 # A local client sends its request line and headers in one write; five seconds
 # is generous and bounds how long a half-sent request can hold a descriptor.
 HEADER_TIMEOUT = 5.0
+# The body of a request (at most a few MiB: see kbd.api.MAX_BODY_BYTES) arrives
+# in milliseconds over a local socket. Without a deadline, a request whose
+# headers arrived but whose body never does holds its connection (one of the
+# uid's capped slots) forever.
+BODY_TIMEOUT = 10.0
 KEEP_ALIVE_TIMEOUT = 5
 # 64 concurrent API clients of one service principal are a budgeted load
 # (DESIGN §8); four times that per uid leaves room, and needs several uids to
@@ -134,6 +139,10 @@ HEADERS_TOO_SLOW = error_response(
     408, "Request Timeout", "timeout", f"the request headers did not arrive within {HEADER_TIMEOUT:g}s",
     "send the whole request line and headers at once",
 )  # fmt: skip
+BODY_TOO_SLOW = error_response(
+    408, "Request Timeout", "timeout", f"the request body did not arrive within {BODY_TIMEOUT:g}s",
+    "send the whole request body at once",
+)  # fmt: skip
 
 
 class _PeerApp:
@@ -168,6 +177,7 @@ class PeerCredProtocol(HttpToolsProtocol):
     _uid: int | None = None
     _admitted = False
     _header_timer: asyncio.TimerHandle | None = None
+    _body_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         uid = _peer_uid(transport)
@@ -185,6 +195,7 @@ class PeerCredProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
+        self._disarm_body_timer()
         if self._admitted:
             self._admitted = False
             self.limits.release(self._uid)
@@ -205,6 +216,18 @@ class PeerCredProtocol(HttpToolsProtocol):
             self.transport.write(HEADERS_TOO_SLOW)
             self.transport.close()
 
+    def _disarm_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_too_slow(self) -> None:
+        self._body_timer = None
+        if not self.transport.is_closing():
+            if self.cycle is not None and not self.cycle.response_started:
+                self.transport.write(BODY_TOO_SLOW)
+            self.transport.close()
+
     def on_message_begin(self) -> None:
         # The first byte of every request (also the next one on a keep-alive
         # connection) starts the clock for its headers.
@@ -214,10 +237,19 @@ class PeerCredProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm_header_timer()
         super().on_headers_complete()
+        # Until the message is complete (at once for a request without a body),
+        # its body is on the clock.
+        self._disarm_body_timer()
+        self._body_timer = self.loop.call_later(BODY_TIMEOUT, self._body_too_slow)
+
+    def on_message_complete(self) -> None:
+        self._disarm_body_timer()
+        super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn's own answer is plain text; the API answers in its envelope.
         self._disarm_header_timer()
+        self._disarm_body_timer()
         answer = error_response(400, "Bad Request", "invalid-input", f"malformed HTTP request: {msg.rstrip('.')}",
                                 "send an HTTP/1.1 request; see /openapi.json for the routes")  # fmt: skip
         self.transport.write(answer)

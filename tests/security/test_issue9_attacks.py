@@ -4,11 +4,15 @@ failed on the merged branch before the fix beside it. Real CLI, real daemon."""
 from __future__ import annotations
 
 import os
+import socket
+import time
 from pathlib import Path
 
 import pytest
 
+from kbd.daemon import BODY_TIMEOUT, MAX_CONNECTIONS_PER_UID
 from tests.helpers import KbRoot
+from tests.integration.daemon import issue_tokens, serving
 
 NOBODY = 65534
 
@@ -31,3 +35,41 @@ def test_serve_refuses_a_socket_folder_another_user_owns(kb: KbRoot, tmp_path: P
     assert r.err.startswith("error[unsafe-socket-folder]: "), r.err
     assert f"uid {NOBODY}" in r.err and "Traceback" not in r.err, r.err
     assert list(theirs.iterdir()) == [], "kbd created its socket in a folder another user owns"
+
+
+def test_a_body_that_never_arrives_does_not_hold_a_uids_connections_forever(kb: KbRoot) -> None:
+    """Item 7: the header timer stops at the end of the headers. A client that
+    then sends a partial body (or none) held each connection forever, so one
+    process of a uid could take all of that uid's slots for good (every later
+    request from the uid: 503 "too many open connections"). Now the body is on
+    a clock too: each stalled request is answered 408 and closed."""
+    tokens = issue_tokens(kb.root, ["alice"])
+    with serving(kb.root) as d:
+        stalled = []
+        for _ in range(MAX_CONNECTIONS_PER_UID + 8):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(d.sock))
+            s.sendall(
+                b"POST /v1/sessions HTTP/1.1\r\nhost: kbd\r\ncontent-type: application/json\r\n"
+                b"content-length: 100\r\n\r\n{"
+            )
+            stalled.append(s)
+        try:
+            deadline = time.monotonic() + BODY_TIMEOUT + 10
+            for s in stalled:
+                s.settimeout(max(0.1, deadline - time.monotonic()))
+                try:
+                    answer = b"".join(iter(lambda s=s: s.recv(65536), b""))  # type: ignore[misc]
+                except TimeoutError:
+                    answer = b"(still open)"
+                except ConnectionResetError:  # an over-cap one, closed before reading all we sent
+                    answer = b""
+                # 408 for an admitted one, 503 over the cap: closed either way.
+                assert answer == b"" or answer.startswith((b"HTTP/1.1 408 ", b"HTTP/1.1 503 ")), answer[:200]
+            with d.client(tokens["alice"]) as c:
+                t0 = time.monotonic()
+                r = c.get("/v1/health")
+                assert r.status_code == 200 and time.monotonic() - t0 < 1.0, (r.status_code, r.text)
+        finally:
+            for s in stalled:
+                s.close()
