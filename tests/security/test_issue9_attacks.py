@@ -73,3 +73,12 @@ def test_a_body_that_never_arrives_does_not_hold_a_uids_connections_forever(kb: 
         finally:
             for s in stalled:
                 s.close()
+
+
+@pytest.mark.parametrize("since", ["99999999999999d", "9999999w", "999999999999999999999999s"])
+def test_audit_since_too_far_back_is_a_usage_error(kb: KbRoot, since: str) -> None:
+    """Item 12/13: an out-of-range --since was answered error[internal] (exit 70,
+    "this is a bug in kbd") from an OverflowError; it is bad input (exit 2)."""
+    r = kb.cli("audit", "--since", since)
+    assert r.code == 2, (r.code, r.err)
+    assert r.err.startswith("error[usage]: --since: ") and since in r.err, r.err
