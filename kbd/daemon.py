@@ -51,6 +51,11 @@ HEADER_TIMEOUT = 5.0
 # headers arrived but whose body never does holds its connection (one of the
 # uid's capped slots) forever.
 BODY_TIMEOUT = 10.0
+# The request line and headers of an API request are a few hundred bytes (a
+# bearer token, a path). The HTTP parser buffers a header until it ends, with
+# no limit of its own: within the header timeout, one connection could make the
+# daemon hold tens of MiB, and a uid's connections several GiB.
+MAX_HEADER_BYTES = 64 * 1024
 KEEP_ALIVE_TIMEOUT = 5
 # 64 concurrent API clients of one service principal are a budgeted load
 # (DESIGN §8); four times that per uid leaves room, and needs several uids to
@@ -139,6 +144,10 @@ HEADERS_TOO_SLOW = error_response(
     408, "Request Timeout", "timeout", f"the request headers did not arrive within {HEADER_TIMEOUT:g}s",
     "send the whole request line and headers at once",
 )  # fmt: skip
+HEADERS_TOO_LARGE = error_response(
+    431, "Request Header Fields Too Large", "too-large",
+    f"the request line and headers exceed {MAX_HEADER_BYTES} bytes", "send a shorter request",
+)  # fmt: skip
 BODY_TOO_SLOW = error_response(
     408, "Request Timeout", "timeout", f"the request body did not arrive within {BODY_TIMEOUT:g}s",
     "send the whole request body at once",
@@ -178,6 +187,7 @@ class PeerCredProtocol(HttpToolsProtocol):
     _admitted = False
     _header_timer: asyncio.TimerHandle | None = None
     _body_timer: asyncio.TimerHandle | None = None
+    _header_bytes = 0  # received while the current request's headers are incomplete
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         uid = _peer_uid(transport)
@@ -228,10 +238,24 @@ class PeerCredProtocol(HttpToolsProtocol):
                 self.transport.write(BODY_TOO_SLOW)
             self.transport.close()
 
+    def data_received(self, data: bytes) -> None:
+        # The header timer is armed exactly while a request's headers are
+        # incomplete. Bytes of a chunk that starts a pipelined request after
+        # another's end are not counted (at most one chunk more is allowed).
+        if self._header_timer is not None:
+            self._header_bytes += len(data)
+        super().data_received(data)
+        if self._header_timer is not None and self._header_bytes > MAX_HEADER_BYTES:
+            self._disarm_header_timer()
+            if not self.transport.is_closing():
+                self.transport.write(HEADERS_TOO_LARGE)
+                self.transport.close()
+
     def on_message_begin(self) -> None:
         # The first byte of every request (also the next one on a keep-alive
         # connection) starts the clock for its headers.
         super().on_message_begin()
+        self._header_bytes = 0
         self._arm_header_timer()
 
     def on_headers_complete(self) -> None:

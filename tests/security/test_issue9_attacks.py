@@ -3,6 +3,7 @@ failed on the merged branch before the fix beside it. Real CLI, real daemon."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kbd.daemon import BODY_TIMEOUT, MAX_CONNECTIONS_PER_UID
+from kbd.daemon import BODY_TIMEOUT, HEADER_TIMEOUT, MAX_CONNECTIONS_PER_UID
 from tests.helpers import KbRoot
 from tests.integration.daemon import issue_tokens, serving
 
@@ -82,3 +83,30 @@ def test_audit_since_too_far_back_is_a_usage_error(kb: KbRoot, since: str) -> No
     r = kb.cli("audit", "--since", since)
     assert r.code == 2, (r.code, r.err)
     assert r.err.startswith("error[usage]: --since: ") and since in r.err, r.err
+
+
+def test_an_endless_header_is_cut_off_at_the_header_cap(kb: KbRoot) -> None:
+    """Item 7: the HTTP parser buffers a header until it ends, so within the 5 s
+    header timeout one connection made the daemon hold tens of MiB (32 such
+    connections: 1.3 GiB). Now the request line and headers are capped: the
+    connection is answered 431 and closed as soon as it passes the cap."""
+    with serving(kb.root) as d:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(str(d.sock))
+        try:
+            t0 = time.monotonic()
+            s.sendall(b"GET /v1/health HTTP/1.1\r\nhost: kbd\r\nx-filler: ")
+            sent = 0
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                while sent < 8 * 1024 * 1024 and time.monotonic() - t0 < HEADER_TIMEOUT:
+                    s.sendall(b"a" * 65536)
+                    sent += 65536
+            s.settimeout(HEADER_TIMEOUT + 5)
+            answer = b"".join(iter(lambda: s.recv(65536), b""))
+            elapsed = time.monotonic() - t0
+        finally:
+            s.close()
+        assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+        assert b'"too-large"' in answer, answer
+        assert sent < 4 * 1024 * 1024, f"the daemon kept reading {sent} bytes of one header"
+        assert elapsed < HEADER_TIMEOUT, elapsed
