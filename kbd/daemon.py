@@ -56,6 +56,12 @@ BODY_TIMEOUT = 10.0
 # no limit of its own: within the header timeout, one connection could make the
 # daemon hold tens of MiB, and a uid's connections several GiB.
 MAX_HEADER_BYTES = 64 * 1024
+# A client that stops reading its answer (up to a 2 MiB file, or the event
+# stream) makes the daemon hold the unsent bytes; 200 such connections held
+# over 1 GiB for as long as they stayed open. An answer that makes no progress
+# at all (the transport's buffer stays above its high-water mark) for this long
+# is abandoned and the connection dropped.
+WRITE_STALL_TIMEOUT = 15.0
 KEEP_ALIVE_TIMEOUT = 5
 # 64 concurrent API clients of one service principal are a budgeted load
 # (DESIGN §8); four times that per uid leaves room, and needs several uids to
@@ -188,6 +194,7 @@ class PeerCredProtocol(HttpToolsProtocol):
     _header_timer: asyncio.TimerHandle | None = None
     _body_timer: asyncio.TimerHandle | None = None
     _header_bytes = 0  # received while the current request's headers are incomplete
+    _write_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         uid = _peer_uid(transport)
@@ -206,6 +213,7 @@ class PeerCredProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
         self._disarm_body_timer()
+        self._disarm_write_timer()
         if self._admitted:
             self._admitted = False
             self.limits.release(self._uid)
@@ -225,6 +233,24 @@ class PeerCredProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.write(HEADERS_TOO_SLOW)
             self.transport.close()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(WRITE_STALL_TIMEOUT, self._write_stalled)
+
+    def resume_writing(self) -> None:
+        self._disarm_write_timer()
+        super().resume_writing()
+
+    def _disarm_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_stalled(self) -> None:
+        self._write_timer = None
+        self.transport.abort()  # drops the unsent bytes now (close() would wait for them)
 
     def _disarm_body_timer(self) -> None:
         if self._body_timer is not None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kbd.daemon import BODY_TIMEOUT, HEADER_TIMEOUT, MAX_CONNECTIONS_PER_UID
+from kbd.daemon import BODY_TIMEOUT, HEADER_TIMEOUT, MAX_CONNECTIONS_PER_UID, WRITE_STALL_TIMEOUT
 from tests.helpers import KbRoot
 from tests.integration.daemon import issue_tokens, serving
 
@@ -110,3 +110,38 @@ def test_an_endless_header_is_cut_off_at_the_header_cap(kb: KbRoot) -> None:
         assert b'"too-large"' in answer, answer
         assert sent < 4 * 1024 * 1024, f"the daemon kept reading {sent} bytes of one header"
         assert elapsed < HEADER_TIMEOUT, elapsed
+
+
+def test_an_answer_the_client_never_reads_is_dropped(kb: KbRoot) -> None:
+    """Item 7: a client that asks for a large file and never reads the answer
+    made the daemon hold the unsent bytes for as long as the connection stayed
+    open (200 such connections: over 1 GiB). An answer that makes no progress
+    for WRITE_STALL_TIMEOUT is abandoned: the connection is dropped."""
+    owners = {"owners": ["alice"]}
+    src = kb.workflow("src", access=owners)
+    (src / "knowledgebase" / "context" / "big.md").write_bytes(b"a" * (1900 * 1024))
+    kb.workflow("con", access=owners, sources=[{"workflow_id": "src", "alias": "big"}])
+    tokens = issue_tokens(kb.root, ["alice"])
+    with serving(kb.root) as d:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(str(d.sock))
+        try:
+            s.sendall(
+                b"GET /v1/workflows/con/sources/big/file?path=context/big.md HTTP/1.1\r\nhost: kbd\r\n"
+                + f"authorization: Bearer {tokens['alice']}\r\n\r\n".encode()
+            )
+            time.sleep(WRITE_STALL_TIMEOUT + 3)  # the client reads nothing meanwhile
+            s.settimeout(10)
+            got = b""
+            with contextlib.suppress(ConnectionResetError):
+                got = b"".join(iter(lambda: s.recv(1 << 20), b""))
+        finally:
+            s.close()
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), got[:300]
+    length = int(
+        next(ln.split(b":")[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length"))
+    )
+    assert length > 1900 * 1024, length
+    assert len(body) < length, "the stalled answer was kept until the client came back to read it"
