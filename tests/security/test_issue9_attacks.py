@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 
@@ -145,3 +146,38 @@ def test_an_answer_the_client_never_reads_is_dropped(kb: KbRoot) -> None:
     )
     assert length > 1900 * 1024, length
     assert len(body) < length, "the stalled answer was kept until the client came back to read it"
+
+
+@pytest.mark.parametrize("umask", [0o077, 0o000])
+def test_folders_notes_write_creates_have_one_mode_whatever_the_umask(kb: KbRoot, umask: int) -> None:
+    """Item 8: the note is 0644 whatever the umask, but the folders `kbd notes
+    write` created for it took the writer's umask (077: 0700, so the source's
+    own agents under another uid could not reach the note)."""
+    owners = {"owners": ["alice"]}
+    src = kb.workflow("src", access=owners)
+    kb.workflow("con", access=owners, sources=[{"workflow_id": "src", "alias": "src", "access": "write"}])
+    assert kb.cli("writers", "grant", "src", "con", "--as", "alice").code == 0
+    r = kb.cli(
+        "session",
+        "open",
+        "con",
+        "--kind",
+        "execution",
+        "--kb-access",
+        "read-write",
+        "--json",
+        "--as",
+        "alice",
+    )
+    assert r.code == 0, r.err
+    sid = r.json()["session_id"]
+    old = os.umask(umask)
+    try:
+        r = kb.cli("notes", "write", sid, "src", "a/b/n.md", "--as", "alice", input=b"a finding\n")
+    finally:
+        os.umask(old)
+    assert r.code == 0, r.err
+    notes = src / "knowledgebase" / "notes"
+    for folder in (notes / "a", notes / "a" / "b"):
+        assert stat.S_IMODE(os.lstat(folder).st_mode) == 0o755, (folder, oct(os.lstat(folder).st_mode))
+    assert stat.S_IMODE(os.lstat(notes / "a" / "b" / "n.md").st_mode) == 0o644
