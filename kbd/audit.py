@@ -143,7 +143,10 @@ def parse_since(text: str, *, now: datetime | None = None) -> datetime:
 
     now = now or datetime.now(UTC)
     if m := _DURATION.fullmatch(text.strip()):
-        return now - timedelta(seconds=int(m.group(1)) * _UNIT[m.group(2)])
+        try:
+            return now - timedelta(seconds=int(m.group(1)) * _UNIT[m.group(2)])
+        except OverflowError:  # beyond what a date can hold: bad input, not a bug in kbd
+            raise ValueError(f"{text!r} reaches back before year 1; give a shorter duration") from None
     try:
         when = datetime.fromisoformat(text.strip())
     except ValueError:

@@ -46,6 +46,22 @@ SOCKET_GROUP = "kbd"
 # A local client sends its request line and headers in one write; five seconds
 # is generous and bounds how long a half-sent request can hold a descriptor.
 HEADER_TIMEOUT = 5.0
+# The body of a request (at most a few MiB: see kbd.api.MAX_BODY_BYTES) arrives
+# in milliseconds over a local socket. Without a deadline, a request whose
+# headers arrived but whose body never does holds its connection (one of the
+# uid's capped slots) forever.
+BODY_TIMEOUT = 10.0
+# The request line and headers of an API request are a few hundred bytes (a
+# bearer token, a path). The HTTP parser buffers a header until it ends, with
+# no limit of its own: within the header timeout, one connection could make the
+# daemon hold tens of MiB, and a uid's connections several GiB.
+MAX_HEADER_BYTES = 64 * 1024
+# A client that stops reading its answer (up to a 2 MiB file, or the event
+# stream) makes the daemon hold the unsent bytes; 200 such connections held
+# over 1 GiB for as long as they stayed open. An answer that makes no progress
+# at all (the transport's buffer stays above its high-water mark) for this long
+# is abandoned and the connection dropped.
+WRITE_STALL_TIMEOUT = 15.0
 KEEP_ALIVE_TIMEOUT = 5
 # 64 concurrent API clients of one service principal are a budgeted load
 # (DESIGN §8); four times that per uid leaves room, and needs several uids to
@@ -65,8 +81,8 @@ RETRY_AFTER_SECONDS = 1
 class UnsafeSocketFolder(InvalidInput):
     code = "unsafe-socket-folder"
     default_hint = (
-        "put the socket in a folder only its owner can write (or one with the sticky bit, like /tmp), "
-        "e.g. --socket /run/kbd/kbd.sock"
+        "put the socket in a folder owned by root or the daemon's user that only its owner can write (or "
+        "one with the sticky bit, like /tmp), e.g. --socket /run/kbd/kbd.sock"
     )
 
 
@@ -134,6 +150,14 @@ HEADERS_TOO_SLOW = error_response(
     408, "Request Timeout", "timeout", f"the request headers did not arrive within {HEADER_TIMEOUT:g}s",
     "send the whole request line and headers at once",
 )  # fmt: skip
+HEADERS_TOO_LARGE = error_response(
+    431, "Request Header Fields Too Large", "too-large",
+    f"the request line and headers exceed {MAX_HEADER_BYTES} bytes", "send a shorter request",
+)  # fmt: skip
+BODY_TOO_SLOW = error_response(
+    408, "Request Timeout", "timeout", f"the request body did not arrive within {BODY_TIMEOUT:g}s",
+    "send the whole request body at once",
+)  # fmt: skip
 
 
 class _PeerApp:
@@ -168,6 +192,9 @@ class PeerCredProtocol(HttpToolsProtocol):
     _uid: int | None = None
     _admitted = False
     _header_timer: asyncio.TimerHandle | None = None
+    _body_timer: asyncio.TimerHandle | None = None
+    _header_bytes = 0  # received while the current request's headers are incomplete
+    _write_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         uid = _peer_uid(transport)
@@ -185,6 +212,8 @@ class PeerCredProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
+        self._disarm_body_timer()
+        self._disarm_write_timer()
         if self._admitted:
             self._admitted = False
             self.limits.release(self._uid)
@@ -205,19 +234,72 @@ class PeerCredProtocol(HttpToolsProtocol):
             self.transport.write(HEADERS_TOO_SLOW)
             self.transport.close()
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(WRITE_STALL_TIMEOUT, self._write_stalled)
+
+    def resume_writing(self) -> None:
+        self._disarm_write_timer()
+        super().resume_writing()
+
+    def _disarm_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_stalled(self) -> None:
+        self._write_timer = None
+        self.transport.abort()  # drops the unsent bytes now (close() would wait for them)
+
+    def _disarm_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_too_slow(self) -> None:
+        self._body_timer = None
+        if not self.transport.is_closing():
+            if self.cycle is not None and not self.cycle.response_started:
+                self.transport.write(BODY_TOO_SLOW)
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        # The header timer is armed exactly while a request's headers are
+        # incomplete. Bytes of a chunk that starts a pipelined request after
+        # another's end are not counted (at most one chunk more is allowed).
+        if self._header_timer is not None:
+            self._header_bytes += len(data)
+        super().data_received(data)
+        if self._header_timer is not None and self._header_bytes > MAX_HEADER_BYTES:
+            self._disarm_header_timer()
+            if not self.transport.is_closing():
+                self.transport.write(HEADERS_TOO_LARGE)
+                self.transport.close()
+
     def on_message_begin(self) -> None:
         # The first byte of every request (also the next one on a keep-alive
         # connection) starts the clock for its headers.
         super().on_message_begin()
+        self._header_bytes = 0
         self._arm_header_timer()
 
     def on_headers_complete(self) -> None:
         self._disarm_header_timer()
         super().on_headers_complete()
+        # Until the message is complete (at once for a request without a body),
+        # its body is on the clock.
+        self._disarm_body_timer()
+        self._body_timer = self.loop.call_later(BODY_TIMEOUT, self._body_too_slow)
+
+    def on_message_complete(self) -> None:
+        self._disarm_body_timer()
+        super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn's own answer is plain text; the API answers in its envelope.
         self._disarm_header_timer()
+        self._disarm_body_timer()
         answer = error_response(400, "Bad Request", "invalid-input", f"malformed HTTP request: {msg.rstrip('.')}",
                                 "send an HTTP/1.1 request; see /openapi.json for the routes")  # fmt: skip
         self.transport.write(answer)
@@ -240,16 +322,31 @@ def unsafe_folder(mode: int) -> bool:
     return bool(mode & stat.S_IWOTH) and not mode & stat.S_ISVTX
 
 
+def foreign_owner(uid: int, *, me: int) -> bool:
+    """A folder's owner may rename or replace any entry in it (sticky bit or not):
+    only root and the daemon's own user may own a folder above the socket."""
+    return uid not in (0, me)
+
+
 def _check_ancestors(folder: Path) -> None:
     """Refuse a socket whose folder (or a folder above it) others may rename or
-    replace entries in."""
-    for f in (folder, *folder.parents):
+    replace entries in. The folders checked are the real ones: a symlinked
+    component is resolved, so a link to someone else's folder is seen as that
+    folder (its owner could swap the socket for their own and collect tokens)."""
+    real = Path(os.path.realpath(folder))
+    me = os.geteuid()
+    for f in (real, *real.parents):
         try:
             st = os.stat(f)
         except FileNotFoundError:
             continue
         if not stat.S_ISDIR(st.st_mode):
             raise UnsafeSocketFolder(f"socket folder {f} is not a folder")
+        if foreign_owner(st.st_uid, me=me):
+            raise UnsafeSocketFolder(
+                f"socket folder {f} belongs to uid {st.st_uid}, neither root nor the daemon's uid {me}: its "
+                "owner could replace the socket"
+            )
         if unsafe_folder(st.st_mode):
             raise UnsafeSocketFolder(
                 f"socket folder {f} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}) without the "

@@ -51,6 +51,7 @@ from kbd.safepath import (
 MAX_NOTE_BYTES = 1024 * 1024
 #: Every written note, whatever mode the file it replaces had (never set-id or executable).
 NOTE_MODE = 0o644
+NOTE_FOLDER_MODE = 0o755
 PROVENANCE_KEYS = ("contributed_by_workflow", "contributed_by_session", "contributed_at")
 INDEX_RETRIES = 10
 INDEX_RETRY_DELAY = 0.02
@@ -205,9 +206,17 @@ def _open_parent(notes_fd: int, parts: list[str]) -> int:
             try:
                 nxt = open_beneath(cur, comp, os.O_RDONLY | os.O_DIRECTORY)
             except PathNotFound:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(comp, 0o755, dir_fd=cur)
+                try:
+                    os.mkdir(comp, NOTE_FOLDER_MODE, dir_fd=cur)
+                    created = True
+                except FileExistsError:
+                    created = False
                 nxt = open_beneath(cur, comp, os.O_RDONLY | os.O_DIRECTORY)
+                if created:
+                    # mkdir's mode passes through the writer's umask (077 made a
+                    # folder the source's own agents could not enter); like the
+                    # note itself, a folder kbd creates has one mode.
+                    os.fchmod(nxt, NOTE_FOLDER_MODE)
             os.close(cur)
             cur = nxt
         return cur
