@@ -29,9 +29,9 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from kbd.errors import InvalidInput, PermissionDenied
+from kbd.errors import InvalidInput, InvalidPath, PermissionDenied
 from kbd.ids import char_name
-from kbd.safepath import InvalidPath, names_folder, split_relative
+from kbd.safepath import names_folder, split_relative
 
 INDEX_NAME = "_index.json"
 NOTE_SUFFIXES = (".md", ".markdown", ".txt")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kbd.errors import Unavailable
+from kbd.errors import SandboxSetupError, Unavailable
 from kbd.plan import INDEX, NOTES, Plan
 from kbd.safepath import open_beneath, pin_dir
 from kbd.sandbox import limits as rlimits
@@ -32,11 +32,6 @@ if TYPE_CHECKING:
 HELPER_SOURCE = Path(__file__).with_name("landlock_helper.py")
 PYTHON = "/usr/bin/python3"
 USERNS_LIMIT = Path("/proc/sys/user/max_user_namespaces")
-
-
-class SandboxSetupError(Unavailable):
-    code = "sandbox-setup"
-    default_hint = "the plan's folders changed or are missing; run `kbd session show SID` and retry"
 
 
 def bwrap_path() -> str | None:

@@ -33,8 +33,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kbd.errors import Unavailable
-
 if TYPE_CHECKING:
     from kbd.config import LimitsConfig
 
@@ -450,14 +448,6 @@ def remove(hierarchy: Hierarchy, name: str) -> None:
     if hierarchy.v1_pids is not None:
         _rmdir(f"{hierarchy.v1_pids}/{name}")
     _rmdir(path)
-
-
-class ContainmentUnavailable(Unavailable):
-    code = "containment-unavailable"
-    default_hint = (
-        "mount a writable cgroup v2 hierarchy (Linux >= 5.14) for kbd, or use the bubblewrap backend; "
-        "see `kbd doctor`"
-    )
 
 
 def uncontained_problem(backend: str, problem: str | None, *, subreaper: bool) -> str | None:
