@@ -41,7 +41,21 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kbd import browse
-from kbd.errors import Busy, InvalidInput, KbdError, PermissionDenied, UsageError, VersionConflict
+from kbd.errors import (
+    NO_SPACE_ERRNOS,
+    Busy,
+    InvalidInput,
+    KbdError,
+    MethodNotAllowed,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    PermissionDenied,
+    Unauthenticated,
+    UsageError,
+    VersionConflict,
+    from_oserror,
+)
 from kbd.ops import Host
 from kbd.principals import Principal
 from kbd.session_ops import Sessions
@@ -58,23 +72,6 @@ STATE_LOCK_WAIT = 2.0
 NOTE_WORKERS = 4
 NOTE_BACKLOG = 16
 RETRY_AFTER_SECONDS = 1
-
-
-class Unauthenticated(KbdError):
-    code = "unauthenticated"
-    exit_code = 77
-    http_status = 401
-    default_hint = (
-        "send `Authorization: Bearer <token>` (see `kbd principals token`) or connect as a mapped uid"
-    )
-
-
-class Overloaded(Busy):
-    """Too much of one kind of work is waiting: retry shortly (HTTP 503 + Retry-After)."""
-
-    code = "busy"
-    http_status = 503
-    default_hint = "the daemon is busy; retry after the Retry-After delay"
 
 
 # -- request and response models ------------------------------------------------
@@ -261,11 +258,15 @@ class _TooLarge(Exception):
 
 
 async def _too_large(send: Any) -> None:
-    body = orjson.dumps({"error": {"code": "too-large", "message": f"request body over {MAX_BODY_BYTES} bytes",
-                                   "hint": "notes are at most 1 MiB"}})  # fmt: skip
-    await send({"type": "http.response.start", "status": 413,
+    err = PayloadTooLarge(f"request body over {MAX_BODY_BYTES} bytes")
+    body = orjson.dumps({"error": err.to_dict()})
+    await send({"type": "http.response.start", "status": err.http_status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})  # fmt: skip
     await send({"type": "http.response.body", "body": body})
+
+
+#: HTTP statuses the framework raises itself → the tree's class for them.
+HTTP_ERRORS: dict[int, type[KbdError]] = {400: InvalidInput, 404: NotFound, 405: MethodNotAllowed}
 
 
 def _error(err: KbdError) -> JSONResponse:
@@ -296,27 +297,22 @@ def create_app(host: Host) -> FastAPI:
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
         msg = f"{where or 'request'}: {first.get('msg', 'invalid')}"
-        return JSONResponse(
-            {
-                "error": {
-                    "code": "invalid-input",
-                    "message": msg,
-                    "hint": "see /openapi.json for the request shape",
-                }
-            },
-            status_code=400,
-        )
+        return _error(InvalidInput(msg, hint="see /openapi.json for the request shape"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
-        return JSONResponse(
-            {"error": {"code": code, "message": str(exc.detail), "hint": "see /openapi.json for the routes"}},
-            status_code=exc.status_code,
-        )
+        # The framework's own refusals (no such route or method, a body it cannot
+        # parse) in the tree's terms; 405 keeps the Allow header it must carry.
+        cls = HTTP_ERRORS.get(exc.status_code, InvalidInput if exc.status_code < 500 else KbdError)
+        response = _error(cls(str(exc.detail), hint="see /openapi.json for the routes"))
+        if exc.headers and "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
+            return _error(from_oserror(exc, what="complete the request"))
         log.exception("internal error")
         return _error(KbdError("internal error"))
 

@@ -5,7 +5,8 @@ click CLI (:mod:`kbd.cli`). Standard library only, so the exec path stays lean.
 
 - A :class:`KbdError` prints ``error[<code>]: <message>`` and ``hint: <hint>`` and
   exits with its code.
-- An ``OSError`` that escaped the library is an internal I/O error (70).
+- An ``OSError`` that escaped the library is an internal I/O error (70), except
+  a full disk or quota: ``no-space`` (75, see :class:`kbd.errors.NoSpace`).
 - Anything else is a bug: ``error[internal]: …`` and 70, never a traceback unless
   ``KBD_DEBUG=1`` asks for one (a traceback can carry host paths and data).
 - A closed stdout (``kbd audit | head -1``) ends the process the way git and the
@@ -23,7 +24,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from kbd.errors import KbdError
+from kbd.errors import NO_SPACE_ERRNOS, KbdError, from_oserror
 
 INTERNAL_EXIT = 70
 SIGPIPE_EXIT = 128 + signal.SIGPIPE
@@ -44,6 +45,8 @@ def print_error(err: KbdError) -> None:
 
 def internal_error(exc: BaseException) -> KbdError:
     """A KbdError (code ``internal``, exit 70) for an exception kbd did not expect."""
+    if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
+        return from_oserror(exc, what="finish the command")
     if isinstance(exc, OSError):
         return KbdError(
             f"unexpected I/O error: {exc.strerror or exc}",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kbd.errors import KbdError, NotFound, PermissionDenied, UsageError
+from kbd.errors import KbdError, NotFound, SourceUnavailable, UsageError
 from kbd.layout import INDEX_NAME, NOTES_DIR
 from kbd.names import NOTE_SUFFIXES, request_parts
 from kbd.notes import provenance_of, read_index
@@ -26,23 +26,6 @@ MAX_READ_BYTES = 2 * 1024 * 1024
 # Listings are paged (issue 9 item 19: 100,000 files were 9.5 MB in one answer).
 DEFAULT_LS_LIMIT = 1000
 MAX_LS_LIMIT = 10_000
-
-
-class SourceUnavailable(KbdError):
-    """The alias is attached but not available right now; ``reason`` says why."""
-
-    code = "source-unavailable"
-    exit_code = 69
-    http_status = 409
-    default_hint = "`kbd sources list WF` shows every attachment with its reason"
-
-    def __init__(self, message: str, *, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        if reason == "audience_denied":
-            self.exit_code, self.http_status = PermissionDenied.exit_code, PermissionDenied.http_status
-        elif reason == "not_found":
-            self.exit_code, self.http_status = NotFound.exit_code, NotFound.http_status
 
 
 def attachment(host: Host, wid: str, alias: str, actor: Principal) -> Attachment:

@@ -22,7 +22,15 @@ from kbd import audit as audit_log
 from kbd import browse
 from kbd.boundary import die_of_sigpipe, guarded, internal_error
 from kbd.config import default_root
-from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, NotFound, PermissionDenied, UsageError
+from kbd.errors import (
+    InvalidInput,
+    KbdError,
+    ManifestUnreadable,
+    NotFound,
+    PermissionDenied,
+    SessionClosed,
+    UsageError,
+)
 from kbd.ids import alias_problem, one_line
 from kbd.manifest import MAX_MANIFEST_BYTES, Manifest, entry_problems, parse_manifest, writer_problems
 from kbd.ops import Host
@@ -31,7 +39,6 @@ from kbd.policy import KB_ACCESS, KINDS
 from kbd.principals import Actor, LocalOperator, Principal, issue_token, named_principal
 from kbd.rootinit import init_root
 from kbd.session_ops import Sessions
-from kbd.sessions import SessionClosed
 from kbd.strict import load_json_strict
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import grp
+import http
 import os
 import resource
 import signal
@@ -38,7 +39,15 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from kbd.api import PEER_UID, create_app
-from kbd.errors import InvalidInput, Unavailable
+from kbd.errors import (
+    HeadersTooLarge,
+    InvalidInput,
+    KbdError,
+    Overloaded,
+    RequestTimeout,
+    Unavailable,
+    UnsafeSocketFolder,
+)
 from kbd.ops import Host
 
 SD_LISTEN_FDS_START = 3
@@ -76,14 +85,6 @@ MAX_CONNECTIONS = 4096
 BACKLOG = 128
 FD_RESERVE = 4 * BACKLOG + 256
 RETRY_AFTER_SECONDS = 1
-
-
-class UnsafeSocketFolder(InvalidInput):
-    code = "unsafe-socket-folder"
-    default_hint = (
-        "put the socket in a folder owned by root or the daemon's user that only its owner can write (or "
-        "one with the sticky bit, like /tmp), e.g. --socket /run/kbd/kbd.sock"
-    )
 
 
 # -- connection limits ------------------------------------------------------------------------
@@ -131,33 +132,34 @@ class ConnectionLimits:
             del self.open[uid]
 
 
-def error_response(status: int, reason: str, code: str, message: str, hint: str, *, extra: str = "") -> bytes:
+def error_response(err: KbdError, *, extra: str = "") -> bytes:
     """A complete HTTP/1.1 response in the API's error envelope, closing the
     connection: for answers given before (or without) the application."""
-    body = orjson.dumps({"error": {"code": code, "message": message, "hint": hint}})
+    body = orjson.dumps({"error": err.to_dict()})
+    status = http.HTTPStatus(err.http_status)
     head = (
-        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"HTTP/1.1 {status.value} {status.phrase}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n{extra}\r\n"
     )
     return head.encode("ascii") + body
 
 
 OVER_CAP = error_response(
-    503, "Service Unavailable", "busy", "too many open connections from this client",
-    "close idle connections and retry", extra=f"retry-after: {RETRY_AFTER_SECONDS}\r\n",
-)  # fmt: skip
+    Overloaded("too many open connections from this client", hint="close idle connections and retry"),
+    extra=f"retry-after: {RETRY_AFTER_SECONDS}\r\n",
+)
 HEADERS_TOO_SLOW = error_response(
-    408, "Request Timeout", "timeout", f"the request headers did not arrive within {HEADER_TIMEOUT:g}s",
-    "send the whole request line and headers at once",
-)  # fmt: skip
+    RequestTimeout(f"the request headers did not arrive within {HEADER_TIMEOUT:g}s")
+)
 HEADERS_TOO_LARGE = error_response(
-    431, "Request Header Fields Too Large", "too-large",
-    f"the request line and headers exceed {MAX_HEADER_BYTES} bytes", "send a shorter request",
-)  # fmt: skip
+    HeadersTooLarge(f"the request line and headers exceed {MAX_HEADER_BYTES} bytes")
+)
 BODY_TOO_SLOW = error_response(
-    408, "Request Timeout", "timeout", f"the request body did not arrive within {BODY_TIMEOUT:g}s",
-    "send the whole request body at once",
-)  # fmt: skip
+    RequestTimeout(
+        f"the request body did not arrive within {BODY_TIMEOUT:g}s",
+        hint="send the whole request body at once",
+    )
+)
 
 
 class _PeerApp:
@@ -300,8 +302,8 @@ class PeerCredProtocol(HttpToolsProtocol):
         # uvicorn's own answer is plain text; the API answers in its envelope.
         self._disarm_header_timer()
         self._disarm_body_timer()
-        answer = error_response(400, "Bad Request", "invalid-input", f"malformed HTTP request: {msg.rstrip('.')}",
-                                "send an HTTP/1.1 request; see /openapi.json for the routes")  # fmt: skip
+        answer = error_response(InvalidInput(f"malformed HTTP request: {msg.rstrip('.')}",
+                                             hint="send an HTTP/1.1 request; see /openapi.json for the routes"))  # fmt: skip
         self.transport.write(answer)
         self.transport.close()
 

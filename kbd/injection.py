@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kbd.config import read_yaml_cached
-from kbd.errors import InvalidConfig, InvalidInput
+from kbd.errors import InjectionRefused, InvalidConfig
 from kbd.policy import policy_path
 from kbd.strict import check_keys, expect_mapping, expect_str
 
@@ -56,17 +56,6 @@ class Rule:
     # has no such words and is always searched.
     words: tuple[frozenset[str], ...] | None = None
     width: int = 0  # the longest text one match can span (every repeat is bounded)
-
-
-class InjectionRefused(InvalidInput):
-    code = "injection-refused"
-    default_hint = (
-        "contributed notes are reference data; rephrase the text so it does not instruct the reader"
-    )
-
-    def __init__(self, message: str, *, rule: str) -> None:
-        super().__init__(message)
-        self.rule = rule
 
 
 def parse_rules(data: Any, *, source: str) -> tuple[Rule, ...]:

@@ -29,10 +29,10 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from kbd.errors import InvalidInput, PermissionDenied
+from kbd.errors import InvalidInput, InvalidPath, PermissionDenied
 from kbd.ids import char_name
 from kbd.layout import INDEX_NAME as INDEX_NAME
-from kbd.safepath import InvalidPath, names_folder, split_relative
+from kbd.safepath import names_folder, split_relative
 
 NOTE_SUFFIXES = (".md", ".markdown", ".txt")
 TEMP_NAME = re.compile(r"^\.kbd-[0-9a-f]{16}\.tmp$")

@@ -19,7 +19,6 @@ command when a session may write into that ``notes/``. Readers never take it.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import socket
@@ -32,7 +31,18 @@ from typing import Any
 import orjson
 
 from kbd.config import NotesQuota
-from kbd.errors import Busy, InvalidInput, KbdError, NotFound, PermissionDenied, QuotaExceeded
+from kbd.errors import (
+    Busy,
+    IndexUnreadable,
+    InjectionRefused,
+    InvalidInput,
+    KbdError,
+    NotFound,
+    PathNotFound,
+    PermissionDenied,
+    QuotaExceeded,
+    from_oserror,
+)
 from kbd.layout import INDEX_NAME
 from kbd.layout import NOTES_DIR as NOTES
 from kbd.names import NOTE_SUFFIXES as NOTE_SUFFIXES  # re-exported: readers import it from here
@@ -40,7 +50,6 @@ from kbd.names import TEMP_NAME, note_parts
 from kbd.plan import Plan
 from kbd.principals import Actor, actor_fields
 from kbd.safepath import (
-    PathNotFound,
     open_beneath,
     pin_dir,
     read_file,
@@ -56,11 +65,6 @@ PROVENANCE_KEYS = ("contributed_by_workflow", "contributed_by_session", "contrib
 INDEX_RETRIES = 10
 INDEX_RETRY_DELAY = 0.02
 _TMP = TEMP_NAME
-
-
-class IndexUnreadable(Busy):
-    code = "index-unreadable"
-    default_hint = "the source may be rewriting its index; retry. This is not an empty knowledge base."
 
 
 # -- the mutex ------------------------------------------------------------------------
@@ -369,9 +373,8 @@ def commit_note(note: PreparedNote) -> dict[str, Any]:
     except KbdError as err:
         raise note.refuse(err) from None
     except OSError as exc:
-        raise note.refuse(
-            PermissionDenied(f"cannot write {note.relpath!r}: {os.strerror(exc.errno or errno.EIO)}")
-        ) from None
+        # A full disk is NoSpace (75), a denied folder PermissionDenied: never one for the other.
+        raise note.refuse(from_oserror(exc, what=f"write {note.relpath!r}")) from None
     path = "/".join(note.parts)
     host.audit("note_written", session=note.sid, workflow_id=note.consumer, source=note.source, alias=note.alias,
                path=path, bytes=len(note.data), **note.who)  # fmt: skip
@@ -538,7 +541,7 @@ def audit_command_changes(host: Any, plan: Plan, sid: str, changes: list[Command
                     budget -= len(data)
                     try:
                         injection.check(data.decode("utf-8", "replace"))
-                    except injection.InjectionRefused as exc:
+                    except InjectionRefused as exc:
                         flagged[rel] = exc.rule
         except KbdError:
             pass

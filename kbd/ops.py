@@ -25,7 +25,7 @@ from kbd.errors import (
     NotFound,
     PermissionDenied,
     SourceUnusable,
-    WorkflowNotFound,
+    workflow_not_found,
 )
 from kbd.layout import RACY_NS
 from kbd.manifest import (
@@ -122,7 +122,7 @@ class Host:
         """The one readable folder holding ``wid``, or a specific error."""
         found = self.registry.find(wid)
         if isinstance(found, Missing):
-            raise WorkflowNotFound(f"no workflow with ID {wid!r} on this host")
+            raise workflow_not_found(wid)
         if isinstance(found, Ambiguous):
             if found.nested:
                 raise AmbiguousWorkflow(
@@ -141,7 +141,7 @@ class Host:
         found = self.workflow(wid)
         if not audience.can_inspect(actor, found.manifest):
             # Same answer as a missing workflow: do not confirm what exists.
-            raise WorkflowNotFound(f"no workflow with ID {wid!r} on this host")
+            raise workflow_not_found(wid, outsider=True)
         return found
 
     def resolve(self, consumer: Manifest) -> list[Attachment]:
@@ -239,8 +239,7 @@ class Host:
     def _require_manage(actor: Principal, m: Manifest) -> None:
         if not audience.can_manage_sources(actor, m):
             if not audience.can_inspect(actor, m):
-                # Outsiders get the same answer as for a missing workflow.
-                raise _because(WorkflowNotFound(f"no workflow with ID {m.id!r} on this host"), "not_visible")
+                raise workflow_not_found(m.id, outsider=True)
             raise _because(
                 PermissionDenied(
                     f"{actor.id!r} may not manage the sources of {m.id!r} (owners, editors and admins may; "
@@ -387,10 +386,7 @@ class Host:
             nonlocal changed
             if not audience.can_grant_writers(actor, current):
                 if not audience.can_inspect(actor, current):
-                    # Outsiders get the same answer as for a missing workflow.
-                    raise _because(
-                        WorkflowNotFound(f"no workflow with ID {source_id!r} on this host"), "not_visible"
-                    )
+                    raise workflow_not_found(source_id, outsider=True)
                 raise _because(
                     PermissionDenied(
                         f"{actor.id!r} may not change who writes into {source_id!r}: "

@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kbd.config import LimitsConfig
-from kbd.errors import InvalidInput, Unavailable
+from kbd.errors import ContainmentUnavailable, InvalidInput, Unavailable
 from kbd.ops import Host
 from kbd.plan import Plan
 from kbd.principals import LocalOperator
@@ -173,25 +173,23 @@ def contain(prepared: cgroup.Preparation, backend: str, limits: LimitsConfig) ->
     if box is not None:
         problem = cgroup.v1_problem(limits, box.hierarchy)
         if problem is not None:  # the controller is there but unusable: fail closed
-            raise cgroup.ContainmentUnavailable(problem)
+            raise ContainmentUnavailable(problem)
         try:
             box.limit(limits)
         except OSError as exc:
             where = exc.filename or box.path
-            raise cgroup.ContainmentUnavailable(
+            raise ContainmentUnavailable(
                 f"cannot set the limits of the command's cgroup ({where}): {exc.strerror or exc}"
             ) from None
         return box
     hierarchy = cgroup.detect()
     if hierarchy.v2 is not None:
-        raise cgroup.ContainmentUnavailable(
-            f"cannot create the command's cgroup under {hierarchy.v2}: {error}"
-        )
+        raise ContainmentUnavailable(f"cannot create the command's cgroup under {hierarchy.v2}: {error}")
     if backend != "bwrap":  # bubblewrap's PID namespace already holds the tree
         reaper.become_subreaper()
     problem = cgroup.uncontained_problem(backend, hierarchy.problem, subreaper=reaper.active())
     if problem is not None:
-        raise cgroup.ContainmentUnavailable(problem)
+        raise ContainmentUnavailable(problem)
     if backend == "none" and not reaper.active():
         warn(f"no per-command cgroup ({hierarchy.problem}): background processes may outlive the command")
     return None

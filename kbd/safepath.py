@@ -39,7 +39,16 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbd.errors import Busy, InvalidInput, KbdError, NotFound, PermissionDenied
+from kbd.errors import (
+    NO_SPACE_ERRNOS,
+    Busy,
+    InvalidPath,
+    KbdError,
+    PathNotFound,
+    PathRefused,
+    PermissionDenied,
+    from_oserror,
+)
 from kbd.fsio import write_atomic_at
 from kbd.linux import AT_EMPTY_PATH, AT_FDCWD, libc, mount_info
 
@@ -53,29 +62,6 @@ RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
 STRICT = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV
 _SYS_OPENAT2 = 437  # the same number on every Linux architecture (unified table)
-
-
-class PathRefused(KbdError):
-    """A path that kbd will not open; ``why`` is a stable sub-reason."""
-
-    code = "path-refused"
-    exit_code = 77
-    http_status = 403
-    default_hint = "name a path inside the knowledge base without '..', links or special files"
-
-    def __init__(self, message: str, *, why: str, hint: str | None = None) -> None:
-        super().__init__(message, hint=hint)
-        self.why = why
-
-
-class InvalidPath(InvalidInput):
-    code = "invalid-path"
-    default_hint = "use a relative path inside the knowledge base, e.g. notes/_index.json"
-
-
-class PathNotFound(NotFound):
-    code = "path-not-found"
-    default_hint = "list the folder with `kbd ls` to see what exists"
 
 
 class _OpenHow(ctypes.Structure):
@@ -173,6 +159,8 @@ def _refusal(err: int, rel: str) -> KbdError:
         return InvalidPath(f"{shown!r} is too long")
     if err == errno.EAGAIN:
         return Busy(f"{shown!r} kept changing while it was looked up; retry")
+    if err in NO_SPACE_ERRNOS:  # a full disk is not a refusal of the path
+        return from_oserror(OSError(err, os.strerror(err)), what=f"write {shown!r}")
     return PathRefused(f"{shown!r} cannot be opened ({os.strerror(err)})", why="os_error")
 
 

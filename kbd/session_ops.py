@@ -16,13 +16,20 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kbd import audience, policy
-from kbd.errors import InvalidInput, KbdError, NotFound, PermissionDenied, WorkflowNotFound
+from kbd.errors import (
+    InvalidInput,
+    KbdError,
+    PathNotFound,
+    PermissionDenied,
+    session_not_found,
+    workflow_not_found,
+)
 from kbd.folders import resolve_folders
 from kbd.names import name_problem, note_parts
 from kbd.ops import Host
 from kbd.plan import Plan, build_plan
 from kbd.principals import Actor, LocalOperator, Principal, actor_fields
-from kbd.safepath import PathNotFound, names_folder, pin_dir
+from kbd.safepath import names_folder, pin_dir
 from kbd.sessions import ProcessRow, SessionRow, SessionStore, new_session_id, require_open
 
 _MODES = {"none": set(), "read": {"r"}, "write": {"w"}, "read-write": {"r", "w"}}
@@ -98,7 +105,7 @@ class Sessions:
             raise PermissionDenied(
                 f"{actor.id!r} may no longer use session {row.id}: their role on {row.workflow_id!r} changed"
             )
-        raise NotFound(f"no session {row.id!r}", hint="`kbd session list` shows the sessions you may use")
+        raise session_not_found(row.id)
 
     # -- lifecycle ---------------------------------------------------------
     def open(
@@ -168,8 +175,7 @@ class Sessions:
             actor, found.manifest, readers_may_open=kind_policy.readers_may_open
         ):
             if not audience.can_inspect(actor, found.manifest):
-                # Outsiders get the same answer as for a missing workflow.
-                raise WorkflowNotFound(f"no workflow with ID {wid!r} on this host")
+                raise workflow_not_found(wid, outsider=True)
             raise PermissionDenied(
                 f"{actor.id!r} may not open {kind} sessions for {wid!r} (readers may open reviewer sessions only)"
             )

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kbd.errors import Busy, KbdError, NotFound
+from kbd.errors import SessionClosed, from_sqlite, session_not_found
 from kbd.fsio import ensure_private_dir
 
 SCHEMA = """
@@ -46,23 +46,6 @@ CREATE INDEX IF NOT EXISTS sessions_parent ON sessions(parent);
 
 
 SCHEMA_VERSION = 1
-
-
-class StateCorrupt(KbdError):
-    code = "state-corrupt"
-    exit_code = 70
-    http_status = 500
-    default_hint = (
-        "state/sessions.db is damaged: stop kbd, move it aside (sessions must then be reopened); "
-        "nothing was granted"
-    )
-
-
-class SessionClosed(KbdError):
-    code = "session-closed"
-    exit_code = 77
-    http_status = 410
-    default_hint = "open a new session with `kbd session open`"
 
 
 @dataclass(frozen=True)
@@ -114,7 +97,7 @@ class SessionStore:
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
         except sqlite3.DatabaseError as exc:
-            raise StateCorrupt(f"the session store cannot be opened: {exc}") from None
+            raise from_sqlite(exc) from None
         # One connection, shared by the daemon's threads: serialise its use.
         self._lock = threading.RLock()
         self._create_schema()
@@ -137,33 +120,27 @@ class SessionStore:
         with self._lock:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                raise Busy(f"the session store is busy: {exc}") from exc
             except sqlite3.DatabaseError as exc:
-                raise StateCorrupt(f"the session store is unreadable: {exc}") from None
+                raise from_sqlite(exc) from None
             try:
                 yield self._db
             except BaseException as exc:
                 with contextlib.suppress(sqlite3.Error):
                     self._db.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.OperationalError):
-                    raise Busy(f"the session store is busy: {exc}") from exc
                 if isinstance(exc, sqlite3.DatabaseError):
-                    raise StateCorrupt(f"the session store is unreadable: {exc}") from None
+                    raise from_sqlite(exc) from None
                 raise
             try:
                 self._db.execute("COMMIT")
-            except sqlite3.OperationalError as exc:
-                raise Busy(f"the session store is busy: {exc}") from exc
+            except sqlite3.DatabaseError as exc:
+                raise from_sqlite(exc) from None
 
     def _query(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             try:
                 return self._db.execute(sql, args).fetchall()
-            except sqlite3.OperationalError as exc:
-                raise Busy(f"the session store is busy: {exc}") from exc
             except sqlite3.DatabaseError as exc:
-                raise StateCorrupt(f"the session store is unreadable: {exc}") from None
+                raise from_sqlite(exc) from None
 
     @staticmethod
     def _row(r: tuple[Any, ...]) -> SessionRow:
@@ -183,7 +160,7 @@ class SessionStore:
         rows = self._query(f"SELECT {self._COLS} FROM sessions WHERE id = ?", (sid,))  # noqa: S608
         r = rows[0] if rows else None
         if r is None:
-            raise NotFound(f"no session {sid!r}", hint="`kbd session list` shows the sessions you may use")
+            raise session_not_found(sid)
         return self._row(r)
 
     def rows(self, *, workflow_id: str | None = None, include_closed: bool = False) -> list[SessionRow]:
@@ -215,7 +192,7 @@ class SessionStore:
         with self.transaction() as db:
             r = db.execute("SELECT generation, digest FROM sessions WHERE id = ?", (sid,)).fetchone()
             if r is None:
-                raise NotFound(f"no session {sid!r}")
+                raise session_not_found(sid)
             generation, digest = int(r[0]), str(r[1])
             if digest != new_digest:
                 generation += 1
@@ -235,7 +212,7 @@ class SessionStore:
                 cur = todo.pop()
                 r = db.execute("SELECT closed_at FROM sessions WHERE id = ?", (cur,)).fetchone()
                 if r is None:
-                    raise NotFound(f"no session {cur!r}")
+                    raise session_not_found(cur)
                 if r[0] is None:
                     db.execute("UPDATE sessions SET closed_at = ? WHERE id = ?", (now, cur))
                     closed.append(cur)

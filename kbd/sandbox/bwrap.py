@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kbd.errors import Unavailable
+from kbd.errors import SandboxSetupError, Unavailable
 from kbd.layout import INDEX_NAME as INDEX
 from kbd.layout import KB_DIR
 from kbd.layout import NOTES_DIR as NOTES
@@ -35,11 +35,6 @@ if TYPE_CHECKING:
 HELPER_SOURCE = Path(__file__).with_name("landlock_helper.py")
 PYTHON = "/usr/bin/python3"
 USERNS_LIMIT = Path("/proc/sys/user/max_user_namespaces")
-
-
-class SandboxSetupError(Unavailable):
-    code = "sandbox-setup"
-    default_hint = "the plan's folders changed or are missing; run `kbd session show SID` and retry"
 
 
 def bwrap_path() -> str | None:

@@ -37,8 +37,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kbd.errors import Unavailable
-
 if TYPE_CHECKING:
     from kbd.config import LimitsConfig
 
@@ -549,14 +547,6 @@ def remove(hierarchy: Hierarchy, name: str) -> None:
         if h.subtree is not None:
             _rmdir(f"{h.subtree}/{name}")
     _rmdir(path)
-
-
-class ContainmentUnavailable(Unavailable):
-    code = "containment-unavailable"
-    default_hint = (
-        "mount a writable cgroup v2 hierarchy (Linux >= 5.14) for kbd, or use the bubblewrap backend; "
-        "see `kbd doctor`"
-    )
 
 
 def uncontained_problem(backend: str, problem: str | None, *, subreaper: bool) -> str | None:

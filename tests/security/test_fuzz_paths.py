@@ -35,11 +35,8 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import kbd.safepath as safepath
-from kbd.errors import KbdError, PermissionDenied
+from kbd.errors import InvalidPath, KbdError, PathNotFound, PathRefused, PermissionDenied
 from kbd.safepath import (
-    InvalidPath,
-    PathNotFound,
-    PathRefused,
     list_dir,
     open_beneath,
     read_file,

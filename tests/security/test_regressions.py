@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from kbd import browse
-from kbd.errors import KbdError
+from kbd.errors import InvalidPath, KbdError, PathNotFound, PathRefused
 from kbd.names import is_index_name
-from kbd.safepath import InvalidPath, PathNotFound, PathRefused, pin_dir, read_file, replace_file
+from kbd.safepath import pin_dir, read_file, replace_file
 from tests.helpers import KbRoot
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kbd.config import LimitsConfig, parse_config
-from kbd.errors import InvalidConfig
+from kbd.errors import ContainmentUnavailable, InvalidConfig
 from kbd.sandbox import cgroup
 from kbd.sandbox.limits import ulimit_script
 
@@ -139,7 +139,7 @@ def test_only_the_landlock_backend_refuses_without_containment() -> None:
     assert cgroup.uncontained_problem("landlock", "no cgroup2", subreaper=True) is None  # the fallback
     problem = cgroup.uncontained_problem("landlock", "no cgroup2", subreaper=False)
     assert problem is not None and "no cgroup2" in problem and "refusing" in problem
-    assert cgroup.ContainmentUnavailable("x").exit_code == 69
+    assert ContainmentUnavailable("x").exit_code == 69
 
 
 def test_the_rlimit_step_sets_hard_limits_within_the_callers() -> None:

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbd import injection
-from kbd.errors import InvalidConfig
+from kbd.errors import InjectionRefused, InvalidConfig
 
 
 def test_every_shipped_rule_has_a_linear_shape() -> None:
@@ -100,7 +100,7 @@ def test_worst_case_notes_are_checked_in_linear_time() -> None:
     ],
 )
 def test_rewritten_rules_still_catch_their_variants(text: str, rule: str) -> None:
-    with pytest.raises(injection.InjectionRefused) as info:
+    with pytest.raises(InjectionRefused) as info:
         injection.check(text)
     assert info.value.rule == rule
 
@@ -148,7 +148,7 @@ def _reference(text: str, ruleset: tuple[injection.Rule, ...]) -> str | None:
 def _gate(text: str, ruleset: tuple[injection.Rule, ...]) -> str | None:
     try:
         injection.check(text, ruleset=ruleset)
-    except injection.InjectionRefused as exc:
+    except InjectionRefused as exc:
         return exc.rule
     return None
 

@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from kbd import audit, browse, injection
-from kbd.errors import KbdError
+from kbd.errors import InjectionRefused, KbdError
 from kbd.notes import MAX_NOTE_BYTES, PROVENANCE_KEYS, read_index, write_note
 from kbd.ops import Host
 from kbd.safepath import pin_dir
@@ -573,7 +573,7 @@ def test_injection_is_refused_naming_the_rule(world: World, rule: str) -> None:
     err = world.refused(
         "advice.md", INJECTIONS[rule].encode(), code="injection-refused", exit_code=65, rule=rule
     )
-    assert isinstance(err, injection.InjectionRefused)
+    assert isinstance(err, InjectionRefused)
 
 
 @pytest.mark.parametrize("case", sorted(MORE_INJECTIONS))

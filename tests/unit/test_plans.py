@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 
-from kbd.errors import InvalidInput, PermissionDenied, WorkflowNotFound
+from kbd.errors import InvalidInput, PermissionDenied, SessionClosed, WorkflowNotFound
 from kbd.plan import Origin
 from kbd.policy import KINDS
 from kbd.session_ops import Sessions, check_path
-from kbd.sessions import SessionClosed
 from tests.helpers import OPERATOR, KbRoot
 
 
