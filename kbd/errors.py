@@ -50,7 +50,8 @@ HeadersTooLarge) is a transport variant of its parent: same code and exit code, 
 
 Translation happens at choke points, never ad hoc: :func:`from_oserror` for an
 ``OSError`` (a full disk is ``no-space``, never "permission denied"),
-:func:`from_sqlite` for the session store's SQLite errors, and
+:func:`kbd.sessions.from_sqlite` for the session store's SQLite errors (kept
+there so this module stays pure), and
 :func:`workflow_not_found` / :func:`session_not_found` for the one answer given
 both for what does not exist and for what the actor may not see (DESIGN §6).
 
@@ -425,20 +426,6 @@ def from_oserror(exc: OSError, *, what: str, hint: str | None = None) -> KbdErro
     if code in (errno.EAGAIN, errno.EINTR):
         return Busy(message, hint=hint or "it kept changing or was interrupted; retry")
     return KbdError(message, hint=hint or "check the host (`kbd doctor`) and the system log")
-
-
-def from_sqlite(exc: Exception, *, what: str = "the session store") -> KbdError:
-    """The tree's error for a ``sqlite3`` error: a full disk is NoSpace; any
-    other ``OperationalError`` (a lock held past the timeout, above all) is Busy;
-    any other database error means the file is damaged: StateCorrupt (its text
-    is not chained: SQLite's message may name the host path)."""
-    import sqlite3  # already imported by whoever raised ``exc``: costs nothing here
-
-    if (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_FULL:
-        return NoSpace(f"{what} cannot grow: {exc}")
-    if isinstance(exc, sqlite3.OperationalError):
-        return Busy(f"{what} is busy: {exc}")
-    return StateCorrupt(f"{what} is unreadable: {exc}")
 
 
 # -- what may not be seen is not there ------------------------------------------------------------

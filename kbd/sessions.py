@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kbd.errors import SessionClosed, from_sqlite, session_not_found
+from kbd.errors import Busy, KbdError, NoSpace, SessionClosed, StateCorrupt, session_not_found
 from kbd.fsio import ensure_private_dir
 
 SCHEMA = """
@@ -46,6 +46,18 @@ CREATE INDEX IF NOT EXISTS sessions_parent ON sessions(parent);
 
 
 SCHEMA_VERSION = 1
+
+
+def from_sqlite(exc: Exception, *, what: str = "the session store") -> KbdError:
+    """The tree's error for a ``sqlite3`` error: a full disk is NoSpace; any
+    other ``OperationalError`` (a lock held past the timeout, above all) is Busy;
+    any other database error means the file is damaged: StateCorrupt (its text
+    is not chained: SQLite's message may name the host path)."""
+    if (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_FULL:
+        return NoSpace(f"{what} cannot grow: {exc}")
+    if isinstance(exc, sqlite3.OperationalError):
+        return Busy(f"{what} is busy: {exc}")
+    return StateCorrupt(f"{what} is unreadable: {exc}")
 
 
 @dataclass(frozen=True)

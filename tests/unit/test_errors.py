@@ -39,7 +39,6 @@ from kbd.errors import (
     SourceUnusable,
     StateCorrupt,
     from_oserror,
-    from_sqlite,
 )
 from kbd.notes import write_note
 from kbd.session_ops import Sessions
@@ -144,6 +143,8 @@ def test_from_oserror(code: int, cls: type[KbdError]) -> None:
 
 
 def test_from_sqlite_on_real_databases(tmp_path: Path) -> None:
+    from kbd.sessions import from_sqlite
+
     db = tmp_path / "s.db"
     holder = sqlite3.connect(db, isolation_level=None)
     holder.execute("CREATE TABLE t (x BLOB)")
