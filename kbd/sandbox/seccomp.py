@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 LD_W_ABS = 0x20
 JEQ_K = 0x15
 JGE_K = 0x35
 JSET_K = 0x45
 RET_K = 0x06
+ALU_AND_K = 0x54
 RET_ALLOW = 0x7FFF0000
 RET_KILL_PROCESS = 0x80000000
 EPERM, ENOSYS, EAFNOSUPPORT = 1, 38, 97
@@ -48,6 +49,8 @@ SETID_BITS = 0o6000
 CLONE_NEWUSER = 0x10000000
 X32_BIT = 0x40000000
 AF_UNIX, AF_INET, AF_INET6, AF_PACKET = 1, 2, 10, 17
+SOCK_STREAM, SOCK_SEQPACKET, SOCK_TYPE_MASK = 1, 5, 0xF
+PRIO_USER, IOPRIO_WHO_USER = 2, 3
 
 
 def ret_errno(errno: int) -> int:
@@ -66,6 +69,15 @@ class Arch:
     x32: bool
     # Metadata changes Landlock cannot see: mode, owner, timestamps, xattrs.
     metadata: tuple[int, ...] = ()
+    # Calls that change another process's rlimits or scheduling, allowed for any
+    # process of the same uid (Landlock does not mediate them): syscall number ->
+    # index of the target-PID argument, which must be 0 (the caller itself).
+    # prlimit64, sched_setparam, sched_setscheduler, sched_setaffinity, sched_setattr.
+    self_only: dict[int, int] = field(default_factory=dict)
+    # setpriority and ioprio_set (which, who, ...): ``who`` 0 only, never "every
+    # process of this uid".
+    setpriority: int = -1
+    ioprio_set: int = -1
 
 
 ARCHES = {
@@ -79,6 +91,9 @@ ARCHES = {
         socketpair=53,
         clone_flags=(56, 272),  # clone, unshare
         x32=True,
+        self_only={302: 0, 142: 0, 144: 0, 203: 0, 314: 0},
+        setpriority=141,
+        ioprio_set=251,
         # chmod fchmod fchmodat fchmodat2 chown fchown lchown fchownat utime utimes futimesat
         # utimensat setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr
         # setxattrat removexattrat
@@ -114,6 +129,9 @@ ARCHES = {
         socketpair=199,
         clone_flags=(220, 97),  # clone, unshare
         x32=False,
+        self_only={261: 0, 118: 0, 119: 0, 122: 0, 274: 0},
+        setpriority=140,
+        ioprio_set=30,
         metadata=(52, 53, 452, 55, 54, 88, 5, 6, 7, 14, 15, 16, 463, 466),
     ),
 }
@@ -161,7 +179,48 @@ def _allow_only(nr: int, *, arg: int, values: tuple[int, ...], errno: int) -> li
     return [_ins(JEQ_K, 0, len(body), nr), *body]
 
 
-def program(*, block_network: bool, block_metadata: bool = False, machine: str | None = None) -> bytes:
+def _refuse_unless_zero(nr: int, *, arg: int, errno: int) -> list[bytes]:
+    """``nr`` with argument ``arg`` other than 0: errno; else allow."""
+    return [
+        _ins(JEQ_K, 0, 4, nr),
+        _ins(LD_W_ABS, 0, 0, _arg(arg)),
+        _ins(JEQ_K, 1, 0, 0),
+        _ins(RET_K, 0, 0, ret_errno(errno)),
+        _ins(RET_K, 0, 0, RET_ALLOW),
+    ]
+
+
+def _own_process_or_group(nr: int, *, everyone: int, errno: int) -> list[bytes]:
+    """``nr(which, who, ...)``: allow ``who`` 0 (the caller, its group) unless
+    ``which`` is ``everyone`` (every process of the caller's uid)."""
+    return [
+        _ins(JEQ_K, 0, 6, nr),
+        _ins(LD_W_ABS, 0, 0, _arg(0)),
+        _ins(JEQ_K, 3, 0, everyone),
+        _ins(LD_W_ABS, 0, 0, _arg(1)),
+        _ins(JEQ_K, 0, 1, 0),
+        _ins(RET_K, 0, 0, RET_ALLOW),
+        _ins(RET_K, 0, 0, ret_errno(errno)),
+    ]
+
+
+def _unix_pair_types(nr: int, *, types: tuple[int, ...], errno: int) -> list[bytes]:
+    """``socketpair``: AF_UNIX of one of ``types`` (flags masked off) only."""
+    n = len(types)
+    body = [
+        _ins(LD_W_ABS, 0, 0, _arg(0)),
+        _ins(JEQ_K, 0, n + 2, AF_UNIX),
+        _ins(LD_W_ABS, 0, 0, _arg(1)),
+        _ins(ALU_AND_K, 0, 0, SOCK_TYPE_MASK),
+    ]
+    body += [_ins(JEQ_K, n - i, 0, t) for i, t in enumerate(types)]
+    body += [_ins(RET_K, 0, 0, ret_errno(errno)), _ins(RET_K, 0, 0, RET_ALLOW)]
+    return [_ins(JEQ_K, 0, len(body), nr), *body]
+
+
+def program(
+    *, block_network: bool, block_metadata: bool = False, host_pids: bool = False, machine: str | None = None
+) -> bytes:
     """The filter as a sock_filter array (what ``bwrap --seccomp FD`` reads).
 
     ``block_network`` (any ``sandbox.network`` but ``host``) withholds IPv4 and
@@ -171,6 +230,15 @@ def program(*, block_network: bool, block_metadata: bool = False, machine: str |
     too (Landlock cannot stop a connect to a root-owned socket such as kbd's
     own). Keyrings, user namespaces, clone3, openat2, io_uring and every other
     socket family are refused whatever the flags.
+
+    ``host_pids`` (the Landlock-only backend: no PID namespace, the command is
+    uid 0 beside the host's root processes) refuses to change any process's
+    rlimits, nice value, scheduling policy, CPU affinity or I/O priority but the
+    caller's own (``prlimit``, ``renice``, ``chrt``, ``taskset``, ``ionice`` on a
+    host daemon would pass the kernel's same-uid check; Landlock scopes only
+    signals and ptrace), and ``socketpair`` to stream and seqpacket types: a
+    datagram socket, even one of a pair, can ``sendto`` any Unix socket path on
+    the host (``/dev/log``, journald), which Landlock does not mediate.
     """
     name = machine or os.uname().machine  # not platform.machine(): its import costs the exec path
     arch = ARCHES.get(name)
@@ -194,8 +262,16 @@ def program(*, block_network: bool, block_metadata: bool = False, machine: str |
         out += _refuse_bits(nr, arg=arg, bits=SETID_BITS, errno=EPERM)
     for nr in arch.clone_flags:
         out += _refuse_bits(nr, arg=0, bits=CLONE_NEWUSER, errno=EPERM)
+    if host_pids:
+        for nr, arg in sorted(arch.self_only.items()):
+            out += _refuse_unless_zero(nr, arg=arg, errno=EPERM)
+        out += _own_process_or_group(arch.setpriority, everyone=PRIO_USER, errno=EPERM)
+        out += _own_process_or_group(arch.ioprio_set, everyone=IOPRIO_WHO_USER, errno=EPERM)
     families = socket_families(network=not block_network, unix=not block_metadata)
     out += _allow_only(arch.socket, arg=0, values=families, errno=EAFNOSUPPORT)
-    out += _allow_only(arch.socketpair, arg=0, values=(AF_UNIX,), errno=EAFNOSUPPORT)
+    if host_pids:
+        out += _unix_pair_types(arch.socketpair, types=(SOCK_STREAM, SOCK_SEQPACKET), errno=EAFNOSUPPORT)
+    else:
+        out += _allow_only(arch.socketpair, arg=0, values=(AF_UNIX,), errno=EAFNOSUPPORT)
     out.append(_ins(RET_K, 0, 0, RET_ALLOW))
     return b"".join(out)

@@ -1,0 +1,153 @@
+"""Adversarial checks of issue 9's sandbox and process items (keyrings, socket
+families, user namespaces, containment, limits), with real commands under both
+backends."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import KbRoot
+from tests.security.test_limits import world
+
+BACKENDS = ["bwrap", "landlock"]
+
+
+@pytest.fixture
+def host_dgram() -> Iterator[tuple[socket.socket, str]]:
+    """A datagram Unix socket on the host, outside every grant (as /dev/log or
+    journald's socket are)."""
+    folder = tempfile.mkdtemp(prefix="kbd-dgram-", dir="/run" if os.access("/run", os.W_OK) else None)
+    path = os.path.join(folder, "log.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(0.5)
+    try:
+        yield sock, path
+    finally:
+        sock.close()
+        os.unlink(path)
+        Path(folder).rmdir()
+
+
+SENDTO = """
+import socket, sys
+try:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.sendto(b"forged", sys.argv[1])
+    print("sent")
+except OSError as exc:
+    print("refused", exc.errno)
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_socketpair_cannot_send_to_a_host_unix_socket(
+    kb: KbRoot, backend: str, host_dgram: tuple[socket.socket, str]
+) -> None:
+    sock, path = host_dgram
+    sid = world(kb, backend)
+    r = kb.cli("exec", sid, "--", "python3", "-c", SENDTO, path)
+    with pytest.raises(TimeoutError):
+        got = sock.recv(100)
+        pytest.fail(f"the host socket received {got!r} from the sandbox ({r.out})")
+    assert r.out.startswith("refused"), (r.out, r.err)
+
+
+PRLIMIT = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+class R(ctypes.Structure):
+    _fields_ = [("cur", ctypes.c_uint64), ("max", ctypes.c_uint64)]
+new = R(3, 3)
+rc = libc.prlimit(int(sys.argv[1]), 7, ctypes.byref(new), None)
+print("rc", rc, ctypes.get_errno())
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_command_cannot_lower_the_limits_of_a_host_process(kb: KbRoot, backend: str) -> None:
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        sid = world(kb, backend)
+        r = kb.cli("exec", sid, "--", "python3", "-c", PRLIMIT, str(victim.pid))
+        limits = Path(f"/proc/{victim.pid}/limits").read_text()
+        line = next(x for x in limits.splitlines() if x.startswith("Max open files"))
+        assert line.split()[3:5] != ["3", "3"], (line, r.out, r.err)
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+RENICE = """
+import os, sys
+pid = int(sys.argv[1])
+for name, call in [
+    ("setpriority", lambda: os.setpriority(os.PRIO_PROCESS, pid, 19)),
+    ("setpriority-user", lambda: os.setpriority(os.PRIO_USER, 0, 19)),
+    ("sched_setaffinity", lambda: os.sched_setaffinity(pid, {0})),
+    ("sched_setscheduler", lambda: os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))),
+]:
+    try:
+        call()
+        print(name, "done")
+    except OSError as exc:
+        print(name, "refused", exc.errno)
+os.setpriority(os.PRIO_PROCESS, 0, 19)  # its own nice value stays its own to raise
+print("self", os.getpriority(os.PRIO_PROCESS, 0))
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_command_cannot_renice_or_reschedule_a_host_process(kb: KbRoot, backend: str) -> None:
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        before = (os.getpriority(os.PRIO_PROCESS, victim.pid), os.sched_getaffinity(victim.pid))
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        sid = world(kb, backend)
+        r = kb.cli("exec", sid, "--", "python3", "-c", RENICE, str(victim.pid))
+        after = (os.getpriority(os.PRIO_PROCESS, victim.pid), os.sched_getaffinity(victim.pid))
+        assert after == before, (r.out, r.err)
+        assert os.sched_getscheduler(victim.pid) == os.SCHED_OTHER, r.out
+        assert os.getpriority(os.PRIO_PROCESS, 0) == mine, r.out  # PRIO_USER reached the test runner
+        assert r.out.splitlines()[-1] == "self 19", (r.out, r.err)
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_the_fallback_filter_keeps_own_process_calls_and_stream_pairs() -> None:
+    """The host-PID rules refuse only other processes and datagram pairs."""
+    from kbd.sandbox import seccomp
+    from tests.security.test_sandbox_hardening import run_bpf
+
+    arch = seccomp.ARCHES["x86_64"]
+    prog = seccomp.program(block_network=True, block_metadata=True, host_pids=True, machine="x86_64")
+    allow, eperm = seccomp.RET_ALLOW, seccomp.ret_errno(seccomp.EPERM)
+    noaf = seccomp.ret_errno(seccomp.EAFNOSUPPORT)
+
+    def verdict(nr: int, *args: int) -> int:
+        return run_bpf(prog, arch=arch.audit, nr=nr, args=args)
+
+    prlimit64, setpriority, ioprio_set, socketpair = 302, 141, 251, 53
+    assert verdict(prlimit64, 0, 7, 1, 0) == allow
+    assert verdict(prlimit64, 4242, 7, 1, 0) == eperm
+    assert verdict(setpriority, 0, 0, 10) == allow
+    assert verdict(setpriority, 0, 4242, 10) == eperm
+    assert verdict(setpriority, 2, 0, 10) == eperm  # PRIO_USER: every root process
+    assert verdict(ioprio_set, 1, 0, 0) == allow
+    assert verdict(ioprio_set, 3, 0, 0) == eperm
+    sock_cloexec = 0o2000000
+    assert verdict(socketpair, 1, 1 | sock_cloexec, 0) == allow
+    assert verdict(socketpair, 1, 5, 0) == allow
+    assert verdict(socketpair, 1, 2 | sock_cloexec, 0) == noaf
+    assert verdict(socketpair, 2, 1, 0) == noaf
+    # bubblewrap's filter (its own PID namespace) leaves them alone.
+    bw = seccomp.program(block_network=True, machine="x86_64")
+    assert run_bpf(bw, arch=arch.audit, nr=prlimit64, args=(4242, 7, 1, 0)) == allow
