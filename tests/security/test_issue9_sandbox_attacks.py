@@ -151,3 +151,19 @@ def test_the_fallback_filter_keeps_own_process_calls_and_stream_pairs() -> None:
     # bubblewrap's filter (its own PID namespace) leaves them alone.
     bw = seccomp.program(block_network=True, machine="x86_64")
     assert run_bpf(bw, arch=arch.audit, nr=prlimit64, args=(4242, 7, 1, 0)) == allow
+
+
+def test_blocks_allocated_past_the_end_of_a_note_count_against_the_quota(kb: KbRoot) -> None:
+    """``fallocate --keep-size`` takes disk space without growing st_size (and
+    without meeting RLIMIT_FSIZE): the notes quota must count the blocks.
+    (A write plan into a source's notes/ needs bubblewrap's overlays.)"""
+    from tests.integration.test_bounded_trees import _events, _set_quota, _writer
+
+    _set_quota(kb, max_files=100, max_bytes=1 << 20)
+    sid = _writer(kb)
+    hole = '"$WORKFLOW_KB_SRC/notes/hole.md"'
+    grab = f"touch {hole} && fallocate --keep-size -l 8M {hole} && echo done"
+    r = kb.cli("exec", sid, "--", "sh", "-c", grab)
+    assert r.code == 0 and r.out.strip() == "done", (r.out, r.err)
+    (over,) = _events(kb, "notes_quota_exceeded")
+    assert over["source"] == "src" and over["bytes"] >= 8 << 20, over
