@@ -20,6 +20,9 @@ so the filter refuses, with EPERM:
   back to openat), ``clone3`` (its flags sit in a struct too: glibc falls back
   to clone on ENOSYS, as under Docker and Chromium) and ``io_uring_setup``
   (io_uring would bypass the filter) — these three with ENOSYS;
+* ``fallocate`` with FALLOC_FL_KEEP_SIZE (but not PUNCH_HOLE), with
+  EOPNOTSUPP (as on a filesystem without it): it takes disk space past the end
+  of a file, beyond ``limits.file_size_max`` (RLIMIT_FSIZE checks only sizes);
 * every socket family not on an allow-list (see ``socket_families``), with
   EAFNOSUPPORT, the answer of a kernel built without that family, so programs
   degrade as they would there: netlink (host interfaces, routes, Unix sockets
@@ -44,7 +47,9 @@ RET_K = 0x06
 ALU_AND_K = 0x54
 RET_ALLOW = 0x7FFF0000
 RET_KILL_PROCESS = 0x80000000
-EPERM, ENOSYS, EAFNOSUPPORT = 1, 38, 97
+EPERM, ENOSYS, EAFNOSUPPORT, EOPNOTSUPP = 1, 38, 97, 95
+# fallocate modes: KEEP_SIZE without PUNCH_HOLE takes disk space past the end.
+FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE = 0x01, 0x02
 SETID_BITS = 0o6000
 CLONE_NEWUSER = 0x10000000
 X32_BIT = 0x40000000
@@ -78,6 +83,7 @@ class Arch:
     # process of this uid".
     setpriority: int = -1
     ioprio_set: int = -1
+    fallocate: int = -1
 
 
 ARCHES = {
@@ -94,6 +100,7 @@ ARCHES = {
         self_only={302: 0, 142: 0, 144: 0, 203: 0, 314: 0},
         setpriority=141,
         ioprio_set=251,
+        fallocate=285,
         # chmod fchmod fchmodat fchmodat2 chown fchown lchown fchownat utime utimes futimesat
         # utimensat setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr
         # setxattrat removexattrat
@@ -132,6 +139,7 @@ ARCHES = {
         self_only={261: 0, 118: 0, 119: 0, 122: 0, 274: 0},
         setpriority=140,
         ioprio_set=30,
+        fallocate=47,
         metadata=(52, 53, 452, 55, 54, 88, 5, 6, 7, 14, 15, 16, 463, 466),
     ),
 }
@@ -204,6 +212,20 @@ def _own_process_or_group(nr: int, *, everyone: int, errno: int) -> list[bytes]:
     ]
 
 
+def _no_keep_size_allocation(nr: int, *, errno: int) -> list[bytes]:
+    """``fallocate(fd, mode, …)`` with FALLOC_FL_KEEP_SIZE but not PUNCH_HOLE: errno.
+    Such an allocation takes disk blocks past the end of the file without
+    growing it, so RLIMIT_FSIZE (``limits.file_size_max``) never sees it."""
+    return [
+        _ins(JEQ_K, 0, 5, nr),
+        _ins(LD_W_ABS, 0, 0, _arg(1)),
+        _ins(ALU_AND_K, 0, 0, FALLOC_KEEP_SIZE | FALLOC_PUNCH_HOLE),
+        _ins(JEQ_K, 0, 1, FALLOC_KEEP_SIZE),
+        _ins(RET_K, 0, 0, ret_errno(errno)),
+        _ins(RET_K, 0, 0, RET_ALLOW),
+    ]
+
+
 def _unix_pair_types(nr: int, *, types: tuple[int, ...], errno: int) -> list[bytes]:
     """``socketpair``: AF_UNIX of one of ``types`` (flags masked off) only."""
     n = len(types)
@@ -262,6 +284,7 @@ def program(
         out += _refuse_bits(nr, arg=arg, bits=SETID_BITS, errno=EPERM)
     for nr in arch.clone_flags:
         out += _refuse_bits(nr, arg=0, bits=CLONE_NEWUSER, errno=EPERM)
+    out += _no_keep_size_allocation(arch.fallocate, errno=EOPNOTSUPP)
     if host_pids:
         for nr, arg in sorted(arch.self_only.items()):
             out += _refuse_unless_zero(nr, arg=arg, errno=EPERM)
