@@ -210,3 +210,19 @@ def test_fallocate_cannot_take_disk_past_file_size_max(kb: KbRoot, backend: str)
     plain = 'f="$TMPDIR/p"; fallocate -l 1M "$f" && du -k "$f" | cut -f1; fallocate -l 64M "$f"; echo "rc=$?"'
     r = kb.cli("exec", sid, "--", "sh", "-c", plain)
     assert r.out.split() == ["1024", "rc=153"], (r.out, r.err)  # 128 + SIGXFSZ
+
+
+def test_session_close_removes_the_landlock_scratch_folder(kb: KbRoot) -> None:
+    """The Landlock-only backend's on-disk stand-in for a private /tmp is
+    per session: what a command left there must not outlive the session (it is
+    bounded per file only, so left behind it fills the host's disk session after
+    session)."""
+    sid = world(kb, "landlock")
+    fill = 'head -c 1M /dev/zero > "$TMPDIR/left"; mkdir -p "$TMPDIR/d/e"; ln -s / "$TMPDIR/d/root"; echo ok'
+    r = kb.cli("exec", sid, "--", "sh", "-c", fill)
+    assert r.code == 0 and r.out.strip() == "ok", (r.out, r.err)
+    scratch = kb.root / "state" / "tmp" / sid
+    assert (scratch / "left").stat().st_size == 1 << 20
+    assert kb.cli("session", "close", sid).code == 0
+    assert not scratch.exists()
+    assert Path("/usr/bin/python3").exists()  # the planted link was removed, not followed
