@@ -226,3 +226,32 @@ def test_session_close_removes_the_landlock_scratch_folder(kb: KbRoot) -> None:
     assert kb.cli("session", "close", sid).code == 0
     assert not scratch.exists()
     assert Path("/usr/bin/python3").exists()  # the planted link was removed, not followed
+
+
+@pytest.fixture
+def host_key() -> Iterator[str]:
+    """A key in root's user keyring on the host, whose description carries data."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    desc = f"kbd-host-secret-{os.urandom(6).hex()}"
+    add_key, keyctl, user_keyring, keyctl_unlink = 248, 250, -4, 9
+    kid = libc.syscall(add_key, b"user", desc.encode(), b"payload", 7, ctypes.c_long(user_keyring))
+    assert kid > 0, ctypes.get_errno()
+    try:
+        yield desc
+    finally:
+        libc.syscall(keyctl, keyctl_unlink, ctypes.c_long(kid), ctypes.c_long(user_keyring))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_host_keyrings_are_not_listed_in_the_sandbox(kb: KbRoot, backend: str, host_key: str) -> None:
+    """Keyrings are not namespaced: /proc/keys lists the descriptions of every
+    key uid 0 may view (a description is up to 4 KiB of data), /proc/key-users
+    every uid's key counts. Masked, as Docker masks them."""
+    assert host_key in Path("/proc/keys").read_text()
+    sid = world(kb, backend)
+    r = kb.cli("exec", sid, "--", "sh", "-c", "cat /proc/keys /proc/key-users; echo done")
+    assert host_key not in r.out and "_uid.0" not in r.out, r.out
+    assert r.out.splitlines()[-1] == "done", (r.out, r.err)
