@@ -23,6 +23,8 @@ so the filter refuses, with EPERM:
 * ``fallocate`` with FALLOC_FL_KEEP_SIZE (but not PUNCH_HOLE), with
   EOPNOTSUPP (as on a filesystem without it): it takes disk space past the end
   of a file, beyond ``limits.file_size_max`` (RLIMIT_FSIZE checks only sizes);
+* ``ptrace``, ``process_vm_readv`` and ``process_vm_writev`` aimed at PID 1
+  (bubblewrap's init in the sandbox: kbd's process, not the command's);
 * every socket family not on an allow-list (see ``socket_families``), with
   EAFNOSUPPORT, the answer of a kernel built without that family, so programs
   degrade as they would there: netlink (host interfaces, routes, Unix sockets
@@ -84,6 +86,9 @@ class Arch:
     setpriority: int = -1
     ioprio_set: int = -1
     fallocate: int = -1
+    # ptrace (target PID in argument 1), process_vm_readv/writev (argument 0).
+    ptrace: int = -1
+    process_vm: tuple[int, ...] = ()
 
 
 ARCHES = {
@@ -101,6 +106,8 @@ ARCHES = {
         setpriority=141,
         ioprio_set=251,
         fallocate=285,
+        ptrace=101,
+        process_vm=(310, 311),
         # chmod fchmod fchmodat fchmodat2 chown fchown lchown fchownat utime utimes futimesat
         # utimensat setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr
         # setxattrat removexattrat
@@ -140,6 +147,8 @@ ARCHES = {
         setpriority=140,
         ioprio_set=30,
         fallocate=47,
+        ptrace=117,
+        process_vm=(270, 271),
         metadata=(52, 53, 452, 55, 54, 88, 5, 6, 7, 14, 15, 16, 463, 466),
     ),
 }
@@ -209,6 +218,17 @@ def _own_process_or_group(nr: int, *, everyone: int, errno: int) -> list[bytes]:
         _ins(JEQ_K, 0, 1, 0),
         _ins(RET_K, 0, 0, RET_ALLOW),
         _ins(RET_K, 0, 0, ret_errno(errno)),
+    ]
+
+
+def _refuse_if(nr: int, *, arg: int, value: int, errno: int) -> list[bytes]:
+    """``nr`` with argument ``arg`` equal to ``value``: errno; else allow."""
+    return [
+        _ins(JEQ_K, 0, 4, nr),
+        _ins(LD_W_ABS, 0, 0, _arg(arg)),
+        _ins(JEQ_K, 0, 1, value),
+        _ins(RET_K, 0, 0, ret_errno(errno)),
+        _ins(RET_K, 0, 0, RET_ALLOW),
     ]
 
 
@@ -285,6 +305,12 @@ def program(
     for nr in arch.clone_flags:
         out += _refuse_bits(nr, arg=0, bits=CLONE_NEWUSER, errno=EPERM)
     out += _no_keep_size_allocation(arch.fallocate, errno=EOPNOTSUPP)
+    # PID 1: bubblewrap's own init in the sandbox (same uid, so the kernel would
+    # let the command trace it: stopped, it never reports the command's exit and
+    # kbd exec waits forever), or the host's init on the Landlock-only backend.
+    out += _refuse_if(arch.ptrace, arg=1, value=1, errno=EPERM)
+    for nr in arch.process_vm:
+        out += _refuse_if(nr, arg=0, value=1, errno=EPERM)
     if host_pids:
         for nr, arg in sorted(arch.self_only.items()):
             out += _refuse_unless_zero(nr, arg=arg, errno=EPERM)

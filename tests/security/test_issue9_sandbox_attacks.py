@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,6 +156,11 @@ def test_the_fallback_filter_keeps_own_process_calls_and_stream_pairs() -> None:
     assert verdict(fallocate, 3, zero_range, 0, 1 << 20) == allow
     assert verdict(fallocate, 3, keep_size, 0, 1 << 20) == eopnotsupp
     assert verdict(fallocate, 3, zero_range | keep_size, 0, 1 << 20) == eopnotsupp
+    ptrace, process_vm_writev, attach = 101, 311, 16
+    assert verdict(ptrace, attach, 1) == eperm
+    assert verdict(ptrace, attach, 4242) == allow  # a process of the command's own tree
+    assert verdict(process_vm_writev, 1) == eperm
+    assert verdict(process_vm_writev, 4242) == allow
     # bubblewrap's filter (its own PID namespace) leaves them alone.
     bw = seccomp.program(block_network=True, machine="x86_64")
     assert run_bpf(bw, arch=arch.audit, nr=prlimit64, args=(4242, 7, 1, 0)) == allow
@@ -255,3 +261,44 @@ def test_the_host_keyrings_are_not_listed_in_the_sandbox(kb: KbRoot, backend: st
     r = kb.cli("exec", sid, "--", "sh", "-c", "cat /proc/keys /proc/key-users; echo done")
     assert host_key not in r.out and "_uid.0" not in r.out, r.out
     assert r.out.splitlines()[-1] == "done", (r.out, r.err)
+
+
+ATTACH_INIT = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+ptrace_attach = 16
+print("attach", libc.ptrace(ptrace_attach, 1, 0, 0), ctypes.get_errno(), flush=True)
+raise SystemExit(3)
+"""
+
+
+def test_a_command_cannot_stop_the_sandbox_init_and_hang_kbd_exec(kb: KbRoot) -> None:
+    """bubblewrap's pid 1 in the sandbox is bwrap's own init, same uid: a command
+    that ptrace-attached it and exited left it stopped, and ``kbd exec`` waited
+    for it forever (with its notes locks, on a write plan) until a close."""
+    sid = world(kb, "bwrap")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kbd",
+            "--root",
+            str(kb.root),
+            "exec",
+            sid,
+            "--",
+            "python3",
+            "-c",
+            ATTACH_INIT,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        out, err = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        assert kb.cli("session", "close", sid).code == 0
+        proc.wait(timeout=30)
+        pytest.fail("kbd exec hung after the command stopped the sandbox's init")
+    assert proc.returncode == 3, (out, err)
+    assert out.split() == [b"attach", b"-1", b"1"], out  # EPERM
