@@ -5,10 +5,12 @@ backends."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -302,3 +304,34 @@ def test_a_command_cannot_stop_the_sandbox_init_and_hang_kbd_exec(kb: KbRoot) ->
         pytest.fail("kbd exec hung after the command stopped the sandbox's init")
     assert proc.returncode == 3, (out, err)
     assert out.split() == [b"attach", b"-1", b"1"], out  # EPERM
+
+
+def test_a_signal_before_the_command_starts_is_not_swallowed(kb: KbRoot) -> None:
+    """SIGTERM to a ``kbd exec`` still waiting for a source's notes lock used to
+    be dropped (the forwarder had no process group yet): the command then ran in
+    full. It now reaches the command as soon as it starts."""
+    from tests.integration.test_bounded_trees import _writer
+
+    sid = _writer(kb)
+    notes = kb.workflows / "src" / "knowledgebase" / "notes"
+
+    def start(script: str) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "kbd", "--root", str(kb.root), "exec", sid, "--", "sh", "-c", script]
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    holder = start('touch "$WORKFLOW_KB_SRC/notes/holding.md"; sleep 3')
+    try:
+        deadline = time.monotonic() + 10
+        while not (notes / "holding.md").exists():
+            assert time.monotonic() < deadline, "the first command never started"
+            time.sleep(0.05)
+        waiter = start('sleep 1; touch "$WORKFLOW_KB_SRC/notes/ran.md"')
+        time.sleep(1.0)  # waiting for the notes lock the holder has
+        assert waiter.poll() is None
+        waiter.send_signal(signal.SIGTERM)
+        _out, err = waiter.communicate(timeout=30)
+        assert not (notes / "ran.md").exists(), err
+        # The command died of the signal (bwrap reports it as its own code), not 0.
+        assert waiter.returncode != 0, (waiter.returncode, err)
+    finally:
+        holder.communicate(timeout=30)
