@@ -124,7 +124,7 @@ def _landlock_argv(host: Host, plan: Plan, command: list[str], *, scratch: Path)
         "scope": True,
         "deny_tcp": host.config.sandbox.network == "none",
         "seccomp": seccomp.program(
-            block_network=host.config.sandbox.network != "host", block_metadata=True, host_pids=True
+            block_network=host.config.sandbox.network != "host", block_metadata=True, host_namespaces=True
         ).hex(),
     }
     return [bwrap.PYTHON, "-I", "-S", str(bwrap.HELPER_SOURCE), json.dumps(helper_spec), "--", *command]

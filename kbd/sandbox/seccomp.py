@@ -86,6 +86,8 @@ class Arch:
     setpriority: int = -1
     ioprio_set: int = -1
     fallocate: int = -1
+    # System V IPC and POSIX message queues (objects of the IPC namespace).
+    ipc: tuple[int, ...] = ()
     # ptrace (target PID in argument 1), process_vm_readv/writev (argument 0).
     ptrace: int = -1
     process_vm: tuple[int, ...] = ()
@@ -106,6 +108,9 @@ ARCHES = {
         setpriority=141,
         ioprio_set=251,
         fallocate=285,
+        # shmget shmat shmctl semget semop semctl shmdt msgget msgsnd msgrcv msgctl
+        # semtimedop mq_open mq_unlink mq_timedsend mq_timedreceive mq_notify mq_getsetattr
+        ipc=(29, 30, 31, 64, 65, 66, 67, 68, 69, 70, 71, 220, 240, 241, 242, 243, 244, 245),
         ptrace=101,
         process_vm=(310, 311),
         # chmod fchmod fchmodat fchmodat2 chown fchown lchown fchownat utime utimes futimesat
@@ -147,6 +152,7 @@ ARCHES = {
         setpriority=140,
         ioprio_set=30,
         fallocate=47,
+        ipc=tuple(range(180, 198)),  # mq_open … shmdt
         ptrace=117,
         process_vm=(270, 271),
         metadata=(52, 53, 452, 55, 54, 88, 5, 6, 7, 14, 15, 16, 463, 466),
@@ -261,7 +267,11 @@ def _unix_pair_types(nr: int, *, types: tuple[int, ...], errno: int) -> list[byt
 
 
 def program(
-    *, block_network: bool, block_metadata: bool = False, host_pids: bool = False, machine: str | None = None
+    *,
+    block_network: bool,
+    block_metadata: bool = False,
+    host_namespaces: bool = False,
+    machine: str | None = None,
 ) -> bytes:
     """The filter as a sock_filter array (what ``bwrap --seccomp FD`` reads).
 
@@ -273,14 +283,18 @@ def program(
     own). Keyrings, user namespaces, clone3, openat2, io_uring and every other
     socket family are refused whatever the flags.
 
-    ``host_pids`` (the Landlock-only backend: no PID namespace, the command is
+    ``host_namespaces`` (the Landlock-only backend: no PID namespace, the command is
     uid 0 beside the host's root processes) refuses to change any process's
     rlimits, nice value, scheduling policy, CPU affinity or I/O priority but the
     caller's own (``prlimit``, ``renice``, ``chrt``, ``taskset``, ``ionice`` on a
     host daemon would pass the kernel's same-uid check; Landlock scopes only
     signals and ptrace), and ``socketpair`` to stream and seqpacket types: a
     datagram socket, even one of a pair, can ``sendto`` any Unix socket path on
-    the host (``/dev/log``, journald), which Landlock does not mediate.
+    the host (``/dev/log``, journald), which Landlock does not mediate. It also
+    means the host's IPC namespace: System V shared memory, semaphores and
+    message queues and POSIX message queues answer ENOSYS (as on a kernel
+    without them), since objects there outlive the session, pass data between
+    sessions, and include the host's own (which uid 0 could attach or remove).
     """
     name = machine or os.uname().machine  # not platform.machine(): its import costs the exec path
     arch = ARCHES.get(name)
@@ -311,14 +325,16 @@ def program(
     out += _refuse_if(arch.ptrace, arg=1, value=1, errno=EPERM)
     for nr in arch.process_vm:
         out += _refuse_if(nr, arg=0, value=1, errno=EPERM)
-    if host_pids:
+    if host_namespaces:
+        for nr in arch.ipc:
+            out += [_ins(JEQ_K, 0, 1, nr), _ins(RET_K, 0, 0, ret_errno(ENOSYS))]
         for nr, arg in sorted(arch.self_only.items()):
             out += _refuse_unless_zero(nr, arg=arg, errno=EPERM)
         out += _own_process_or_group(arch.setpriority, everyone=PRIO_USER, errno=EPERM)
         out += _own_process_or_group(arch.ioprio_set, everyone=IOPRIO_WHO_USER, errno=EPERM)
     families = socket_families(network=not block_network, unix=not block_metadata)
     out += _allow_only(arch.socket, arg=0, values=families, errno=EAFNOSUPPORT)
-    if host_pids:
+    if host_namespaces:
         out += _unix_pair_types(arch.socketpair, types=(SOCK_STREAM, SOCK_SEQPACKET), errno=EAFNOSUPPORT)
     else:
         out += _allow_only(arch.socketpair, arg=0, values=(AF_UNIX,), errno=EAFNOSUPPORT)

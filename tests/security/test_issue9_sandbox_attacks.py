@@ -131,7 +131,7 @@ def test_the_fallback_filter_keeps_own_process_calls_and_stream_pairs() -> None:
     from tests.security.test_sandbox_hardening import run_bpf
 
     arch = seccomp.ARCHES["x86_64"]
-    prog = seccomp.program(block_network=True, block_metadata=True, host_pids=True, machine="x86_64")
+    prog = seccomp.program(block_network=True, block_metadata=True, host_namespaces=True, machine="x86_64")
     allow, eperm = seccomp.RET_ALLOW, seccomp.ret_errno(seccomp.EPERM)
     noaf = seccomp.ret_errno(seccomp.EAFNOSUPPORT)
 
@@ -158,6 +158,9 @@ def test_the_fallback_filter_keeps_own_process_calls_and_stream_pairs() -> None:
     assert verdict(fallocate, 3, zero_range, 0, 1 << 20) == allow
     assert verdict(fallocate, 3, keep_size, 0, 1 << 20) == eopnotsupp
     assert verdict(fallocate, 3, zero_range | keep_size, 0, 1 << 20) == eopnotsupp
+    shmget, shmat, msgget, mq_open, enosys = 29, 30, 68, 240, seccomp.ret_errno(seccomp.ENOSYS)
+    for nr in (shmget, shmat, msgget, mq_open):
+        assert verdict(nr, 0, 0, 0) == enosys, nr
     ptrace, process_vm_writev, attach = 101, 311, 16
     assert verdict(ptrace, attach, 1) == eperm
     assert verdict(ptrace, attach, 4242) == allow  # a process of the command's own tree
@@ -335,3 +338,53 @@ def test_a_signal_before_the_command_starts_is_not_swallowed(kb: KbRoot) -> None
         assert waiter.returncode != 0, (waiter.returncode, err)
     finally:
         holder.communicate(timeout=30)
+
+
+SHM = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+key = int(sys.argv[2])
+if sys.argv[1] == "put":
+    shm = libc.shmget(key + 1, 4096, 0o1000 | 0o600)  # IPC_CREAT
+    print("put" if shm >= 0 else f"refused {ctypes.get_errno()}")
+else:
+    shm = libc.shmget(key, 0, 0)
+    addr = libc.shmat(shm, None, 0) if shm >= 0 else None
+    print(ctypes.string_at(addr, 6).decode() if addr not in (None, 2**64 - 1) else f"refused {ctypes.get_errno()}")
+"""
+
+
+def _shm(libc: object, key: int) -> int:
+    return int(libc.shmget(key, 0, 0))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_no_system_v_ipc_reaches_the_host_or_outlives_the_session(kb: KbRoot, backend: str) -> None:
+    """Without an IPC namespace (the Landlock-only backend), a command attached a
+    root-owned 0600 segment of the host, and a segment it made outlived
+    ``session close`` and carried data to another session."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    key = int.from_bytes(os.urandom(3), "big") << 4
+    ipc_creat, ipc_rmid = 0o1000, 0
+    host = libc.shmget(key, 4096, ipc_creat | 0o600)
+    assert host >= 0, ctypes.get_errno()
+    try:
+        addr = libc.shmat(host, None, 0)
+        ctypes.memmove(addr, b"secret", 6)
+        libc.shmdt(ctypes.c_void_p(addr))
+        sid = world(kb, backend)
+        r = kb.cli("exec", sid, "--", "python3", "-c", SHM, "get", str(key))
+        assert r.out.split()[0] == "refused", (r.out, r.err)
+        r = kb.cli("exec", sid, "--", "python3", "-c", SHM, "put", str(key))
+        assert r.code == 0, r.err
+        assert kb.cli("session", "close", sid).code == 0
+        assert _shm(libc, key + 1) < 0, "a segment made in the sandbox outlived its session"
+    finally:
+        libc.shmctl(host, ipc_rmid, None)
+        left = _shm(libc, key + 1)
+        if left >= 0:
+            libc.shmctl(left, ipc_rmid, None)
