@@ -426,6 +426,15 @@ class NotesScan:
         return self.truncated or self.entries > quota.max_files or self.bytes > quota.max_bytes
 
 
+def _past_end(st: os.stat_result) -> int:
+    """Disk space a file holds beyond its length rounded up to whole blocks:
+    fallocate(FALLOC_FL_KEEP_SIZE) takes any amount without growing st_size (nor
+    meeting RLIMIT_FSIZE), so a quota of lengths alone would not see it. A sparse
+    file still counts its length."""
+    block = max(st.st_blksize, 512)
+    return max(0, st.st_blocks * 512 - -(-st.st_size // block) * block)
+
+
 def scan_notes(kb_fd: int, *, quota: NotesQuota, since_ns: int | None = None) -> NotesScan:
     """Walk ``notes/`` beneath the pinned KB (nothing followed), within the caps."""
     out = NotesScan()
@@ -456,7 +465,7 @@ def scan_notes(kb_fd: int, *, quota: NotesQuota, since_ns: int | None = None) ->
                         st = entry.stat(follow_symlinks=False)
                     except OSError:
                         continue
-                    out.bytes += st.st_size
+                    out.bytes += st.st_size + _past_end(st)
                     # A change is a status-change time (which a writer cannot set back).
                     if since_ns is not None and st.st_ctime_ns >= since_ns:
                         out.changed.append((child, st.st_ino, st.st_ctime_ns))

@@ -124,7 +124,7 @@ def _landlock_argv(host: Host, plan: Plan, command: list[str], *, scratch: Path)
         "scope": True,
         "deny_tcp": host.config.sandbox.network == "none",
         "seccomp": seccomp.program(
-            block_network=host.config.sandbox.network != "host", block_metadata=True
+            block_network=host.config.sandbox.network != "host", block_metadata=True, host_namespaces=True
         ).hex(),
     }
     return [bwrap.PYTHON, "-I", "-S", str(bwrap.HELPER_SOURCE), json.dumps(helper_spec), "--", *command]
@@ -132,10 +132,15 @@ def _landlock_argv(host: Host, plan: Plan, command: list[str], *, scratch: Path)
 
 class _Forward:
     """Forward SIGINT/SIGTERM/SIGHUP from ``kbd exec`` to the command's process group
-    while its leader is ours and unreaped (see :func:`wait_child`)."""
+    while its leader is ours and unreaped (see :func:`wait_child`). A signal that
+    arrives before the command starts (say, while a notes lock is awaited) is
+    kept and delivered the moment it starts: never swallowed, so the command
+    does not run in full after the caller asked it to stop."""
 
     def __init__(self) -> None:
         self.pgid: int | None = None
+        self.pending: int | None = None
+        self.finished = False
         self.previous = {
             s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         }
@@ -144,8 +149,19 @@ class _Forward:
         if self.pgid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pgid, signum)
+        elif not self.finished:
+            self.pending = signum
+
+    def arm(self, pgid: int) -> None:
+        """The command's leader ``pgid`` is started (and ours, unreaped)."""
+        self.pgid = pgid
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, pending)
 
     def disarm(self) -> None:
+        self.finished = True
         self.pgid = None
 
     def restore(self) -> None:
@@ -324,7 +340,7 @@ def _run_direct(
         warn("unsafe_no_sandbox: running WITHOUT any sandbox; the plan is not enforced")
         argv = command
     proc = spawn([*rlimits.shell_prefix(host.config.limits), *argv], box, env=env, cwd=workdir)
-    forward.pgid = proc.pid
+    forward.arm(proc.pid)
     try:
         sessions.store.add_process(
             sid, pid=proc.pid, generation=plan.generation, argv=command, cgroup=box.name if box else None
@@ -348,7 +364,7 @@ def _run_bwrap(
     finally:
         os.close(status_w)
         fds.close()
-    forward.pgid = proc.pid
+    forward.arm(proc.pid)
     started = time.time()
     try:
         sessions.store.add_process(sid, pid=proc.pid, generation=plan.generation, argv=command,

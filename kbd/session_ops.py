@@ -209,9 +209,23 @@ class Sessions:
             for p in self.store.processes(s)
             if terminate_command(self.store, p, grace=0)
         ]
+        for s in dict.fromkeys([sid, *closed]):
+            self._drop_scratch(s)
         self.host.audit("session_closed", session=sid, closed=closed, terminated=terminated,
                         **actor_fields(actor))  # fmt: skip
         return closed
+
+    def _drop_scratch(self, sid: str) -> None:
+        """Remove the Landlock-only backend's per-session scratch folder (its
+        stand-in for a private /tmp, kbd.runner.private_tmp): on disk and bounded
+        per file only, it must not outlive the session. ``rmtree`` works through
+        folder descriptors on Linux, so links the command planted are removed,
+        never followed."""
+        import shutil  # not on the exec path
+
+        path = self.host.config.state_dir / "tmp" / sid
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
 
     def rows(
         self, *, actor: Actor, workflow_id: str | None = None, include_closed: bool = False

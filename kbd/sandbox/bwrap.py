@@ -223,6 +223,9 @@ def build_argv(
     system += list(system_opts())
     opts += system
     dests += [w for o in system for w in o.words[1:2] if o.words[0] != "--symlink"]
+    masked = [p for p in spec.PROC_MASKED if os.path.exists(p)]
+    opts += [arg("--ro-bind", "/dev/null", p) for p in masked]
+    dests += masked
     # bwrap's /dev is an unbounded tmpfs (--size cannot apply to --dev): make it
     # read-only and give shared memory its own bounded tmpfs.
     shm = "/dev/shm"  # noqa: S108 - the sandbox's own, fresh tmpfs

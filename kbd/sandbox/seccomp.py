@@ -20,6 +20,11 @@ so the filter refuses, with EPERM:
   back to openat), ``clone3`` (its flags sit in a struct too: glibc falls back
   to clone on ENOSYS, as under Docker and Chromium) and ``io_uring_setup``
   (io_uring would bypass the filter) — these three with ENOSYS;
+* ``fallocate`` with FALLOC_FL_KEEP_SIZE (but not PUNCH_HOLE), with
+  EOPNOTSUPP (as on a filesystem without it): it takes disk space past the end
+  of a file, beyond ``limits.file_size_max`` (RLIMIT_FSIZE checks only sizes);
+* ``ptrace``, ``process_vm_readv`` and ``process_vm_writev`` aimed at PID 1
+  (bubblewrap's init in the sandbox: kbd's process, not the command's);
 * every socket family not on an allow-list (see ``socket_families``), with
   EAFNOSUPPORT, the answer of a kernel built without that family, so programs
   degrade as they would there: netlink (host interfaces, routes, Unix sockets
@@ -34,20 +39,25 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 LD_W_ABS = 0x20
 JEQ_K = 0x15
 JGE_K = 0x35
 JSET_K = 0x45
 RET_K = 0x06
+ALU_AND_K = 0x54
 RET_ALLOW = 0x7FFF0000
 RET_KILL_PROCESS = 0x80000000
-EPERM, ENOSYS, EAFNOSUPPORT = 1, 38, 97
+EPERM, ENOSYS, EAFNOSUPPORT, EOPNOTSUPP = 1, 38, 97, 95
+# fallocate modes: KEEP_SIZE without PUNCH_HOLE takes disk space past the end.
+FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE = 0x01, 0x02
 SETID_BITS = 0o6000
 CLONE_NEWUSER = 0x10000000
 X32_BIT = 0x40000000
 AF_UNIX, AF_INET, AF_INET6, AF_PACKET = 1, 2, 10, 17
+SOCK_STREAM, SOCK_SEQPACKET, SOCK_TYPE_MASK = 1, 5, 0xF
+PRIO_USER, IOPRIO_WHO_USER = 2, 3
 
 
 def ret_errno(errno: int) -> int:
@@ -66,6 +76,21 @@ class Arch:
     x32: bool
     # Metadata changes Landlock cannot see: mode, owner, timestamps, xattrs.
     metadata: tuple[int, ...] = ()
+    # Calls that change another process's rlimits or scheduling, allowed for any
+    # process of the same uid (Landlock does not mediate them): syscall number ->
+    # index of the target-PID argument, which must be 0 (the caller itself).
+    # prlimit64, sched_setparam, sched_setscheduler, sched_setaffinity, sched_setattr.
+    self_only: dict[int, int] = field(default_factory=dict)
+    # setpriority and ioprio_set (which, who, ...): ``who`` 0 only, never "every
+    # process of this uid".
+    setpriority: int = -1
+    ioprio_set: int = -1
+    fallocate: int = -1
+    # System V IPC and POSIX message queues (objects of the IPC namespace).
+    ipc: tuple[int, ...] = ()
+    # ptrace (target PID in argument 1), process_vm_readv/writev (argument 0).
+    ptrace: int = -1
+    process_vm: tuple[int, ...] = ()
 
 
 ARCHES = {
@@ -79,6 +104,15 @@ ARCHES = {
         socketpair=53,
         clone_flags=(56, 272),  # clone, unshare
         x32=True,
+        self_only={302: 0, 142: 0, 144: 0, 203: 0, 314: 0},
+        setpriority=141,
+        ioprio_set=251,
+        fallocate=285,
+        # shmget shmat shmctl semget semop semctl shmdt msgget msgsnd msgrcv msgctl
+        # semtimedop mq_open mq_unlink mq_timedsend mq_timedreceive mq_notify mq_getsetattr
+        ipc=(29, 30, 31, 64, 65, 66, 67, 68, 69, 70, 71, 220, 240, 241, 242, 243, 244, 245),
+        ptrace=101,
+        process_vm=(310, 311),
         # chmod fchmod fchmodat fchmodat2 chown fchown lchown fchownat utime utimes futimesat
         # utimensat setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr
         # setxattrat removexattrat
@@ -114,6 +148,13 @@ ARCHES = {
         socketpair=199,
         clone_flags=(220, 97),  # clone, unshare
         x32=False,
+        self_only={261: 0, 118: 0, 119: 0, 122: 0, 274: 0},
+        setpriority=140,
+        ioprio_set=30,
+        fallocate=47,
+        ipc=tuple(range(180, 198)),  # mq_open … shmdt
+        ptrace=117,
+        process_vm=(270, 271),
         metadata=(52, 53, 452, 55, 54, 88, 5, 6, 7, 14, 15, 16, 463, 466),
     ),
 }
@@ -161,7 +202,77 @@ def _allow_only(nr: int, *, arg: int, values: tuple[int, ...], errno: int) -> li
     return [_ins(JEQ_K, 0, len(body), nr), *body]
 
 
-def program(*, block_network: bool, block_metadata: bool = False, machine: str | None = None) -> bytes:
+def _refuse_unless_zero(nr: int, *, arg: int, errno: int) -> list[bytes]:
+    """``nr`` with argument ``arg`` other than 0: errno; else allow."""
+    return [
+        _ins(JEQ_K, 0, 4, nr),
+        _ins(LD_W_ABS, 0, 0, _arg(arg)),
+        _ins(JEQ_K, 1, 0, 0),
+        _ins(RET_K, 0, 0, ret_errno(errno)),
+        _ins(RET_K, 0, 0, RET_ALLOW),
+    ]
+
+
+def _own_process_or_group(nr: int, *, everyone: int, errno: int) -> list[bytes]:
+    """``nr(which, who, ...)``: allow ``who`` 0 (the caller, its group) unless
+    ``which`` is ``everyone`` (every process of the caller's uid)."""
+    return [
+        _ins(JEQ_K, 0, 6, nr),
+        _ins(LD_W_ABS, 0, 0, _arg(0)),
+        _ins(JEQ_K, 3, 0, everyone),
+        _ins(LD_W_ABS, 0, 0, _arg(1)),
+        _ins(JEQ_K, 0, 1, 0),
+        _ins(RET_K, 0, 0, RET_ALLOW),
+        _ins(RET_K, 0, 0, ret_errno(errno)),
+    ]
+
+
+def _refuse_if(nr: int, *, arg: int, value: int, errno: int) -> list[bytes]:
+    """``nr`` with argument ``arg`` equal to ``value``: errno; else allow."""
+    return [
+        _ins(JEQ_K, 0, 4, nr),
+        _ins(LD_W_ABS, 0, 0, _arg(arg)),
+        _ins(JEQ_K, 0, 1, value),
+        _ins(RET_K, 0, 0, ret_errno(errno)),
+        _ins(RET_K, 0, 0, RET_ALLOW),
+    ]
+
+
+def _no_keep_size_allocation(nr: int, *, errno: int) -> list[bytes]:
+    """``fallocate(fd, mode, …)`` with FALLOC_FL_KEEP_SIZE but not PUNCH_HOLE: errno.
+    Such an allocation takes disk blocks past the end of the file without
+    growing it, so RLIMIT_FSIZE (``limits.file_size_max``) never sees it."""
+    return [
+        _ins(JEQ_K, 0, 5, nr),
+        _ins(LD_W_ABS, 0, 0, _arg(1)),
+        _ins(ALU_AND_K, 0, 0, FALLOC_KEEP_SIZE | FALLOC_PUNCH_HOLE),
+        _ins(JEQ_K, 0, 1, FALLOC_KEEP_SIZE),
+        _ins(RET_K, 0, 0, ret_errno(errno)),
+        _ins(RET_K, 0, 0, RET_ALLOW),
+    ]
+
+
+def _unix_pair_types(nr: int, *, types: tuple[int, ...], errno: int) -> list[bytes]:
+    """``socketpair``: AF_UNIX of one of ``types`` (flags masked off) only."""
+    n = len(types)
+    body = [
+        _ins(LD_W_ABS, 0, 0, _arg(0)),
+        _ins(JEQ_K, 0, n + 2, AF_UNIX),
+        _ins(LD_W_ABS, 0, 0, _arg(1)),
+        _ins(ALU_AND_K, 0, 0, SOCK_TYPE_MASK),
+    ]
+    body += [_ins(JEQ_K, n - i, 0, t) for i, t in enumerate(types)]
+    body += [_ins(RET_K, 0, 0, ret_errno(errno)), _ins(RET_K, 0, 0, RET_ALLOW)]
+    return [_ins(JEQ_K, 0, len(body), nr), *body]
+
+
+def program(
+    *,
+    block_network: bool,
+    block_metadata: bool = False,
+    host_namespaces: bool = False,
+    machine: str | None = None,
+) -> bytes:
     """The filter as a sock_filter array (what ``bwrap --seccomp FD`` reads).
 
     ``block_network`` (any ``sandbox.network`` but ``host``) withholds IPv4 and
@@ -171,6 +282,19 @@ def program(*, block_network: bool, block_metadata: bool = False, machine: str |
     too (Landlock cannot stop a connect to a root-owned socket such as kbd's
     own). Keyrings, user namespaces, clone3, openat2, io_uring and every other
     socket family are refused whatever the flags.
+
+    ``host_namespaces`` (the Landlock-only backend: no PID namespace, the command is
+    uid 0 beside the host's root processes) refuses to change any process's
+    rlimits, nice value, scheduling policy, CPU affinity or I/O priority but the
+    caller's own (``prlimit``, ``renice``, ``chrt``, ``taskset``, ``ionice`` on a
+    host daemon would pass the kernel's same-uid check; Landlock scopes only
+    signals and ptrace), and ``socketpair`` to stream and seqpacket types: a
+    datagram socket, even one of a pair, can ``sendto`` any Unix socket path on
+    the host (``/dev/log``, journald), which Landlock does not mediate. It also
+    means the host's IPC namespace: System V shared memory, semaphores and
+    message queues and POSIX message queues answer ENOSYS (as on a kernel
+    without them), since objects there outlive the session, pass data between
+    sessions, and include the host's own (which uid 0 could attach or remove).
     """
     name = machine or os.uname().machine  # not platform.machine(): its import costs the exec path
     arch = ARCHES.get(name)
@@ -194,8 +318,25 @@ def program(*, block_network: bool, block_metadata: bool = False, machine: str |
         out += _refuse_bits(nr, arg=arg, bits=SETID_BITS, errno=EPERM)
     for nr in arch.clone_flags:
         out += _refuse_bits(nr, arg=0, bits=CLONE_NEWUSER, errno=EPERM)
+    out += _no_keep_size_allocation(arch.fallocate, errno=EOPNOTSUPP)
+    # PID 1: bubblewrap's own init in the sandbox (same uid, so the kernel would
+    # let the command trace it: stopped, it never reports the command's exit and
+    # kbd exec waits forever), or the host's init on the Landlock-only backend.
+    out += _refuse_if(arch.ptrace, arg=1, value=1, errno=EPERM)
+    for nr in arch.process_vm:
+        out += _refuse_if(nr, arg=0, value=1, errno=EPERM)
+    if host_namespaces:
+        for nr in arch.ipc:
+            out += [_ins(JEQ_K, 0, 1, nr), _ins(RET_K, 0, 0, ret_errno(ENOSYS))]
+        for nr, arg in sorted(arch.self_only.items()):
+            out += _refuse_unless_zero(nr, arg=arg, errno=EPERM)
+        out += _own_process_or_group(arch.setpriority, everyone=PRIO_USER, errno=EPERM)
+        out += _own_process_or_group(arch.ioprio_set, everyone=IOPRIO_WHO_USER, errno=EPERM)
     families = socket_families(network=not block_network, unix=not block_metadata)
     out += _allow_only(arch.socket, arg=0, values=families, errno=EAFNOSUPPORT)
-    out += _allow_only(arch.socketpair, arg=0, values=(AF_UNIX,), errno=EAFNOSUPPORT)
+    if host_namespaces:
+        out += _unix_pair_types(arch.socketpair, types=(SOCK_STREAM, SOCK_SEQPACKET), errno=EAFNOSUPPORT)
+    else:
+        out += _allow_only(arch.socketpair, arg=0, values=(AF_UNIX,), errno=EAFNOSUPPORT)
     out.append(_ins(RET_K, 0, 0, RET_ALLOW))
     return b"".join(out)

@@ -36,6 +36,10 @@ PROC_READ_ONLY = (
     "/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/acpi", "/proc/scsi",
     "/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/latency_stats",
 )  # fmt: skip
+# Masked with /dev/null (as Docker masks them): keyrings are not namespaced, so
+# /proc/keys would list the description (up to 4 KiB of data) of every key the
+# host's uid 0 may view, and /proc/key-users every uid's key usage.
+PROC_MASKED = ("/proc/keys", "/proc/key-users")
 _RANK = {"bind": 0, "ro-bind": 1, "hidden": 2}
 
 

@@ -121,6 +121,8 @@ def run_bpf(prog: bytes, *, arch: int, nr: int, args: tuple[int, ...] = ()) -> i
             a = int(struct.unpack_from("<I", data, k)[0])
         elif code == seccomp.RET_K:
             return int(k)
+        elif code == seccomp.ALU_AND_K:
+            a &= k
         else:
             cond = {seccomp.JEQ_K: a == k, seccomp.JGE_K: a >= k, seccomp.JSET_K: bool(a & k)}[code]
             pc += jt if cond else jf
