@@ -203,15 +203,15 @@ class Sessions:
         closed = self.store.close(sid)
         # A closed session grants nothing: whatever its commands left running —
         # background trees included — ends now, without a grace period.
+        ended = list(dict.fromkeys([sid, *closed]))
         terminated = [
-            p.pid
-            for s in dict.fromkeys([sid, *closed])
-            for p in self.store.processes(s)
-            if terminate_command(self.store, p, grace=0)
+            p.pid for s in ended for p in self.store.processes(s) if terminate_command(self.store, p, grace=0)
         ]
-        for s in dict.fromkeys([sid, *closed]):
+        unrecorded = [name for s in ended for name in kill_unrecorded(s)]
+        for s in ended:
             self._drop_scratch(s)
         self.host.audit("session_closed", session=sid, closed=closed, terminated=terminated,
+                        **({"terminated_unrecorded": unrecorded} if unrecorded else {}),
                         **actor_fields(actor))  # fmt: skip
         return closed
 
@@ -301,6 +301,24 @@ def terminate_command(store: SessionStore, p: ProcessRow, *, grace: float) -> bo
     if not p.alive:  # no kbd exec is left to remove its record
         store.remove_process(p.session_id, p.pid)
     return True
+
+
+def kill_unrecorded(sid: str) -> list[str]:
+    """Kill every command tree of session ``sid`` still in a cgroup after its
+    recorded commands were ended: a ``kbd exec`` SIGKILLed between starting its
+    command and recording it leaves such a tree (found by review). Returns the
+    cgroups that held processes."""
+    from kbd.sandbox import cgroup  # not on the exec path
+
+    hierarchy = cgroup.detect()
+    killed = []
+    for name in cgroup.of_session(hierarchy, sid):
+        path = hierarchy.path(name)
+        if path is not None and cgroup.populated(path):
+            cgroup.kill_tree(path)
+            killed.append(name)
+        cgroup.remove(hierarchy, name)
+    return killed
 
 
 def terminate_group(pgid: int, *, grace: float) -> bool:

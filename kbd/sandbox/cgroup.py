@@ -537,6 +537,19 @@ def sweep(hierarchy: Hierarchy) -> None:
             remove(hierarchy, name)
 
 
+def of_session(hierarchy: Hierarchy, sid: str) -> list[str]:
+    """The names of every command cgroup of session ``sid`` now present, recorded
+    or not: a ``kbd exec`` killed between starting its command and recording it
+    leaves a tree that only its cgroup's name ties to the session."""
+    if hierarchy.v2 is None:
+        return []
+    try:
+        names = os.listdir(hierarchy.v2)
+    except OSError:
+        return []
+    return sorted(n for n in names if NAME.fullmatch(n) and n.startswith(f"{sid}."))
+
+
 def remove(hierarchy: Hierarchy, name: str) -> None:
     """Remove the (empty) cgroups named ``name`` in every hierarchy (the v1 ones
     under this process's own v1 cgroups)."""

@@ -5,6 +5,7 @@ backends — and ``kbd exec`` forwards signals only to its own, unreaped child."
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -281,3 +282,34 @@ def test_the_v1_cgroups_of_a_command_are_removed_on_exit_and_swept(kb: KbRoot) -
         for path in stale:
             with contextlib.suppress(OSError):
                 Path(path).rmdir()
+
+
+def test_close_kills_a_tree_no_record_names(kb: KbRoot) -> None:
+    """A ``kbd exec`` SIGKILLed between starting its command and recording it
+    leaves a tree that only its cgroup's name ties to the session: ``session
+    close`` ends it too (found by review)."""
+    from kbd.sandbox import cgroup
+
+    sid = world(kb, "bwrap")
+    hierarchy = cgroup.detect()
+    assert hierarchy.v2 is not None, hierarchy.problem
+    name = f"{sid}.{os.getpid()}.{os.urandom(4).hex()}"
+    path = f"{hierarchy.v2}/{name}"
+    os.mkdir(path)
+    orphan = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        with open(f"{path}/cgroup.procs", "w") as fh:
+            fh.write(str(orphan.pid))
+        r = kb.cli("session", "close", sid)
+        assert r.code == 0, r.err
+        assert orphan.wait(timeout=10) == -signal.SIGKILL
+        assert not os.path.exists(path)
+        log = (kb.root / "state" / "audit.log").read_text().splitlines()
+        closed = [e for e in map(json.loads, log) if e["event"] == "session_closed"]
+        assert closed[-1]["terminated_unrecorded"] == [name]
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+            orphan.wait()
+        with contextlib.suppress(OSError):
+            os.rmdir(path)  # noqa: PTH106 - cgroupfs paths stay plain strings
