@@ -205,27 +205,6 @@ class Host:
             )
         return sorted(out, key=lambda c: c["workflow_id"])
 
-    def show(self, wid: str, actor: Principal) -> dict[str, Any]:
-        found = self._inspectable(wid, actor)
-        m = found.manifest
-        attachments = self.resolve(m)
-        return {
-            "workflow_id": m.id,
-            "label": m.label,
-            "path": str(found.folder.path),
-            "version": m.version,
-            "host": m.host,
-            "legacy": m.is_legacy,
-            "owners": list(m.effective_owners),
-            "editors": list(m.access.editors),
-            "readers": list(m.access.readers),
-            "sources": [a.to_json() for a in attachments],
-            "writes_into": [a.workflow_id for a in attachments if a.writable],
-            "allowed_kb_writers": list(m.access.allowed_kb_writers),
-            "candidates": self.candidates(wid, actor),
-            "can_manage": audience.can_manage_sources(actor, m),
-        }
-
     def writers(self, wid: str, actor: Principal) -> dict[str, Any]:
         m = self._inspectable(wid, actor).manifest
         rows = []
