@@ -36,6 +36,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kbd.errors import Busy, InvalidInput, KbdError, PermissionDenied, UsageError, VersionConflict
 from kbd.ops import Host
@@ -229,10 +230,10 @@ class BodyLimit:
     Content-Length over the limit is answered 413 at once, and a chunked body is
     cut off as soon as it passes the limit."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return
@@ -242,7 +243,7 @@ class BodyLimit:
                 return
         seen = 0
 
-        async def limited() -> Any:
+        async def limited() -> Message:
             nonlocal seen
             message = await receive()
             if message.get("type") == "http.request":
@@ -261,7 +262,7 @@ class _TooLarge(Exception):
     pass
 
 
-async def _too_large(send: Any) -> None:
+async def _too_large(send: Send) -> None:
     body = orjson.dumps({"error": {"code": "too-large", "message": f"request body over {MAX_BODY_BYTES} bytes",
                                    "hint": "notes are at most 1 MiB"}})  # fmt: skip
     await send({"type": "http.response.start", "status": 413,
@@ -339,7 +340,7 @@ def create_app(host: Host) -> FastAPI:
 
     # health and whoami are async: they never wait for a worker thread.
     @app.get("/v1/health")
-    async def health() -> dict[str, Any]:
+    async def health() -> JsonObject:
         return {
             "status": "ok",
             "host": state.host.config.host,
@@ -347,7 +348,7 @@ def create_app(host: Host) -> FastAPI:
         }
 
     @app.get("/v1/metrics")
-    def metrics(actor: Principal = Actor) -> dict[str, Any]:
+    def metrics(actor: Principal = Actor) -> JsonObject:
         if not (actor.enabled_admin or actor.is_service):
             # Host-wide counters are for operators.
             raise PermissionDenied("metrics are for admins and services", hint="ask an operator")
@@ -359,26 +360,26 @@ def create_app(host: Host) -> FastAPI:
             }
 
     @app.get("/v1/whoami")
-    async def whoami(actor: Principal = Actor) -> dict[str, Any]:
+    async def whoami(actor: Principal = Actor) -> JsonObject:
         return {"id": actor.id, "kind": actor.kind, "admin": actor.enabled_admin}
 
     @app.get("/v1/workflows")
-    def workflows(actor: Principal = Actor) -> dict[str, Any]:
+    def workflows(actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return workflow_ops.list_workflows(state.host, actor=actor).to_json()
 
     @app.get("/v1/workflows/{wid}")
-    def workflow(wid: str, actor: Principal = Actor) -> dict[str, Any]:
+    def workflow(wid: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return workflow_ops.show(state.host, wid, actor=actor).to_json()
 
     @app.get("/v1/workflows/{wid}/sources", response_model=SourcesResponse)
-    def sources(wid: str, actor: Principal = Actor) -> dict[str, Any]:
+    def sources(wid: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return workflow_ops.sources(state.host, wid, actor=actor).to_json()
 
     @app.put("/v1/workflows/{wid}/sources", response_model=SourcesResponse)
-    def replace_sources(wid: str, body: ReplaceSourcesBody, actor: Principal = Actor) -> dict[str, Any]:
+    def replace_sources(wid: str, body: ReplaceSourcesBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             view = workflow_ops.set_sources(
                 state.host, wid, body.sources, actor=actor, expected_version=body.expected_version
@@ -386,7 +387,7 @@ def create_app(host: Host) -> FastAPI:
             return view.to_json()
 
     @app.post("/v1/workflows/{wid}/sources", response_model=AttachmentModel, status_code=201)
-    def attach(wid: str, body: AttachBody, actor: Principal = Actor) -> dict[str, Any]:
+    def attach(wid: str, body: AttachBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             att = workflow_ops.attach(
                 state.host, wid, body.workflow_id, alias=body.alias, access=body.access, actor=actor
@@ -394,17 +395,17 @@ def create_app(host: Host) -> FastAPI:
             return att.to_json()
 
     @app.delete("/v1/workflows/{wid}/sources/{alias}")
-    def detach(wid: str, alias: str, actor: Principal = Actor) -> dict[str, Any]:
+    def detach(wid: str, alias: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return workflow_ops.detach(state.host, wid, alias, actor=actor).to_json()
 
     @app.get("/v1/workflows/{wid}/candidates")
-    def candidates(wid: str, actor: Principal = Actor) -> dict[str, Any]:
+    def candidates(wid: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return workflow_ops.candidates(state.host, wid, actor=actor).to_json()
 
     @app.get("/v1/workflows/{wid}/sources/{alias}/file")
-    def read_file(wid: str, alias: str, path: str, actor: Principal = Actor) -> dict[str, Any]:
+    def read_file(wid: str, alias: str, path: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             att = browse_ops.attachment(state.host, wid, alias, actor=actor)
         # The read (and the index reader's retries) outside the state lock.
@@ -414,7 +415,7 @@ def create_app(host: Host) -> FastAPI:
     def list_dir(
         wid: str, alias: str, path: str = "", limit: str | None = None, after: str | None = None,
         actor: Principal = Actor,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> JsonObject:  # fmt: skip
         size = None
         if limit is not None:
             if not limit.isdigit():
@@ -428,22 +429,22 @@ def create_app(host: Host) -> FastAPI:
         return browse_ops.list_dir(att, wid, alias, path, limit=size, after=after).to_json()
 
     @app.get("/v1/workflows/{wid}/writers")
-    def writers(wid: str, actor: Principal = Actor) -> dict[str, Any]:
+    def writers(wid: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return workflow_ops.writers(state.host, wid, actor=actor).to_json()
 
     @app.post("/v1/workflows/{wid}/writers")
-    def grant(wid: str, body: GrantBody, actor: Principal = Actor) -> dict[str, Any]:
+    def grant(wid: str, body: GrantBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return workflow_ops.grant(state.host, wid, body.workflow_id, actor=actor).to_json()
 
     @app.delete("/v1/workflows/{wid}/writers/{consumer}")
-    def revoke(wid: str, consumer: str, actor: Principal = Actor) -> dict[str, Any]:
+    def revoke(wid: str, consumer: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return workflow_ops.revoke(state.host, wid, consumer, actor=actor).to_json()
 
     @app.post("/v1/sessions", response_model=PlanResponse, status_code=201)
-    def open_session(body: OpenSessionBody, actor: Principal = Actor) -> dict[str, Any]:
+    def open_session(body: OpenSessionBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             plan = session_ops.open_session(state.sessions, body.workflow_id, actor=actor, kind=body.kind,
                                             kb_access=body.kb_access, item_kb_write=body.item_kb_write,
@@ -451,7 +452,7 @@ def create_app(host: Host) -> FastAPI:
             return plan.to_json()
 
     @app.get("/v1/sessions")
-    def list_sessions(workflow_id: str | None = None, actor: Principal = Actor) -> dict[str, Any]:
+    def list_sessions(workflow_id: str | None = None, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return session_ops.list_sessions(state.sessions, actor=actor, workflow_id=workflow_id).to_json()
 
@@ -480,19 +481,19 @@ def create_app(host: Host) -> FastAPI:
         return Response(orjson.dumps(body), media_type="application/json")
 
     @app.post("/v1/sessions/{sid}/children", response_model=PlanResponse, status_code=201)
-    def open_child(sid: str, body: ChildBody, actor: Principal = Actor) -> dict[str, Any]:
+    def open_child(sid: str, body: ChildBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             plan = session_ops.open_child(state.sessions, sid, actor=actor, kind=body.kind or None,
                                           kb_access=body.kb_access, item_kb_write=body.item_kb_write)  # fmt: skip
             return plan.to_json()
 
     @app.delete("/v1/sessions/{sid}")
-    def close_session(sid: str, actor: Principal = Actor) -> dict[str, Any]:
+    def close_session(sid: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return session_ops.close(state.sessions, sid, actor=actor).to_json()
 
     @app.post("/v1/sessions/{sid}/notes", status_code=201)
-    async def write_note(sid: str, body: NoteBody, actor: Principal = Actor) -> dict[str, Any]:
+    async def write_note(sid: str, body: NoteBody, actor: Principal = Actor) -> JsonObject:
         try:
             data = body.content.encode("utf-8")
         except UnicodeEncodeError as exc:
@@ -516,7 +517,7 @@ def create_app(host: Host) -> FastAPI:
             state.notes_in_flight -= 1
 
     @app.post("/v1/sessions/{sid}/check", response_model=CheckResponse)
-    def check(sid: str, body: CheckBody, actor: Principal = Actor) -> dict[str, Any]:
+    def check(sid: str, body: CheckBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return session_ops.check(state.sessions, sid, body.path, body.mode, actor=actor).to_json()
 

@@ -881,7 +881,7 @@ def audit_cmd(c: Ctx, since: str | None, wf: str | None, follow: bool, as_json: 
         click.echo(f"kbd audit: skipped {tail.torn} torn line(s) that are not a JSON record", err=True)
 
 
-def _print_audit(events: list[dict[str, Any]], as_json: bool) -> None:
+def _print_audit(events: list[JsonObject], as_json: bool) -> None:
     for e in events:
         click.echo(orjson.dumps(e).decode() if as_json else audit_log.format_record(e))
 

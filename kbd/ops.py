@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from kbd import audience, audit
 from kbd.config import CONFIG_NAME, PRINCIPALS_NAME, Config, load_config
@@ -40,6 +41,9 @@ from kbd.manifest import (
 from kbd.principals import Principal, Principals, load_principals
 from kbd.registry import Ambiguous, Found, KbProbe, Lookup, Missing, Registry, probe_kb
 from kbd.resolve import Attachment, resolve_all, resolve_entry
+
+# How a change builds the new attachment list from the manifest as it is now.
+SourcesBuilder: TypeAlias = Callable[[Manifest], list[SourceRef]]
 
 
 class Host:
@@ -257,7 +261,7 @@ class Host:
         self,
         wid: str,
         actor: Principal,
-        build: Any,
+        build: SourcesBuilder,
         *,
         action: str,
         source: str | None = None,
@@ -272,7 +276,7 @@ class Host:
             raise
 
     def _update_sources(
-        self, wid: str, actor: Principal, build: Any, *, action: str, expected_version: str | None
+        self, wid: str, actor: Principal, build: SourcesBuilder, *, action: str, expected_version: str | None
     ) -> Manifest:
         folder = self.workflow(wid).folder
 
@@ -341,7 +345,7 @@ class Host:
         self._save_sources(wid, actor, build, action="detach", source=alias)
 
     def set_sources(
-        self, wid: str, raw: Any, *, actor: Principal, expected_version: str | None = None
+        self, wid: str, raw: object, *, actor: Principal, expected_version: str | None = None
     ) -> Manifest:
         def build(current: Manifest) -> list[SourceRef]:
             return validate_sources(raw, self_id=current.id)

@@ -494,6 +494,17 @@ def test_writers_grant_list_revoke(world: World, s: Scenario) -> None:
     world.error(world.as_("alice").post(url, json={"workflow_id": f"{s.p}ghost"}), 404, "workflow-not-found")
 
 
+def test_revoke_reports_the_consumer_as_recorded_like_grant(world: World, s: Scenario) -> None:
+    """Grant and revoke answer with the same trimmed consumer ID, whichever
+    interface asked (the API's revoke used to echo the raw path segment)."""
+    url = f"/v1/workflows/{s.src_id}/writers"
+    r = world.as_("alice").post(url, json={"workflow_id": f" {s.con_id} "})
+    assert r.json() == {"source": s.src_id, "consumer": s.con_id, "granted": True, "changed": True}
+    r = world.as_("alice").delete(f"{url}/%20{s.con_id}%20")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"source": s.src_id, "consumer": s.con_id, "granted": False, "changed": True}
+
+
 # -- browsing ----------------------------------------------------------------------------------
 
 
