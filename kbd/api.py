@@ -38,10 +38,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kbd.errors import Busy, InvalidInput, KbdError, PermissionDenied, UsageError, VersionConflict
+from kbd.errors import Busy, InvalidInput, KbdError, UsageError, VersionConflict
 from kbd.ops import Host
 from kbd.principals import Principal
-from kbd.service import JsonObject, auth
+from kbd.service import JsonObject, admin, auth
 from kbd.service import browse as browse_ops
 from kbd.service import notes as note_ops
 from kbd.service import sessions as session_ops
@@ -349,19 +349,13 @@ def create_app(host: Host) -> FastAPI:
 
     @app.get("/v1/metrics")
     def metrics(actor: Principal = Actor) -> JsonObject:
-        if not (actor.enabled_admin or actor.is_service):
-            # Host-wide counters are for operators.
-            raise PermissionDenied("metrics are for admins and services", hint="ask an operator")
+        admin.may_see_metrics(actor=actor)  # a refusal never waits for the state lock
         with state.locked():
-            return {
-                "requests": dict(state.requests),
-                "registry_scans": state.host.registry.scans,
-                "open_sessions": len(state.sessions.store.rows()),
-            }
+            return admin.metrics(state.sessions, actor=actor, requests=dict(state.requests)).to_json()
 
     @app.get("/v1/whoami")
     async def whoami(actor: Principal = Actor) -> JsonObject:
-        return {"id": actor.id, "kind": actor.kind, "admin": actor.enabled_admin}
+        return auth.Identity(actor).to_json()
 
     @app.get("/v1/workflows")
     def workflows(actor: Principal = Actor) -> JsonObject:

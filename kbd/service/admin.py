@@ -11,11 +11,12 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, NotFound
+from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, NotFound, PermissionDenied
 from kbd.manifest import MAX_MANIFEST_BYTES, Manifest, entry_problems, parse_manifest, writer_problems
 from kbd.ops import Host
 from kbd.principals import Principal, issue_token
 from kbd.service import JsonObject
+from kbd.session_ops import Sessions
 
 # -- init -------------------------------------------------------------------------------
 
@@ -222,3 +223,31 @@ def list_principals(host: Host) -> PrincipalList:
 def new_token(host: Host, pid: str) -> str:
     """A new API token for ``pid``; only its hash is stored. Shown once."""
     return issue_token(host.config.root, pid, timeout=host.config.lock_timeout)
+
+
+# -- the daemon's own counters ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Metrics:
+    requests: dict[str, int]  # by first path segment after /v1
+    registry_scans: int
+    open_sessions: int
+
+    def to_json(self) -> JsonObject:
+        return {"requests": dict(self.requests), "registry_scans": self.registry_scans,
+                "open_sessions": self.open_sessions}  # fmt: skip
+
+
+def may_see_metrics(*, actor: Principal) -> None:
+    """PermissionDenied unless ``actor`` is an enabled admin or a service (cheap:
+    the daemon asks before it waits for its state lock)."""
+    if not (actor.enabled_admin or actor.is_service):
+        raise PermissionDenied("metrics are for admins and services", hint="ask an operator")
+
+
+def metrics(sessions: Sessions, *, actor: Principal, requests: dict[str, int]) -> Metrics:
+    """Host-wide counters, for operators only (admins and services): they
+    reveal how busy the host is, not what any workflow holds."""
+    may_see_metrics(actor=actor)
+    return Metrics(requests, sessions.host.registry.scans, len(sessions.store.rows()))

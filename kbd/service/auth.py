@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from kbd.errors import PermissionDenied
 from kbd.principals import Actor, LocalOperator, Principal, Principals, named_principal
+from kbd.service import JsonObject
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,17 @@ class NotAuthenticated:
     answers it in its own way (the API: 401 ``unauthenticated``)."""
 
     message: str
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a principal is, as it may be told about itself (never its token)."""
+
+    principal: Principal
+
+    def to_json(self) -> JsonObject:
+        p = self.principal
+        return {"id": p.id, "kind": p.kind, "admin": p.enabled_admin}
 
 
 def token_digest(token: str) -> str:

@@ -367,3 +367,25 @@ def test_init_returns_what_it_made(tmp_path: Path) -> None:
                               "replaced": False}  # fmt: skip
     with pytest.raises(KbdError):
         admin.init(tmp_path / "r", host="h1", force=False, demo=False)
+
+
+def test_metrics_are_for_operators_only(world: KbRoot) -> None:
+    h = world.host()
+    s = Sessions(h)
+    sessions.open_session(s, "con", actor=h.actor("alice"), kind="execution")
+    for who in ("alice", "bob"):
+        with pytest.raises(PermissionDenied):
+            admin.metrics(s, actor=h.actor(who), requests={})
+    m = admin.metrics(s, actor=h.actor("svc"), requests={"sessions": 2})
+    assert m.to_json() == {
+        "requests": {"sessions": 2},
+        "registry_scans": m.registry_scans,
+        "open_sessions": 1,
+    }
+    assert admin.metrics(s, actor=h.actor("ops"), requests={}).open_sessions == 1
+
+
+def test_whoami_tells_the_effective_admin_flag_never_the_token() -> None:
+    assert auth.Identity(PEOPLE.by_id["alice"]).to_json() == {"id": "alice", "kind": "user", "admin": False}
+    former = Principal("ex", admin=True, disabled=True, token_sha256="0" * 64)
+    assert auth.Identity(former).to_json() == {"id": "ex", "kind": "user", "admin": False}
