@@ -511,7 +511,9 @@ def session() -> None:
 
 @session.command("open")
 @click.argument("wf")
-@click.option("--kind", required=True, type=click.Choice(KINDS))
+@click.option(
+    "--kind", type=click.Choice(KINDS), help="Required unless --parent (default: the parent's kind)."
+)
 @click.option(
     "--kb-access", type=click.Choice(KB_ACCESS), default=None, help="Default: read (a child: its parent's)."
 )
@@ -525,7 +527,7 @@ def session() -> None:
 def session_open(
     c: Ctx,
     wf: str,
-    kind: str,
+    kind: str | None,
     kb_access: str | None,
     item_kb_write: bool | None,
     parent: str | None,
@@ -533,6 +535,10 @@ def session_open(
     as_json: bool,
 ) -> None:
     """Open a session for WF and print its plan."""
+    if kind is None and parent is None:
+        # Exactly click's answer for a required option: only a child may leave it out.
+        ctx = click.get_current_context()
+        raise click.MissingParameter(ctx=ctx, param=next(p for p in ctx.command.params if p.name == "kind"))
     plan = session_ops.open_session(_sessions(c), wf, actor=c.actor(as_), kind=kind, kb_access=kb_access,
                                     item_kb_write=item_kb_write or None, parent=parent)  # fmt: skip
     if as_json:

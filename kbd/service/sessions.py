@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kbd.errors import InvalidInput
 from kbd.plan import Plan
+from kbd.policy import KINDS
 from kbd.principals import Actor, Principal
 from kbd.service import JsonObject
 from kbd.session_ops import Sessions, check_path
@@ -83,13 +85,21 @@ def open_session(
     wid: str,
     *,
     actor: Principal,
-    kind: str,
+    kind: str | None,
     kb_access: str | None = None,
     item_kb_write: bool | None = None,
     parent: str | None = None,
 ) -> Plan:
     """Open a session of ``kind`` for ``wid`` (a copied child of ``parent`` when
-    given); its plan. ``kb_access`` defaults to read, a child's to its parent's."""
+    given); its plan. ``kb_access`` defaults to read; a child's ``kind`` and
+    ``kb_access`` default to its parent's (a different kind, a wider access or
+    an item write its parent did not ask for are refused)."""
+    if kind is None:
+        if parent is None:
+            raise InvalidInput(
+                "kind is required unless a parent session is given", hint=f"kinds: {', '.join(KINDS)}"
+            )
+        kind = sessions.store.get(parent).kind
     return sessions.open(
         actor, wid, kind=kind, kb_access=kb_access, item_kb_write=item_kb_write, parent=parent
     )
@@ -104,11 +114,10 @@ def open_child(
     kb_access: str | None = None,
     item_kb_write: bool | None = None,
 ) -> Plan:
-    """Open a copied child of ``parent``: in its parent's workflow, of its
-    parent's kind unless ``kind`` names one (a different kind is refused)."""
-    row = sessions.store.get(parent)
-    return sessions.open(actor, row.workflow_id, kind=kind if kind is not None else row.kind,
-                         kb_access=kb_access, item_kb_write=item_kb_write, parent=parent)  # fmt: skip
+    """Open a copied child of ``parent``, in its parent's workflow (see :func:`open_session`)."""
+    wid = sessions.store.get(parent).workflow_id
+    return open_session(sessions, wid, actor=actor, kind=kind, kb_access=kb_access, item_kb_write=item_kb_write,
+                        parent=parent)  # fmt: skip
 
 
 def running(sessions: Sessions, sid: str, plan: Plan) -> tuple[RunningCommand, ...]:
