@@ -3,9 +3,9 @@
 Every request except ``/v1/health`` is authenticated as one principal: a bearer
 token (its SHA-256 must match a principal's ``token_sha256``) or, without an
 ``Authorization`` header, the peer's uid from ``SO_PEERCRED`` mapped through
-principals.yaml. Unknown and disabled principals get 401/403. Authorization is
-the same code the CLI uses (:mod:`kbd.ops`, :mod:`kbd.session_ops`,
-:mod:`kbd.browse`). Errors are ``{"error": {"code", "message", "hint"}}``;
+principals.yaml (:mod:`kbd.service.auth`). Unknown and disabled principals get
+401/403. Every route only parses, calls the operations layer the CLI calls too
+(:mod:`kbd.service`), and answers its result's ``to_json()``. Errors are ``{"error": {"code", "message", "hint"}}``;
 unexpected exceptions are logged and answered without details.
 
 No request can hold up the others (issue 9, item 7): the shared state lock is
@@ -103,7 +103,9 @@ class GrantBody(Strict):
 
 class OpenSessionBody(Strict):
     workflow_id: str
-    kind: str
+    kind: str | None = Field(
+        default=None, description="required unless parent is given (default: the parent's)"
+    )
     kb_access: Literal["none", "read", "write", "read-write"] | None = None
     item_kb_write: bool | None = None
     parent: str | None = None

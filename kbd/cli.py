@@ -1,6 +1,7 @@
 """The ``kbd`` command line (DESIGN §6).
 
-A thin layer: parse arguments, call :mod:`kbd.ops`, print. Errors reach the
+A thin layer: parse arguments, call the operations layer (:mod:`kbd.service`),
+print its result (text for people, ``to_json()`` for ``--json``). Errors reach the
 user here and only here: ``error[<code>]: <message>`` and ``hint: …`` on
 stderr, and the error's exit code.
 """

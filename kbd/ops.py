@@ -2,8 +2,8 @@
 
 Each operation authorizes its actor, does its work through the pure core
 (manifest, audience, resolve) and the registry, and raises a
-:class:`kbd.errors.KbdError` when it refuses. Results are plain JSON-ready data;
-formatting for people lives in the CLI.
+:class:`kbd.errors.KbdError` when it refuses. Interfaces do not call it
+directly: :mod:`kbd.service` wraps it into typed results.
 """
 
 from __future__ import annotations

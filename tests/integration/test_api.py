@@ -829,6 +829,18 @@ def test_session_children(world: World, s: Scenario) -> None:
     world.error(world.as_("alice").post(f"/v1/sessions/{parent}/children", json={}), 410, "session-closed")
 
 
+def test_a_child_opened_through_sessions_keeps_its_parents_kind(world: World, s: Scenario) -> None:
+    """POST /v1/sessions with a parent and no kind opens the same child as the
+    children route (one default, in the operations layer); without a parent,
+    kind is still required."""
+    parent = s.open(kind="execution", kb_access="read")["session_id"]
+    r = world.as_("alice").post("/v1/sessions", json={"workflow_id": s.con_id, "parent": parent})
+    assert r.status_code == 201, r.text
+    assert (r.json()["kind"], r.json()["parent"]) == ("execution", parent)
+    r = world.as_("alice").post("/v1/sessions", json={"workflow_id": s.con_id})
+    assert "kind is required" in world.error(r, 400, "invalid-input")
+
+
 def test_closed_session_is_gone(world: World, s: Scenario) -> None:
     sid = s.open()["session_id"]
     # Not the opener: the same answer as for a session that does not exist.
