@@ -5,8 +5,9 @@ token (its SHA-256 must match a principal's ``token_sha256``) or, without an
 ``Authorization`` header, the peer's uid from ``SO_PEERCRED`` mapped through
 principals.yaml (:mod:`kbd.service.auth`). Unknown and disabled principals get
 401/403. Every route only parses, calls the operations layer the CLI calls too
-(:mod:`kbd.service`), and answers its result's ``to_json()``. Errors are ``{"error": {"code", "message", "hint"}}``;
-unexpected exceptions are logged and answered without details.
+(:mod:`kbd.service`), and answers its result's ``to_json()``. Errors are
+``{"error": {"code", "message", "hint"}}``; unexpected exceptions are logged
+and answered without details.
 
 No request can hold up the others (issue 9, item 7): the shared state lock is
 held only for registry and session-store work, never for file reads, folder
