@@ -3,10 +3,11 @@
 Every request except ``/v1/health`` is authenticated as one principal: a bearer
 token (its SHA-256 must match a principal's ``token_sha256``) or, without an
 ``Authorization`` header, the peer's uid from ``SO_PEERCRED`` mapped through
-principals.yaml. Unknown and disabled principals get 401/403. Authorization is
-the same code the CLI uses (:mod:`kbd.ops`, :mod:`kbd.session_ops`,
-:mod:`kbd.browse`). Errors are ``{"error": {"code", "message", "hint"}}``;
-unexpected exceptions are logged and answered without details.
+principals.yaml (:mod:`kbd.service.auth`). Unknown and disabled principals get
+401/403. Every route only parses, calls the operations layer the CLI calls too
+(:mod:`kbd.service`), and answers its result's ``to_json()``. Errors are
+``{"error": {"code", "message", "hint"}}``; unexpected exceptions are logged
+and answered without details.
 
 No request can hold up the others (issue 9, item 7): the shared state lock is
 held only for registry and session-store work, never for file reads, folder
@@ -19,10 +20,7 @@ whoami never need a worker thread.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import hashlib
-import hmac
 import logging
 import threading
 import time
@@ -39,8 +37,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kbd import browse
 from kbd.errors import (
     NO_SPACE_ERRNOS,
     Busy,
@@ -50,7 +48,6 @@ from kbd.errors import (
     NotFound,
     Overloaded,
     PayloadTooLarge,
-    PermissionDenied,
     Unauthenticated,
     UsageError,
     VersionConflict,
@@ -58,6 +55,11 @@ from kbd.errors import (
 )
 from kbd.ops import Host
 from kbd.principals import Principal
+from kbd.service import JsonObject, admin, auth
+from kbd.service import browse as browse_ops
+from kbd.service import notes as note_ops
+from kbd.service import sessions as session_ops
+from kbd.service import workflows as workflow_ops
 from kbd.session_ops import Sessions
 
 log = logging.getLogger("kbd.api")
@@ -98,7 +100,9 @@ class GrantBody(Strict):
 
 class OpenSessionBody(Strict):
     workflow_id: str
-    kind: str
+    kind: str | None = Field(
+        default=None, description="required unless parent is given (default: the parent's)"
+    )
     kb_access: Literal["none", "read", "write", "read-write"] | None = None
     item_kb_write: bool | None = None
     parent: str | None = None
@@ -225,10 +229,10 @@ class BodyLimit:
     Content-Length over the limit is answered 413 at once, and a chunked body is
     cut off as soon as it passes the limit."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return
@@ -238,7 +242,7 @@ class BodyLimit:
                 return
         seen = 0
 
-        async def limited() -> Any:
+        async def limited() -> Message:
             nonlocal seen
             message = await receive()
             if message.get("type") == "http.request":
@@ -257,7 +261,7 @@ class _TooLarge(Exception):
     pass
 
 
-async def _too_large(send: Any) -> None:
+async def _too_large(send: Send) -> None:
     err = PayloadTooLarge(f"request body over {MAX_BODY_BYTES} bytes")
     body = orjson.dumps({"error": err.to_dict()})
     await send({"type": "http.response.start", "status": err.http_status,
@@ -320,33 +324,21 @@ def create_app(host: Host) -> FastAPI:
         state.requests[request.url.path.split("/")[2] if request.url.path.count("/") >= 2 else "?"] += 1
         # Every request sees current principals and config (cheap: two stats).
         state.host.refresh()
-        auth = request.headers.get("authorization")
-        principals = state.host.principals
-        if auth is not None:
-            scheme, _, token = auth.partition(" ")
-            if scheme.lower() != "bearer" or not token:
-                raise Unauthenticated("malformed Authorization header (expected `Bearer <token>`)")
-            digest = hashlib.sha256(token.strip().encode()).hexdigest()
-            for p in principals:
-                if p.token_sha256 is not None and hmac.compare_digest(p.token_sha256, digest):
-                    if p.disabled:
-                        raise PermissionDenied(f"principal {p.id!r} is disabled")
-                    return p
-            raise Unauthenticated("unknown token")
         uid = request.scope.get(PEER_UID)
-        if isinstance(uid, int):
-            mapped = principals.by_uid(uid)
-            if mapped is not None:
-                if mapped.disabled:
-                    raise PermissionDenied(f"principal {mapped.id!r} is disabled")
-                return mapped
-        raise Unauthenticated("no credentials: this connection's uid is not mapped to a principal")
+        who = auth.authenticate(
+            state.host.principals,
+            authorization=request.headers.get("authorization"),
+            peer_uid=uid if isinstance(uid, int) else None,
+        )
+        if isinstance(who, auth.NotAuthenticated):
+            raise Unauthenticated(who.message)
+        return who
 
     Actor = Depends(principal)
 
     # health and whoami are async: they never wait for a worker thread.
     @app.get("/v1/health")
-    async def health() -> dict[str, Any]:
+    async def health() -> JsonObject:
         return {
             "status": "ok",
             "host": state.host.config.host,
@@ -354,125 +346,107 @@ def create_app(host: Host) -> FastAPI:
         }
 
     @app.get("/v1/metrics")
-    def metrics(actor: Principal = Actor) -> dict[str, Any]:
-        if not (actor.enabled_admin or actor.is_service):
-            # Host-wide counters are for operators.
-            raise PermissionDenied("metrics are for admins and services", hint="ask an operator")
+    def metrics(actor: Principal = Actor) -> JsonObject:
+        admin.may_see_metrics(actor=actor)  # a refusal never waits for the state lock
         with state.locked():
-            return {
-                "requests": dict(state.requests),
-                "registry_scans": state.host.registry.scans,
-                "open_sessions": len(state.sessions.store.rows()),
-            }
+            return admin.metrics(state.sessions, actor=actor, requests=dict(state.requests)).to_json()
 
     @app.get("/v1/whoami")
-    async def whoami(actor: Principal = Actor) -> dict[str, Any]:
-        return {"id": actor.id, "kind": actor.kind, "admin": actor.enabled_admin}
+    async def whoami(actor: Principal = Actor) -> JsonObject:
+        return auth.Identity(actor).to_json()
 
     @app.get("/v1/workflows")
-    def workflows(actor: Principal = Actor) -> dict[str, Any]:
+    def workflows(actor: Principal = Actor) -> JsonObject:
         with state.locked():
-            return {"workflows": state.host.list_workflows(actor)}
+            return workflow_ops.list_workflows(state.host, actor=actor).to_json()
 
     @app.get("/v1/workflows/{wid}")
-    def workflow(wid: str, actor: Principal = Actor) -> dict[str, Any]:
+    def workflow(wid: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
-            return state.host.show(wid, actor)
+            return workflow_ops.show(state.host, wid, actor=actor).to_json()
 
     @app.get("/v1/workflows/{wid}/sources", response_model=SourcesResponse)
-    def sources(wid: str, actor: Principal = Actor) -> dict[str, Any]:
+    def sources(wid: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
-            m, atts = state.host.sources(wid, actor)
-            return {"workflow_id": m.id, "version": m.version, "sources": [a.to_json() for a in atts]}
+            return workflow_ops.sources(state.host, wid, actor=actor).to_json()
 
     @app.put("/v1/workflows/{wid}/sources", response_model=SourcesResponse)
-    def replace_sources(wid: str, body: ReplaceSourcesBody, actor: Principal = Actor) -> dict[str, Any]:
+    def replace_sources(wid: str, body: ReplaceSourcesBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
-            saved = state.host.set_sources(
-                wid, body.sources, actor=actor, expected_version=body.expected_version
+            view = workflow_ops.set_sources(
+                state.host, wid, body.sources, actor=actor, expected_version=body.expected_version
             )
-            atts = state.host.resolve(saved)
-            return {"workflow_id": saved.id, "version": saved.version, "sources": [a.to_json() for a in atts]}
+            return view.to_json()
 
     @app.post("/v1/workflows/{wid}/sources", response_model=AttachmentModel, status_code=201)
-    def attach(wid: str, body: AttachBody, actor: Principal = Actor) -> dict[str, Any]:
+    def attach(wid: str, body: AttachBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
-            return state.host.attach(
-                wid, body.workflow_id, alias=body.alias, access=body.access, actor=actor
-            ).to_json()
+            att = workflow_ops.attach(
+                state.host, wid, body.workflow_id, alias=body.alias, access=body.access, actor=actor
+            )
+            return att.to_json()
 
     @app.delete("/v1/workflows/{wid}/sources/{alias}")
-    def detach(wid: str, alias: str, actor: Principal = Actor) -> dict[str, Any]:
+    def detach(wid: str, alias: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
-            state.host.detach(wid, alias, actor=actor)
-            return {"workflow_id": wid, "detached": alias}
+            return workflow_ops.detach(state.host, wid, alias, actor=actor).to_json()
 
     @app.get("/v1/workflows/{wid}/candidates")
-    def candidates(wid: str, actor: Principal = Actor) -> dict[str, Any]:
+    def candidates(wid: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
-            return {"workflow_id": wid, "candidates": state.host.candidates(wid, actor)}
+            return workflow_ops.candidates(state.host, wid, actor=actor).to_json()
 
     @app.get("/v1/workflows/{wid}/sources/{alias}/file")
-    def read_file(wid: str, alias: str, path: str, actor: Principal = Actor) -> dict[str, Any]:
+    def read_file(wid: str, alias: str, path: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
-            att = browse.attachment(state.host, wid, alias, actor)
+            att = browse_ops.attachment(state.host, wid, alias, actor=actor)
         # The read (and the index reader's retries) outside the state lock.
-        data = browse.read_attached(att, path)
-        try:
-            return {"path": path, "size": len(data), "encoding": "utf-8", "content": data.decode("utf-8")}
-        except UnicodeDecodeError:
-            return {
-                "path": path,
-                "size": len(data),
-                "encoding": "base64",
-                "content": base64.b64encode(data).decode(),
-            }
+        return browse_ops.read_file(att, wid, alias, path).to_json()
 
     @app.get("/v1/workflows/{wid}/sources/{alias}/dir")
     def list_dir(
         wid: str, alias: str, path: str = "", limit: str | None = None, after: str | None = None,
         actor: Principal = Actor,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> JsonObject:  # fmt: skip
         size = None
         if limit is not None:
             if not limit.isdigit():
                 raise UsageError(
-                    f"limit must be a whole number from 1 to {browse.MAX_LS_LIMIT}, not {limit!r}"
+                    f"limit must be a whole number from 1 to {browse_ops.MAX_LS_LIMIT}, not {limit!r}"
                 )
             size = int(limit)
         with state.locked():
-            att = browse.attachment(state.host, wid, alias, actor)
+            att = browse_ops.attachment(state.host, wid, alias, actor=actor)
         # The listing outside the state lock.
-        return {"path": path, **browse.ls_page_attached(att, path, limit=size, after=after)}
+        return browse_ops.list_dir(att, wid, alias, path, limit=size, after=after).to_json()
 
     @app.get("/v1/workflows/{wid}/writers")
-    def writers(wid: str, actor: Principal = Actor) -> dict[str, Any]:
+    def writers(wid: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
-            return state.host.writers(wid, actor)
+            return workflow_ops.writers(state.host, wid, actor=actor).to_json()
 
     @app.post("/v1/workflows/{wid}/writers")
-    def grant(wid: str, body: GrantBody, actor: Principal = Actor) -> dict[str, Any]:
+    def grant(wid: str, body: GrantBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
-            changed = state.host.grant(wid, body.workflow_id, actor=actor)
-            return {"source": wid, "consumer": body.workflow_id.strip(), "granted": True, "changed": changed}
+            return workflow_ops.grant(state.host, wid, body.workflow_id, actor=actor).to_json()
 
     @app.delete("/v1/workflows/{wid}/writers/{consumer}")
-    def revoke(wid: str, consumer: str, actor: Principal = Actor) -> dict[str, Any]:
+    def revoke(wid: str, consumer: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
-            changed = state.host.revoke(wid, consumer, actor=actor)
-            return {"source": wid, "consumer": consumer, "granted": False, "changed": changed}
+            return workflow_ops.revoke(state.host, wid, consumer, actor=actor).to_json()
 
     @app.post("/v1/sessions", response_model=PlanResponse, status_code=201)
-    def open_session(body: OpenSessionBody, actor: Principal = Actor) -> dict[str, Any]:
+    def open_session(body: OpenSessionBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
-            plan = state.sessions.open(actor, body.workflow_id, kind=body.kind, kb_access=body.kb_access,
-                                       item_kb_write=body.item_kb_write, parent=body.parent)  # fmt: skip
+            plan = session_ops.open_session(state.sessions, body.workflow_id, actor=actor, kind=body.kind,
+                                            kb_access=body.kb_access, item_kb_write=body.item_kb_write,
+                                            parent=body.parent)  # fmt: skip
             return plan.to_json()
 
     @app.get("/v1/sessions")
-    def list_sessions(workflow_id: str | None = None, actor: Principal = Actor) -> dict[str, Any]:
+    def list_sessions(workflow_id: str | None = None, actor: Principal = Actor) -> JsonObject:
         with state.locked():
-            return {"sessions": state.sessions.rows(actor=actor, workflow_id=workflow_id)}
+            return session_ops.list_sessions(state.sessions, actor=actor, workflow_id=workflow_id).to_json()
 
     @app.get("/v1/sessions/{sid}", response_model=PlanResponse)
     async def session_policy(sid: str, actor: Principal = Actor) -> Response:
@@ -480,11 +454,10 @@ def create_app(host: Host) -> FastAPI:
         # hand-off when the state lock is free; when another request holds it,
         # the wait moves to a worker thread so the loop (health, other clients)
         # never blocks on it.
-        def lookup() -> dict[str, Any]:
-            plan = state.sessions.plan(sid, actor=actor)
-            return {**plan.to_json(), "running": state.sessions.running(sid, plan)}
+        def lookup() -> JsonObject:
+            return session_ops.show(state.sessions, sid, actor=actor).to_json()
 
-        def locked_lookup() -> dict[str, Any]:
+        def locked_lookup() -> JsonObject:
             with state.locked():
                 return lookup()
 
@@ -500,22 +473,19 @@ def create_app(host: Host) -> FastAPI:
         return Response(orjson.dumps(body), media_type="application/json")
 
     @app.post("/v1/sessions/{sid}/children", response_model=PlanResponse, status_code=201)
-    def open_child(sid: str, body: ChildBody, actor: Principal = Actor) -> dict[str, Any]:
+    def open_child(sid: str, body: ChildBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
-            parent = state.sessions.store.get(sid)
-            plan = state.sessions.open(actor, parent.workflow_id, kind=body.kind or parent.kind,
-                                       kb_access=body.kb_access, item_kb_write=body.item_kb_write, parent=sid)  # fmt: skip
+            plan = session_ops.open_child(state.sessions, sid, actor=actor, kind=body.kind or None,
+                                          kb_access=body.kb_access, item_kb_write=body.item_kb_write)  # fmt: skip
             return plan.to_json()
 
     @app.delete("/v1/sessions/{sid}")
-    def close_session(sid: str, actor: Principal = Actor) -> dict[str, Any]:
+    def close_session(sid: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
-            return {"session_id": sid, "closed": state.sessions.close(sid, actor=actor)}
+            return session_ops.close(state.sessions, sid, actor=actor).to_json()
 
     @app.post("/v1/sessions/{sid}/notes", status_code=201)
-    async def write_note(sid: str, body: NoteBody, actor: Principal = Actor) -> dict[str, Any]:
-        from kbd.notes import commit_note, prepare_note
-
+    async def write_note(sid: str, body: NoteBody, actor: Principal = Actor) -> JsonObject:
         try:
             data = body.content.encode("utf-8")
         except UnicodeEncodeError as exc:
@@ -523,9 +493,9 @@ def create_app(host: Host) -> FastAPI:
         if state.notes_in_flight >= NOTE_WORKERS + NOTE_BACKLOG:
             raise Overloaded(f"{state.notes_in_flight} note writes are already waiting")
 
-        def prepare() -> Any:
+        def prepare() -> note_ops.PreparedNote:
             with state.locked():
-                return prepare_note(state.sessions, sid, body.alias, body.path, data, actor=actor)
+                return note_ops.prepare(state.sessions, sid, body.alias, body.path, data, actor=actor)
 
         state.notes_in_flight += 1
         try:
@@ -533,16 +503,14 @@ def create_app(host: Host) -> FastAPI:
             # Outside the state lock and in the notes pool: waiting for the
             # notes mutex (up to the lock timeout, while a write command runs)
             # stalls neither other requests nor the shared worker threads.
-            result: dict[str, Any] = await anyio.to_thread.run_sync(
-                commit_note, prepared, limiter=state.notes_limiter()
-            )
-            return result
+            written = await anyio.to_thread.run_sync(note_ops.commit, prepared, limiter=state.notes_limiter())
+            return written.to_json()
         finally:
             state.notes_in_flight -= 1
 
     @app.post("/v1/sessions/{sid}/check", response_model=CheckResponse)
-    def check(sid: str, body: CheckBody, actor: Principal = Actor) -> dict[str, Any]:
+    def check(sid: str, body: CheckBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
-            return state.sessions.check(sid, body.path, body.mode, actor=actor)
+            return session_ops.check(state.sessions, sid, body.path, body.mode, actor=actor).to_json()
 
     return app

@@ -1,6 +1,7 @@
 """The ``kbd`` command line (DESIGN §6).
 
-A thin layer: parse arguments, call :mod:`kbd.ops`, print. Errors reach the
+A thin layer: parse arguments, call the operations layer (:mod:`kbd.service`),
+print its result (text for people, ``to_json()`` for ``--json``). Errors reach the
 user here and only here: ``error[<code>]: <message>`` and ``hint: …`` on
 stderr, and the error's exit code.
 """
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,25 +19,26 @@ import click
 import orjson
 
 from kbd import audit as audit_log
-from kbd import browse
 from kbd.boundary import die_of_sigpipe, guarded, internal_error
 from kbd.config import default_root
 from kbd.errors import (
     InvalidInput,
     KbdError,
-    ManifestUnreadable,
     NotFound,
-    PermissionDenied,
     SessionClosed,
     UsageError,
 )
 from kbd.ids import alias_problem, one_line
-from kbd.manifest import MAX_MANIFEST_BYTES, Manifest, entry_problems, parse_manifest, writer_problems
 from kbd.ops import Host
 from kbd.plan import Plan
 from kbd.policy import KB_ACCESS, KINDS
-from kbd.principals import Actor, LocalOperator, Principal, issue_token, named_principal
-from kbd.rootinit import init_root
+from kbd.principals import Actor, LocalOperator, Principal, named_principal
+from kbd.resolve import Attachment
+from kbd.service import JsonObject, admin, auth
+from kbd.service import browse as browse_ops
+from kbd.service import notes as note_ops
+from kbd.service import sessions as session_ops
+from kbd.service import workflows as workflow_ops
 from kbd.session_ops import Sessions
 from kbd.strict import load_json_strict
 
@@ -81,7 +82,7 @@ class KbdGroup(click.Group):
             raise internal_error(exc) from exc
 
 
-def _emit(data: Any) -> None:
+def _emit(data: JsonObject) -> None:
     _write_stdout(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
 
 
@@ -122,24 +123,18 @@ class Ctx:
 
     def actor(self, as_: str | None) -> Principal:
         """The principal named by --as, else $KBD_AS, else the one mapped to your uid."""
-        pid = named_principal(as_, os.environ.get("KBD_AS"))
-        if pid is not None:
-            return self.host.actor(pid)
-        mapped = self.host.principals.by_uid(os.getuid())
-        if mapped is None:
-            raise PermissionDenied(
-                f"no principal is mapped to uid {os.getuid()}",
-                hint="pass --as PRINCIPAL (or set KBD_AS), or add uid: to your entry in principals.yaml",
-            )
-        return self.host.actor(mapped.id)
+        return auth.named_or_mapped(
+            self.host.principals, flag=as_, env=os.environ.get("KBD_AS"), uid=os.getuid()
+        )
 
     def session_actor(self, as_: str | None) -> Actor:
         """Session commands run as the trusted local operator (the root is the
         trust boundary), unless --as or $KBD_AS names a principal: then they are
         authorized as that principal would be through the API (opener, services,
         admins). The only place besides kbd.entry that creates a LocalOperator."""
-        pid = named_principal(as_, os.environ.get("KBD_AS"))
-        return self.host.actor(pid) if pid is not None else LocalOperator.current()
+        return auth.named_or_operator(
+            self.host.principals, flag=as_, env=os.environ.get("KBD_AS"), operator=LocalOperator.current()
+        )
 
 
 pass_ctx = click.make_pass_decorator(Ctx)
@@ -170,18 +165,18 @@ def main(ctx: click.Context, root: Path | None) -> None:
 @pass_ctx
 def init(c: Ctx, demo: bool, host_name: str | None, force: bool, as_json: bool) -> None:
     """Create a kbd root (kbd.yaml, principals.yaml, workflows/, state/)."""
-    result = init_root(c.root, host=host_name, force=force, demo=demo)
+    result = admin.init(c.root, host=host_name, force=force, demo=demo)
     if as_json:
-        _emit(result)
+        _emit(result.to_json())
         return
-    if result["replaced"]:
+    if result.replaced:
         click.echo(
             "kbd: WARNING: --force rewrote kbd.yaml and principals.yaml; earlier principals, tokens and "
             "uid mappings are gone",
             err=True,
         )
-    click.echo(f"initialised kbd root {result['root']} (host {result['host']})")
-    for wid in result["demo_workflows"]:
+    click.echo(f"initialised kbd root {result.root} (host {result.host})")
+    for wid in result.demo_workflows:
         click.echo(f"  demo workflow {wid}")
 
 
@@ -196,76 +191,13 @@ def init(c: Ctx, demo: bool, host_name: str | None, force: bool, as_json: bool) 
 @pass_ctx
 def doctor(c: Ctx, as_json: bool, workflow_id: str | None) -> None:
     """Check the root, its config, principals and registry health."""
-    checks: list[dict[str, Any]] = []
-    ok = True
-
-    def record(name: str, good: bool, detail: str) -> None:
-        nonlocal ok
-        ok = ok and good
-        checks.append({"check": name, "ok": good, "detail": detail})
-
-    try:
-        host = c.host
-    except KbdError as err:
-        record("config", False, f"{err.code}: {err.message}")
-        host = None
-    if host is not None:
-        record("config", True, f"host {host.config.host}, root {host.config.root}")
-        ps = list(host.principals)
-        record(
-            "principals",
-            True,
-            f"{len(ps)} principals, {sum(p.enabled_admin for p in ps)} enabled admins",
-        )
-        folders = host.registry.folders()
-        bad = [(f, host.registry.status_of(f)) for f in folders]
-        bad = [(f, s) for f, s in bad if s != "ok"]
-        record(
-            "registry",
-            not bad,
-            f"{len(folders)} workflow folders; "
-            + ("all ok" if not bad else "; ".join(f"{f.path}: {s} ({f.known_id})" for f, s in bad)),
-        )
-        if host.registry.truncated:
-            record(
-                "registry-depth",
-                False,
-                f"walk stopped at depth limit under {host.registry.truncated[0]}",
-            )
-        from kbd import lint  # walks every workflow folder (bounded): only for doctor
-
-        for check in [lint.nesting_check(host.registry, folders)] + (
-            lint.kb_link_checks(host, workflow_id) if workflow_id is not None else []
-        ):
-            record(check.name, check.ok, check.detail)
-        from kbd.sandbox.probe import layers  # runs real sandboxes: only for doctor
-
-        lay = layers(backend=host.config.sandbox.backend)
-        record(
-            "bubblewrap",
-            lay["bwrap"]["ok"] or host.config.sandbox.backend == "landlock",
-            lay["bwrap"]["detail"],
-        )
-        record("landlock", lay["landlock"]["abi"] > 0, f"Landlock {lay['landlock']['detail']}")
-        record("read sessions", lay["usable"], lay["read_sessions"])
-        record("write sessions", not lay["write_sessions"].startswith("REFUSED"), lay["write_sessions"])
-        from kbd.sandbox.probe import containment, landlock_only_summary, limits
-
-        # Said whatever the backend: what would still run if bubblewrap went away.
-        record("landlock-only kinds", True, landlock_only_summary())
-        record("containment", *containment(bwrap_ok=lay["bwrap"]["ok"], backend=host.config.sandbox.backend))
-        for key, detail in limits(host.config.limits).items():
-            # Informational: an unenforceable limit is reported, never a failure of the root;
-            # a limit kbd exec would refuse to run under is one.
-            record(f"limit {key}", not detail.startswith("REFUSED"), detail)
+    report = admin.doctor(c.root, workflow_id=workflow_id)
     if as_json:
-        _emit({"ok": ok, "checks": checks})
+        _emit(report.to_json())
     else:
-        for ch in checks:
-            click.echo(
-                f"{'ok  ' if ch['ok'] else 'FAIL'} {ch['check']}: {one_line(ch['detail'], limit=10_000)}"
-            )
-    if not ok:
+        for ch in report.checks:
+            click.echo(f"{'ok  ' if ch.ok else 'FAIL'} {ch.check}: {one_line(ch.detail, limit=10_000)}")
+    if not report.ok:
         sys.exit(65)
 
 
@@ -278,56 +210,23 @@ def validate(file: Path, as_json: bool) -> None:
     Every problem of every entry is listed, one per line (``FILE: where: problem``)
     on stdout; with --json the answer is always JSON, errors included."""
     try:
-        m, problems = _validate(file)
+        result = admin.validate(file)
     except KbdError as err:
         if as_json:
-            _emit({"file": str(file), "workflow_id": None, "valid": False, "problems": [err.message],
-                   "version": None, "error": err.to_dict()})  # fmt: skip
+            _emit(admin.unreadable_json(file, err))
         raise
     if as_json:
-        _emit({"file": str(file), "workflow_id": m.id, "valid": not problems, "problems": problems,
-               "version": m.version})  # fmt: skip
+        _emit(result.to_json())
     else:
-        for p in problems:
+        for p in result.problems:
             click.echo(f"{file}: {one_line(p, limit=1000)}")
-    if problems:
+    if result.problems:
         raise InvalidInput(
-            f"{file}: {len(problems)} problem(s)" + ("" if as_json else ", one per line above"),
+            f"{file}: {len(result.problems)} problem(s)" + ("" if as_json else ", one per line above"),
             hint="each problem names the entry and the field",
         )
     if not as_json:
-        click.echo(f"{file}: valid ({len(m.entries)} sources)")
-
-
-def _validate(file: Path) -> tuple[Manifest, list[str]]:
-    try:
-        # Non-blocking and checked before reading: a FIFO or a device never hangs validate.
-        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError as exc:
-        raise NotFound(f"{file} does not exist", hint="pass the path of a workflow.json file") from exc
-    except OSError as exc:
-        raise InvalidInput(f"cannot read {file}: {exc.strerror}") from exc
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InvalidInput(f"{file} is not a regular file")
-        data = fh.read(MAX_MANIFEST_BYTES + 1)
-    m = parse_manifest(data)
-    if m.sources_problem:
-        raise ManifestUnreadable(m.sources_problem)
-    raw_entries = m.raw.get("knowledgebase_sources") or []
-    problems: list[str] = []
-    for e in m.entries:
-        if e.problem:
-            # Every problem of the entry, not only the first one the lookup keeps.
-            own = entry_problems(raw_entries[e.index], self_id=m.id)
-            problems += [f"knowledgebase_sources[{e.index}]: {p}" for p in own or [e.problem]]
-    problems += writer_problems(m.raw, self_id=m.id)
-    from kbd.folders import resolve_folders
-
-    for i, f in enumerate(resolve_folders(m.raw.get("folder_access"), roots=())):
-        if f.reason == "invalid_entry":
-            problems.append(f"folder_access[{i}]: {f.message}")
-    return m, problems
+        click.echo(f"{file}: valid ({result.entries} sources)")
 
 
 # -- workflows ----------------------------------------------------------------------
@@ -344,28 +243,29 @@ def workflows() -> None:
 @pass_ctx
 def workflows_list(c: Ctx, as_: str | None, as_json: bool) -> None:
     """List workflows (with registry problems: ambiguous IDs, unreadable manifests)."""
-    rows = c.host.list_workflows(c.actor(as_))
+    result = workflow_ops.list_workflows(c.host, actor=c.actor(as_))
     if as_json:
-        _emit({"workflows": rows})
+        _emit(result.to_json())
         return
-    for r in rows:
-        status = "" if r["status"] == "ok" else f"  [{r['status']}]"
-        if r.get("nested_in"):
-            status += f" inside workflow folder {one_line(r['nested_in'])}"
-        if r.get("contains"):
-            status += f" contains workflow folder {', '.join(one_line(p) for p in r['contains'])}"
+    for r in result.workflows:
+        status = "" if r.status == "ok" else f"  [{r.status}]"
+        if r.nested_in:
+            status += f" inside workflow folder {one_line(r.nested_in)}"
+        if r.contains:
+            status += f" contains workflow folder {', '.join(one_line(p) for p in r.contains)}"
         click.echo(
-            f"{one_line(r['id'] or '?'):<24} {one_line(r['label'] or '', limit=40):<28} {one_line(r['path'])}{status}"
+            f"{one_line(r.id or '?'):<24} {one_line(r.label or '', limit=40):<28} {one_line(r.path)}{status}"
         )
 
 
-def _ids(ids: list[str]) -> str:
+def _ids(ids: list[str] | tuple[str, ...]) -> str:
     """A list of workflow or principal IDs on one line, each escaped."""
     return ", ".join(one_line(i) for i in ids)
 
 
-def _attachment_line(a: dict[str, Any]) -> str:
-    """One attachment (contract JSON shape) for people."""
+def _attachment_line(att: Attachment) -> str:
+    """One attachment for people."""
+    a = att.to_json()  # the contract's spelling of each field (env name, canonical path)
     if a["available"]:
         state = "available"
         if a["write"] is not None:
@@ -384,31 +284,22 @@ def _attachment_line(a: dict[str, Any]) -> str:
 @pass_ctx
 def workflows_show(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
     """Everything a builder needs: attachments, write grants, candidates."""
-    data = c.host.show(wf, c.actor(as_))
+    d = workflow_ops.show(c.host, wf, actor=c.actor(as_))
     if as_json:
-        _emit(data)
+        _emit(d.to_json())
         return
-    click.echo(f"{one_line(data['workflow_id'])}  {one_line(data['label'])}  ({one_line(data['path'])})")
-    owners = _ids(data["owners"]) or "none (legacy, account-visible)"
-    click.echo(
-        f"  owners: {owners}; editors: {_ids(data['editors']) or '-'}; readers: {_ids(data['readers']) or '-'}"
-    )
+    click.echo(f"{one_line(d.workflow_id)}  {one_line(d.label)}  ({one_line(d.path)})")
+    owners = _ids(d.owners) or "none (legacy, account-visible)"
+    click.echo(f"  owners: {owners}; editors: {_ids(d.editors) or '-'}; readers: {_ids(d.readers) or '-'}")
     click.echo("attached knowledge bases:")
-    for a in data["sources"]:
+    for a in d.sources:
         click.echo(_attachment_line(a))
-    if not data["sources"]:
+    if not d.sources:
         click.echo("  (none)")
-    click.echo(f"writes into: {_ids(data['writes_into']) or '-'}")
-    click.echo(f"workflows allowed to write into this KB's notes/: {_ids(data['allowed_kb_writers']) or '-'}")
-    click.echo(
-        "could attach now: "
-        + (
-            ", ".join(
-                f"{one_line(x['workflow_id'])} ({one_line(x['label'], limit=40)})" for x in data["candidates"]
-            )
-            or "-"
-        )
-    )
+    click.echo(f"writes into: {_ids(d.writes_into) or '-'}")
+    click.echo(f"workflows allowed to write into this KB's notes/: {_ids(d.allowed_kb_writers) or '-'}")
+    could = ", ".join(f"{one_line(x.workflow_id)} ({one_line(x.label, limit=40)})" for x in d.candidates)
+    click.echo(f"could attach now: {could or '-'}")
 
 
 # -- sources ------------------------------------------------------------------------
@@ -426,18 +317,12 @@ def sources() -> None:
 @pass_ctx
 def sources_list(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
     """Each attachment with its status and reason."""
-    m, attachments = c.host.sources(wf, c.actor(as_))
+    view = workflow_ops.sources(c.host, wf, actor=c.actor(as_))
     if as_json:
-        _emit(
-            {
-                "workflow_id": m.id,
-                "version": m.version,
-                "sources": [a.to_json() for a in attachments],
-            }
-        )
+        _emit(view.to_json())
         return
-    for a in attachments:
-        click.echo(_attachment_line(a.to_json()))
+    for a in view.sources:
+        click.echo(_attachment_line(a))
 
 
 @sources.command("attach")
@@ -455,12 +340,12 @@ def sources_attach(
     if (problem := alias_problem(alias)) is not None:
         # Name the flag the user typed, not the manifest entry it would become.
         raise InvalidInput(f"--alias {alias!r} {problem}", hint="e.g. --alias rts")
-    a = c.host.attach(wf, source_id, alias=alias, access=access, actor=c.actor(as_))
+    a = workflow_ops.attach(c.host, wf, source_id, alias=alias, access=access, actor=c.actor(as_))
     if as_json:
         _emit(a.to_json())
         return
     click.echo(f"attached {source_id} to {wf} as {alias}")
-    click.echo(_attachment_line(a.to_json()))
+    click.echo(_attachment_line(a))
 
 
 @sources.command("detach")
@@ -471,9 +356,9 @@ def sources_attach(
 @pass_ctx
 def sources_detach(c: Ctx, wf: str, alias: str, as_: str | None, as_json: bool) -> None:
     """Remove the attachment ALIAS from WF."""
-    c.host.detach(wf, alias, actor=c.actor(as_))
+    result = workflow_ops.detach(c.host, wf, alias, actor=c.actor(as_))
     if as_json:
-        _emit({"workflow_id": wf, "detached": alias})
+        _emit(result.to_json())
     else:
         click.echo(f"detached {alias} from {wf}")
 
@@ -509,20 +394,13 @@ def sources_set(
         raw = load_json_strict(data)
     except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"{'stdin' if file == '-' else file} is not valid JSON: {exc}") from exc
-    saved = c.host.set_sources(wf, raw, actor=c.actor(as_), expected_version=expected_version)
-    attachments = c.host.resolve(saved)
+    view = workflow_ops.set_sources(c.host, wf, raw, actor=c.actor(as_), expected_version=expected_version)
     if as_json:
-        _emit(
-            {
-                "workflow_id": saved.id,
-                "version": saved.version,
-                "sources": [a.to_json() for a in attachments],
-            }
-        )
+        _emit(view.to_json())
         return
-    click.echo(f"{wf}: {len(attachments)} sources saved")
-    for a in attachments:
-        click.echo(_attachment_line(a.to_json()))
+    click.echo(f"{wf}: {len(view.sources)} sources saved")
+    for a in view.sources:
+        click.echo(_attachment_line(a))
 
 
 @sources.command("candidates")
@@ -532,14 +410,13 @@ def sources_set(
 @pass_ctx
 def sources_candidates(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
     """Workflow IDs WF could attach right now."""
-    rows = c.host.candidates(wf, c.actor(as_))
+    result = workflow_ops.candidates(c.host, wf, actor=c.actor(as_))
     if as_json:
-        _emit({"workflow_id": wf, "candidates": rows})
+        _emit(result.to_json())
         return
-    for r in rows:
-        click.echo(
-            f"{one_line(r['workflow_id']):<24} {one_line(r['label'], limit=60)}{'  (write granted)' if r['write_granted'] else ''}"
-        )
+    for r in result.candidates:
+        granted = "  (write granted)" if r.write_granted else ""
+        click.echo(f"{one_line(r.workflow_id):<24} {one_line(r.label, limit=60)}{granted}")
 
 
 # -- writers ---------------------------------------------------------------------------
@@ -557,12 +434,12 @@ def writers() -> None:
 @pass_ctx
 def writers_list(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> None:
     """Consumer workflows SOURCE_WF's owner lets write into its notes/."""
-    data = c.host.writers(source_wf, c.actor(as_))
+    view = workflow_ops.writers(c.host, source_wf, actor=c.actor(as_))
     if as_json:
-        _emit(data)
+        _emit(view.to_json())
         return
-    for w in data["writers"]:
-        click.echo(f"{one_line(w['workflow_id'])}{'' if w['exists'] else '  (no such workflow now)'}")
+    for w in view.writers:
+        click.echo(f"{one_line(w.workflow_id)}{'' if w.exists else '  (no such workflow now)'}")
 
 
 @writers.command("grant")
@@ -573,20 +450,13 @@ def writers_list(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> None
 @pass_ctx
 def writers_grant(c: Ctx, source_wf: str, consumer_wf: str, as_: str | None, as_json: bool) -> None:
     """Let CONSUMER_WF write into SOURCE_WF's notes/ (source owners and admins only)."""
-    changed = c.host.grant(source_wf, consumer_wf, actor=c.actor(as_))
+    result = workflow_ops.grant(c.host, source_wf, consumer_wf, actor=c.actor(as_))
     if as_json:
-        _emit(
-            {
-                "source": source_wf,
-                "consumer": consumer_wf.strip(),
-                "granted": True,
-                "changed": changed,
-            }
-        )
+        _emit(result.to_json())
     else:
         click.echo(
-            f"{consumer_wf.strip()} may write into {source_wf}'s notes/"
-            + ("" if changed else " (already granted)")
+            f"{result.consumer} may write into {source_wf}'s notes/"
+            + ("" if result.changed else " (already granted)")
         )
 
 
@@ -598,20 +468,13 @@ def writers_grant(c: Ctx, source_wf: str, consumer_wf: str, as_: str | None, as_
 @pass_ctx
 def writers_revoke(c: Ctx, source_wf: str, consumer_wf: str, as_: str | None, as_json: bool) -> None:
     """Withdraw CONSUMER_WF's write grant on SOURCE_WF."""
-    changed = c.host.revoke(source_wf, consumer_wf, actor=c.actor(as_))
+    result = workflow_ops.revoke(c.host, source_wf, consumer_wf, actor=c.actor(as_))
     if as_json:
-        _emit(
-            {
-                "source": source_wf,
-                "consumer": consumer_wf.strip(),
-                "granted": False,
-                "changed": changed,
-            }
-        )
+        _emit(result.to_json())
     else:
         click.echo(
-            f"{consumer_wf.strip()} may no longer write into {source_wf}"
-            + ("" if changed else " (was not granted)")
+            f"{result.consumer} may no longer write into {source_wf}"
+            + ("" if result.changed else " (was not granted)")
         )
 
 
@@ -654,7 +517,9 @@ def session() -> None:
 
 @session.command("open")
 @click.argument("wf")
-@click.option("--kind", required=True, type=click.Choice(KINDS))
+@click.option(
+    "--kind", type=click.Choice(KINDS), help="Required unless --parent (default: the parent's kind)."
+)
 @click.option(
     "--kb-access", type=click.Choice(KB_ACCESS), default=None, help="Default: read (a child: its parent's)."
 )
@@ -668,7 +533,7 @@ def session() -> None:
 def session_open(
     c: Ctx,
     wf: str,
-    kind: str,
+    kind: str | None,
     kb_access: str | None,
     item_kb_write: bool | None,
     parent: str | None,
@@ -676,9 +541,12 @@ def session_open(
     as_json: bool,
 ) -> None:
     """Open a session for WF and print its plan."""
-    plan = _sessions(c).open(
-        c.actor(as_), wf, kind=kind, kb_access=kb_access, item_kb_write=item_kb_write or None, parent=parent
-    )
+    if kind is None and parent is None:
+        # Exactly click's answer for a required option: only a child may leave it out.
+        ctx = click.get_current_context()
+        raise click.MissingParameter(ctx=ctx, param=next(p for p in ctx.command.params if p.name == "kind"))
+    plan = session_ops.open_session(_sessions(c), wf, actor=c.actor(as_), kind=kind, kb_access=kb_access,
+                                    item_kb_write=item_kb_write or None, parent=parent)  # fmt: skip
     if as_json:
         _emit(plan.to_json())
     else:
@@ -692,18 +560,15 @@ def session_open(
 @pass_ctx
 def session_show(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
     """The session's plan, rebuilt from saved configuration now."""
-    sessions = _sessions(c)
-    plan = sessions.plan(sid, actor=c.session_actor(as_))
-    running = sessions.running(sid, plan)
+    view = session_ops.show(_sessions(c), sid, actor=c.session_actor(as_))
     if as_json:
-        _emit({**plan.to_json(), "running": running})
+        _emit(view.to_json())
         return
-    _print_plan(plan)
-    for p in running:
-        mark = (
-            f"  STALE: started under generation {p['generation']}, grants since changed" if p["stale"] else ""
-        )
-        click.echo(f"running: pid {p['pid']} {' '.join(p['argv'])[:60]}{mark}")
+    _print_plan(view.plan)
+    for r in view.running:
+        p = r.process
+        mark = f"  STALE: started under generation {p.generation}, grants since changed" if r.stale else ""
+        click.echo(f"running: pid {p.pid} {' '.join(p.argv)[:60]}{mark}")
 
 
 @session.command("revoke")
@@ -718,21 +583,15 @@ def session_show(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
 @pass_ctx
 def session_revoke(c: Ctx, sid: str, immediate: bool, as_: str | None, as_json: bool) -> None:
     """Handle commands still running with grants the session no longer has."""
-    cfg = c.host.config
-    result = _sessions(c).revoke(
-        sid,
-        immediate=immediate or cfg.revoke_immediately,
-        grace=cfg.revoke_grace,
-        actor=c.session_actor(as_),
-    )
+    result = session_ops.revoke(_sessions(c), sid, actor=c.session_actor(as_), immediate=immediate)
     if as_json:
-        _emit(result)
+        _emit(result.to_json())
         return
-    for pid in result["terminated"]:
+    for pid in result.terminated:
         click.echo(f"terminated process group {pid}")
-    for pid in result["still_running"]:
+    for pid in result.still_running:
         click.echo(f"STILL RUNNING with old grants: process group {pid} (use --immediate to terminate it)")
-    if not result["terminated"] and not result["still_running"]:
+    if not result.terminated and not result.still_running:
         click.echo("no command is running under an older plan")
 
 
@@ -759,14 +618,16 @@ def session_env(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
 @pass_ctx
 def session_list(c: Ctx, wf: str | None, include_closed: bool, as_: str | None, as_json: bool) -> None:
     """Sessions (with --as: only those that principal may use)."""
-    rows = _sessions(c).rows(actor=c.session_actor(as_), workflow_id=wf, include_closed=include_closed)
+    result = session_ops.list_sessions(
+        _sessions(c), actor=c.session_actor(as_), workflow_id=wf, include_closed=include_closed
+    )
     if as_json:
-        _emit({"sessions": rows})
+        _emit(result.to_json())
         return
-    for r in rows:
+    for r in result.sessions:
         click.echo(
-            f"{r['session_id']}  {one_line(r['workflow_id']):<20} {r['kind']:<22} {r['kb_access']:<10} "
-            f"gen {r['generation']}{'  closed' if r['closed'] else ''}"
+            f"{r.id}  {one_line(r.workflow_id):<20} {r.kind:<22} {r.kb_access:<10} "
+            f"gen {r.generation}{'  closed' if r.closed_at is not None else ''}"
         )
 
 
@@ -777,11 +638,11 @@ def session_list(c: Ctx, wf: str | None, include_closed: bool, as_: str | None, 
 @pass_ctx
 def session_close(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
     """Close SID (and its child sessions): they grant nothing afterwards."""
-    closed = _sessions(c).close(sid, actor=c.session_actor(as_))
+    result = session_ops.close(_sessions(c), sid, actor=c.session_actor(as_))
     if as_json:
-        _emit({"session_id": sid, "closed": closed})
+        _emit(result.to_json())
     else:
-        click.echo(f"closed {', '.join(closed) or 'nothing (already closed)'}")
+        click.echo(f"closed {', '.join(result.closed) or 'nothing (already closed)'}")
 
 
 @main.command("exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -827,15 +688,15 @@ def exec_cmd(c: Ctx, sid: str, cwd: str | None, as_: str | None, command: tuple[
 def check_cmd(c: Ctx, sid: str, path: str, mode: str, as_: str | None, as_json: bool) -> None:
     """May session SID read/write PATH? Exit 0 when allowed, 77 when not."""
     try:
-        result = _sessions(c).check(sid, path, mode, actor=c.session_actor(as_))
+        result = session_ops.check(_sessions(c), sid, path, mode, actor=c.session_actor(as_))
     except SessionClosed as err:
         # Still the contract's answer on stdout: a closed session grants nothing.
-        result = {"allowed": False, "reason": err.message}
+        result = session_ops.PathCheck(allowed=False, reason=err.message)
     if as_json:
-        _emit(result)
+        _emit(result.to_json())
     else:
-        click.echo(f"{'allowed' if result['allowed'] else 'denied'}: {result['reason']}")
-    if not result["allowed"]:
+        click.echo(f"{'allowed' if result.allowed else 'denied'}: {result.reason}")
+    if not result.allowed:
         sys.exit(77)
 
 
@@ -859,8 +720,6 @@ def notes_write(
     c: Ctx, sid: str, alias: str, relpath: str, file: str | None, as_: str | None, as_json: bool
 ) -> None:
     """Write RELPATH (relative to the source's notes/) atomically, with provenance."""
-    from kbd.notes import MAX_NOTE_BYTES, write_note
-
     if file is None:
         if sys.stdin.isatty():
             # Reading a terminal would wait silently for input nobody knows to type.
@@ -872,21 +731,19 @@ def notes_write(
 
     try:
         if file == "-":
-            data = sys.stdin.buffer.read(MAX_NOTE_BYTES + 1)
+            data = sys.stdin.buffer.read(note_ops.MAX_NOTE_BYTES + 1)
         else:
             with open(file, "rb") as fh:
-                data = fh.read(MAX_NOTE_BYTES + 1)
+                data = fh.read(note_ops.MAX_NOTE_BYTES + 1)
     except FileNotFoundError as exc:
         raise NotFound(f"{file} does not exist", hint="pass an existing file, or - for stdin") from exc
     except OSError as exc:
         raise InvalidInput(f"cannot read {file}: {exc.strerror}") from exc
-    result = write_note(_sessions(c), sid, alias, relpath, data, actor=c.session_actor(as_))
+    result = note_ops.write(_sessions(c), sid, alias, relpath, data, actor=c.session_actor(as_))
     if as_json:
-        _emit(result)
+        _emit(result.to_json())
     else:
-        click.echo(
-            f"wrote {one_line(result['path'])} in {one_line(result['workflow_id'])} ({result['bytes']} bytes)"
-        )
+        click.echo(f"wrote {one_line(result.path)} in {one_line(result.workflow_id)} ({result.bytes} bytes)")
 
 
 # -- principals ----------------------------------------------------------------------------
@@ -901,18 +758,18 @@ def principals() -> None:
 @json_option
 @pass_ctx
 def principals_list(c: Ctx, as_json: bool) -> None:
-    rows = [{"id": p.id, "kind": p.kind, "admin": p.admin, "disabled": p.disabled,
-             "uid": p.uid, "has_token": p.token_sha256 is not None} for p in c.host.principals]  # fmt: skip
+    result = admin.list_principals(c.host)
     if as_json:
-        _emit({"principals": rows})
+        _emit(result.to_json())
         return
-    for r in rows:
+    for row in result.principals:
+        p = row.principal
         flags = [
             f
-            for f, on in (("admin", r["admin"]), ("disabled", r["disabled"]), ("token", r["has_token"]))
+            for f, on in (("admin", p.admin), ("disabled", p.disabled), ("token", p.token_sha256 is not None))
             if on
         ]
-        click.echo(f"{r['id']:<20} {r['kind']:<8} {' '.join(flags)}")
+        click.echo(f"{p.id:<20} {p.kind:<8} {' '.join(flags)}")
 
 
 @principals.command("token")
@@ -920,8 +777,7 @@ def principals_list(c: Ctx, as_json: bool) -> None:
 @pass_ctx
 def principals_token(c: Ctx, name: str) -> None:
     """Issue a new API token for NAME (printed once; only its hash is stored)."""
-    token = issue_token(c.host.config.root, name, timeout=c.host.config.lock_timeout)
-    click.echo(token)
+    click.echo(admin.new_token(c.host, name))
 
 
 # -- daemon ------------------------------------------------------------------------------
@@ -957,27 +813,19 @@ def serve_cmd(c: Ctx, socket_path: Path | None, fd: int | None) -> None:
 @pass_ctx
 def read_cmd(c: Ctx, wf: str, alias: str, relpath: str, as_: str | None, as_json: bool) -> None:
     """Print a file of WF's attached KB ALIAS (RELPATH relative to the KB root)."""
-    data = browse.read(c.host, wf, alias, relpath, c.actor(as_))
+    result = browse_ops.read(c.host, wf, alias, relpath, actor=c.actor(as_))
     if as_json:
-        _emit(
-            {
-                "workflow_id": wf,
-                "alias": alias,
-                "path": relpath,
-                "size": len(data),
-                "content": data.decode("utf-8", "replace"),
-            }
-        )
+        _emit(result.to_cli_json())
         return
-    _write_stdout(data)
+    _write_stdout(result.data)
 
 
 @main.command("ls")
 @click.argument("wf")
 @click.argument("alias")
 @click.argument("reldir", required=False, default="")
-@click.option("--limit", type=int, default=None, help=f"At most N entries (default {browse.DEFAULT_LS_LIMIT}, "
-              f"at most {browse.MAX_LS_LIMIT}).")  # fmt: skip
+@click.option("--limit", type=int, default=None, help=f"At most N entries (default {browse_ops.DEFAULT_LS_LIMIT}, "
+              f"at most {browse_ops.MAX_LS_LIMIT}).")  # fmt: skip
 @click.option(
     "--after", default=None, metavar="NAME", help="Start after this name (the previous page's next)."
 )
@@ -995,16 +843,13 @@ def ls_cmd(
     as_json: bool,
 ) -> None:
     """List a folder of WF's attached KB ALIAS (default: the KB root), in name order, one page at a time."""
-    page = browse.ls_page(c.host, wf, alias, reldir, c.actor(as_), limit=limit, after=after)
-    entries = page["entries"]
+    page = browse_ops.ls(c.host, wf, alias, reldir, actor=c.actor(as_), limit=limit, after=after)
     if as_json:
-        _emit({"workflow_id": wf, "alias": alias, "path": reldir, **page})
+        _emit(page.to_cli_json())
         return
-    if page["truncated"]:
-        click.echo(
-            f"kbd: more entries follow; next page: --after {one_line(page['next'], limit=300)}", err=True
-        )
-    for e in entries:
+    if page.truncated and page.next is not None:
+        click.echo(f"kbd: more entries follow; next page: --after {one_line(page.next, limit=300)}", err=True)
+    for e in page.entries:
         # Names are the source's: never let one print a fake second entry or control the terminal.
         click.echo(
             one_line(e["name"], limit=300)
@@ -1048,7 +893,7 @@ def audit_cmd(c: Ctx, since: str | None, wf: str | None, follow: bool, as_json: 
         click.echo(f"kbd audit: skipped {tail.torn} torn line(s) that are not a JSON record", err=True)
 
 
-def _print_audit(events: list[dict[str, Any]], as_json: bool) -> None:
+def _print_audit(events: list[JsonObject], as_json: bool) -> None:
     for e in events:
         click.echo(orjson.dumps(e).decode() if as_json else audit_log.format_record(e))
 

@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -56,6 +56,10 @@ from kbd.safepath import (
     read_file_stat,
     replace_file,
 )
+
+if TYPE_CHECKING:  # the types only: notes never needs the registry to import
+    from kbd.ops import Host
+    from kbd.session_ops import Sessions
 
 MAX_NOTE_BYTES = 1024 * 1024
 #: Every written note, whatever mode the file it replaces had (never set-id or executable).
@@ -115,7 +119,7 @@ def notes_lock(state_dir: Path, notes_fd: int, *, timeout: float, who: dict[str,
 
 @contextlib.contextmanager
 def command_locks(
-    state_dir: Path, plan: Plan, *, timeout: float, who: dict[str, Any], host: Any = None
+    state_dir: Path, plan: Plan, *, timeout: float, who: dict[str, Any], host: Host | None = None
 ) -> Iterator[None]:
     """For ``kbd exec``: hold the mutex of every source ``notes/`` the plan may
     write, for the whole command, in a fixed order (no lock-order deadlocks).
@@ -263,7 +267,7 @@ def _sweep_temp_files(dir_fd: int) -> None:
 class PreparedNote:
     """A note that passed every check except the write itself (see :func:`prepare_note`)."""
 
-    host: Any
+    host: Host
     sid: str
     consumer: str
     alias: str
@@ -284,7 +288,7 @@ class PreparedNote:
 
 
 def prepare_note(
-    sessions: Any, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
+    sessions: Sessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
 ) -> PreparedNote:
     """Everything but the gate and the write: the session's plan now, the grant,
     the name, the size, the text, and the provenance-stamped content. Needs the
@@ -382,7 +386,7 @@ def commit_note(note: PreparedNote) -> dict[str, Any]:
 
 
 def write_note(
-    sessions: Any, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
+    sessions: Sessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
 ) -> dict[str, Any]:
     """Write one contributed note. Returns ``{workflow_id, alias, path, bytes}``.
 
@@ -492,7 +496,7 @@ def _notes_key(notes_fd: int) -> str:
     return f"{st.st_dev}:{st.st_ino}"
 
 
-def scan_command_changes(host: Any, plan: Plan, *, since_ns: int) -> list[CommandChanges]:
+def scan_command_changes(host: Host, plan: Plan, *, since_ns: int) -> list[CommandChanges]:
     """After a write-plan command, its notes mutexes still held: which files in
     each contributed ``notes/`` changed while it ran (bounded walk, nothing read).
     Reading and gating them is :func:`audit_command_changes`, after release."""
@@ -519,7 +523,7 @@ def scan_command_changes(host: Any, plan: Plan, *, since_ns: int) -> list[Comman
     return out
 
 
-def audit_command_changes(host: Any, plan: Plan, sid: str, changes: list[CommandChanges]) -> None:
+def audit_command_changes(host: Host, plan: Plan, sid: str, changes: list[CommandChanges]) -> None:
     """Audit (after the notes mutexes are released) the changed files found by
     :func:`scan_command_changes`, and which of them the injection gate would have
     refused. Files are only read, never changed: shell writes carry no enforced
@@ -570,7 +574,7 @@ def _marker(state_dir: Path, notes_key: str) -> Path:
     return lock_path(state_dir, "quota", notes_key).with_suffix(".over")
 
 
-def _mark_over_quota(host: Any, notes_key: str, source: str, scan: NotesScan | None) -> None:
+def _mark_over_quota(host: Host, notes_key: str, source: str, scan: NotesScan | None) -> None:
     """Remember (in state/) that a notes/ was left over quota, or forget it."""
     path = _marker(host.config.state_dir, notes_key)
     if scan is None:
@@ -584,7 +588,9 @@ def _mark_over_quota(host: Any, notes_key: str, source: str, scan: NotesScan | N
     write_atomic(path, json.dumps(info).encode(), mode=0o640)
 
 
-def check_quota(host: Any, kb_fd: int, notes_fd: int, *, source: str, adds: tuple[int, int] = (0, 0)) -> None:
+def check_quota(
+    host: Host, kb_fd: int, notes_fd: int, *, source: str, adds: tuple[int, int] = (0, 0)
+) -> None:
     """Under the source's notes mutex: raise QuotaExceeded when ``notes/`` is over
     its quota, or would be after adding ``adds`` = (entries, bytes). The bounded
     walk is paid only by writes and by a command into a notes/ marked over quota."""

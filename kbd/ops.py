@@ -2,8 +2,8 @@
 
 Each operation authorizes its actor, does its work through the pure core
 (manifest, audience, resolve) and the registry, and raises a
-:class:`kbd.errors.KbdError` when it refuses. Results are plain JSON-ready data;
-formatting for people lives in the CLI.
+:class:`kbd.errors.KbdError` when it refuses. Interfaces do not call it
+directly: :mod:`kbd.service` wraps it into typed results.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from kbd import audience, audit
 from kbd.config import CONFIG_NAME, PRINCIPALS_NAME, Config, load_config
@@ -40,6 +41,9 @@ from kbd.manifest import (
 from kbd.principals import Principal, Principals, load_principals
 from kbd.registry import Ambiguous, Found, KbProbe, Lookup, Missing, Registry, probe_kb
 from kbd.resolve import Attachment, resolve_all, resolve_entry
+
+# How a change builds the new attachment list from the manifest as it is now.
+SourcesBuilder: TypeAlias = Callable[[Manifest], list[SourceRef]]
 
 
 class Host:
@@ -205,27 +209,6 @@ class Host:
             )
         return sorted(out, key=lambda c: c["workflow_id"])
 
-    def show(self, wid: str, actor: Principal) -> dict[str, Any]:
-        found = self._inspectable(wid, actor)
-        m = found.manifest
-        attachments = self.resolve(m)
-        return {
-            "workflow_id": m.id,
-            "label": m.label,
-            "path": str(found.folder.path),
-            "version": m.version,
-            "host": m.host,
-            "legacy": m.is_legacy,
-            "owners": list(m.effective_owners),
-            "editors": list(m.access.editors),
-            "readers": list(m.access.readers),
-            "sources": [a.to_json() for a in attachments],
-            "writes_into": [a.workflow_id for a in attachments if a.writable],
-            "allowed_kb_writers": list(m.access.allowed_kb_writers),
-            "candidates": self.candidates(wid, actor),
-            "can_manage": audience.can_manage_sources(actor, m),
-        }
-
     def writers(self, wid: str, actor: Principal) -> dict[str, Any]:
         m = self._inspectable(wid, actor).manifest
         rows = []
@@ -277,7 +260,7 @@ class Host:
         self,
         wid: str,
         actor: Principal,
-        build: Any,
+        build: SourcesBuilder,
         *,
         action: str,
         source: str | None = None,
@@ -292,7 +275,7 @@ class Host:
             raise
 
     def _update_sources(
-        self, wid: str, actor: Principal, build: Any, *, action: str, expected_version: str | None
+        self, wid: str, actor: Principal, build: SourcesBuilder, *, action: str, expected_version: str | None
     ) -> Manifest:
         folder = self.workflow(wid).folder
 
@@ -361,7 +344,7 @@ class Host:
         self._save_sources(wid, actor, build, action="detach", source=alias)
 
     def set_sources(
-        self, wid: str, raw: Any, *, actor: Principal, expected_version: str | None = None
+        self, wid: str, raw: object, *, actor: Principal, expected_version: str | None = None
     ) -> Manifest:
         def build(current: Manifest) -> list[SourceRef]:
             return validate_sources(raw, self_id=current.id)

@@ -227,24 +227,28 @@ class Sessions:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
 
-    def rows(
+    def visible(
         self, *, actor: Actor, workflow_id: str | None = None, include_closed: bool = False
-    ) -> list[dict[str, Any]]:
+    ) -> list[SessionRow]:
+        """The sessions ``actor`` may use (others are left out, not refused)."""
         out = []
         for row in self.store.rows(workflow_id=workflow_id, include_closed=include_closed):
             try:
                 self._authorize(row, actor)
             except KbdError:
                 continue
-            out.append(row.to_json())
+            out.append(row)
         return out
 
+    def rows(
+        self, *, actor: Actor, workflow_id: str | None = None, include_closed: bool = False
+    ) -> list[dict[str, Any]]:
+        return [
+            r.to_json()
+            for r in self.visible(actor=actor, workflow_id=workflow_id, include_closed=include_closed)
+        ]
+
     # -- running processes -----------------------------------------------------
-    def running(self, sid: str, plan: Plan | None = None) -> list[dict[str, Any]]:
-        """Commands still running in ``sid``, each marked ``stale`` when it started
-        under an older plan generation than the current one."""
-        current = plan.generation if plan is not None else self.store.get(sid).generation
-        return [{**p.to_json(), "stale": p.generation < current} for p in self.store.processes(sid)]
 
     def revoke(self, sid: str, *, immediate: bool, grace: float, actor: Actor) -> dict[str, Any]:
         """Report (and with ``immediate`` terminate) commands running under an

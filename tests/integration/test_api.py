@@ -494,6 +494,17 @@ def test_writers_grant_list_revoke(world: World, s: Scenario) -> None:
     world.error(world.as_("alice").post(url, json={"workflow_id": f"{s.p}ghost"}), 404, "workflow-not-found")
 
 
+def test_revoke_reports_the_consumer_as_recorded_like_grant(world: World, s: Scenario) -> None:
+    """Grant and revoke answer with the same trimmed consumer ID, whichever
+    interface asked (the API's revoke used to echo the raw path segment)."""
+    url = f"/v1/workflows/{s.src_id}/writers"
+    r = world.as_("alice").post(url, json={"workflow_id": f" {s.con_id} "})
+    assert r.json() == {"source": s.src_id, "consumer": s.con_id, "granted": True, "changed": True}
+    r = world.as_("alice").delete(f"{url}/%20{s.con_id}%20")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"source": s.src_id, "consumer": s.con_id, "granted": False, "changed": True}
+
+
 # -- browsing ----------------------------------------------------------------------------------
 
 
@@ -816,6 +827,18 @@ def test_session_children(world: World, s: Scenario) -> None:
     assert parent in closed and child["session_id"] in closed
     world.error(world.as_("alice").get(f"/v1/sessions/{child['session_id']}"), 410, "session-closed")
     world.error(world.as_("alice").post(f"/v1/sessions/{parent}/children", json={}), 410, "session-closed")
+
+
+def test_a_child_opened_through_sessions_keeps_its_parents_kind(world: World, s: Scenario) -> None:
+    """POST /v1/sessions with a parent and no kind opens the same child as the
+    children route (one default, in the operations layer); without a parent,
+    kind is still required."""
+    parent = s.open(kind="execution", kb_access="read")["session_id"]
+    r = world.as_("alice").post("/v1/sessions", json={"workflow_id": s.con_id, "parent": parent})
+    assert r.status_code == 201, r.text
+    assert (r.json()["kind"], r.json()["parent"]) == ("execution", parent)
+    r = world.as_("alice").post("/v1/sessions", json={"workflow_id": s.con_id})
+    assert "kind is required" in world.error(r, 400, "invalid-input")
 
 
 def test_closed_session_is_gone(world: World, s: Scenario) -> None:

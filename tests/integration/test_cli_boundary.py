@@ -541,3 +541,21 @@ def test_empty_note_refused_by_the_shared_entry_point(world: KbRoot) -> None:
     with pytest.raises(InvalidInput, match="empty") as info:
         notes.write_note(sessions, str(plan.session_id), "src", "e.md", b"\n", actor=OPERATOR)
     assert info.value.exit_code == 65
+
+
+# -- one operations layer: the CLI opens a copied child the way the API does -----------------
+
+
+def test_a_child_session_keeps_its_parents_kind_in_the_cli_too(world: KbRoot) -> None:
+    """Like POST /v1/sessions/{sid}/children: --kind may be left out for a child
+    (it keeps its parent's); a different kind is refused; a session without a
+    parent still needs --kind (click's usage error, unchanged)."""
+    parent = open_session(world, kind="execution", mode="read")
+    r = world.cli("session", "open", "con", "--parent", parent, "--as", "alice", "--json")
+    assert r.code == 0, r.err
+    child = r.json()
+    assert (child["kind"], child["kb_access"], child["parent"]) == ("execution", "read", parent)
+    r = world.cli("session", "open", "con", "--parent", parent, "--kind", "builder", "--as", "alice")
+    assert "keeps its parent's kind" in assert_error(r, "permission-denied", 77)
+    r = world.cli("session", "open", "con", "--as", "alice")
+    assert "Missing option '--kind'" in assert_error(r, "usage", 2)

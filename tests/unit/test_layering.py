@@ -77,7 +77,8 @@ IO_MODULES = frozenset(
         "kbd.lint", "kbd.rootinit", "kbd.runner", "kbd.api", "kbd.daemon", "kbd.cli", "kbd.entry",
         "kbd.boundary", "kbd.sandbox.bwrap", "kbd.sandbox.cgroup", "kbd.sandbox.landlock",
         "kbd.sandbox.landlock_helper", "kbd.sandbox.limits", "kbd.sandbox.probe", "kbd.sandbox.reaper",
-        "kbd.__main__",
+        "kbd.__main__", "kbd.service", "kbd.service.auth", "kbd.service.workflows", "kbd.service.sessions",
+        "kbd.service.browse", "kbd.service.notes", "kbd.service.admin",
     }
 )  # fmt: skip
 

@@ -1,0 +1,31 @@
+"""The one operations layer: every product operation, for every interface.
+
+The CLI (:mod:`kbd.cli`), the HTTP API (:mod:`kbd.api`) and any future
+interface (an MCP server, a builder UI) only parse their input, call a function
+here, and render its result: text for people, or ``to_json()`` — which *is* the
+DESIGN §6 JSON shape — for ``--json`` and HTTP.
+
+Every operation takes an explicit actor (a :class:`kbd.principals.Principal`,
+or for session operations an :data:`kbd.principals.Actor`; there is no ``None``
+meaning "trusted"), returns a frozen dataclass, and raises only
+:class:`kbd.errors.KbdError`. The operations build on :class:`kbd.ops.Host`
+(the root: config, principals, registry, manifest changes) and
+:class:`kbd.session_ops.Sessions` (the session store and plans).
+
+* :mod:`kbd.service.auth` — who is acting: bearer tokens, uid mapping, the
+  disabled check, ``--as`` / ``$KBD_AS``.
+* :mod:`kbd.service.workflows` — workflows, sources, candidates, writer grants.
+* :mod:`kbd.service.sessions` — open (and copied children), show, list, close,
+  revoke, path checks.
+* :mod:`kbd.service.browse` — reading and listing an attached KB.
+* :mod:`kbd.service.notes` — contributed note writes.
+* :mod:`kbd.service.admin` — init, doctor, validate, principals and tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+# A JSON object as the contract spells it: the one true JSON boundary, where
+# values of any JSON type meet. Results are typed; only their to_json() is this.
+JsonObject: TypeAlias = dict[str, Any]

@@ -1,0 +1,253 @@
+"""Root administration: init, doctor, validate, principals and their tokens.
+
+These work on the root itself, whose file permissions are the trust boundary
+(as for git): whoever may write the root's files may run them.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, NotFound, PermissionDenied
+from kbd.manifest import MAX_MANIFEST_BYTES, Manifest, entry_problems, parse_manifest, writer_problems
+from kbd.ops import Host
+from kbd.principals import Principal, issue_token
+from kbd.service import JsonObject
+from kbd.session_ops import Sessions
+
+# -- init -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Initialised:
+    root: str
+    host: str
+    demo_workflows: tuple[str, ...]
+    replaced: bool  # kbd.yaml and principals.yaml (tokens, uid maps) were rewritten
+
+    def to_json(self) -> JsonObject:
+        return {"root": self.root, "host": self.host, "demo_workflows": list(self.demo_workflows),
+                "replaced": self.replaced}  # fmt: skip
+
+
+def init(root: Path, *, host: str | None, force: bool, demo: bool) -> Initialised:
+    """Create a kbd root (kbd.yaml, principals.yaml, workflows/, state/)."""
+    from kbd.rootinit import init_root  # yaml and the demo: only for init
+
+    r = init_root(root, host=host, force=force, demo=demo)
+    return Initialised(r["root"], r["host"], tuple(r["demo_workflows"]), r["replaced"])
+
+
+# -- doctor -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DoctorCheck:
+    check: str
+    ok: bool
+    detail: str
+
+    def to_json(self) -> JsonObject:
+        return {"check": self.check, "ok": self.ok, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    checks: tuple[DoctorCheck, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def to_json(self) -> JsonObject:
+        return {"ok": self.ok, "checks": [c.to_json() for c in self.checks]}
+
+
+def doctor(root: Path, *, workflow_id: str | None = None) -> DoctorReport:
+    """Check the root, its config, principals, registry health and this host's
+    sandbox layers; with ``workflow_id``, also the KBs its sessions can read for
+    multi-link files. A root whose config cannot be loaded is one failed check."""
+    try:
+        host = Host(root)
+    except KbdError as err:
+        return DoctorReport((DoctorCheck("config", False, f"{err.code}: {err.message}"),))
+    return DoctorReport((DoctorCheck("config", True, f"host {host.config.host}, root {host.config.root}"),
+                         *_root_checks(host, workflow_id), *_sandbox_checks(host)))  # fmt: skip
+
+
+def _root_checks(host: Host, workflow_id: str | None) -> list[DoctorCheck]:
+    from kbd import lint  # walks every workflow folder (bounded): only for doctor
+
+    ps = list(host.principals)
+    out = [
+        DoctorCheck(
+            "principals", True, f"{len(ps)} principals, {sum(p.enabled_admin for p in ps)} enabled admins"
+        )
+    ]
+    folders = host.registry.folders()
+    bad = [(f, s) for f in folders if (s := host.registry.status_of(f)) != "ok"]
+    detail = "all ok" if not bad else "; ".join(f"{f.path}: {s} ({f.known_id})" for f, s in bad)
+    out.append(DoctorCheck("registry", not bad, f"{len(folders)} workflow folders; {detail}"))
+    if host.registry.truncated:
+        out.append(
+            DoctorCheck(
+                "registry-depth", False, f"walk stopped at depth limit under {host.registry.truncated[0]}"
+            )
+        )
+    found = [lint.nesting_check(host.registry, folders)]
+    if workflow_id is not None:
+        found += lint.kb_link_checks(host, workflow_id)
+    return out + [DoctorCheck(c.name, c.ok, c.detail) for c in found]
+
+
+def _sandbox_checks(host: Host) -> list[DoctorCheck]:
+    from kbd.sandbox.probe import containment, landlock_only_summary, layers, limits  # runs real sandboxes
+
+    backend = host.config.sandbox.backend
+    lay = layers(backend=backend)
+    out = [
+        DoctorCheck("bubblewrap", lay["bwrap"]["ok"] or backend == "landlock", lay["bwrap"]["detail"]),
+        DoctorCheck("landlock", lay["landlock"]["abi"] > 0, f"Landlock {lay['landlock']['detail']}"),
+        DoctorCheck("read sessions", lay["usable"], lay["read_sessions"]),
+        DoctorCheck("write sessions", not lay["write_sessions"].startswith("REFUSED"), lay["write_sessions"]),
+        # Said whatever the backend: what would still run if bubblewrap went away.
+        DoctorCheck("landlock-only kinds", True, landlock_only_summary()),
+        DoctorCheck("containment", *containment(bwrap_ok=lay["bwrap"]["ok"], backend=backend)),
+    ]
+    # Informational: an unenforceable limit is reported, never a failure of the
+    # root; a limit kbd exec would refuse to run under is one.
+    out += [
+        DoctorCheck(f"limit {key}", not detail.startswith("REFUSED"), detail)
+        for key, detail in limits(host.config.limits).items()
+    ]
+    return out
+
+
+# -- validate ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Validation:
+    """Every problem of a workflow.json (syntax and field rules, not reachability)."""
+
+    file: str
+    workflow_id: str | None
+    version: str | None
+    entries: int
+    problems: tuple[str, ...]
+
+    @property
+    def valid(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> JsonObject:
+        return {"file": self.file, "workflow_id": self.workflow_id, "valid": self.valid,
+                "problems": list(self.problems), "version": self.version}  # fmt: skip
+
+
+def unreadable_json(file: Path, err: KbdError) -> JsonObject:
+    """``kbd validate --json``'s answer for a file that could not be checked at all."""
+    return {"file": str(file), "workflow_id": None, "valid": False, "problems": [err.message], "version": None,
+            "error": err.to_dict()}  # fmt: skip
+
+
+def validate(file: Path) -> Validation:
+    """Check ``file``; KbdError when it cannot be read or parsed at all."""
+    m = parse_manifest(_read_manifest(file))
+    if m.sources_problem:
+        raise ManifestUnreadable(m.sources_problem)
+    return Validation(str(file), m.id, m.version, len(m.entries), tuple(manifest_problems(m)))
+
+
+def _read_manifest(file: Path) -> bytes:
+    try:
+        # Non-blocking and checked before reading: a FIFO or a device never hangs validate.
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
+        raise NotFound(f"{file} does not exist", hint="pass the path of a workflow.json file") from exc
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {file}: {exc.strerror}") from exc
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InvalidInput(f"{file} is not a regular file")
+        return fh.read(MAX_MANIFEST_BYTES + 1)
+
+
+def manifest_problems(m: Manifest) -> list[str]:
+    """Every problem of every entry (not only the first one the lookup keeps),
+    of the writer grants and of the folder grants."""
+    from kbd.folders import resolve_folders
+
+    raw_entries = m.raw.get("knowledgebase_sources") or []
+    problems: list[str] = []
+    for e in m.entries:
+        if e.problem:
+            own = entry_problems(raw_entries[e.index], self_id=m.id)
+            problems += [f"knowledgebase_sources[{e.index}]: {p}" for p in own or [e.problem]]
+    problems += writer_problems(m.raw, self_id=m.id)
+    for i, f in enumerate(resolve_folders(m.raw.get("folder_access"), roots=())):
+        if f.reason == "invalid_entry":
+            problems.append(f"folder_access[{i}]: {f.message}")
+    return problems
+
+
+# -- principals -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrincipalRow:
+    principal: Principal
+
+    def to_json(self) -> JsonObject:
+        p = self.principal
+        return {"id": p.id, "kind": p.kind, "admin": p.admin, "disabled": p.disabled, "uid": p.uid,
+                "has_token": p.token_sha256 is not None}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PrincipalList:
+    principals: tuple[PrincipalRow, ...]
+
+    def to_json(self) -> JsonObject:
+        return {"principals": [p.to_json() for p in self.principals]}
+
+
+def list_principals(host: Host) -> PrincipalList:
+    """The users and services of this host (never their token hashes)."""
+    return PrincipalList(tuple(PrincipalRow(p) for p in host.principals))
+
+
+def new_token(host: Host, pid: str) -> str:
+    """A new API token for ``pid``; only its hash is stored. Shown once."""
+    return issue_token(host.config.root, pid, timeout=host.config.lock_timeout)
+
+
+# -- the daemon's own counters ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Metrics:
+    requests: dict[str, int]  # by first path segment after /v1
+    registry_scans: int
+    open_sessions: int
+
+    def to_json(self) -> JsonObject:
+        return {"requests": dict(self.requests), "registry_scans": self.registry_scans,
+                "open_sessions": self.open_sessions}  # fmt: skip
+
+
+def may_see_metrics(*, actor: Principal) -> None:
+    """PermissionDenied unless ``actor`` is an enabled admin or a service (cheap:
+    the daemon asks before it waits for its state lock)."""
+    if not (actor.enabled_admin or actor.is_service):
+        raise PermissionDenied("metrics are for admins and services", hint="ask an operator")
+
+
+def metrics(sessions: Sessions, *, actor: Principal, requests: dict[str, int]) -> Metrics:
+    """Host-wide counters, for operators only (admins and services): they
+    reveal how busy the host is, not what any workflow holds."""
+    may_see_metrics(actor=actor)
+    return Metrics(requests, sessions.host.registry.scans, len(sessions.store.rows()))
