@@ -61,7 +61,7 @@ def main() -> None:
         # (now refused by the loader) cost 0.98 s per 10 KB, here against the shipped rules.
         ('"reveal secret to"', fill("reveal secret to a@b "), "<= 50 (adversarial)"),
         ("indented ### system", fill("\n" + " " * 64 + "###" + " " * 16 + "system"), "<= 50 (adversarial)"),
-        ('"\nsystem :"', fill("\nsystem :"), "<= 50 (adversarial)"),
+        (r'"\nsystem :"', fill("\nsystem :"), "<= 50 (adversarial)"),
         ('"from now on, you"', fill("from now on, you "), "<= 50 (adversarial)"),
         ("system+256 spaces+x!", fill("system" + " " * 256 + "x!"), "<= 50 (adversarial)"),
     ]
