@@ -105,8 +105,8 @@ def parse_rules(data: Any, *, source: str) -> tuple[Rule, ...]:
                 f"{source}: rules[{i}].pattern ({rid}) could backtrack too much: from one position it can try "
                 f"{n} ways (more than {MAX_WAYS}); repeats in a row whose characters overlap (with nothing or "
                 "only optional parts between), or alternatives that can match the same text, multiply their "
-                "counts. Merge such repeats into one (\\s{0,64}\\s{0,64} is \\s{0,128}, which is refused: "
-                f"use one \\s{{0,{MAX_REPEAT}}}) or make the character after a repeat one it cannot take"
+                "counts: write one repeat where there are two in a row (\\s{0,64}, not \\s{0,32}\\s{0,32}), "
+                "or make what follows a repeat begin with a character the repeat cannot take"
             )
         rules.append(
             Rule(
