@@ -348,7 +348,26 @@ def tail_pattern(pattern: str) -> re.Pattern[str] | None:
     a chained rule rescan its gaps from every keyword (a 1 MiB note of
     "reveal secret to a@b " cost 0.3 s); the tail alone is one short scan."""
     parsed = sre_parse.parse(pattern, _FLAGS)
-    items = list(parsed)
+    items: Any = parsed
+    # A rule that is one group of alternatives: the alternatives' tails, as alternatives.
+    if len(items) == 1 and items[0][0] == sre_constants.SUBPATTERN:
+        items = items[0][1][-1]
+    if len(items) == 1 and items[0][0] == sre_constants.BRANCH:
+        alts = [_after_gap(alt) for alt in items[0][1][1]]
+        if all(a is None for a in alts):
+            return None
+        branch = [alt if a is None else a for alt, a in zip(items[0][1][1], alts, strict=True)]
+        tail = sre_parse.SubPattern(parsed.state, [(sre_constants.BRANCH, (None, branch))])
+    elif (after := _after_gap(items)) is not None:
+        tail = after
+    else:
+        return None
+    compiled: re.Pattern[str] = sre_compiler.compile(tail, _FLAGS | re.UNICODE)
+    return compiled
+
+
+def _after_gap(items: Any) -> Any:
+    """The items after the last gap of a sequence (a SubPattern), or None."""
     cut = None
     for i, (op, av) in enumerate(items):
         if op in _REPEATS and av[1] >= _GAP and av[1] != sre_constants.MAXREPEAT:
@@ -357,10 +376,7 @@ def tail_pattern(pattern: str) -> re.Pattern[str] | None:
                 cut = i
     if cut is None or cut == len(items) - 1:
         return None
-    flags = _FLAGS | re.UNICODE
-    tail = sre_parse.SubPattern(parsed.state, items[cut + 1 :])
-    compiled: re.Pattern[str] = sre_compiler.compile(tail, flags)
-    return compiled
+    return items[cut + 1 :]
 
 
 def required_words(pattern: str) -> tuple[frozenset[str], ...] | None:
