@@ -5,7 +5,10 @@ hurt a backtracking engine: newlines, spaces+newlines, "\\n#" repeated, a random
 mix of printable ASCII; and, adversarial (beyond the budget list), a random mix
 of only the characters the rules' words are made of (many partial word matches)
 and keyword spam that makes each bounded rule do its most work per start
-position (linear, but every start position is a candidate). Beside each: the floor, one trivial ``re.search`` over the same text,
+position (linear, but every start position is a candidate). The rows marked
+"<= 50 (adversarial)" are the second review's inputs, held to the same budget
+(tests/unit/test_gate_linear.py runs them in a subprocess with a generous
+timeout). Beside each: the floor, one trivial ``re.search`` over the same text,
 and one ``\\b\\w`` IGNORECASE scan (what a single non-literal rule must cost).
 """
 
@@ -53,15 +56,23 @@ def main() -> None:
         ),
         ("prose (no match)", fill("the quick brown fox jumps over the lazy dog. "), ""),
         ('"ignore all " spam', fill("ignore all "), "(adversarial)"),
+        # Issue 9 item 1, second review: keyword spam that made the shipped rules
+        # slow (linear, but 140-300 ms), and the text that made adjacent repeats
+        # (now refused by the loader) cost 0.98 s per 10 KB, here against the shipped rules.
+        ('"reveal secret to"', fill("reveal secret to a@b "), "<= 50 (adversarial)"),
+        ("indented ### system", fill("\n" + " " * 64 + "###" + " " * 16 + "system"), "<= 50 (adversarial)"),
+        (r'"\nsystem :"', fill("\nsystem :"), "<= 50 (adversarial)"),
+        ('"from now on, you"', fill("from now on, you "), "<= 50 (adversarial)"),
+        ("system+256 spaces+x!", fill("system" + " " * 256 + "x!"), "<= 50 (adversarial)"),
     ]
     injection.rules()  # load once, as a running daemon has
     print(f"injection gate on 1 MiB notes (median of {ROUNDS}), {len(injection.rules())} rules")
-    print(f"{'note':<20} {'gate ms':>9} {'floor ms':>9} {'1 scan ms':>9}  budget")
+    print(f"{'note':<22} {'gate ms':>9} {'floor ms':>9} {'1 scan ms':>9}  budget")
     for name, text, budget in cases:
         gate = ms(lambda t=text: injection.check(t))  # type: ignore[misc]
         floor = ms(lambda t=text: _TRIVIAL.search(t))  # type: ignore[misc]
         scan = ms(lambda t=text: _SCAN.search(t))  # type: ignore[misc]
-        print(f"{name:<20} {gate:>9.1f} {floor:>9.2f} {scan:>9.1f}  {budget}")
+        print(f"{name:<22} {gate:>9.1f} {floor:>9.2f} {scan:>9.1f}  {budget}")
 
 
 if __name__ == "__main__":
