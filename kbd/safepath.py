@@ -51,9 +51,11 @@ from kbd.errors import (
 )
 from kbd.fsio import write_atomic_at
 from kbd.linux import AT_EMPTY_PATH, AT_FDCWD, libc, mount_info
+from kbd.names import NAME_MAX as NAME_MAX
+from kbd.names import PATH_MAX as PATH_MAX
+from kbd.names import names_folder as names_folder
+from kbd.names import split_relative as split_relative
 
-PATH_MAX = 4096
-NAME_MAX = 255
 EAGAIN_RETRIES = 16
 
 RESOLVE_NO_XDEV = 0x01
@@ -93,42 +95,6 @@ def _probe_openat2() -> bool:
 
 
 HAVE_OPENAT2 = _probe_openat2()
-
-
-def split_relative(rel: str, *, allow_empty: bool = False) -> list[str]:
-    """Validate a caller-supplied relative path and split it into components.
-
-    Raises InvalidPath naming the rule. ``.`` components and repeated slashes are
-    dropped; ``..`` is refused outright (no lexical normalisation to argue about).
-    """
-    if not isinstance(rel, str):
-        raise InvalidPath("path must be a string")
-    if "\x00" in rel:
-        raise InvalidPath("path contains a NUL byte")
-    try:
-        raw = rel.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidPath("path is not valid Unicode (it contains a lone surrogate)") from None
-    if len(raw) > PATH_MAX:
-        raise InvalidPath(f"path is longer than {PATH_MAX} bytes")
-    if rel.startswith("/"):
-        raise InvalidPath("path must be relative to the knowledge base, not absolute")
-    parts = [p for p in rel.split("/") if p not in ("", ".")]
-    for p in parts:
-        if p == "..":
-            raise InvalidPath("path must not contain '..' components")
-        if len(p.encode("utf-8")) > NAME_MAX:
-            raise InvalidPath(f"a path component is longer than {NAME_MAX} bytes")
-    if not parts and not allow_empty:
-        raise InvalidPath("path is empty")
-    return parts
-
-
-def names_folder(rel: str) -> bool:
-    """Does ``rel`` end with ``/`` (or ``/.``)? Then, as in POSIX, it names a
-    folder: ``notes/a.md/`` is ENOTDIR when ``notes/a.md`` is a file, never the file."""
-    raw = rel.split("/")
-    return len(raw) > 1 and raw[-1] in ("", ".") and any(p not in ("", ".") for p in raw)
 
 
 def _refusal(err: int, rel: str) -> KbdError:
