@@ -9,6 +9,9 @@ import pytest
 
 from tests.helpers import KbRoot
 
+# Real commands under the Landlock-only backend.
+pytestmark = pytest.mark.requires_landlock
+
 
 def landlock_root(kb: KbRoot, *, unsafe: bool = False) -> KbRoot:
     cfg = kb.root / "kbd.yaml"

@@ -19,6 +19,9 @@ import pytest
 
 from tests.helpers import CliResult, Entry, KbRoot, snapshot
 
+# Real commands under bubblewrap.
+pytestmark = pytest.mark.requires_bwrap
+
 KINDS = ("execution", "reviewer_strategic")
 PRIVATE_NAMES = ("workflow.json", "soul", "learnings", "runs", "credentials")
 # What the kernel says when a sandboxed command is refused (never kbd's own error[...]).

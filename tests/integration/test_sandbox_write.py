@@ -22,6 +22,9 @@ import pytest
 
 from tests.helpers import CliResult, Entry, KbRoot, snapshot
 
+# Real commands under bubblewrap with the inner Landlock helper.
+pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_landlock(abi=2)]
+
 KERNEL_REFUSALS = (
     "Read-only file system",
     "Permission denied",

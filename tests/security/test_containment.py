@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from kbd import runner
+from tests.features import backends
 from tests.helpers import KbRoot
 
-BACKENDS = ["bwrap", "landlock"]
+BACKENDS = backends("bwrap", "landlock")
 
 
 def world(kb: KbRoot, backend: str) -> str:
@@ -135,6 +136,8 @@ def test_revoke_immediate_kills_the_whole_tree_and_lists_it(kb: KbRoot, backend:
             proc.wait(timeout=30)
 
 
+@pytest.mark.requires_landlock
+@pytest.mark.requires_cgroup
 def test_revoke_finds_a_tree_whose_kbd_exec_was_killed(kb: KbRoot, token: str) -> None:
     """Landlock-only: SIGKILL the recording ``kbd exec`` and its command's main
     process; only the detached loop is left. Its cgroup still names it, so the
@@ -216,6 +219,8 @@ def test_the_subreaper_fallback_kills_a_detached_tree(token: str) -> None:
     assert not tagged(token)
 
 
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_cgroup
 def test_a_killed_kbd_exec_leaves_no_cgroup_behind(kb: KbRoot, token: str) -> None:
     """bubblewrap: SIGKILL the recording kbd exec; its sandbox dies with it
     (--die-with-parent) and the next listing removes the empty cgroup and the record."""
@@ -239,6 +244,8 @@ def test_a_killed_kbd_exec_leaves_no_cgroup_behind(kb: KbRoot, token: str) -> No
             proc.wait(timeout=30)
 
 
+@pytest.mark.requires_landlock
+@pytest.mark.requires_cgroup
 def test_kbd_exec_sweeps_the_empty_cgroups_of_killed_execs(kb: KbRoot) -> None:
     from kbd.sandbox import cgroup
 
@@ -257,6 +264,8 @@ def test_kbd_exec_sweeps_the_empty_cgroups_of_killed_execs(kb: KbRoot) -> None:
             Path(stale).rmdir()
 
 
+@pytest.mark.requires_landlock
+@pytest.mark.requires_cgroup
 def test_the_v1_cgroups_of_a_command_are_removed_on_exit_and_swept(kb: KbRoot) -> None:
     """Hybrid hosts: each command also gets a cgroup in every v1 hierarchy that
     bounds what v2 cannot (pids, memory, cpu); none is left after it exits, and a
