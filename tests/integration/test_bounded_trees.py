@@ -79,7 +79,7 @@ def _writer(kb: KbRoot) -> str:
         access={"owners": ["alice"]},
         sources=[{"workflow_id": "src", "alias": "src", "access": "write"}],
     )
-    r = kb.cli("session", "open", "con", "--kind", "execution", "--kb-access", "read-write", "--as", "alice",
+    r = kb.call("session", "open", "con", "--kind", "execution", "--kb-access", "read-write", "--as", "alice",
                "--json")  # fmt: skip
     assert r.code == 0, r.err
     return str(r.json()["session_id"])

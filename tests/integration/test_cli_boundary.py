@@ -64,7 +64,7 @@ def world(kb: KbRoot) -> KbRoot:
 
 
 def open_session(kb: KbRoot, kind: str = "execution", mode: str = "read-write") -> str:
-    r = kb.cli("session", "open", "con", "--kind", kind, "--kb-access", mode, "--as", "alice", "--json")
+    r = kb.call("session", "open", "con", "--kind", kind, "--kb-access", mode, "--as", "alice", "--json")
     assert r.code == 0, r.err
     return str(r.json()["session_id"])
 

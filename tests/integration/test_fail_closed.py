@@ -12,7 +12,7 @@ from tests.helpers import KbRoot, snapshot
 
 
 def open_sid(kb: KbRoot, *args: str) -> str:
-    r = kb.cli("session", "open", "con", *args, "--as", "alice", "--json")
+    r = kb.call("session", "open", "con", *args, "--as", "alice", "--json")
     assert r.code == 0, r.err
     return str(r.json()["session_id"])
 

@@ -23,7 +23,7 @@ def landlock_root(kb: KbRoot, *, unsafe: bool = False) -> KbRoot:
 
 
 def open_session(kb: KbRoot, kind: str, mode: str = "read") -> str:
-    r = kb.cli("session", "open", "con", "--kind", kind, "--kb-access", mode, "--as", "alice", "--json")
+    r = kb.call("session", "open", "con", "--kind", kind, "--kb-access", mode, "--as", "alice", "--json")
     assert r.code == 0, r.err
     return str(r.json()["session_id"])
 

@@ -39,7 +39,7 @@ ALLOWED_ENV = {
 
 
 def open_session(kb: KbRoot, kb_access: str) -> dict[str, Any]:
-    r = kb.cli(
+    r = kb.call(
         "session", "open", "con", "--kind", "execution", "--kb-access", kb_access, "--as", "alice", "--json"
     )
     assert r.code == 0, r.err

@@ -40,7 +40,7 @@ KERNEL_REFUSALS = (
 
 
 def open_session(kb: KbRoot, wid: str, kind: str, kb_access: str) -> dict[str, Any]:
-    r = kb.cli("session", "open", wid, "--kind", kind, "--kb-access", kb_access, "--as", "alice", "--json")
+    r = kb.call("session", "open", wid, "--kind", kind, "--kb-access", kb_access, "--as", "alice", "--json")
     assert r.code == 0, r.err
     doc: dict[str, Any] = r.json()
     return doc

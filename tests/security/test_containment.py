@@ -27,7 +27,7 @@ def world(kb: KbRoot, backend: str) -> str:
     cfg.write_text(cfg.read_text().replace("backend: auto", f"backend: {backend}"))
     kb.workflow("src", access={"owners": ["bob"], "readers": ["alice"]})
     kb.workflow("con", access={"owners": ["alice"]}, sources=[{"workflow_id": "src", "alias": "src"}])
-    r = kb.cli("session", "open", "con", "--kind", "reviewer_strategic", "--as", "alice", "--json")
+    r = kb.call("session", "open", "con", "--kind", "reviewer_strategic", "--as", "alice", "--json")
     assert r.code == 0, r.err
     return str(r.json()["session_id"])
 

@@ -36,7 +36,7 @@ def world(kb: KbRoot, backend: str, **limits: Any) -> str:
     doc["limits"] = {**(doc.get("limits") or {}), **limits}
     cfg.write_text(yaml.safe_dump(doc))
     kb.workflow("con", access={"owners": ["alice"]})
-    r = kb.cli("session", "open", "con", "--kind", "reviewer_strategic", "--as", "alice", "--json")
+    r = kb.call("session", "open", "con", "--kind", "reviewer_strategic", "--as", "alice", "--json")
     assert r.code == 0, r.err
     return str(r.json()["session_id"])
 

@@ -34,7 +34,7 @@ def test_a_swapped_index_destination_never_reaches_the_consumer(kb: KbRoot) -> N
     (notes / "_index.json").write_text("PAYLOAD\n")
     # The redirect target as bwrap sees it while it builds the new root.
     (notes / "lnk").symlink_to(f"/newroot{con.resolve()}/victim.txt")
-    r = kb.cli(
+    r = kb.call(
         "session",
         "open",
         "con",

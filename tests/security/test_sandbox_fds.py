@@ -34,7 +34,7 @@ def world(kb: KbRoot) -> KbRoot:
     [("execution", "read-write"), ("execution", "read"), ("reviewer_strategic", "read"), ("builder", "none")],
 )
 def test_only_standard_streams_reach_the_command(world: KbRoot, kind: str, mode: str) -> None:
-    sid = world.cli(
+    sid = world.call(
         "session", "open", "con", "--kind", kind, "--kb-access", mode, "--as", "alice", "--json"
     ).json()["session_id"]
     # The shell's descriptors, listed by a child (ls) so the listing opens nothing in the shell.

@@ -29,7 +29,7 @@ def world(kb: KbRoot, backend: str, *, read_only: bool = False, network: str = "
     kind, mode = ("execution", "read-write") if backend == "bwrap" else ("reviewer_strategic", "read")
     if read_only:
         mode = "read"
-    r = kb.cli("session", "open", "con", "--kind", kind, "--kb-access", mode, "--as", "alice", "--json")
+    r = kb.call("session", "open", "con", "--kind", kind, "--kb-access", mode, "--as", "alice", "--json")
     assert r.code == 0, r.err
     return str(r.json()["session_id"])
 
