@@ -33,9 +33,10 @@ test: lint typecheck
 security: venv
 	$(BIN)/pytest -q tests/security
 
-# Longer hypothesis runs for a nightly job.
+# Longer hypothesis runs for a nightly job (5,000 examples a property: far beyond
+# the 120 s per-test timeout that guards `make test`).
 nightly: venv
-	HYPOTHESIS_PROFILE=nightly $(BIN)/pytest -q tests/security tests/unit
+	HYPOTHESIS_PROFILE=nightly $(BIN)/pytest -q --timeout=3600 tests/security tests/unit
 
 # DESIGN §8 figures. Bytecode is compiled first, as an installed package has it.
 bench: venv

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,6 +121,72 @@ class KbRoot:
             check=False,
         )
         return CliResult(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
+
+    def call(self, *args: str, input: bytes | None = None, env: dict[str, str] | None = None) -> CliResult:
+        """Run `kbd` like :meth:`cli`, but in this process (see :func:`run_in_process`)."""
+        return run_in_process(["--root", str(self.root), *args], input=input, env=env)
+
+
+def run_in_process(argv: list[str], *, input: bytes | None, env: dict[str, str] | None) -> CliResult:
+    """Run kbd's real entry point (``kbd.entry.main``) in this process with the
+    same argv, environment and standard descriptors a subprocess would get: fds
+    0-2 point at files (kbd writes JSON with os.write on fd 1), KBD_* comes only
+    from ``env``, and the exit code is the one ``sys.exit`` carried.
+
+    It saves a fresh interpreter per case (~0.3 s of imports), so tables of
+    validation cases whose subject is the message, exit code and unchanged files
+    use it; every command keeps smoke tests through the real subprocess
+    (:meth:`KbRoot.cli`). Not for ``kbd exec`` or ``kbd serve``: they start
+    processes and signal handlers that belong in a process of their own."""
+    from kbd import entry
+
+    assert argv[2:3] not in (["exec"], ["serve"]), "exec and serve run in a subprocess: use KbRoot.cli"
+    saved_env = os.environ.copy()
+    saved = (sys.argv, sys.stdin, sys.stdout, sys.stderr)
+    with tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as fout, tempfile.TemporaryFile() as ferr:
+        fin.write(input or b"")
+        fin.seek(0)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved_fds = [os.dup(fd) for fd in (0, 1, 2)]
+        try:
+            for fd, f in zip((0, 1, 2), (fin, fout, ferr), strict=True):
+                os.dup2(f.fileno(), fd)
+            for key in [k for k in os.environ if k.startswith("KBD_")]:
+                del os.environ[key]
+            os.environ.update(env or {})
+            sys.argv = ["kbd", *argv]
+            sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - closed below
+            sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+            sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+            code = _exit_code(entry.main)
+        finally:
+            for stream in (sys.stdin, sys.stdout, sys.stderr):
+                with contextlib.suppress(OSError, ValueError):
+                    stream.close()  # flushes what is still buffered
+            sys.argv, sys.stdin, sys.stdout, sys.stderr = saved
+            os.environ.clear()
+            os.environ.update(saved_env)
+            for fd, copy in zip((0, 1, 2), saved_fds, strict=True):
+                os.dup2(copy, fd)
+                os.close(copy)
+        fout.seek(0)
+        ferr.seek(0)
+        return CliResult(code, fout.read().decode(), ferr.read().decode())
+
+
+def _exit_code(main: Callable[[], None]) -> int:
+    """The status a process running ``main`` would exit with (as sys.exit sets it)."""
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code is None:
+            return 0
+        if isinstance(exc.code, int):
+            return exc.code
+        sys.stderr.write(f"{exc.code}\n")
+        return 1
+    return 0
 
 
 Entry = tuple[str, int, int, bytes]

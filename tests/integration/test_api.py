@@ -809,7 +809,7 @@ def test_session_children(world: World, s: Scenario) -> None:
     assert child["session_id"] != parent and child["workflow_id"] == s.con_id
     r = world.as_("alice").post(f"/v1/sessions/{parent}/children", json={"kb_access": "none"})
     assert r.status_code == 201 and r.json()["env"] == {"WORKFLOW_KB_ACCESS": "none"}
-    # A copied child keeps its parent's kind and item flag (review finding: no widening by kind).
+    # A copied child keeps its parent's kind and item flag (no widening by kind).
     r = world.as_("alice").post(f"/v1/sessions/{parent}/children", json={"kind": "builder"})
     assert "keeps its parent's kind" in world.error(r, 403, "permission-denied")
     r = world.as_("alice").post(f"/v1/sessions/{parent}/children", json={"item_kb_write": True})

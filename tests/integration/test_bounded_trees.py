@@ -79,12 +79,14 @@ def _writer(kb: KbRoot) -> str:
         access={"owners": ["alice"]},
         sources=[{"workflow_id": "src", "alias": "src", "access": "write"}],
     )
-    r = kb.cli("session", "open", "con", "--kind", "execution", "--kb-access", "read-write", "--as", "alice",
+    r = kb.call("session", "open", "con", "--kind", "execution", "--kb-access", "read-write", "--as", "alice",
                "--json")  # fmt: skip
     assert r.code == 0, r.err
     return str(r.json()["session_id"])
 
 
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_landlock(abi=2)  # the inner helper of write plans
 def test_a_command_that_floods_notes_is_audited_truncated_and_blocks_the_next_write(kb: KbRoot) -> None:
     _set_quota(kb, max_files=50, max_bytes=1 << 20)
     sid = _writer(kb)
@@ -134,6 +136,8 @@ def test_bad_notes_quota_config_is_refused(kb: KbRoot, quota: dict[str, Any], me
     assert r.code == 65 and message in r.out + r.err, r.out + r.err
 
 
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_landlock(abi=2)  # the inner helper of write plans
 def test_the_audit_reads_a_bounded_number_of_bytes_and_says_truncated(kb: KbRoot) -> None:
     from kbd.notes import MAX_AUDIT_READ_BYTES, MAX_NOTE_BYTES
 
@@ -149,6 +153,8 @@ def test_the_audit_reads_a_bounded_number_of_bytes_and_says_truncated(kb: KbRoot
     assert not _events(kb, "notes_quota_exceeded")
 
 
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_landlock(abi=2)  # the inner helper of write plans
 def test_a_notes_tree_too_deep_to_count_is_over_quota(kb: KbRoot) -> None:
     sid = _writer(kb)
     deep = 'cd "$WORKFLOW_KB_SRC/notes" && mkdir -p ' + "/".join(f"l{i}" for i in range(20))
@@ -159,6 +165,8 @@ def test_a_notes_tree_too_deep_to_count_is_over_quota(kb: KbRoot) -> None:
     assert r.code == 65 and "deeper than 16 folders" in r.err, r.err
 
 
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_landlock(abi=2)  # the inner helper of write plans
 def test_the_audit_gates_changed_files_after_releasing_the_notes_mutex(kb: KbRoot) -> None:
     """Issue 9 item 1: the post-command audit held the source's notes mutex while
     it gated what the command wrote, so another contributor got `busy`."""

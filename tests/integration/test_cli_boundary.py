@@ -64,7 +64,7 @@ def world(kb: KbRoot) -> KbRoot:
 
 
 def open_session(kb: KbRoot, kind: str = "execution", mode: str = "read-write") -> str:
-    r = kb.cli("session", "open", "con", "--kind", kind, "--kb-access", mode, "--as", "alice", "--json")
+    r = kb.call("session", "open", "con", "--kind", kind, "--kb-access", mode, "--as", "alice", "--json")
     assert r.code == 0, r.err
     return str(r.json()["session_id"])
 
@@ -123,6 +123,7 @@ def test_empty_principal_is_a_usage_error_everywhere_and_changes_nothing(world: 
     assert [r["session_id"] for r in rows] == [sid], "the session must still be open"
 
 
+@pytest.mark.requires_bwrap
 def test_lean_exec_path_refuses_empty_kbd_as(world: KbRoot) -> None:
     """`kbd exec SID -- CMD` never reaches click; it must refuse KBD_AS= on its own."""
     sid = open_session(world)
@@ -469,6 +470,7 @@ def test_doctor_names_the_kinds_that_run_under_landlock_alone(kb: KbRoot) -> Non
         assert kind in detail.split("Refused: ")[1]
 
 
+@pytest.mark.requires_landlock
 def test_landlock_only_kinds_match_what_the_runner_does(world: KbRoot) -> None:
     """The doctor's claim, checked against real Landlock-only runs of every kind."""
     cfg = world.root / "kbd.yaml"

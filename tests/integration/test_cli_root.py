@@ -298,7 +298,7 @@ def test_kbd_yaml_is_strict(kb: KbRoot, old: str, new: str, fragments: list[str]
     assert old in text
     path.write_text(text.replace(old, new, 1))
     before = tree(kb.root)
-    r = kb.cli("workflows", "list", "--as", "alice", "--json")
+    r = kb.call("workflows", "list", "--as", "alice", "--json")
     assert r.code == 65, r.out + r.err
     message = error_message(r)
     assert "kbd.yaml" in message
@@ -350,7 +350,7 @@ PRINCIPALS_CASES = [
 def test_principals_yaml_is_strict(kb: KbRoot, text: str, fragments: list[str]) -> None:
     (kb.root / "principals.yaml").write_text(text)
     before = tree(kb.root)
-    r = kb.cli("workflows", "list", "--as", "alice", "--json")
+    r = kb.call("workflows", "list", "--as", "alice", "--json")
     assert r.code == 65, r.out + r.err
     message = error_message(r)
     assert "principals.yaml" in message
@@ -519,7 +519,7 @@ def test_validate_lists_each_problem(tmp_path: Path) -> None:
 def test_validate_rejects(tmp_path: Path, doc: dict[str, Any], fragments: list[str]) -> None:
     f = tmp_path / "workflow.json"
     f.write_text(json.dumps(doc))
-    r = KbRoot(tmp_path / "no-root").cli("validate", str(f))
+    r = KbRoot(tmp_path / "no-root").call("validate", str(f))
     assert r.code == 65, r.out + r.err
     # Entry and field problems are listed on stdout, one per line (issue 9 changed
     # this contract); whole-file problems stay in the error line.

@@ -1,5 +1,10 @@
 """DESIGN §2 validation and §6 exit codes/shapes, through the real `kbd` CLI.
 
+The tables of cases run kbd's real entry point in this process (KbRoot.call:
+same argv, environment, descriptors, bytes and exit code as a subprocess, without
+a new interpreter per case); each command keeps smoke tests through a real
+`kbd` subprocess (KbRoot.cli): set, attach, detach, list, grant, workflows list.
+
 Every rejection asserts three things: the exit code of the contract, an
 ``error[<code>]: …`` line naming the entry/field and what is allowed (plus a
 ``hint:``), and that every workflow.json under the root is byte-identical
@@ -70,7 +75,7 @@ def body(entries: Any) -> bytes:
 
 
 def sources_json(kb: KbRoot, wf: str, actor: str = "alice") -> list[dict[str, Any]]:
-    r = kb.cli("sources", "list", wf, "--as", actor, "--json")
+    r = kb.call("sources", "list", wf, "--as", actor, "--json")
     assert r.code == 0, r.err
     rows: list[dict[str, Any]] = r.json()["sources"]
     return rows
@@ -243,7 +248,7 @@ SET_REJECTIONS = [
 @pytest.mark.parametrize(("payload", "code", "fragments"), SET_REJECTIONS)
 def test_sources_set_rejects(world: KbRoot, payload: bytes, code: int, fragments: list[str]) -> None:
     before = snapshot(world)
-    r = world.cli("sources", "set", "con", "--file", "-", "--as", "alice", input=payload)
+    r = world.call("sources", "set", "con", "--file", "-", "--as", "alice", input=payload)
     assert_rejected(world, before, r, code, fragments)
 
 
@@ -304,7 +309,7 @@ ATTACH_REJECTIONS = [
 @pytest.mark.parametrize(("args", "code", "fragments"), ATTACH_REJECTIONS)
 def test_sources_attach_rejects(world: KbRoot, args: list[str], code: int, fragments: list[str]) -> None:
     before = snapshot(world)
-    r = world.cli("sources", "attach", "con", *args, "--as", "alice")
+    r = world.call("sources", "attach", "con", *args, "--as", "alice")
     assert_rejected(world, before, r, code, fragments)
 
 
@@ -328,10 +333,10 @@ def test_attach_beyond_20_sources(kb: KbRoot) -> None:
     kb.workflow("con", access=CONSUMER_ACCESS, sources=ghosts)
     kb.workflow("src", access=SOURCE_ACCESS)
     kb.workflow("src2", access=SOURCE_ACCESS)
-    r = kb.cli("sources", "attach", "con", "src", "--alias", "twentieth", "--as", "alice")
+    r = kb.call("sources", "attach", "con", "src", "--alias", "twentieth", "--as", "alice")
     assert r.code == 0, r.err
     before = snapshot(kb)
-    r = kb.cli("sources", "attach", "con", "src2", "--alias", "extra", "--as", "alice")
+    r = kb.call("sources", "attach", "con", "src2", "--alias", "extra", "--as", "alice")
     assert_rejected(kb, before, r, 65, ["21 entries", "at most 20"])
 
 
@@ -350,16 +355,16 @@ ACTOR_REJECTIONS = [
 @pytest.mark.parametrize(("as_args", "fragments"), ACTOR_REJECTIONS)
 def test_attach_refused_for_actor(world: KbRoot, as_args: list[str], fragments: list[str]) -> None:
     before = snapshot(world)
-    r = world.cli("sources", "attach", "con", "src2", "--alias", "t", *as_args)
+    r = world.call("sources", "attach", "con", "src2", "--alias", "t", *as_args)
     assert_rejected(world, before, r, 77, fragments)
 
 
 def test_outsider_learns_nothing_about_the_workflow(world: KbRoot) -> None:
     """Someone outside the consumer's audience gets the same answer as for a missing workflow."""
     before = snapshot(world)
-    r = world.cli("sources", "attach", "con", "src2", "--alias", "t", "--as", "dave")
+    r = world.call("sources", "attach", "con", "src2", "--alias", "t", "--as", "dave")
     assert_rejected(world, before, r, 66, ["no workflow with ID 'con'"])
-    missing = world.cli("sources", "attach", "nope", "src2", "--alias", "t", "--as", "dave")
+    missing = world.call("sources", "attach", "nope", "src2", "--alias", "t", "--as", "dave")
     assert missing.err.replace("nope", "con") == r.err
 
 
@@ -371,7 +376,7 @@ def test_no_uid_mapping_hint_names_as(world: KbRoot) -> None:
 
 @pytest.mark.parametrize("actor", ["alice", "carol", "ops"], ids=["owner", "editor", "admin"])
 def test_attach_allowed_for_owner_editor_admin(world: KbRoot, actor: str) -> None:
-    r = world.cli("sources", "attach", "con", "src2", "--alias", "t", "--as", actor, "--json")
+    r = world.call("sources", "attach", "con", "src2", "--alias", "t", "--as", actor, "--json")
     assert r.code == 0, r.err
     assert r.json()["available"] is True
     assert manifest_meaning(world.workflows / "con")["knowledgebase_sources"] == [
@@ -432,7 +437,7 @@ GRANT_REJECTIONS = [
 @pytest.mark.parametrize(("args", "code", "fragments"), GRANT_REJECTIONS)
 def test_writers_grant_rejects(world: KbRoot, args: list[str], code: int, fragments: list[str]) -> None:
     before = snapshot(world)
-    r = world.cli("writers", "grant", *args)
+    r = world.call("writers", "grant", *args)
     assert_rejected(world, before, r, code, fragments)
 
 
@@ -441,11 +446,11 @@ def test_writers_grant_limit_is_50(kb: KbRoot) -> None:
     kb.workflow("src", access={**SOURCE_ACCESS, "allowed_kb_writers": existing})
     kb.workflow("fiftieth", access=CONSUMER_ACCESS)
     kb.workflow("fifty_first", access=CONSUMER_ACCESS)
-    r = kb.cli("writers", "grant", "src", "fiftieth", "--as", "alice")
+    r = kb.call("writers", "grant", "src", "fiftieth", "--as", "alice")
     assert r.code == 0, r.err
     assert len(manifest_meaning(kb.workflows / "src")["access"]["allowed_kb_writers"]) == 50
     before = snapshot(kb)
-    r = kb.cli("writers", "grant", "src", "fifty_first", "--as", "alice")
+    r = kb.call("writers", "grant", "src", "fifty_first", "--as", "alice")
     assert_rejected(kb, before, r, 65, ["allowed_kb_writers", "51 workflows", "at most 50"])
 
 
@@ -467,7 +472,7 @@ def test_writers_grant_trims_and_deduplicates(world: KbRoot) -> None:
 
 def test_sources_set_with_wrong_expected_version_conflicts(world: KbRoot) -> None:
     before = snapshot(world)
-    r = world.cli(
+    r = world.call(
         "sources",
         "set",
         "con",
@@ -531,7 +536,7 @@ def test_attach_preserves_every_unknown_field(world: KbRoot) -> None:
     con = world.workflows / "con"
     (con / "workflow.json").write_text(UNKNOWN_FIELDS_JSON, encoding="utf-8")
     before = manifest_meaning(con)
-    r = world.cli("sources", "attach", "con", "src2", "--alias", "two", "--as", "alice")
+    r = world.call("sources", "attach", "con", "src2", "--alias", "two", "--as", "alice")
     assert r.code == 0, r.err
     after = manifest_meaning(con)
     assert _without(after, "knowledgebase_sources") == _without(before, "knowledgebase_sources")
@@ -552,7 +557,7 @@ def test_grant_preserves_every_unknown_field(world: KbRoot) -> None:
     del doc["knowledgebase_sources"]
     (src / "workflow.json").write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
     before = manifest_meaning(src)
-    r = world.cli("writers", "grant", "src", "con", "--as", "alice")
+    r = world.call("writers", "grant", "src", "con", "--as", "alice")
     assert r.code == 0, r.err
     after = manifest_meaning(src)
     assert _without(after, "access") == _without(before, "access")
@@ -567,7 +572,7 @@ def test_attach_preserves_a_float_beyond_double_range(world: KbRoot) -> None:
     doc = json.loads(UNKNOWN_FIELDS_JSON)
     text = json.dumps(doc, ensure_ascii=False)[:-1] + ', "huge": 1e400}'
     (con / "workflow.json").write_text(text, encoding="utf-8")
-    r = world.cli("sources", "attach", "con", "src2", "--alias", "two", "--as", "alice")
+    r = world.call("sources", "attach", "con", "src2", "--alias", "two", "--as", "alice")
     assert r.code == 0, r.err
     saved = (con / "workflow.json").read_text(encoding="utf-8")
     assert "Infinity" not in saved
@@ -587,7 +592,7 @@ def test_attach_preserves_an_escaped_lone_surrogate(world: KbRoot) -> None:
 
 
 def test_sources_set_empty_list_detaches_all(world: KbRoot) -> None:
-    r = world.cli("sources", "set", "con", "--file", "-", "--as", "alice", "--json", input=b"[]")
+    r = world.call("sources", "set", "con", "--file", "-", "--as", "alice", "--json", input=b"[]")
     assert r.code == 0, r.err
     assert r.json()["sources"] == []
     assert manifest_meaning(world.workflows / "con")["knowledgebase_sources"] == []
@@ -595,7 +600,7 @@ def test_sources_set_empty_list_detaches_all(world: KbRoot) -> None:
 
 
 def test_write_attach_without_grant_is_saved_write_pending(world: KbRoot) -> None:
-    r = world.cli(
+    r = world.call(
         "sources", "attach", "con", "src2", "--alias", "two", "--access", "write", "--as", "alice", "--json"
     )
     assert r.code == 0, r.err
@@ -614,7 +619,7 @@ def test_write_attach_without_grant_is_saved_write_pending(world: KbRoot) -> Non
         "reason": "write_not_granted",
     }
     # Once the source's owner consents, the same entry becomes writable.
-    g = world.cli("writers", "grant", "src2", "con", "--as", "alice")
+    g = world.call("writers", "grant", "src2", "con", "--as", "alice")
     assert g.code == 0, g.err
     listed = {a["alias"]: a for a in sources_json(world, "con")}
     assert listed["two"]["write"]["available"] is True
@@ -707,7 +712,7 @@ def test_workflows_list_json_shape(world: KbRoot) -> None:
 
 
 def test_workflows_list_json_hides_what_the_actor_cannot_inspect(world: KbRoot) -> None:
-    r = world.cli("workflows", "list", "--as", "dave", "--json")
+    r = world.call("workflows", "list", "--as", "dave", "--json")
     assert r.code == 0, r.err
     ids = {w["id"] for w in r.json()["workflows"]}
     assert ids == {"legacy"}  # dave is in no audience; the legacy workflow is account-visible
@@ -736,7 +741,7 @@ def _make_unavailable(kb: KbRoot, how: str) -> None:
 @pytest.mark.parametrize(("how", "reason"), UNAVAILABLE_WAYS)
 def test_unchanged_unavailable_entry_is_kept_on_attach(world: KbRoot, how: str, reason: str) -> None:
     _make_unavailable(world, how)
-    r = world.cli("sources", "attach", "con", "src2", "--alias", "two", "--as", "alice")
+    r = world.call("sources", "attach", "con", "src2", "--alias", "two", "--as", "alice")
     assert r.code == 0, r.err
     assert manifest_meaning(world.workflows / "con")["knowledgebase_sources"] == [
         {"workflow_id": "src", "alias": "s", "access": "read"},
@@ -750,12 +755,12 @@ def test_unchanged_unavailable_entry_is_kept_on_attach(world: KbRoot, how: str, 
 def test_unchanged_unavailable_entry_is_kept_by_set_but_a_changed_one_must_resolve(world: KbRoot) -> None:
     _make_unavailable(world, "narrowed")
     keep = body([FIRST, {"workflow_id": "src2", "alias": "two"}])
-    r = world.cli("sources", "set", "con", "--file", "-", "--as", "alice", input=keep)
+    r = world.call("sources", "set", "con", "--file", "-", "--as", "alice", input=keep)
     assert r.code == 0, r.err
     # Changing the unavailable entry (read → write) makes it a new entry: it must resolve.
     before = snapshot(world)
     changed = body([{**FIRST, "access": "write"}, {"workflow_id": "src2", "alias": "two"}])
-    r = world.cli("sources", "set", "con", "--file", "-", "--as", "alice", input=changed)
+    r = world.call("sources", "set", "con", "--file", "-", "--as", "alice", input=changed)
     assert_rejected(world, before, r, 77, ["'src'", "audience_denied"])
 
 
@@ -782,7 +787,7 @@ def test_manifest_save_keeps_owner_and_rw_mode_but_never_set_id_or_exec(world: K
     manifest = world.workflows / "con" / "workflow.json"
     os.chown(manifest, 4242, 4343)
     os.chmod(manifest, planted)
-    r = world.cli("sources", "attach", "con", "src2", "--alias", "two", "--as", "alice")
+    r = world.call("sources", "attach", "con", "src2", "--alias", "two", "--as", "alice")
     assert r.code == 0, r.err
     st = os.lstat(manifest)
     assert (st.st_uid, st.st_gid) == (4242, 4343)

@@ -9,6 +9,9 @@ import pytest
 
 from tests.helpers import KbRoot
 
+# Real commands under the Landlock-only backend.
+pytestmark = pytest.mark.requires_landlock
+
 
 def landlock_root(kb: KbRoot, *, unsafe: bool = False) -> KbRoot:
     cfg = kb.root / "kbd.yaml"
@@ -20,7 +23,7 @@ def landlock_root(kb: KbRoot, *, unsafe: bool = False) -> KbRoot:
 
 
 def open_session(kb: KbRoot, kind: str, mode: str = "read") -> str:
-    r = kb.cli("session", "open", "con", "--kind", kind, "--kb-access", mode, "--as", "alice", "--json")
+    r = kb.call("session", "open", "con", "--kind", kind, "--kb-access", mode, "--as", "alice", "--json")
     assert r.code == 0, r.err
     return str(r.json()["session_id"])
 

@@ -61,7 +61,7 @@ def names(kb: KbRoot) -> Names:
         access={"owners": ["alice"]},
         sources=[{"workflow_id": "src", "alias": "src", "access": "write"}],
     )
-    r = kb.cli(
+    r = kb.call(
         "session",
         "open",
         "con",
@@ -83,6 +83,8 @@ def names(kb: KbRoot) -> Names:
 
 
 # -- through the CLI ----------------------------------------------------------------------
+# The tables run kbd's entry point in this process (KbRoot.call); the trailing-slash and
+# escaped-listing tests below run the real `kbd` subprocess.
 
 
 @pytest.mark.parametrize("case", sorted(BAD_NAMES))
@@ -91,9 +93,9 @@ def test_cli_refuses_bad_names_everywhere(names: Names, case: str) -> None:
     kb = names.kb
     before = snapshot(kb.root, skip=("state",))
     runs = {
-        "read": kb.cli("read", "con", "src", f"notes/{name}", "--as", "alice"),
-        "ls": kb.cli("ls", "con", "src", f"notes/{name}", "--as", "alice"),
-        "notes write": kb.cli("notes", "write", names.sid, "src", name, input=b"a note\n"),
+        "read": kb.call("read", "con", "src", f"notes/{name}", "--as", "alice"),
+        "ls": kb.call("ls", "con", "src", f"notes/{name}", "--as", "alice"),
+        "notes write": kb.call("notes", "write", names.sid, "src", name, input=b"a note\n"),
     }
     for what, r in runs.items():
         assert r.code == 65, (what, r.code, r.out, r.err)
@@ -101,7 +103,7 @@ def test_cli_refuses_bad_names_everywhere(names: Names, case: str) -> None:
         assert first.startswith("error[invalid-path]:") and why in first, (what, r.err)
         assert r.out == "", what
     for mode in ("read", "write"):
-        r = kb.cli("check", names.sid, str(names.notes.resolve() / name), "--mode", mode, "--json")
+        r = kb.call("check", names.sid, str(names.notes.resolve() / name), "--mode", mode, "--json")
         assert r.code == 77, (mode, r.err)
         assert r.json()["allowed"] is False and why in r.json()["reason"], (mode, r.out)
     assert snapshot(kb.root, skip=("state",)) == before
@@ -129,12 +131,12 @@ def test_cli_check_write_refuses_what_notes_write_refuses(names: Names, name: st
     """Before: `kbd check --mode write` allowed notes/_INDEX.json, which notes write refuses."""
     kb = names.kb
     (names.notes / "sub").mkdir(exist_ok=True)
-    r = kb.cli("check", names.sid, str(names.notes.resolve() / name), "--mode", "write", "--json")
+    r = kb.call("check", names.sid, str(names.notes.resolve() / name), "--mode", "write", "--json")
     assert r.code == 77, r.out
     assert (
         r.json() == {"allowed": False, "reason": r.json()["reason"]} and "_index.json" in r.json()["reason"]
     )
-    w = kb.cli("notes", "write", names.sid, "src", name, input=b"{}\n")
+    w = kb.call("notes", "write", names.sid, "src", name, input=b"{}\n")
     assert w.code == 77 and "_index.json" in w.err
 
 

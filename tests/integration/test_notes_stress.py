@@ -43,6 +43,7 @@ from kbd.notes import read_index, write_note
 from kbd.ops import Host
 from kbd.safepath import pin_dir
 from kbd.session_ops import Sessions
+from tests.features import backends
 from tests.helpers import OPERATOR, KbRoot
 
 WRITERS = 8
@@ -303,6 +304,8 @@ def shell_block(w: int) -> str:
     return "".join(f"writer {w} chunk {k} {FILL}\n" for k in range(CHUNKS))
 
 
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_landlock(abi=2)  # the inner helper of write plans
 def test_eight_sandboxed_shell_writers_are_serialised(kb: KbRoot) -> None:
     consumers = [f"c{w}" for w in range(WRITERS)]
     source = build(kb, consumers)
@@ -467,6 +470,8 @@ def test_writers_killed_at_random_moments_leave_whole_notes_and_free_locks(kb: K
         assert not temp_files(source.notes)
 
 
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_landlock(abi=2)  # the inner helper of write plans
 def test_kbd_exec_killed_while_holding_the_mutex_leaves_no_stuck_lock(kb: KbRoot) -> None:
     source = build(kb, ["con"])
     host = kb.host()
@@ -593,7 +598,7 @@ BACKENDS = {
 }
 
 
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("backend", backends(*sorted(BACKENDS)))
 def test_kbd_exec_of_a_write_plan_holds_the_notes_mutex_under_every_backend(kb: KbRoot, backend: str) -> None:
     source = build(kb, ["con"])
     cfg = kb.root / "kbd.yaml"

@@ -9,6 +9,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from tests.helpers import KbRoot
 
@@ -23,6 +24,8 @@ def wait_for(predicate: object, timeout: float = 15.0) -> None:
     raise AssertionError("condition not reached")
 
 
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_landlock(abi=2)  # the inner helper of write plans
 def test_stale_commands_are_listed_and_terminated_only_when_asked(kb: KbRoot) -> None:
     kb.workflow("src", access={"owners": ["bob"], "readers": ["alice"], "allowed_kb_writers": ["con"]})
     kb.workflow(
@@ -85,6 +88,7 @@ def test_stale_commands_are_listed_and_terminated_only_when_asked(kb: KbRoot) ->
             runner.wait(timeout=30)
 
 
+@pytest.mark.requires_bwrap
 def test_a_closed_session_refuses_new_commands_and_lists_old_ones_for_revocation(kb: KbRoot) -> None:
     kb.workflow("con", access={"owners": ["alice"]})
     sid = kb.cli("session", "open", "con", "--kind", "reviewer_strategic", "--as", "alice", "--json").json()[

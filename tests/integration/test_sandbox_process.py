@@ -24,6 +24,9 @@ import pytest
 
 from tests.helpers import CliResult, KbRoot, snapshot
 
+# Real commands under bubblewrap; the write session adds the inner Landlock helper.
+pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_landlock(abi=2)]
+
 MODES = {"read": "read", "write": "read-write"}
 # DESIGN §4 / kbd.runner: the environment is built, never inherited (PWD is set by
 # bwrap's --chdir to the command's working folder).
@@ -36,7 +39,7 @@ ALLOWED_ENV = {
 
 
 def open_session(kb: KbRoot, kb_access: str) -> dict[str, Any]:
-    r = kb.cli(
+    r = kb.call(
         "session", "open", "con", "--kind", "execution", "--kb-access", kb_access, "--as", "alice", "--json"
     )
     assert r.code == 0, r.err

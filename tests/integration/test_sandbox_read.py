@@ -19,6 +19,9 @@ import pytest
 
 from tests.helpers import CliResult, Entry, KbRoot, snapshot
 
+# Real commands under bubblewrap.
+pytestmark = pytest.mark.requires_bwrap
+
 KINDS = ("execution", "reviewer_strategic")
 PRIVATE_NAMES = ("workflow.json", "soul", "learnings", "runs", "credentials")
 # What the kernel says when a sandboxed command is refused (never kbd's own error[...]).
@@ -37,7 +40,7 @@ KERNEL_REFUSALS = (
 
 
 def open_session(kb: KbRoot, wid: str, kind: str, kb_access: str) -> dict[str, Any]:
-    r = kb.cli("session", "open", wid, "--kind", kind, "--kb-access", kb_access, "--as", "alice", "--json")
+    r = kb.call("session", "open", wid, "--kind", kind, "--kb-access", kb_access, "--as", "alice", "--json")
     assert r.code == 0, r.err
     doc: dict[str, Any] = r.json()
     return doc

@@ -22,6 +22,9 @@ import pytest
 
 from tests.helpers import CliResult, Entry, KbRoot, snapshot
 
+# Real commands under bubblewrap with the inner Landlock helper.
+pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_landlock(abi=2)]
+
 KERNEL_REFUSALS = (
     "Read-only file system",
     "Permission denied",
@@ -40,7 +43,7 @@ INDEX_BYTES = b'{"notes": ["fact.md"]}\n'
 def open_session(
     kb: KbRoot, wid: str, kind: str = "execution", kb_access: str = "read-write"
 ) -> dict[str, Any]:
-    r = kb.cli("session", "open", wid, "--kind", kind, "--kb-access", kb_access, "--as", "alice", "--json")
+    r = kb.call("session", "open", wid, "--kind", kind, "--kb-access", kb_access, "--as", "alice", "--json")
     assert r.code == 0, r.err
     doc: dict[str, Any] = r.json()
     return doc

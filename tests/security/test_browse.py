@@ -60,7 +60,7 @@ def test_paths_outside_or_odd_are_refused(
     attached: tuple[KbRoot, Path], relpath: str, code: int, error: str
 ) -> None:
     kb, _ = attached
-    r = kb.cli("read", "con", "rts", relpath, "--as", "alice")
+    r = kb.call("read", "con", "rts", relpath, "--as", "alice")
     assert r.code == code, r.err
     assert r.err.startswith(f"error[{error}]")
     assert str(kb.root) not in r.err and "/workflows/" not in r.err  # no host paths in errors

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from kbd import runner
+from tests.features import backends
 from tests.helpers import KbRoot
 
-BACKENDS = ["bwrap", "landlock"]
+BACKENDS = backends("bwrap", "landlock")
 
 
 def world(kb: KbRoot, backend: str) -> str:
@@ -27,7 +28,7 @@ def world(kb: KbRoot, backend: str) -> str:
     cfg.write_text(cfg.read_text().replace("backend: auto", f"backend: {backend}"))
     kb.workflow("src", access={"owners": ["bob"], "readers": ["alice"]})
     kb.workflow("con", access={"owners": ["alice"]}, sources=[{"workflow_id": "src", "alias": "src"}])
-    r = kb.cli("session", "open", "con", "--kind", "reviewer_strategic", "--as", "alice", "--json")
+    r = kb.call("session", "open", "con", "--kind", "reviewer_strategic", "--as", "alice", "--json")
     assert r.code == 0, r.err
     return str(r.json()["session_id"])
 
@@ -136,6 +137,8 @@ def test_revoke_immediate_kills_the_whole_tree_and_lists_it(kb: KbRoot, backend:
             proc.wait(timeout=30)
 
 
+@pytest.mark.requires_landlock
+@pytest.mark.requires_cgroup
 def test_revoke_finds_a_tree_whose_kbd_exec_was_killed(kb: KbRoot, token: str) -> None:
     """Landlock-only: SIGKILL the recording ``kbd exec`` and its command's main
     process; only the detached loop is left. Its cgroup still names it, so the
@@ -217,6 +220,8 @@ def test_the_subreaper_fallback_kills_a_detached_tree(token: str) -> None:
     assert not tagged(token)
 
 
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_cgroup
 def test_a_killed_kbd_exec_leaves_no_cgroup_behind(kb: KbRoot, token: str) -> None:
     """bubblewrap: SIGKILL the recording kbd exec; its sandbox dies with it
     (--die-with-parent) and the next listing removes the empty cgroup and the record."""
@@ -240,6 +245,8 @@ def test_a_killed_kbd_exec_leaves_no_cgroup_behind(kb: KbRoot, token: str) -> No
             proc.wait(timeout=30)
 
 
+@pytest.mark.requires_landlock
+@pytest.mark.requires_cgroup
 def test_kbd_exec_sweeps_the_empty_cgroups_of_killed_execs(kb: KbRoot) -> None:
     from kbd.sandbox import cgroup
 
@@ -258,6 +265,8 @@ def test_kbd_exec_sweeps_the_empty_cgroups_of_killed_execs(kb: KbRoot) -> None:
             Path(stale).rmdir()
 
 
+@pytest.mark.requires_landlock
+@pytest.mark.requires_cgroup
 def test_the_v1_cgroups_of_a_command_are_removed_on_exit_and_swept(kb: KbRoot) -> None:
     """Hybrid hosts: each command also gets a cgroup in every v1 hierarchy that
     bounds what v2 cannot (pids, memory, cpu); none is left after it exits, and a

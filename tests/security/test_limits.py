@@ -20,9 +20,13 @@ import yaml
 from kbd.ops import Host
 from kbd.sandbox import cgroup
 from kbd.session_ops import Sessions
+from tests.features import backends
 from tests.helpers import KbRoot
 
-BACKENDS = ["bwrap", "landlock"]
+BACKENDS = backends("bwrap", "landlock")
+
+# Every bound here is a cgroup limit or is checked beside one.
+pytestmark = pytest.mark.requires_cgroup
 
 
 def world(kb: KbRoot, backend: str, **limits: Any) -> str:
@@ -32,7 +36,7 @@ def world(kb: KbRoot, backend: str, **limits: Any) -> str:
     doc["limits"] = {**(doc.get("limits") or {}), **limits}
     cfg.write_text(yaml.safe_dump(doc))
     kb.workflow("con", access={"owners": ["alice"]})
-    r = kb.cli("session", "open", "con", "--kind", "reviewer_strategic", "--as", "alice", "--json")
+    r = kb.call("session", "open", "con", "--kind", "reviewer_strategic", "--as", "alice", "--json")
     assert r.code == 0, r.err
     return str(r.json()["session_id"])
 
@@ -89,6 +93,7 @@ def test_rlimits_are_set_hard_and_core_dumps_are_off(kb: KbRoot, backend: str) -
     assert r.out.split() == ["100", "100", "0", "raise-refused"], (r.out, r.err)
 
 
+@pytest.mark.requires_bwrap
 def test_the_sandbox_tmpfs_mounts_are_bounded(kb: KbRoot) -> None:
     sid = world(kb, "bwrap", tmpfs_size="4M", file_size_max="100M")
     script = (

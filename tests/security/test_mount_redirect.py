@@ -1,5 +1,5 @@
-"""Regression (4th review; the race test is a stress test, the argv-order and
-helper tests below are the deterministic guard): a source that swaps a mount destination in its own
+"""Mount destinations cannot be redirected (the race test is a stress test, the
+argv-order and helper tests below are the deterministic guard): a source that swaps a mount destination in its own
 notes/ for a symlink while `kbd exec` sets up the sandbox must never land its
 file anywhere else in the consumer's sandbox. bwrap looks destinations up by
 path; kbd mounts everything executable after the grants and the inner helper
@@ -13,11 +13,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import KbRoot
 
 RUNS = 40
 
 
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_landlock(abi=2)  # the inner helper of write plans
 def test_a_swapped_index_destination_never_reaches_the_consumer(kb: KbRoot) -> None:
     src = kb.workflow("src", access={"owners": ["bob"], "readers": ["alice"], "allowed_kb_writers": ["con"]})
     con = kb.workflow(
@@ -30,7 +34,7 @@ def test_a_swapped_index_destination_never_reaches_the_consumer(kb: KbRoot) -> N
     (notes / "_index.json").write_text("PAYLOAD\n")
     # The redirect target as bwrap sees it while it builds the new root.
     (notes / "lnk").symlink_to(f"/newroot{con.resolve()}/victim.txt")
-    r = kb.cli(
+    r = kb.call(
         "session",
         "open",
         "con",
@@ -71,6 +75,7 @@ def test_a_swapped_index_destination_never_reaches_the_consumer(kb: KbRoot) -> N
     assert (con / "victim.txt").read_text() == "genuine\n"
 
 
+@pytest.mark.requires_landlock
 def test_the_helper_refuses_an_unexpected_mount_table() -> None:
     helper = Path(__file__).resolve().parents[2] / "kbd" / "sandbox" / "landlock_helper.py"
     spec = '{"handled": ["make_sym"], "rules": [], "mounts": ["/"], "mount_prefixes": []}'

@@ -1,4 +1,4 @@
-"""Review findings, as regressions with real shells: no set-id bits can be
+"""Sandbox hardening with real shells: no set-id bits can be
 planted from a sandbox (both backends), and the Landlock-only backend drops
 capabilities, confines signals, hides /etc/shadow, /proc and the network."""
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kbd.sandbox import seccomp
+from tests.features import BACKEND_MARKS, backends
 from tests.helpers import KbRoot
 
 
@@ -28,7 +29,7 @@ def world(kb: KbRoot, backend: str, *, read_only: bool = False, network: str = "
     kind, mode = ("execution", "read-write") if backend == "bwrap" else ("reviewer_strategic", "read")
     if read_only:
         mode = "read"
-    r = kb.cli("session", "open", "con", "--kind", kind, "--kb-access", mode, "--as", "alice", "--json")
+    r = kb.call("session", "open", "con", "--kind", kind, "--kb-access", mode, "--as", "alice", "--json")
     assert r.code == 0, r.err
     return str(r.json()["session_id"])
 
@@ -40,7 +41,7 @@ SETID = (
 )
 
 
-@pytest.mark.parametrize("backend", ["bwrap", "landlock"])
+@pytest.mark.parametrize("backend", backends("bwrap", "landlock"))
 def test_no_setid_bits_from_a_sandbox(kb: KbRoot, backend: str) -> None:
     sid = world(kb, backend)
     target = '"$WORKFLOW_KB_SRC/notes"' if backend == "bwrap" else '"$TMPDIR"'
@@ -59,6 +60,7 @@ def test_no_setid_bits_from_a_sandbox(kb: KbRoot, backend: str) -> None:
             assert not os.stat(p).st_mode & 0o6000, name
 
 
+@pytest.mark.requires_landlock
 def test_landlock_only_is_not_root_in_disguise(kb: KbRoot) -> None:
     sid = world(kb, "landlock")
     victim = kb.workflows / "src" / "credentials" / "token"
@@ -188,9 +190,10 @@ def test_the_filter_tables_do_not_overlap(machine: str) -> None:
         seen |= g
 
 
+@pytest.mark.requires_bwrap
 def test_host_kernel_knobs_are_read_only_under_bubblewrap(kb: KbRoot) -> None:
     """/proc/sys is host-wide: uid 0 without capabilities could still write, e.g.,
-    kernel.core_pattern (a program run as root on the host) — found by review."""
+    kernel.core_pattern (a program run as root on the host)."""
     sid = world(kb, "bwrap")
     knob = Path("/proc/sys/kernel/core_uses_pid")
     before = knob.read_text()
@@ -209,8 +212,12 @@ def test_host_kernel_knobs_are_read_only_under_bubblewrap(kb: KbRoot) -> None:
 # Every sandbox shape: bubblewrap with a write plan (inner Landlock helper), bubblewrap
 # with a read-only plan (no helper: the filter comes from bwrap's --seccomp alone), and
 # the Landlock-only backend (the helper installs it).
-SHAPES = [("bwrap", False), ("bwrap", True), ("landlock", True)]
-SHAPE_IDS = ["bwrap-write", "bwrap-read", "landlock"]
+SHAPES = [
+    pytest.param(backend, read_only, marks=BACKEND_MARKS[backend], id=name)
+    for backend, read_only, name in (
+        ("bwrap", False, "bwrap-write"), ("bwrap", True, "bwrap-read"), ("landlock", True, "landlock")
+    )
+]  # fmt: skip
 KEYRING_NR = {"x86_64": (248, 249, 250), "aarch64": (217, 218, 219)}  # add_key, request_key, keyctl
 KEY_SPEC_USER_KEYRING, KEYCTL_READ, KEYCTL_INVALIDATE = -4, 11, 21
 
@@ -238,7 +245,7 @@ def _keyring(libc: object, nr: int, *args: object) -> int:
     return rc if rc >= 0 else -ctypes.get_errno()
 
 
-@pytest.mark.parametrize(("backend", "read_only"), SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize(("backend", "read_only"), SHAPES)
 def test_kernel_keyrings_are_closed(kb: KbRoot, backend: str, read_only: bool) -> None:
     """Issue 9 item 2: keyrings are not namespaced. A key planted in the host
     user's keyring must not be readable from a sandbox, nor may a sandbox add one
@@ -288,7 +295,7 @@ for name, fam in [("pair-unix", 1), ("pair-inet", 2)]:
 
 
 @pytest.mark.parametrize("network", ["none", "host"])
-@pytest.mark.parametrize(("backend", "read_only"), SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize(("backend", "read_only"), SHAPES)
 def test_socket_families_are_an_allow_list(kb: KbRoot, backend: str, read_only: bool, network: str) -> None:
     """Issue 9 item 3: AF_UNIX (not on the Landlock-only backend, which cannot
     confine a connect), IPv4/IPv6 only with network: host; netlink (host
@@ -328,7 +335,8 @@ USERNS = (
 )
 
 
-@pytest.mark.parametrize(("backend", "read_only"), SHAPES, ids=SHAPE_IDS)
+@pytest.mark.requires_userns  # where the host has none, there is nothing to nest
+@pytest.mark.parametrize(("backend", "read_only"), SHAPES)
 def test_no_nested_user_namespaces(kb: KbRoot, backend: str, read_only: bool) -> None:
     """Issue 9 item 4: no user namespace (and so no fresh capability set) inside a
     sandbox; forks, threads and spawns still work although clone3 is refused."""
@@ -353,6 +361,7 @@ def test_bubblewrap_disables_nested_user_namespaces_where_the_host_has_them() ->
     assert bwrap.userns_opts("0\n") == []
 
 
+@pytest.mark.requires_landlock
 def test_the_helper_refuses_to_run_without_bubblewrap_and_without_a_filter(tmp_path: Path) -> None:
     """Landlock alone (``drop_caps``) with no seccomp program would leave keyrings,
     user namespaces and every socket family open: the helper exits 69 first."""

@@ -94,7 +94,7 @@ def manifest_bytes(kb: KbRoot) -> dict[str, bytes]:
 )
 def test_attach_refuses_an_unplain_id_naming_the_character(world: KbRoot, case: str) -> None:
     before = manifest_bytes(world)
-    r = world.cli("sources", "attach", "con", BAD_IDS[case], "--alias", "rts", "--as", "alice")
+    r = world.call("sources", "attach", "con", BAD_IDS[case], "--alias", "rts", "--as", "alice")
     assert r.code == 65, (r.code, r.err)
     first = r.err.splitlines()[0]
     assert first.startswith("error[") and first_bad(BAD_IDS[case]) in first, r.err
@@ -105,7 +105,7 @@ def test_attach_refuses_an_unplain_id_naming_the_character(world: KbRoot, case: 
 def test_validate_refuses_an_unplain_manifest_id(world: KbRoot, tmp_path: Path, case: str) -> None:
     f = tmp_path / "workflow.json"
     f.write_text(json.dumps({"id": BAD_IDS[case], "label": "RTS platform"}))
-    r = world.cli("validate", str(f))
+    r = world.call("validate", str(f))
     assert r.code == 65, (r.code, r.err)
     assert "error[manifest-unreadable]" in r.err and first_bad(BAD_IDS[case]) in r.err, r.err
 
@@ -116,15 +116,15 @@ def test_an_on_disk_manifest_with_an_unplain_id_is_unreadable_and_never_a_candid
 ) -> None:
     bad = BAD_IDS[case]
     world.workflow(bad, folder="impostor", label="RTS platform", access={"owners": ["alice"]})
-    r = world.cli("workflows", "list", "--json", "--as", "ops")
+    r = world.call("workflows", "list", "--json", "--as", "ops")
     assert r.code == 0, r.err
     (row,) = [w for w in r.json()["workflows"] if w["path"].endswith("/impostor")]
     assert row["status"] == "manifest_unreadable"
     assert first_bad(bad) in row["problem"], row
-    r = world.cli("sources", "candidates", "con", "--as", "alice")
+    r = world.call("sources", "candidates", "con", "--as", "alice")
     assert r.code == 0, r.err
     assert [line.split()[0] for line in r.out.splitlines()] == ["wf_rts"], r.out
-    r = world.cli("sources", "attach", "con", bad, "--alias", "rts", "--as", "alice")
+    r = world.call("sources", "attach", "con", bad, "--alias", "rts", "--as", "alice")
     assert r.code == 65, r.err
 
 

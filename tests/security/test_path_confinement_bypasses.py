@@ -1,4 +1,6 @@
-"""Regression cases for known path-confinement bypasses (issue 3)."""
+"""Known path-confinement bypasses stay closed: long symlink chains, O_CREAT through a
+dangling link, writes through hard links, encoded names, index look-alikes and a KB
+root swapped between two commands."""
 
 from __future__ import annotations
 

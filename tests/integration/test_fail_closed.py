@@ -1,13 +1,18 @@
-"""Regressions for the findings of the independent review (fail closed, audit
-before effect, no widening through child sessions, contract answers)."""
+"""kbd fails closed through the real CLI and daemon: a corrupt session store or an
+unwritable audit log changes nothing (the audit comes before the effect), a broken
+notes folder or index withholds only that write grant, a child session cannot
+widen its parent, bad input is refused before any work, and refusals still answer
+in the contract's shape."""
 
 from __future__ import annotations
+
+import pytest
 
 from tests.helpers import KbRoot, snapshot
 
 
 def open_sid(kb: KbRoot, *args: str) -> str:
-    r = kb.cli("session", "open", "con", *args, "--as", "alice", "--json")
+    r = kb.call("session", "open", "con", *args, "--as", "alice", "--json")
     assert r.code == 0, r.err
     return str(r.json()["session_id"])
 
@@ -97,6 +102,8 @@ def test_a_note_path_ending_in_a_slash_is_refused(kb: KbRoot) -> None:
     assert snapshot(kb.workflows) == before
 
 
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_landlock(abi=2)  # the inner helper of write plans
 def test_a_note_write_waiting_for_the_mutex_does_not_stall_the_daemon(kb: KbRoot) -> None:
     """A long write command holds the source's notes mutex; an API note write
     waits for it — while health and plan lookups keep answering at once."""
@@ -195,6 +202,8 @@ def test_validate_refuses_special_files_without_hanging(kb: KbRoot, tmp_path: ob
     assert r.code == 65 and "not a regular file" in r.err
 
 
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_landlock(abi=2)  # the inner helper of write plans
 def test_shell_changes_to_a_source_are_audited_with_gate_flags(kb: KbRoot) -> None:
     """Shell writes carry no enforced provenance, so kbd records who changed what."""
     kb.workflow("src", access={"owners": ["bob"], "readers": ["alice"], "allowed_kb_writers": ["con"]})
@@ -231,6 +240,7 @@ def test_shell_changes_to_a_source_are_audited_with_gate_flags(kb: KbRoot) -> No
     )
 
 
+@pytest.mark.requires_bwrap
 def test_session_commands_accept_as_and_authorize_like_the_api(kb: KbRoot) -> None:
     kb.workflow("con", access={"owners": ["alice"], "readers": ["bob"]})
     sid = open_sid(kb, "--kind", "execution")
@@ -276,6 +286,8 @@ def test_a_running_daemon_honours_principal_changes_at_once(kb: KbRoot) -> None:
         assert r.status_code == 403 and "disabled" in r.json()["error"]["message"]
 
 
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_landlock(abi=2)  # the inner helper of write plans
 def test_a_broken_notes_folder_withholds_only_that_write_grant(kb: KbRoot) -> None:
     src = kb.workflow("src", access={"owners": ["bob"], "readers": ["alice"], "allowed_kb_writers": ["con"]})
     kb.workflow("other", access={"owners": ["alice"]})
@@ -312,6 +324,8 @@ def test_a_broken_notes_folder_withholds_only_that_write_grant(kb: KbRoot) -> No
         assert not any("/src/" in p for p in plan["write"])
 
 
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_landlock(abi=2)  # the inner helper of write plans
 def test_a_broken_index_withholds_only_that_write_grant(kb: KbRoot) -> None:
     import os
     import shutil
