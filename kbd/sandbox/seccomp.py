@@ -202,17 +202,6 @@ def _allow_only(nr: int, *, arg: int, values: tuple[int, ...], errno: int) -> li
     return [_ins(JEQ_K, 0, len(body), nr), *body]
 
 
-def _refuse_unless_zero(nr: int, *, arg: int, errno: int) -> list[bytes]:
-    """``nr`` with argument ``arg`` other than 0: errno; else allow."""
-    return [
-        _ins(JEQ_K, 0, 4, nr),
-        _ins(LD_W_ABS, 0, 0, _arg(arg)),
-        _ins(JEQ_K, 1, 0, 0),
-        _ins(RET_K, 0, 0, ret_errno(errno)),
-        _ins(RET_K, 0, 0, RET_ALLOW),
-    ]
-
-
 def _own_process_or_group(nr: int, *, everyone: int, errno: int) -> list[bytes]:
     """``nr(which, who, ...)``: allow ``who`` 0 (the caller, its group) unless
     ``which`` is ``everyone`` (every process of the caller's uid)."""
@@ -329,7 +318,7 @@ def program(
         for nr in arch.ipc:
             out += [_ins(JEQ_K, 0, 1, nr), _ins(RET_K, 0, 0, ret_errno(ENOSYS))]
         for nr, arg in sorted(arch.self_only.items()):
-            out += _refuse_unless_zero(nr, arg=arg, errno=EPERM)
+            out += _allow_only(nr, arg=arg, values=(0,), errno=EPERM)  # the command itself only
         out += _own_process_or_group(arch.setpriority, everyone=PRIO_USER, errno=EPERM)
         out += _own_process_or_group(arch.ioprio_set, everyone=IOPRIO_WHO_USER, errno=EPERM)
     families = socket_families(network=not block_network, unix=not block_metadata)
