@@ -126,6 +126,14 @@ class KbRoot:
         """Run `kbd` like :meth:`cli`, but in this process (see :func:`run_in_process`)."""
         return run_in_process(["--root", str(self.root), *args], input=input, env=env)
 
+    def open_session(self, wid: str, *, kind: str, kb_access: str, actor: str) -> str:
+        """``kbd session open`` through the real entry point; the new session's ID."""
+        r = self.call(
+            "session", "open", wid, "--kind", kind, "--kb-access", kb_access, "--as", actor, "--json"
+        )
+        assert r.code == 0, r.err
+        return str(r.json()["session_id"])
+
 
 def run_in_process(argv: list[str], *, input: bytes | None, env: dict[str, str] | None) -> CliResult:
     """Run kbd's real entry point (``kbd.entry.main``) in this process with the

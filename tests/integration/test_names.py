@@ -61,20 +61,7 @@ def names(kb: KbRoot) -> Names:
         access={"owners": ["alice"]},
         sources=[{"workflow_id": "src", "alias": "src", "access": "write"}],
     )
-    r = kb.call(
-        "session",
-        "open",
-        "con",
-        "--kind",
-        "execution",
-        "--kb-access",
-        "read-write",
-        "--as",
-        "alice",
-        "--json",
-    )
-    assert r.code == 0, r.err
-    n = Names(kb, src, r.json()["session_id"])
+    n = Names(kb, src, kb.open_session("con", kind="execution", kb_access="read-write", actor="alice"))
     # Files with such names may already exist (a shell wrote them): still refused.
     for name, _ in BAD_NAMES.values():
         if "/" not in name:

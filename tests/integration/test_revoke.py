@@ -33,18 +33,7 @@ def test_stale_commands_are_listed_and_terminated_only_when_asked(kb: KbRoot) ->
         access={"owners": ["alice"]},
         sources=[{"workflow_id": "src", "alias": "src", "access": "write"}],
     )
-    sid = kb.cli(
-        "session",
-        "open",
-        "con",
-        "--kind",
-        "execution",
-        "--kb-access",
-        "read-write",
-        "--as",
-        "alice",
-        "--json",
-    ).json()["session_id"]
+    sid = kb.open_session("con", kind="execution", kb_access="read-write", actor="alice")
     runner = subprocess.Popen(
         [sys.executable, "-m", "kbd", "--root", str(kb.root), "exec", sid, "--", "sh", "-c", "sleep 60"],
         stdout=subprocess.DEVNULL,

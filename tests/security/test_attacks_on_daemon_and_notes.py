@@ -157,20 +157,7 @@ def test_folders_notes_write_creates_have_one_mode_whatever_the_umask(kb: KbRoot
     src = kb.workflow("src", access=owners)
     kb.workflow("con", access=owners, sources=[{"workflow_id": "src", "alias": "src", "access": "write"}])
     assert kb.cli("writers", "grant", "src", "con", "--as", "alice").code == 0
-    r = kb.cli(
-        "session",
-        "open",
-        "con",
-        "--kind",
-        "execution",
-        "--kb-access",
-        "read-write",
-        "--json",
-        "--as",
-        "alice",
-    )
-    assert r.code == 0, r.err
-    sid = r.json()["session_id"]
+    sid = kb.open_session("con", kind="execution", kb_access="read-write", actor="alice")
     old = os.umask(umask)
     try:
         r = kb.cli("notes", "write", sid, "src", "a/b/n.md", "--as", "alice", input=b"a finding\n")

@@ -34,19 +34,7 @@ def test_a_swapped_index_destination_never_reaches_the_consumer(kb: KbRoot) -> N
     (notes / "_index.json").write_text("PAYLOAD\n")
     # The redirect target as bwrap sees it while it builds the new root.
     (notes / "lnk").symlink_to(f"/newroot{con.resolve()}/victim.txt")
-    r = kb.call(
-        "session",
-        "open",
-        "con",
-        "--kind",
-        "execution",
-        "--kb-access",
-        "read-write",
-        "--as",
-        "alice",
-        "--json",
-    )
-    sid = r.json()["session_id"]
+    sid = kb.open_session("con", kind="execution", kb_access="read-write", actor="alice")
     stop = kb.root / "stop-swapper"
     swapper = subprocess.Popen(
         [sys.executable, "-m", "tests.security.swapper", str(notes), "_index.json", "lnk", str(stop)],
