@@ -335,8 +335,20 @@ def _check_ancestors(folder: Path) -> None:
     replace entries in. The folders checked are the real ones: a symlinked
     component is resolved, so a link to someone else's folder is seen as that
     folder (its owner could swap the socket for their own and collect tokens)."""
-    real = Path(os.path.realpath(folder))
     me = os.geteuid()
+    # A link on the way is as good as a folder to its owner: they may retarget it
+    # between this check and the bind (in a sticky folder too: it is theirs).
+    for f in (folder, *folder.parents):
+        try:
+            lst = os.lstat(f)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(lst.st_mode) and foreign_owner(lst.st_uid, me=me):
+            raise UnsafeSocketFolder(
+                f"{f} on the socket's path is a link owned by uid {lst.st_uid}, neither root nor the daemon's "
+                f"uid {me}: its owner could point it elsewhere"
+            )
+    real = Path(os.path.realpath(folder))
     for f in (real, *real.parents):
         try:
             st = os.stat(f)

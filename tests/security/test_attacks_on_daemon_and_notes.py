@@ -39,6 +39,22 @@ def test_serve_refuses_a_socket_folder_another_user_owns(kb: KbRoot, tmp_path: P
     assert list(theirs.iterdir()) == [], "kbd created its socket in a folder another user owns"
 
 
+def test_serve_refuses_a_link_on_the_socket_path_another_user_owns(kb: KbRoot, tmp_path: Path) -> None:
+    """Item 11: a link owned by someone else may be retargeted by its owner
+    between kbd's check and its bind (also in a sticky folder: the link is
+    theirs), though it points at a folder kbd may use now."""
+    ours = tmp_path / "ours"
+    ours.mkdir(mode=0o755)
+    link = tmp_path / "link"
+    link.symlink_to(ours)
+    os.lchown(link, NOBODY, NOBODY)
+    r = kb.cli("serve", "--socket", str(link / "kbd.sock"))
+    assert r.code == 65, (r.code, r.out, r.err)
+    assert r.err.startswith("error[unsafe-socket-folder]: "), r.err
+    assert f"link owned by uid {NOBODY}" in r.err, r.err
+    assert list(ours.iterdir()) == []
+
+
 def test_a_body_that_never_arrives_does_not_hold_a_uids_connections_forever(kb: KbRoot) -> None:
     """Item 7: the header timer stops at the end of the headers. A client that
     then sends a partial body (or none) held each connection forever, so one
