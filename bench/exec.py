@@ -14,9 +14,9 @@ from pathlib import Path
 
 import orjson
 
-from kbd.ops import Host
-from kbd.principals import LocalOperator
+from kbd.core.principals import LocalOperator
 from kbd.sandbox import bwrap
+from kbd.service.root import Root
 from kbd.session_ops import Sessions
 
 RUNS = 30
@@ -54,7 +54,7 @@ def main() -> None:
                                   "--as", "alice", "--json"], env=env, check=True, capture_output=True).stdout  # fmt: skip
             opened[mode] = orjson.loads(out)["session_id"]
         subprocess.run([*kbd, "exec", opened["read"], "--", "/bin/true"], env=env, check=True)
-        host = Host(kb.root)
+        host = Root(kb.root)
         plan = Sessions(host).plan(opened["read"], actor=LocalOperator.current())
 
         def bwrap_direct() -> float:

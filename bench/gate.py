@@ -21,7 +21,7 @@ import string
 import time
 from collections.abc import Callable
 
-from kbd import injection
+from kbd.core import injection
 
 MIB = 1 << 20
 ROUNDS = 5

@@ -38,7 +38,7 @@ from typing import Any
 import orjson
 import yaml
 
-from kbd.ops import Host
+from kbd.service.root import Root
 from kbd.session_ops import Sessions
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,8 +54,8 @@ WRITER = r"""
 import contextlib, json, sys, time
 from pathlib import Path
 import kbd.notes as notes
-from kbd.ops import Host
-from kbd.principals import LocalOperator
+from kbd.service.root import Root
+from kbd.core.principals import LocalOperator
 from kbd.session_ops import Sessions
 OPERATOR = LocalOperator.current()
 
@@ -75,7 +75,7 @@ def timed_lock(*args, **kwargs):
 
 notes.notes_lock = timed_lock
 job = json.loads(sys.stdin.readline())
-sessions = Sessions(Host(Path(job["root"])))
+sessions = Sessions(Root(Path(job["root"])))
 sessions.plan(job["sid"], actor=OPERATOR)  # warm caches before the race
 print("ready", flush=True)
 if sys.stdin.readline().strip() != "go":
@@ -201,7 +201,7 @@ def scenario(tmp: Path, name: str, writers: int) -> dict[str, Any]:
         sources=[{"workflow_id": "src", "alias": "src", "access": "write"}],
     )
     time.sleep(0.3)  # let the racy-timestamp window pass so caches are trusted, as on a live host
-    host = Host(kb.root)
+    host = Root(kb.root)
     sessions = Sessions(host)
     sids = [
         str(sessions.open(host.actor("alice"), "con", kind="execution", kb_access="read-write").session_id)

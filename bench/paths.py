@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kbd.safepath import HAVE_OPENAT2, open_beneath, pin_dir, read_file
+from kbd.fs.confined import HAVE_OPENAT2, open_beneath, pin_dir, read_file
 
 ROUNDS = 7
 CALLS = 20_000

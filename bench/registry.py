@@ -4,14 +4,14 @@ Builds a throw-away kbd root with 10,000 generated workflows spread over nested
 folders (``workflows/team_NN/wf_NNNNN/`` with ``knowledgebase/notes/``), then
 prints, each beside its §8 budget:
 
-* cold registry scan: a new :class:`kbd.registry.Registry` with no cache file,
+* cold registry scan: a new :class:`kbd.fs.registry.Registry` with no cache file,
   first ``find`` (walk, read and parse every manifest, write the cache);
 * warm lookup in process: the same Registry, ``find`` of random IDs, timed one
   by one, default ``sweep_interval`` (1 s), so the periodic sweeps are included
   in the mean and p99 but not, typically, in the median;
 * CLI-like warm start: a new Registry that loads ``state/cache/registry.json``
   (as every CLI call does), first ``find``;
-* plan-ish lookup: ``Host.sources()`` for a consumer with 20 attached sources
+* plan-ish lookup: ``Root.sources()`` for a consumer with 20 attached sources
   (resolution of all 20: registry lookups, audience checks, KB probes);
 * the same for a consumer with 20 sources of which 16 name IDs that exist
   nowhere (issue 9 item 16: a miss must not cost a registry walk), beside it;
@@ -39,11 +39,11 @@ from typing import Any
 import orjson
 import yaml
 
-from kbd.config import load_config
-from kbd.layout import RACY_NS
-from kbd.ops import Host
-from kbd.registry import Found, Registry
-from kbd.rootinit import init_root
+from kbd.core.config import load_config
+from kbd.core.layout import RACY_NS
+from kbd.fs.registry import Found, Registry
+from kbd.fs.rootinit import init_root
+from kbd.service.root import Root
 
 WORKFLOWS = 10_000
 TEAMS = 100
@@ -178,8 +178,8 @@ def run(root: Path) -> None:
         warm_start.append(timed(partial(fresh.find, target)))
         assert fresh.scans == 0, "a valid cache must not cause a full walk"
 
-    # -- plan-ish: Host.sources() for a consumer with 20 sources ----------------------
-    host = Host(root)  # default sweep_interval=1.0, as the daemon would use
+    # -- plan-ish: Root.sources() for a consumer with 20 sources ----------------------
+    host = Root(root)  # default sweep_interval=1.0, as the daemon would use
     alice = host.actor("alice")
     _, attachments = host.sources(CONSUMER, alice)  # warm-up (also loads the cache)
     available = sum(a.available for a in attachments)
@@ -222,13 +222,13 @@ def run(root: Path) -> None:
             "",
         ),
         (
-            f"Host.sources(), consumer with {SOURCES} sources (plan-ish)",
+            f"Root.sources(), consumer with {SOURCES} sources (plan-ish)",
             f"{median_ms(plan):,.3f} ms",
             "plan lookup <= 0.5 ms",
             "ok" if median_ms(plan) <= 0.5 else "OVER",
         ),
         (
-            f"Host.sources(), {SOURCES} sources, {MISSING_SOURCES} of them not_found",
+            f"Root.sources(), {SOURCES} sources, {MISSING_SOURCES} of them not_found",
             f"{median_ms(plan_missing):,.3f} ms",
             "plan lookup <= 0.5 ms",
             "ok" if median_ms(plan_missing) <= 0.5 else "OVER",
@@ -253,7 +253,7 @@ def run(root: Path) -> None:
     print(
         f"cold: median of {COLD_RUNS} runs (each {', '.join(f'{ns / 1e6:,.0f}' for ns in cold)} ms); "
         f"warm: {WARM_LOOKUPS:,} random lookups in {warm_wall:.2f} s, {rescans} full re-walks; "
-        f"CLI-like: median of {WARM_START_RUNS}; Host.sources(): median of {PLAN_RUNS} "
+        f"CLI-like: median of {WARM_START_RUNS}; Root.sources(): median of {PLAN_RUNS} "
         f"({available} available, {writable} writable); with {MISSING_SOURCES} missing: median of "
         f"{len(plan_missing):,} in {missing_wall:.2f} s, {verifications} full re-checks (sweep interval 1 s); "
         f"missing ID: median of {MISS_LOOKUPS:,}"

@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kbd import layout
-from kbd.ops import Host
+from kbd.core import layout
+from kbd.service.root import Root
 from kbd.session_ops import Sessions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -49,7 +49,7 @@ def main() -> None:
                      for i in range(20)],
         )  # fmt: skip
         time.sleep(layout.RACY_NS / 1e9 * 1.5)  # let timestamps age out of the racy window, as on a live host
-        host = Host(kb.root)  # default sweep_interval, as in the daemon
+        host = Root(kb.root)  # default sweep_interval, as in the daemon
         sessions = Sessions(host)
         alice = host.actor("alice")
         plan = sessions.open(alice, "con", kind="execution", kb_access="read-write")

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kbd.core.principals import Principal
 from kbd.errors import (
     NO_SPACE_ERRNOS,
     Busy,
@@ -53,13 +54,12 @@ from kbd.errors import (
     VersionConflict,
     from_oserror,
 )
-from kbd.ops import Host
-from kbd.principals import Principal
 from kbd.service import JsonObject, admin, auth
 from kbd.service import browse as browse_ops
 from kbd.service import notes as note_ops
 from kbd.service import sessions as session_ops
 from kbd.service import workflows as workflow_ops
+from kbd.service.root import Root
 from kbd.session_ops import Sessions
 
 log = logging.getLogger("kbd.api")
@@ -190,9 +190,9 @@ class ErrorResponse(BaseModel):
 
 
 class State:
-    """Shared by all requests. Host and registry are not thread-safe: one lock."""
+    """Shared by all requests. Root and registry are not thread-safe: one lock."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: Root) -> None:
         self.host = host
         self.sessions = Sessions(host)
         self.lock = threading.RLock()
@@ -280,7 +280,7 @@ def _error(err: KbdError) -> JSONResponse:
     return JSONResponse({"error": err.to_dict()}, status_code=err.http_status, headers=headers)
 
 
-def create_app(host: Host) -> FastAPI:
+def create_app(host: Root) -> FastAPI:
     state = State(host)
     app = FastAPI(
         title="kbd",

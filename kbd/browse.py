@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from kbd.core.layout import INDEX_NAME, NOTES_DIR
+from kbd.core.names import NOTE_SUFFIXES, request_parts
+from kbd.core.principals import Principal
+from kbd.core.resolve import Attachment
 from kbd.errors import KbdError, NotFound, SourceUnavailable, UsageError
-from kbd.layout import INDEX_NAME, NOTES_DIR
-from kbd.names import NOTE_SUFFIXES, request_parts
+from kbd.fs.confined import list_dir, names_folder, pin_dir, read_file, read_file_head
 from kbd.notes import provenance_of, read_index
-from kbd.ops import Host
-from kbd.principals import Principal
-from kbd.resolve import Attachment
-from kbd.safepath import list_dir, names_folder, pin_dir, read_file, read_file_head
+from kbd.service.root import Root
 
 MAX_READ_BYTES = 2 * 1024 * 1024
 # Listings are paged (issue 9 item 19: 100,000 files were 9.5 MB in one answer).
@@ -28,7 +28,7 @@ DEFAULT_LS_LIMIT = 1000
 MAX_LS_LIMIT = 10_000
 
 
-def attachment(host: Host, wid: str, alias: str, actor: Principal) -> Attachment:
+def attachment(host: Root, wid: str, alias: str, actor: Principal) -> Attachment:
     """The current, available attachment ``alias`` of ``wid`` as ``actor`` may see it."""
     _, attachments = host.sources(wid, actor)
     for att in attachments:
@@ -45,7 +45,7 @@ def attachment(host: Host, wid: str, alias: str, actor: Principal) -> Attachment
     )
 
 
-def read(host: Host, wid: str, alias: str, relpath: str, actor: Principal) -> bytes:
+def read(host: Root, wid: str, alias: str, relpath: str, actor: Principal) -> bytes:
     """The bytes of a regular, singly-linked file inside the source's KB (≤ 2 MiB)."""
     return read_attached(attachment(host, wid, alias, actor), relpath)
 
@@ -53,7 +53,7 @@ def read(host: Host, wid: str, alias: str, relpath: str, actor: Principal) -> by
 def read_attached(att: Attachment, relpath: str) -> bytes:
     """:func:`read` for an attachment just resolved; needs no registry (the daemon
     calls it outside its state lock: the index reader may retry). ``relpath``
-    follows :func:`kbd.names.request_parts` (raises InvalidPath)."""
+    follows :func:`kbd.core.names.request_parts` (raises InvalidPath)."""
     parts = request_parts(relpath)
     assert att.path is not None
     with pin_dir(att.path, expect=att.kb_identity) as kb:
@@ -73,7 +73,7 @@ def check_limit(limit: int | None) -> int:
 
 
 def ls_page(
-    host: Host, wid: str, alias: str, reldir: str, actor: Principal, *, limit: int | None = None,
+    host: Root, wid: str, alias: str, reldir: str, actor: Principal, *, limit: int | None = None,
     after: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One page of :func:`ls`, in name order: at most ``limit`` entries (default
@@ -98,7 +98,7 @@ def ls_page_attached(
 
 
 def ls(
-    host: Host, wid: str, alias: str, reldir: str, actor: Principal, *, after: str | None = None,
+    host: Root, wid: str, alias: str, reldir: str, actor: Principal, *, after: str | None = None,
     limit: int | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Names and types in a folder of the source's KB; links are listed, never followed."""
@@ -109,7 +109,7 @@ def ls_attached(
     att: Attachment, reldir: str, *, after: str | None = None, limit: int | None = None
 ) -> list[dict[str, Any]]:
     """:func:`ls` for an attachment just resolved; needs no registry. ``reldir``
-    follows :func:`kbd.names.request_parts` (raises InvalidPath)."""
+    follows :func:`kbd.core.names.request_parts` (raises InvalidPath)."""
     request_parts(reldir, allow_empty=True)
     assert att.path is not None
     with pin_dir(att.path, expect=att.kb_identity) as kb:

@@ -18,9 +18,14 @@ from typing import Any, NoReturn, TypeVar
 import click
 import orjson
 
-from kbd import audit as audit_log
 from kbd.boundary import die_of_sigpipe, guarded, internal_error
-from kbd.config import default_root
+from kbd.core.config import default_root
+from kbd.core.ids import alias_problem, one_line
+from kbd.core.plan import Plan
+from kbd.core.policy import KB_ACCESS, KINDS
+from kbd.core.principals import Actor, LocalOperator, Principal, named_principal
+from kbd.core.resolve import Attachment
+from kbd.core.strict import load_json_strict
 from kbd.errors import (
     InvalidInput,
     KbdError,
@@ -28,19 +33,14 @@ from kbd.errors import (
     SessionClosed,
     UsageError,
 )
-from kbd.ids import alias_problem, one_line
-from kbd.ops import Host
-from kbd.plan import Plan
-from kbd.policy import KB_ACCESS, KINDS
-from kbd.principals import Actor, LocalOperator, Principal, named_principal
-from kbd.resolve import Attachment
 from kbd.service import JsonObject, admin, auth
 from kbd.service import browse as browse_ops
 from kbd.service import notes as note_ops
 from kbd.service import sessions as session_ops
 from kbd.service import workflows as workflow_ops
+from kbd.service.root import Root
 from kbd.session_ops import Sessions
-from kbd.strict import load_json_strict
+from kbd.state import audit as audit_log
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -113,12 +113,12 @@ def as_option(f: F) -> F:
 class Ctx:
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._host: Host | None = None
+        self._host: Root | None = None
 
     @property
-    def host(self) -> Host:
+    def host(self) -> Root:
         if self._host is None:
-            self._host = Host(self.root)
+            self._host = Root(self.root)
         return self._host
 
     def actor(self, as_: str | None) -> Principal:
@@ -653,7 +653,7 @@ def session_close(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
 @pass_ctx
 def exec_cmd(c: Ctx, sid: str, cwd: str | None, as_: str | None, command: tuple[str, ...]) -> None:
     """Run COMMAND under SID's current plan in a fresh sandbox; exit with its status."""
-    from kbd.runner import run
+    from kbd.service.execute import run
 
     argv = list(command)
     # Options may also follow SID (`kbd exec SID --cwd D --as P -- CMD`); click stops
@@ -798,7 +798,7 @@ def serve_cmd(c: Ctx, socket_path: Path | None, fd: int | None) -> None:
     """Run the daemon: the HTTP API on a Unix socket (0660, group kbd if it exists)."""
     from kbd.daemon import serve  # the API stack is imported only by the daemon
 
-    serve(Host(c.root, sweep_interval=1.0), socket_path=socket_path, fd=fd)
+    serve(Root(c.root, sweep_interval=1.0), socket_path=socket_path, fd=fd)
 
 
 # -- browsing ---------------------------------------------------------------------------

@@ -48,7 +48,7 @@ from kbd.errors import (
     Unavailable,
     UnsafeSocketFolder,
 )
-from kbd.ops import Host
+from kbd.service.root import Root
 
 SD_LISTEN_FDS_START = 3
 SOCKET_GROUP = "kbd"
@@ -432,7 +432,7 @@ def inherited_socket(fd: int | None) -> socket.socket | None:
     return socket.socket(fileno=fd)
 
 
-def serve(host: Host, *, socket_path: Path | None = None, fd: int | None = None, ready: bool = True) -> None:
+def serve(host: Root, *, socket_path: Path | None = None, fd: int | None = None, ready: bool = True) -> None:
     nofile = raise_nofile_limit()
     total, per_uid = connection_caps(nofile)
     PeerCredProtocol.limits = ConnectionLimits(total=total, per_uid=per_uid)

@@ -47,7 +47,7 @@ def _lean_exec(argv: list[str]) -> int | None:
 
 
 def _run_exec(root: str | None, sid: str, command: list[str], cwd: str | None) -> int:
-    from kbd.principals import LocalOperator, named_principal
+    from kbd.core.principals import LocalOperator, named_principal
 
     # An empty KBD_AS is a usage error before anything starts.
     named = named_principal(None, os.environ.get("KBD_AS"))
@@ -57,8 +57,8 @@ def _run_exec(root: str | None, sid: str, command: list[str], cwd: str | None) -
     from kbd.sandbox.cgroup import Preparation
 
     prepared = Preparation.start_for(sid)
-    from kbd.config import default_root
-    from kbd.runner import run
+    from kbd.core.config import default_root
+    from kbd.service.execute import run
 
     # Without --as / KBD_AS the caller is the trusted local operator of the root.
     actor = named if named is not None else LocalOperator.current()

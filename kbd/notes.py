@@ -30,7 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from kbd.config import NotesQuota
+from kbd.core.config import NotesQuota
+from kbd.core.layout import INDEX_NAME
+from kbd.core.layout import NOTES_DIR as NOTES
+from kbd.core.names import NOTE_SUFFIXES as NOTE_SUFFIXES  # re-exported: readers import it from here
+from kbd.core.names import TEMP_NAME, note_parts
+from kbd.core.plan import Plan
+from kbd.core.principals import Actor, actor_fields
 from kbd.errors import (
     Busy,
     IndexUnreadable,
@@ -43,13 +49,7 @@ from kbd.errors import (
     QuotaExceeded,
     from_oserror,
 )
-from kbd.layout import INDEX_NAME
-from kbd.layout import NOTES_DIR as NOTES
-from kbd.names import NOTE_SUFFIXES as NOTE_SUFFIXES  # re-exported: readers import it from here
-from kbd.names import TEMP_NAME, note_parts
-from kbd.plan import Plan
-from kbd.principals import Actor, actor_fields
-from kbd.safepath import (
+from kbd.fs.confined import (
     open_beneath,
     pin_dir,
     read_file,
@@ -58,7 +58,7 @@ from kbd.safepath import (
 )
 
 if TYPE_CHECKING:  # the types only: notes never needs the registry to import
-    from kbd.ops import Host
+    from kbd.service.root import Root
     from kbd.session_ops import Sessions
 
 MAX_NOTE_BYTES = 1024 * 1024
@@ -86,7 +86,7 @@ def notes_lock(state_dir: Path, notes_fd: int, *, timeout: float, who: dict[str,
     """
     import filelock  # only writers pay for it
 
-    from kbd.locks import lock_path
+    from kbd.fs.locks import lock_path
 
     st = os.fstat(notes_fd)
     path = lock_path(state_dir, "notes", f"{st.st_dev}:{st.st_ino}")
@@ -119,7 +119,7 @@ def notes_lock(state_dir: Path, notes_fd: int, *, timeout: float, who: dict[str,
 
 @contextlib.contextmanager
 def command_locks(
-    state_dir: Path, plan: Plan, *, timeout: float, who: dict[str, Any], host: Host | None = None
+    state_dir: Path, plan: Plan, *, timeout: float, who: dict[str, Any], host: Root | None = None
 ) -> Iterator[None]:
     """For ``kbd exec``: hold the mutex of every source ``notes/`` the plan may
     write, for the whole command, in a fixed order (no lock-order deadlocks).
@@ -201,7 +201,7 @@ def provenance_of(head: bytes) -> str | None:
 
 def validate_target(relpath: str) -> list[str]:
     """The components of a note path relative to ``notes/``, or InvalidInput/PermissionDenied.
-    The rule itself is :func:`kbd.names.note_parts` (shared with ``kbd check --mode write``)."""
+    The rule itself is :func:`kbd.core.names.note_parts` (shared with ``kbd check --mode write``)."""
     return note_parts(relpath)
 
 
@@ -267,7 +267,7 @@ def _sweep_temp_files(dir_fd: int) -> None:
 class PreparedNote:
     """A note that passed every check except the write itself (see :func:`prepare_note`)."""
 
-    host: Host
+    host: Root
     sid: str
     consumer: str
     alias: str
@@ -351,7 +351,7 @@ def commit_note(note: PreparedNote) -> dict[str, Any]:
     linear in the note, but a lock shared with other writers must never wait
     on it), pin the KB (same identity as resolved), take the notes mutex (may
     wait up to the lock timeout), replace the file atomically."""
-    from kbd import injection
+    from kbd.core import injection
 
     host = note.host
     who = {"workflow": note.consumer}
@@ -496,7 +496,7 @@ def _notes_key(notes_fd: int) -> str:
     return f"{st.st_dev}:{st.st_ino}"
 
 
-def scan_command_changes(host: Host, plan: Plan, *, since_ns: int) -> list[CommandChanges]:
+def scan_command_changes(host: Root, plan: Plan, *, since_ns: int) -> list[CommandChanges]:
     """After a write-plan command, its notes mutexes still held: which files in
     each contributed ``notes/`` changed while it ran (bounded walk, nothing read).
     Reading and gating them is :func:`audit_command_changes`, after release."""
@@ -523,7 +523,7 @@ def scan_command_changes(host: Host, plan: Plan, *, since_ns: int) -> list[Comma
     return out
 
 
-def audit_command_changes(host: Host, plan: Plan, sid: str, changes: list[CommandChanges]) -> None:
+def audit_command_changes(host: Root, plan: Plan, sid: str, changes: list[CommandChanges]) -> None:
     """Audit (after the notes mutexes are released) the changed files found by
     :func:`scan_command_changes`, and which of them the injection gate would have
     refused. Files are only read, never changed: shell writes carry no enforced
@@ -532,7 +532,7 @@ def audit_command_changes(host: Host, plan: Plan, sid: str, changes: list[Comman
     writer, after the mutex was released) is listed but not gated. A command
     that left a notes/ over its quota is recorded, and the next write to it is
     refused until it is back under (:func:`check_quota`)."""
-    from kbd import injection
+    from kbd.core import injection
 
     budget = MAX_AUDIT_READ_BYTES
     for ch in changes:
@@ -569,19 +569,19 @@ def audit_command_changes(host: Host, plan: Plan, sid: str, changes: list[Comman
 
 
 def _marker(state_dir: Path, notes_key: str) -> Path:
-    from kbd.locks import lock_path
+    from kbd.fs.locks import lock_path
 
     return lock_path(state_dir, "quota", notes_key).with_suffix(".over")
 
 
-def _mark_over_quota(host: Host, notes_key: str, source: str, scan: NotesScan | None) -> None:
+def _mark_over_quota(host: Root, notes_key: str, source: str, scan: NotesScan | None) -> None:
     """Remember (in state/) that a notes/ was left over quota, or forget it."""
     path = _marker(host.config.state_dir, notes_key)
     if scan is None:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         return
-    from kbd.fsio import write_atomic
+    from kbd.fs.atomic import write_atomic
 
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
     info = {"source": source, "entries": scan.entries, "bytes": scan.bytes, "since": time.time()}
@@ -589,7 +589,7 @@ def _mark_over_quota(host: Host, notes_key: str, source: str, scan: NotesScan | 
 
 
 def check_quota(
-    host: Host, kb_fd: int, notes_fd: int, *, source: str, adds: tuple[int, int] = (0, 0)
+    host: Root, kb_fd: int, notes_fd: int, *, source: str, adds: tuple[int, int] = (0, 0)
 ) -> None:
     """Under the source's notes mutex: raise QuotaExceeded when ``notes/`` is over
     its quota, or would be after adding ``adds`` = (entries, bytes). The bounded

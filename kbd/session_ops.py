@@ -15,7 +15,10 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from kbd import audience, policy
+from kbd.core import audience, policy
+from kbd.core.names import name_problem, note_parts
+from kbd.core.plan import Plan, build_plan
+from kbd.core.principals import Actor, LocalOperator, Principal, actor_fields
 from kbd.errors import (
     InvalidInput,
     KbdError,
@@ -24,19 +27,16 @@ from kbd.errors import (
     session_not_found,
     workflow_not_found,
 )
-from kbd.folders import resolve_folders
-from kbd.names import name_problem, note_parts
-from kbd.ops import Host
-from kbd.plan import Plan, build_plan
-from kbd.principals import Actor, LocalOperator, Principal, actor_fields
-from kbd.safepath import names_folder, pin_dir
-from kbd.sessions import ProcessRow, SessionRow, SessionStore, new_session_id, require_open
+from kbd.fs.confined import names_folder, pin_dir
+from kbd.fs.folders import resolve_folders
+from kbd.service.root import Root
+from kbd.state.store import ProcessRow, SessionRow, SessionStore, new_session_id, require_open
 
 _MODES = {"none": set(), "read": {"r"}, "write": {"w"}, "read-write": {"r", "w"}}
 
 
 class Sessions:
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: Root) -> None:
         self.host = host
         policy.use_cache(host.config.state_dir)
         self.store = SessionStore(host.config.state_dir, timeout=host.config.lock_timeout)
@@ -217,7 +217,7 @@ class Sessions:
 
     def _drop_scratch(self, sid: str) -> None:
         """Remove the Landlock-only backend's per-session scratch folder (its
-        stand-in for a private /tmp, kbd.runner.private_tmp): on disk and bounded
+        stand-in for a private /tmp, kbd.service.execute.private_tmp): on disk and bounded
         per file only, it must not outlive the session. ``rmtree`` works through
         folder descriptors on Linux, so links the command planted are removed,
         never followed."""

@@ -16,9 +16,9 @@ from typing import Any
 import orjson
 import yaml
 
-from kbd.ops import Host
-from kbd.principals import LocalOperator
-from kbd.rootinit import init_root
+from kbd.core.principals import LocalOperator
+from kbd.fs.rootinit import init_root
+from kbd.service.root import Root
 
 # The trusted local operator, as the CLI creates it for session commands.
 OPERATOR = LocalOperator.current()
@@ -104,9 +104,9 @@ class KbRoot:
         doc.update(changes)
         self.write_manifest(path, doc)
 
-    def host(self) -> Host:
+    def host(self) -> Root:
         # sweep_interval=0: every lookup re-verifies every manifest, as a fresh CLI call does.
-        return Host(self.root, sweep_interval=0)
+        return Root(self.root, sweep_interval=0)
 
     def cli(self, *args: str, input: bytes | None = None, env: dict[str, str] | None = None) -> CliResult:
         """Run the real `kbd` command in a subprocess against this root."""

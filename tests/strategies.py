@@ -1,7 +1,7 @@
 """Hypothesis strategies for kbd's access model (DESIGN §2, §3).
 
 Everything here produces plain JSON-ready data (dicts and lists, as they would
-sit in a ``workflow.json``) or a :class:`kbd.principals.Principals` table, so
+sit in a ``workflow.json``) or a :class:`kbd.core.principals.Principals` table, so
 the tests feed kbd exactly what it reads from disk and keep their own oracles
 independent of kbd's parsing.
 
@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 
-from kbd.principals import Principal, Principals
+from kbd.core.principals import Principal, Principals
 
 # -- principals -----------------------------------------------------------------
 

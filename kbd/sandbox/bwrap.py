@@ -19,18 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kbd.core.layout import INDEX_NAME as INDEX
+from kbd.core.layout import KB_DIR
+from kbd.core.layout import NOTES_DIR as NOTES
+from kbd.core.plan import Plan
 from kbd.errors import SandboxSetupError, Unavailable
-from kbd.layout import INDEX_NAME as INDEX
-from kbd.layout import KB_DIR
-from kbd.layout import NOTES_DIR as NOTES
-from kbd.plan import Plan
-from kbd.safepath import open_beneath, pin_dir
+from kbd.fs.confined import open_beneath, pin_dir
 from kbd.sandbox import limits as rlimits
 from kbd.sandbox import seccomp, spec
 from kbd.sandbox.spec import HELPER_DEST, Opt, arg, bind_fd, flag
 
 if TYPE_CHECKING:
-    from kbd.config import LimitsConfig
+    from kbd.core.config import LimitsConfig
 
 HELPER_SOURCE = Path(__file__).with_name("landlock_helper.py")
 PYTHON = "/usr/bin/python3"

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kbd.config import LimitsConfig
+    from kbd.core.config import LimitsConfig
 
 SUBTREE = "kbd"
 WANTED = ("pids", "memory", "cpu")

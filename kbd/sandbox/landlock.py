@@ -8,7 +8,7 @@ import ctypes
 import errno
 import os
 
-from kbd.linux import libc
+from kbd.fs.libc import libc
 from kbd.sandbox.landlock_helper import CREATE_RULESET_VERSION, RIGHTS, SYS_CREATE_RULESET
 from kbd.sandbox.spec import ETC_FILES
 

@@ -13,7 +13,7 @@ import resource
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kbd.config import LimitsConfig
+    from kbd.core.config import LimitsConfig
 
 SHELL = "/bin/sh"
 # (ulimit flag, resource, unit the flag counts in). POSIX ulimit -f counts

@@ -7,16 +7,16 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kbd import policy
-from kbd.plan import build_plan
-from kbd.resolve import Attachment, WriteStatus
+from kbd.core import policy
+from kbd.core.plan import build_plan
+from kbd.core.resolve import Attachment, WriteStatus
 from kbd.sandbox import bwrap as bw
 from kbd.sandbox import cgroup
 from kbd.sandbox.landlock import landlock_abi, landlock_status
 from kbd.sandbox.spec import argv_of
 
 if TYPE_CHECKING:
-    from kbd.config import LimitsConfig
+    from kbd.core.config import LimitsConfig
 
 
 def bwrap_probe() -> tuple[bool, str]:

@@ -21,7 +21,7 @@ import os
 import signal
 import time
 
-from kbd.linux import libc
+from kbd.fs.libc import libc
 
 PR_SET_CHILD_SUBREAPER = 36
 

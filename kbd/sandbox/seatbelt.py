@@ -23,8 +23,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kbd.plan import Plan
-from kbd.policy import data_path
+from kbd.core.plan import Plan
+from kbd.core.policy import data_path
 
 TEMPLATE = "kbd.sb"
 MARKER = ";; @GRANTS@"

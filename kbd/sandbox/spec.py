@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kbd.plan import Plan
+from kbd.core.plan import Plan
 
 # Rights the inner layer withholds inside contributed notes/ folders.
 INNER_HANDLED = ["make_sym", "make_fifo", "make_sock", "make_char", "make_block", "refer"]

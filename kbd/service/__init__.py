@@ -5,10 +5,10 @@ interface (an MCP server, a builder UI) only parse their input, call a function
 here, and render its result: text for people, or ``to_json()`` — which *is* the
 DESIGN §6 JSON shape — for ``--json`` and HTTP.
 
-Every operation takes an explicit actor (a :class:`kbd.principals.Principal`,
-or for session operations an :data:`kbd.principals.Actor`; there is no ``None``
+Every operation takes an explicit actor (a :class:`kbd.core.principals.Principal`,
+or for session operations an :data:`kbd.core.principals.Actor`; there is no ``None``
 meaning "trusted"), returns a frozen dataclass, and raises only
-:class:`kbd.errors.KbdError`. The operations build on :class:`kbd.ops.Host`
+:class:`kbd.errors.KbdError`. The operations build on :class:`kbd.service.root.Root`
 (the root: config, principals, registry, manifest changes) and
 :class:`kbd.session_ops.Sessions` (the session store and plans).
 

@@ -11,11 +11,11 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from kbd.core.manifest import MAX_MANIFEST_BYTES, Manifest, entry_problems, parse_manifest, writer_problems
+from kbd.core.principals import Principal, issue_token
 from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, NotFound, PermissionDenied
-from kbd.manifest import MAX_MANIFEST_BYTES, Manifest, entry_problems, parse_manifest, writer_problems
-from kbd.ops import Host
-from kbd.principals import Principal, issue_token
 from kbd.service import JsonObject
+from kbd.service.root import Root
 from kbd.session_ops import Sessions
 
 # -- init -------------------------------------------------------------------------------
@@ -35,7 +35,7 @@ class Initialised:
 
 def init(root: Path, *, host: str | None, force: bool, demo: bool) -> Initialised:
     """Create a kbd root (kbd.yaml, principals.yaml, workflows/, state/)."""
-    from kbd.rootinit import init_root  # yaml and the demo: only for init
+    from kbd.fs.rootinit import init_root  # yaml and the demo: only for init
 
     r = init_root(root, host=host, force=force, demo=demo)
     return Initialised(r["root"], r["host"], tuple(r["demo_workflows"]), r["replaced"])
@@ -71,15 +71,15 @@ def doctor(root: Path, *, workflow_id: str | None = None) -> DoctorReport:
     sandbox layers; with ``workflow_id``, also the KBs its sessions can read for
     multi-link files. A root whose config cannot be loaded is one failed check."""
     try:
-        host = Host(root)
+        host = Root(root)
     except KbdError as err:
         return DoctorReport((DoctorCheck("config", False, f"{err.code}: {err.message}"),))
     return DoctorReport((DoctorCheck("config", True, f"host {host.config.host}, root {host.config.root}"),
                          *_root_checks(host, workflow_id), *_sandbox_checks(host)))  # fmt: skip
 
 
-def _root_checks(host: Host, workflow_id: str | None) -> list[DoctorCheck]:
-    from kbd import lint  # walks every workflow folder (bounded): only for doctor
+def _root_checks(host: Root, workflow_id: str | None) -> list[DoctorCheck]:
+    from kbd.fs import lint  # walks every workflow folder (bounded): only for doctor
 
     ps = list(host.principals)
     out = [
@@ -103,7 +103,7 @@ def _root_checks(host: Host, workflow_id: str | None) -> list[DoctorCheck]:
     return out + [DoctorCheck(c.name, c.ok, c.detail) for c in found]
 
 
-def _sandbox_checks(host: Host) -> list[DoctorCheck]:
+def _sandbox_checks(host: Root) -> list[DoctorCheck]:
     from kbd.sandbox.probe import containment, landlock_only_summary, layers, limits  # runs real sandboxes
 
     backend = host.config.sandbox.backend
@@ -179,7 +179,7 @@ def _read_manifest(file: Path) -> bytes:
 def manifest_problems(m: Manifest) -> list[str]:
     """Every problem of every entry (not only the first one the lookup keeps),
     of the writer grants and of the folder grants."""
-    from kbd.folders import resolve_folders
+    from kbd.fs.folders import resolve_folders
 
     raw_entries = m.raw.get("knowledgebase_sources") or []
     problems: list[str] = []
@@ -215,12 +215,12 @@ class PrincipalList:
         return {"principals": [p.to_json() for p in self.principals]}
 
 
-def list_principals(host: Host) -> PrincipalList:
+def list_principals(host: Root) -> PrincipalList:
     """The users and services of this host (never their token hashes)."""
     return PrincipalList(tuple(PrincipalRow(p) for p in host.principals))
 
 
-def new_token(host: Host, pid: str) -> str:
+def new_token(host: Root, pid: str) -> str:
     """A new API token for ``pid``; only its hash is stored. Shown once."""
     return issue_token(host.config.root, pid, timeout=host.config.lock_timeout)
 

@@ -13,8 +13,8 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
+from kbd.core.principals import Actor, LocalOperator, Principal, Principals, named_principal
 from kbd.errors import PermissionDenied
-from kbd.principals import Actor, LocalOperator, Principal, Principals, named_principal
 from kbd.service import JsonObject
 
 

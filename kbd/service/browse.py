@@ -12,10 +12,10 @@ import base64
 from dataclasses import dataclass
 
 from kbd import browse
-from kbd.ops import Host
-from kbd.principals import Principal
-from kbd.resolve import Attachment
+from kbd.core.principals import Principal
+from kbd.core.resolve import Attachment
 from kbd.service import JsonObject
+from kbd.service.root import Root
 
 # The page bounds, for interfaces that explain them.
 DEFAULT_LS_LIMIT = browse.DEFAULT_LS_LIMIT
@@ -73,7 +73,7 @@ class Listing:
         return {"workflow_id": self.workflow_id, "alias": self.alias, **self.to_json()}
 
 
-def attachment(host: Host, wid: str, alias: str, *, actor: Principal) -> Attachment:
+def attachment(host: Root, wid: str, alias: str, *, actor: Principal) -> Attachment:
     """The available attachment ``alias`` of ``wid`` as ``actor`` may see it now."""
     return browse.attachment(host, wid, alias, actor)
 
@@ -89,12 +89,12 @@ def list_dir(
     return Listing(wid, alias, reldir, tuple(page["entries"]), page["truncated"], page["next"])
 
 
-def read(host: Host, wid: str, alias: str, relpath: str, *, actor: Principal) -> FileRead:
+def read(host: Root, wid: str, alias: str, relpath: str, *, actor: Principal) -> FileRead:
     return read_file(attachment(host, wid, alias, actor=actor), wid, alias, relpath)
 
 
 def ls(
-    host: Host, wid: str, alias: str, reldir: str, *, actor: Principal, limit: int | None = None,
+    host: Root, wid: str, alias: str, reldir: str, *, actor: Principal, limit: int | None = None,
     after: str | None = None,
 ) -> Listing:  # fmt: skip
     return list_dir(attachment(host, wid, alias, actor=actor), wid, alias, reldir, limit=limit, after=after)

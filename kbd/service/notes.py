@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kbd import notes
+from kbd.core.principals import Actor
 from kbd.notes import PreparedNote as PreparedNote  # re-exported: what prepare() hands to commit()
-from kbd.principals import Actor
 from kbd.service import JsonObject
 from kbd.session_ops import Sessions
 

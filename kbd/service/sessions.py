@@ -1,7 +1,7 @@
 """Sessions: open (and copied children), show, list, close, revoke, path checks.
 
-Session operations take an :data:`kbd.principals.Actor`: a principal is
-authorized by its roles; a :class:`kbd.principals.LocalOperator` (created only
+Session operations take an :data:`kbd.core.principals.Actor`: a principal is
+authorized by its roles; a :class:`kbd.core.principals.LocalOperator` (created only
 by the CLI entry points) is the trusted operator of the root. Opening a session
 always needs a principal.
 """
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kbd.core.plan import Plan
+from kbd.core.policy import KINDS
+from kbd.core.principals import Actor, Principal
 from kbd.errors import InvalidInput
-from kbd.plan import Plan
-from kbd.policy import KINDS
-from kbd.principals import Actor, Principal
 from kbd.service import JsonObject
 from kbd.session_ops import Sessions, check_path
-from kbd.sessions import ProcessRow, SessionRow
+from kbd.state.store import ProcessRow, SessionRow
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Workflows, their sources, the candidates they could attach, and writer grants.
 
-Each operation authorizes its actor through :class:`kbd.ops.Host` (which audits
+Each operation authorizes its actor through :class:`kbd.service.root.Root` (which audits
 every refused change) and returns a typed result whose ``to_json()`` is the
 DESIGN §6 shape shared by ``--json`` and the HTTP API.
 """
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kbd import audience
-from kbd.ops import Host
-from kbd.principals import Principal
-from kbd.resolve import Attachment
+from kbd.core import audience
+from kbd.core.principals import Principal
+from kbd.core.resolve import Attachment
 from kbd.service import JsonObject
+from kbd.service.root import Root
 
 
 @dataclass(frozen=True)
@@ -174,14 +174,14 @@ def _candidate(row: JsonObject) -> Candidate:
 # -- queries --------------------------------------------------------------------------
 
 
-def list_workflows(host: Host, *, actor: Principal) -> WorkflowList:
+def list_workflows(host: Root, *, actor: Principal) -> WorkflowList:
     """The workflows ``actor`` may inspect, with registry problems (admins and
     services also see unreadable folders)."""
     rows = host.list_workflows(actor)
     return WorkflowList(tuple(_workflow_row(r) for r in rows))
 
 
-def show(host: Host, wid: str, *, actor: Principal) -> WorkflowDetail:
+def show(host: Root, wid: str, *, actor: Principal) -> WorkflowDetail:
     """Everything a builder needs: attachments, write grants, candidates."""
     m, attachments = host.sources(wid, actor)  # refuses an actor who may not inspect wid
     return WorkflowDetail(
@@ -194,16 +194,16 @@ def show(host: Host, wid: str, *, actor: Principal) -> WorkflowDetail:
     )  # fmt: skip
 
 
-def sources(host: Host, wid: str, *, actor: Principal) -> SourcesView:
+def sources(host: Root, wid: str, *, actor: Principal) -> SourcesView:
     m, attachments = host.sources(wid, actor)
     return SourcesView(m.id, m.version, tuple(attachments))
 
 
-def candidates(host: Host, wid: str, *, actor: Principal) -> CandidateList:
+def candidates(host: Root, wid: str, *, actor: Principal) -> CandidateList:
     return CandidateList(wid, tuple(_candidate(c) for c in host.candidates(wid, actor)))
 
 
-def writers(host: Host, source_id: str, *, actor: Principal) -> WritersView:
+def writers(host: Root, source_id: str, *, actor: Principal) -> WritersView:
     d = host.writers(source_id, actor)
     rows = tuple(WriterRow(w["workflow_id"], w["exists"]) for w in d["writers"])
     return WritersView(d["workflow_id"], rows, d["legacy"])
@@ -212,18 +212,18 @@ def writers(host: Host, source_id: str, *, actor: Principal) -> WritersView:
 # -- changes --------------------------------------------------------------------------
 
 
-def attach(host: Host, wid: str, source_id: str, *, alias: str, access: str, actor: Principal) -> Attachment:
+def attach(host: Root, wid: str, source_id: str, *, alias: str, access: str, actor: Principal) -> Attachment:
     """Attach ``source_id``'s KB to ``wid`` as ``alias``; the new attachment as resolved now."""
     return host.attach(wid, source_id, alias=alias, access=access, actor=actor)
 
 
-def detach(host: Host, wid: str, alias: str, *, actor: Principal) -> Detached:
+def detach(host: Root, wid: str, alias: str, *, actor: Principal) -> Detached:
     host.detach(wid, alias, actor=actor)
     return Detached(wid, alias)
 
 
 def set_sources(
-    host: Host, wid: str, raw: object, *, actor: Principal, expected_version: str | None = None
+    host: Root, wid: str, raw: object, *, actor: Principal, expected_version: str | None = None
 ) -> SourcesView:
     """Replace ``wid``'s whole attachment list with ``raw`` (parsed JSON: a list
     of entries, validated here); refused unless the manifest is at
@@ -232,11 +232,11 @@ def set_sources(
     return SourcesView(saved.id, saved.version, tuple(host.resolve(saved)))
 
 
-def grant(host: Host, source_id: str, consumer_id: str, *, actor: Principal) -> WriterChange:
+def grant(host: Root, source_id: str, consumer_id: str, *, actor: Principal) -> WriterChange:
     changed = host.grant(source_id, consumer_id, actor=actor)
     return WriterChange(source_id, consumer_id.strip(), granted=True, changed=changed)
 
 
-def revoke(host: Host, source_id: str, consumer_id: str, *, actor: Principal) -> WriterChange:
+def revoke(host: Root, source_id: str, consumer_id: str, *, actor: Principal) -> WriterChange:
     changed = host.revoke(source_id, consumer_id, actor=actor)
     return WriterChange(source_id, consumer_id.strip(), granted=False, changed=changed)

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbd import policy
-from kbd.plan import FolderStatus, build_plan
-from kbd.resolve import Attachment, WriteStatus
+from kbd.core import policy
+from kbd.core.plan import FolderStatus, build_plan
+from kbd.core.resolve import Attachment, WriteStatus
 from kbd.sandbox import seatbelt
 
 PROFILES = sorted((Path(__file__).resolve().parents[2] / "sandbox-profiles").glob("*.sb"))
@@ -135,8 +135,8 @@ def test_shipped_consumer_kind_policy_is_complete_and_strict() -> None:
 def test_policy_rejections(mutation: object, message: str) -> None:
     import copy
 
+    from kbd.core.strict import load_yaml
     from kbd.errors import InvalidConfig
-    from kbd.strict import load_yaml
 
     doc = load_yaml(policy.policy_path("consumer_kinds.yaml").read_text(), source="p")
     bad = copy.deepcopy(doc)

@@ -22,10 +22,12 @@ from typing import Any
 
 import pytest
 
-from kbd import audit, browse, notes, runner, session_ops
+from kbd import browse, notes, session_ops
 from kbd.errors import InvalidInput
-from kbd.ops import Host
 from kbd.sandbox.probe import landlock_only_kinds
+from kbd.service import execute
+from kbd.service.root import Root
+from kbd.state import audit
 from tests.helpers import OPERATOR, CliResult, KbRoot, snapshot
 
 KBD = [sys.executable, "-m", "kbd"]
@@ -141,7 +143,7 @@ def test_lean_exec_path_refuses_empty_kbd_as(world: KbRoot) -> None:
 
 def _actor_functions() -> list[tuple[str, Callable[..., Any]]]:
     out: list[tuple[str, Callable[..., Any]]] = []
-    for owner in (Host, session_ops.Sessions, notes, browse, runner):
+    for owner in (Root, session_ops.Sessions, notes, browse, execute):
         for name, fn in inspect.getmembers(owner, callable):
             if name.startswith("_") or not hasattr(fn, "__code__"):
                 continue
@@ -154,8 +156,8 @@ def test_every_actor_parameter_is_required() -> None:
     found = dict(_actor_functions())
     # The operations the issue names must be among those checked.
     for name in ("Sessions.plan", "Sessions.close", "Sessions.rows", "Sessions.revoke", "Sessions.check",
-                 "kbd.notes.write_note", "kbd.notes.prepare_note", "kbd.runner.run", "kbd.browse.read",
-                 "kbd.browse.ls", "Host.attach", "Host.grant", "Host.sources"):  # fmt: skip
+                 "kbd.notes.write_note", "kbd.notes.prepare_note", "kbd.service.execute.run", "kbd.browse.read",
+                 "kbd.browse.ls", "Root.attach", "Root.grant", "Root.sources"):  # fmt: skip
         assert name in found, sorted(found)
     for name, fn in found.items():
         param = inspect.signature(fn).parameters["actor"]
@@ -167,9 +169,9 @@ def test_type_checker_catches_an_omitted_actor(tmp_path: Path) -> None:
     snippet.write_text(
         "from pathlib import Path\n"
         "from kbd.notes import write_note\n"
-        "from kbd.ops import Host\n"
+        "from kbd.service.root import Root\n"
         "from kbd.session_ops import Sessions\n"
-        "s = Sessions(Host(Path('/r')))\n"
+        "s = Sessions(Root(Path('/r')))\n"
         "s.plan('sid')\n"
         "s.close('sid', actor=None)\n"
         "write_note(s, 'sid', 'a', 'x.md', b'x')\n"
@@ -369,8 +371,8 @@ def _run_with_fault(kb: KbRoot, target: str, argv: list[str], *, debug: bool = F
 @pytest.mark.parametrize(
     ("target", "argv"),
     [
-        pytest.param("kbd.audit.Selection", ["audit"], id="click-cli"),
-        pytest.param("kbd.runner.run", ["exec", "SID", "--", "true"], id="lean-exec-path"),
+        pytest.param("kbd.state.audit.Selection", ["audit"], id="click-cli"),
+        pytest.param("kbd.service.execute.run", ["exec", "SID", "--", "true"], id="lean-exec-path"),
     ],
 )
 def test_unexpected_errors_print_one_line_and_exit_70(world: KbRoot, target: str, argv: list[str]) -> None:

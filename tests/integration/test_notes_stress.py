@@ -37,12 +37,12 @@ import orjson
 import pytest
 import yaml
 
-from kbd import audit
 from kbd.errors import KbdError
+from kbd.fs.confined import pin_dir
 from kbd.notes import read_index, write_note
-from kbd.ops import Host
-from kbd.safepath import pin_dir
+from kbd.service.root import Root
 from kbd.session_ops import Sessions
+from kbd.state import audit
 from tests.features import backends
 from tests.helpers import OPERATOR, KbRoot
 
@@ -174,13 +174,13 @@ def build(kb: KbRoot, consumers: list[str]) -> Source:
     return Source(kb, src)
 
 
-def open_session(host: Host, wid: str) -> str:
+def open_session(host: Root, wid: str) -> str:
     plan = Sessions(host).open(host.actor("alice"), wid, kind="execution", kb_access="read-write")
     sid = str(plan.session_id)
     return sid
 
 
-def quick_host(kb: KbRoot, timeout: float) -> Host:
+def quick_host(kb: KbRoot, timeout: float) -> Root:
     """A host whose notes mutex gives up after ``timeout`` seconds."""
     host = kb.host()
     host.config = dataclasses.replace(host.config, lock_timeout=timeout)
@@ -193,13 +193,13 @@ WRITER = r"""
 import json, sys, time
 from pathlib import Path
 from kbd.notes import write_note
-from kbd.ops import Host
-from kbd.principals import LocalOperator
+from kbd.service.root import Root
+from kbd.core.principals import LocalOperator
 from kbd.session_ops import Sessions
 OPERATOR = LocalOperator.current()
 
 job = json.loads(sys.stdin.readline())
-sessions = Sessions(Host(Path(job["root"])))
+sessions = Sessions(Root(Path(job["root"])))
 sessions.plan(job["sid"], actor=OPERATOR)  # warm the caches before the race starts
 print("ready", flush=True)
 if sys.stdin.readline().strip() != "go":
@@ -351,13 +351,13 @@ STALLING_WRITER = r"""
 import json, os, sys
 from pathlib import Path
 from kbd.notes import write_note
-from kbd.ops import Host
-from kbd.principals import LocalOperator
+from kbd.service.root import Root
+from kbd.core.principals import LocalOperator
 from kbd.session_ops import Sessions
 OPERATOR = LocalOperator.current()
 
 job = json.loads(sys.stdin.readline())
-sessions = Sessions(Host(Path(job["root"])))
+sessions = Sessions(Root(Path(job["root"])))
 write_note(sessions, job["sid"], "src", job["name"], job["first"].encode(), actor=OPERATOR)
 real_write = os.write
 
@@ -423,13 +423,13 @@ LOOPING_WRITER = r"""
 import json, sys
 from pathlib import Path
 from kbd.notes import write_note
-from kbd.ops import Host
-from kbd.principals import LocalOperator
+from kbd.service.root import Root
+from kbd.core.principals import LocalOperator
 from kbd.session_ops import Sessions
 OPERATOR = LocalOperator.current()
 
 job = json.loads(sys.stdin.readline())
-sessions = Sessions(Host(Path(job["root"])))
+sessions = Sessions(Root(Path(job["root"])))
 k = 0
 while True:
     print(k, flush=True)

@@ -28,7 +28,7 @@ from tests.helpers import CliResult, KbRoot, snapshot
 pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_landlock(abi=2)]
 
 MODES = {"read": "read", "write": "read-write"}
-# DESIGN §4 / kbd.runner: the environment is built, never inherited (PWD is set by
+# DESIGN §4 / kbd.service.execute: the environment is built, never inherited (PWD is set by
 # bwrap's --chdir to the command's working folder).
 ALLOWED_ENV = {
     "PATH", "HOME", "TMPDIR", "LANG", "TERM", "PWD", "KBD_SESSION", "WORKFLOW_KB_ACCESS", "WORKFLOW_KB_SRC",

@@ -1,4 +1,4 @@
-"""Hypothesis strategies for fuzzing the path layer (kbd/safepath.py).
+"""Hypothesis strategies for fuzzing the path layer (kbd/fs/confined.py).
 
 A generated *tree* is a list of operations (plain frozen dataclasses, so a
 falsifying example prints as readable Python). :func:`materialise` replays them

@@ -178,7 +178,7 @@ def test_blocks_allocated_past_the_end_of_a_note_count_against_the_quota(tmp_pat
     must not depend on that.)"""
     import ctypes
 
-    from kbd.config import NotesQuota
+    from kbd.core.config import NotesQuota
     from kbd.notes import scan_notes
 
     notes = tmp_path / "notes"

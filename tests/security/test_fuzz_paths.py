@@ -1,4 +1,4 @@
-"""Property tests for the path layer (kbd/safepath.py) over random hostile trees.
+"""Property tests for the path layer (kbd/fs/confined.py) over random hostile trees.
 
 Every example materialises a fresh tree (tests/security/path_strategies.py) and
 throws a hostile relative path at it. The oracles never ask kbd: they use
@@ -35,9 +35,9 @@ from unittest import mock
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-import kbd.safepath as safepath
 from kbd.errors import InvalidPath, KbdError, PathNotFound, PathRefused, PermissionDenied
-from kbd.safepath import (
+from kbd.fs import confined
+from kbd.fs.confined import (
     list_dir,
     open_beneath,
     read_file,
@@ -364,14 +364,14 @@ def test_list_dir_lists_only_real_folders_inside_root(ops: list[Op], data: st.Da
         inside_dirs = {n.ident for n in nodes.values() if n.kind == "dir"}
         target = physical(nodes, lexical_parts(rel))
         opened: list[Node] = []
-        real_open_beneath = safepath.open_beneath
+        real_open_beneath = confined.open_beneath
 
         def spy(dirfd: int, path: str, flags: int = os.O_RDONLY, mode: int = 0) -> int:
             fd = real_open_beneath(dirfd, path, flags, mode)
             opened.append(_node(os.fstat(fd)))
             return fd
 
-        with mock.patch.object(safepath, "open_beneath", spy):
+        with mock.patch.object(confined, "open_beneath", spy):
             got = attempt(partial(list_dir, root_fd, rel))
         event(f"list_dir -> {outcome(got)}")
         if isinstance(got, KbdError):

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kbd.ops import Host
 from kbd.sandbox import cgroup
+from kbd.service.root import Root
 from kbd.session_ops import Sessions
 from tests.features import backends
 from tests.helpers import KbRoot
@@ -173,7 +173,7 @@ def test_the_command_cgroups_carry_the_configured_values(kb: KbRoot, backend: st
         deadline = time.monotonic() + 15
         rows: list[Any] = []
         while not rows and time.monotonic() < deadline:
-            rows = Sessions(Host(kb.root)).store.processes(sid)
+            rows = Sessions(Root(kb.root)).store.processes(sid)
             time.sleep(0.05)
         assert len(rows) == 1 and rows[0].cgroup, rows
         pid, name = rows[0].pid, rows[0].cgroup

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from kbd import browse
+from kbd.core.names import is_index_name
 from kbd.errors import InvalidPath, KbdError, PathNotFound, PathRefused
-from kbd.names import is_index_name
-from kbd.safepath import pin_dir, read_file, replace_file
+from kbd.fs.confined import pin_dir, read_file, replace_file
 from tests.helpers import KbRoot
 
 
@@ -151,10 +151,10 @@ def test_kb_root_or_notes_swapped_between_two_commands(kb: KbRoot) -> None:
 def test_pin_dir_never_follows_a_link_on_either_code_path(
     box: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, use_openat2: bool
 ) -> None:
-    from kbd import safepath
+    from kbd.fs import confined
 
     kb, outside = box
-    monkeypatch.setattr(safepath, "HAVE_OPENAT2", use_openat2)
+    monkeypatch.setattr(confined, "HAVE_OPENAT2", use_openat2)
     (kb / "link").symlink_to(outside)
     with pin_dir(kb / "notes") as p:
         assert os.fstat(p.fd).st_ino == (kb / "notes").stat().st_ino

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kbd.errors import KbdError
-from kbd.safepath import pin_dir, read_file, replace_file
+from kbd.fs.confined import pin_dir, read_file, replace_file
 
 ITERATIONS = 20_000
 

@@ -1,6 +1,6 @@
 """Property tests of the access rules (DESIGN §2, §3) over generated audiences and manifests.
 
-Pure: kbd.audience, kbd.manifest and kbd.resolve over a fake SourceView. The
+Pure: kbd.core.audience, kbd.core.manifest and kbd.core.resolve over a fake SourceView. The
 oracles below restate the contract from DESIGN on the raw JSON dicts, without
 kbd's parsing, so a wrong parse and a wrong rule are both caught.
 """
@@ -21,12 +21,12 @@ import pytest
 from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
-from kbd import audience
+from kbd.core import audience
+from kbd.core.manifest import Manifest, SourceRef, parse_manifest, render, validate_sources, with_sources
+from kbd.core.principals import Principals
+from kbd.core.resolve import REASONS, WRITE_NOT_GRANTED, Attachment, resolve_all
 from kbd.errors import InvalidManifest, ManifestUnreadable
-from kbd.manifest import Manifest, SourceRef, parse_manifest, render, validate_sources, with_sources
-from kbd.principals import Principals
-from kbd.registry import Ambiguous, Folder, Found, KbProbe, KbProblem, Lookup, Missing, Unreadable
-from kbd.resolve import REASONS, WRITE_NOT_GRANTED, Attachment, resolve_all
+from kbd.fs.registry import Ambiguous, Folder, Found, KbProbe, KbProblem, Lookup, Missing, Unreadable
 from tests import strategies as s
 
 # -- oracles over raw workflow.json dicts (DESIGN §2, §3) ---------------------------------
@@ -94,7 +94,7 @@ def oracle_can_write(consumer: dict[str, Any], source: dict[str, Any], principal
 
 
 def oracle_id_ok(value: object) -> bool:
-    """DESIGN §2 / kbd.ids: non-empty string, no '/', '\\', no control (Cc, C1 included),
+    """DESIGN §2 / kbd.core.ids: non-empty string, no '/', '\\', no control (Cc, C1 included),
     format (Cf), line/paragraph-separator (Zl, Zp) or whitespace character anywhere
     (issue 9 item 20: was "no surrounding whitespace, no C0 control"), not '.' or '..',
     at most 128 characters."""
@@ -202,7 +202,7 @@ FOLDERS = Path("/srv/kbd/workflows")
 
 @dataclass
 class FakeView:
-    """``kbd.resolve.SourceView`` over a dict; records what was asked."""
+    """``kbd.core.resolve.SourceView`` over a dict; records what was asked."""
 
     lookups: dict[str, Lookup]
     kb: dict[Path, KbProblem] = field(default_factory=dict)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from kbd import runner
 from kbd.errors import Unavailable
 from kbd.sandbox import bwrap
+from kbd.service import execute
 from tests.helpers import OPERATOR, KbRoot
 
 
@@ -21,16 +21,16 @@ def set_backend(kb: KbRoot, backend: str, *, unsafe_none: bool = False) -> None:
 
 
 def test_auto_prefers_bubblewrap_then_landlock(kb: KbRoot, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert runner.choose_backend(kb.host()) == "bwrap"
+    assert execute.choose_backend(kb.host()) == "bwrap"
     monkeypatch.setattr(bwrap, "bwrap_path", lambda: None)
-    assert runner.choose_backend(kb.host()) == "landlock"
+    assert execute.choose_backend(kb.host()) == "landlock"
 
 
 def test_no_usable_layer_refuses_with_69(kb: KbRoot, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bwrap, "bwrap_path", lambda: None)
-    monkeypatch.setattr(runner, "landlock_abi", lambda: 0)
+    monkeypatch.setattr(execute, "landlock_abi", lambda: 0)
     with pytest.raises(Unavailable, match="no sandbox layer is usable") as info:
-        runner.choose_backend(kb.host())
+        execute.choose_backend(kb.host())
     assert info.value.exit_code == 69
     kb.workflow("con", access={"owners": ["alice"]})
     h = kb.host()
@@ -38,14 +38,14 @@ def test_no_usable_layer_refuses_with_69(kb: KbRoot, monkeypatch: pytest.MonkeyP
 
     sid = str(Sessions(h).open(h.actor("alice"), "con", kind="reviewer_strategic").session_id)
     with pytest.raises(Unavailable):
-        runner.run(kb.root, sid, ["true"], actor=OPERATOR)
+        execute.run(kb.root, sid, ["true"], actor=OPERATOR)
 
 
 def test_explicit_bwrap_without_bwrap_refuses(kb: KbRoot, monkeypatch: pytest.MonkeyPatch) -> None:
     set_backend(kb, "bwrap")
     monkeypatch.setattr(bwrap, "bwrap_path", lambda: None)
     with pytest.raises(Unavailable, match="bubblewrap is not installed"):
-        runner.choose_backend(kb.host())
+        execute.choose_backend(kb.host())
 
 
 def test_unsafe_no_sandbox_is_explicit_and_warns(
@@ -53,13 +53,13 @@ def test_unsafe_no_sandbox_is_explicit_and_warns(
 ) -> None:
     set_backend(kb, "auto", unsafe_none=True)
     monkeypatch.setattr(bwrap, "bwrap_path", lambda: None)
-    monkeypatch.setattr(runner, "landlock_abi", lambda: 0)
-    assert runner.choose_backend(kb.host()) == "none"
+    monkeypatch.setattr(execute, "landlock_abi", lambda: 0)
+    assert execute.choose_backend(kb.host()) == "none"
     kb.workflow("con", access={"owners": ["alice"]})
     h = kb.host()
     from kbd.session_ops import Sessions
 
     sid = str(Sessions(h).open(h.actor("alice"), "con", kind="reviewer_strategic").session_id)
     for _ in range(2):
-        assert runner.run(kb.root, sid, ["true"], actor=OPERATOR) == 0
+        assert execute.run(kb.root, sid, ["true"], actor=OPERATOR) == 0
         assert "WARNING: unsafe_no_sandbox" in capfd.readouterr().err

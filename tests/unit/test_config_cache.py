@@ -1,4 +1,4 @@
-"""The parse cache of kbd.yaml, principals.yaml and policies (kbd/config.py)."""
+"""The parse cache of kbd.yaml, principals.yaml and policies (kbd/core/config.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ def test_a_rejected_config_is_never_cached(tmp_path: Path, monkeypatch: pytest.M
     racy-clean window is closed so the file counts as settled at once; under load
     the old code wrote the cache of a rejected file, and a refused command changed
     the root.)"""
-    from kbd import config, principals
+    from kbd.core import config, principals
     from kbd.errors import InvalidConfig
-    from kbd.rootinit import init_root
+    from kbd.fs.rootinit import init_root
 
     monkeypatch.setattr(config, "RACY_NS", 0)
     root = tmp_path / "root"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kbd.config import LimitsConfig, parse_config
+from kbd.core.config import LimitsConfig, parse_config
 from kbd.errors import ContainmentUnavailable, InvalidConfig
 from kbd.sandbox import cgroup
 from kbd.sandbox.limits import ulimit_script

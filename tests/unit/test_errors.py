@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import kbd
-from kbd import audit, errors
+from kbd import errors
 from kbd.errors import (
     REASON_ERRORS,
     Busy,
@@ -42,6 +42,7 @@ from kbd.errors import (
 )
 from kbd.notes import write_note
 from kbd.session_ops import Sessions
+from kbd.state import audit
 from tests.helpers import OPERATOR, KbRoot, snapshot
 
 CONTRACT_EXIT_CODES = {2, 65, 66, 69, 70, 75, 77}  # DESIGN §6, less 0 (success is not an error)
@@ -143,7 +144,7 @@ def test_from_oserror(code: int, cls: type[KbdError]) -> None:
 
 
 def test_from_sqlite_on_real_databases(tmp_path: Path) -> None:
-    from kbd.sessions import from_sqlite
+    from kbd.state.store import from_sqlite
 
     db = tmp_path / "s.db"
     holder = sqlite3.connect(db, isolation_level=None)

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbd import injection
+from kbd.core import injection
 from kbd.errors import InjectionRefused, InvalidConfig
 
 
@@ -71,7 +71,7 @@ def test_comment_stripping_keeps_the_old_meaning() -> None:
 WORST = textwrap.dedent(
     """
     import random, sys
-    from kbd import injection
+    from kbd.core import injection
     random.seed(9)
     n = 20_000
     cases = ["\\n" * n, " \\n" * n, "\\n#" * n, "<!--" * n, "send secrets to " + "@." * n,
@@ -276,7 +276,7 @@ def test_the_rewritten_system_prefix_allows_80_spaces_as_before() -> None:
 
 ADVERSARIAL = textwrap.dedent(
     """
-    from kbd import injection
+    from kbd.core import injection
     MIB = 1 << 20
     def fill(unit):
         return (unit * (MIB // len(unit) + 1))[:MIB]

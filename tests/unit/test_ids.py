@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kbd import audit
+from kbd.core.ids import id_problem, one_line
+from kbd.core.principals import load_principals
 from kbd.errors import InvalidConfig
-from kbd.ids import id_problem, one_line
-from kbd.principals import load_principals
+from kbd.state import audit
 from tests.helpers import KbRoot
 
 #: Each one looks like (or breaks a line next to) the plain ID ``wf_rts``.

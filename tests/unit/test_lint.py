@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kbd import lint
-from kbd.registry import MAX_DEPTH
+from kbd.fs import lint
+from kbd.fs.registry import MAX_DEPTH
 
 
 def test_multi_link_files_are_found_at_any_depth_and_links_are_not_followed(tmp_path: Path) -> None:

@@ -29,12 +29,14 @@ import orjson
 import pytest
 import yaml
 
-from kbd import audit, browse, injection
+from kbd import browse
+from kbd.core import injection
 from kbd.errors import InjectionRefused, KbdError
+from kbd.fs.confined import pin_dir
 from kbd.notes import MAX_NOTE_BYTES, PROVENANCE_KEYS, read_index, write_note
-from kbd.ops import Host
-from kbd.safepath import pin_dir
+from kbd.service.root import Root
 from kbd.session_ops import Sessions
+from kbd.state import audit
 from tests.helpers import OPERATOR, Entry, KbRoot, snapshot
 
 ISO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
@@ -66,7 +68,7 @@ def frontmatter(text: str) -> dict[str, Any]:
 @dataclass
 class World:
     kb: KbRoot
-    host: Host
+    host: Root
     sessions: Sessions
     src: Path
     con: Path

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from kbd.core.plan import Origin
+from kbd.core.policy import KINDS
 from kbd.errors import InvalidInput, PermissionDenied, SessionClosed, WorkflowNotFound
-from kbd.plan import Origin
-from kbd.policy import KINDS
 from kbd.session_ops import Sessions, check_path
 from tests.helpers import OPERATOR, KbRoot
 

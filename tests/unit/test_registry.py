@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kbd import lint, registry
-from kbd.ops import Host
-from kbd.registry import Ambiguous, Found, Missing, Registry, Unreadable
+from kbd.fs import lint, registry
+from kbd.fs.registry import Ambiguous, Found, Missing, Registry, Unreadable
+from kbd.service.root import Root
 from tests.helpers import KbRoot
 
 
@@ -176,7 +176,7 @@ def test_plan_with_16_missing_sources_costs_no_walk(
     present = [{"workflow_id": f"w{i}", "alias": f"p{i}"} for i in range(4)]
     missing = [{"workflow_id": f"gone{i}", "alias": f"m{i}"} for i in range(16)]
     kb.workflow("consumer", sources=present + missing)
-    h = Host(kb.root, sweep_interval=3600)
+    h = Root(kb.root, sweep_interval=3600)
     alice = h.actor("ops")
     _, first = h.sources("consumer", alice)
     assert [a.reason for a in first] == [None] * 4 + ["not_found"] * 16

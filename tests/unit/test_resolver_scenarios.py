@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from kbd.resolve import Attachment
+from kbd.core.resolve import Attachment
 from tests.helpers import KbRoot
 
 

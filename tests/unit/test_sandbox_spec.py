@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kbd import policy
-from kbd.plan import FolderStatus, build_plan
-from kbd.resolve import Attachment, WriteStatus
+from kbd.core import policy
+from kbd.core.plan import FolderStatus, build_plan
+from kbd.core.resolve import Attachment, WriteStatus
 from kbd.sandbox.spec import Mount, inner_landlock, mounts
 
 R = Path("/tmp/r/workflows")

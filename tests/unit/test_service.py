@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from kbd import audit
+from kbd.core.plan import Plan
+from kbd.core.principals import Principal, Principals
 from kbd.errors import (
     InvalidInput,
     KbdError,
@@ -22,10 +23,9 @@ from kbd.errors import (
     UsageError,
     WorkflowNotFound,
 )
-from kbd.plan import Plan
-from kbd.principals import Principal, Principals
 from kbd.service import admin, auth, browse, notes, sessions, workflows
 from kbd.session_ops import Sessions
+from kbd.state import audit
 from tests.helpers import OPERATOR, KbRoot
 
 SERVICE_MODULES = (auth, workflows, sessions, browse, notes, admin)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from kbd import audit
+from kbd.core.resolve import Attachment
 from kbd.errors import InvalidInput, InvalidManifest, PermissionDenied, WorkflowNotFound
-from kbd.resolve import Attachment
+from kbd.state import audit
 from tests.helpers import KbRoot
 
 

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kbd.core.layout import MANIFEST
+from kbd.core.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest, render
 from kbd.errors import KbdError, ManifestUnreadable, VersionConflict
-from kbd.fsio import write_atomic_at
-from kbd.layout import MANIFEST
-from kbd.locks import held
-from kbd.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest, render
-from kbd.safepath import pin_dir, read_file_stat
+from kbd.fs.atomic import write_atomic_at
+from kbd.fs.confined import pin_dir, read_file_stat
+from kbd.fs.locks import held
 
 
 def _read_at(dirfd: int) -> Manifest:

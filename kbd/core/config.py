@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kbd.errors import InvalidConfig, RootError
-from kbd.ids import id_problem
-from kbd.layout import RACY_NS
-from kbd.strict import (
+from kbd.core.ids import id_problem
+from kbd.core.layout import RACY_NS
+from kbd.core.strict import (
     check_keys,
     expect_bool,
     expect_choice,
@@ -27,6 +26,7 @@ from kbd.strict import (
     expect_str_list,
     load_yaml,
 )
+from kbd.errors import InvalidConfig, RootError
 
 CONFIG_NAME = "kbd.yaml"
 PRINCIPALS_NAME = "principals.yaml"
@@ -340,7 +340,7 @@ def read_yaml_cached(path: Path, *, what: str, cache: Path | None, parse: Callab
     data = load_yaml(read_text(path, what=what), source=str(path))
     parsed = parse(data)
     if cache is not None and fresh and _plain(data):
-        from kbd.fsio import ensure_private_dir, write_atomic
+        from kbd.fs.atomic import ensure_private_dir, write_atomic
 
         try:
             ensure_private_dir(cache.parent)

@@ -17,7 +17,7 @@ operator removes the extra manifest or moves a folder. So a manifest that copies
 the hidden workflow's ID can never redirect its consumers. Only folders known
 from the previous index (in memory or the cache file) are checked, so this costs
 nothing per walk; a nested manifest that was never discovered is reported by
-``kbd doctor`` (:func:`kbd.lint.nested_manifests`).
+``kbd doctor`` (:func:`kbd.fs.lint.nested_manifests`).
 
 Caching: the index is kept in memory and in ``state/cache/registry.json``.
 It is revalidated by ``lstat`` of every walked non-workflow folder (a new,
@@ -45,21 +45,21 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from kbd.core.layout import INDEX_NAME, KB_DIR, MANIFEST, NOTES_DIR, RACY_NS
+from kbd.core.lookup import Ambiguous as Ambiguous
+from kbd.core.lookup import Folder as Folder
+from kbd.core.lookup import Found as Found
+from kbd.core.lookup import KbProbe as KbProbe
+from kbd.core.lookup import KbProblem as KbProblem
+from kbd.core.lookup import Lookup as Lookup
+from kbd.core.lookup import Missing as Missing
+from kbd.core.lookup import Sig as Sig
+from kbd.core.lookup import Unreadable as Unreadable
+from kbd.core.manifest import MAX_MANIFEST_BYTES, extract_id, parse_manifest
 from kbd.errors import KbdError, ManifestUnreadable
-from kbd.fsio import ensure_private_dir, write_atomic
-from kbd.layout import INDEX_NAME, KB_DIR, MANIFEST, NOTES_DIR, RACY_NS
-from kbd.linux import AT_EMPTY_PATH, MountInfo, mount_info
-from kbd.manifest import MAX_MANIFEST_BYTES, extract_id, parse_manifest
-from kbd.registry_types import Ambiguous as Ambiguous
-from kbd.registry_types import Folder as Folder
-from kbd.registry_types import Found as Found
-from kbd.registry_types import KbProbe as KbProbe
-from kbd.registry_types import KbProblem as KbProblem
-from kbd.registry_types import Lookup as Lookup
-from kbd.registry_types import Missing as Missing
-from kbd.registry_types import Sig as Sig
-from kbd.registry_types import Unreadable as Unreadable
-from kbd.safepath import open_beneath, pin_dir, read_file_stat
+from kbd.fs.atomic import ensure_private_dir, write_atomic
+from kbd.fs.confined import open_beneath, pin_dir, read_file_stat
+from kbd.fs.libc import AT_EMPTY_PATH, MountInfo, mount_info
 
 MAX_DEPTH = 32
 _CACHE_FORMAT = 1  # entries may carry "nested_in" (absent in older caches: none was nested)

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from kbd.config import PRINCIPALS_NAME, STATE_DIR, read_text, read_yaml_cached
+from kbd.core.config import PRINCIPALS_NAME, STATE_DIR, read_text, read_yaml_cached
+from kbd.core.ids import id_problem
+from kbd.core.strict import check_keys, expect_bool, expect_choice, expect_mapping, expect_str, load_yaml
 from kbd.errors import InvalidConfig, NotFound, PermissionDenied, UsageError
-from kbd.ids import id_problem
-from kbd.strict import check_keys, expect_bool, expect_choice, expect_mapping, expect_str, load_yaml
 
 KINDS = ("user", "service")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -210,8 +210,8 @@ def issue_token(root: Path, pid: str, *, timeout: float) -> str:
 
     import yaml
 
-    from kbd.fsio import write_atomic
-    from kbd.locks import held  # filelock: only for writers, never on the exec path
+    from kbd.fs.atomic import write_atomic
+    from kbd.fs.locks import held  # filelock: only for writers, never on the exec path
 
     path = root / PRINCIPALS_NAME
     with held(root / "state", "principals", str(path), timeout=timeout, what="principals.yaml"):

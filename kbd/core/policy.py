@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kbd.config import read_yaml_cached
+from kbd.core.config import read_yaml_cached
+from kbd.core.strict import check_keys, expect_bool, expect_choice, expect_mapping
 from kbd.errors import InvalidConfig, InvalidInput
-from kbd.strict import check_keys, expect_bool, expect_choice, expect_mapping
 
 KB_ACCESS = ("none", "read", "write", "read-write")
 OWN_FOLDER = ("read-write", "read-only")
@@ -93,7 +93,7 @@ def parse_policy(data: Any, *, source: str) -> dict[str, KindPolicy]:
 def data_path(package: str, folder: str, name: str) -> Path:
     """A shipped data file: in the installed package (``kbd.<package>``), else in
     the source tree's top-level ``folder`` (editable installs)."""
-    source_tree = Path(__file__).resolve().parent.parent / folder / name
+    source_tree = Path(__file__).resolve().parents[2] / folder / name
     if source_tree.exists():
         return source_tree  # a source checkout (editable install): no importlib.resources import
     import importlib.resources

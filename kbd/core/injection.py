@@ -16,10 +16,10 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
-from kbd.config import read_yaml_cached
+from kbd.core.config import read_yaml_cached
+from kbd.core.policy import policy_path
+from kbd.core.strict import check_keys, expect_mapping, expect_str
 from kbd.errors import InjectionRefused, InvalidConfig
-from kbd.policy import policy_path
-from kbd.strict import check_keys, expect_mapping, expect_str
 
 NAME = "injection.yaml"
 

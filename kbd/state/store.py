@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kbd.errors import Busy, KbdError, NoSpace, SessionClosed, StateCorrupt, session_not_found
-from kbd.fsio import ensure_private_dir
+from kbd.fs.atomic import ensure_private_dir
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (

@@ -2,7 +2,7 @@
 
 This module is pure: it turns bytes into a :class:`Manifest` and a raw document
 into a changed raw document. Reading and atomic saving live in
-:mod:`kbd.manifest_store`.
+:mod:`kbd.fs.manifest_store`.
 
 Two strictness levels, on purpose:
 
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from kbd.core.ids import alias_problem, id_problem
+from kbd.core.strict import kind_of, load_json_strict
 from kbd.errors import InvalidManifest, ManifestUnreadable
-from kbd.ids import alias_problem, id_problem
-from kbd.strict import kind_of, load_json_strict
 
 MAX_SOURCES = 20
 MAX_WRITERS = 50

@@ -27,12 +27,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from kbd.ids import one_line
-from kbd.layout import INDEX_NAME, KB_DIR, MANIFEST, NOTES_DIR
+from kbd.core.ids import one_line
+from kbd.core.layout import INDEX_NAME, KB_DIR, MANIFEST, NOTES_DIR
 
-if TYPE_CHECKING:  # types only: policy files are read by kbd.policy, not here
-    from kbd.policy import KindPolicy
-    from kbd.resolve import Attachment
+if TYPE_CHECKING:  # types only: policy files are read by kbd.core.policy, not here
+    from kbd.core.policy import KindPolicy
+    from kbd.core.resolve import Attachment
 
 GrantMode = Literal["read", "write", "read_only", "hidden"]
 OriginKind = Literal["own", "local_kb", "kb", "kb_write", "folder"]
@@ -41,7 +41,7 @@ _ALIASED: frozenset[str] = frozenset({"kb", "kb_write", "folder"})
 
 @dataclass(frozen=True)
 class FolderStatus:
-    """One ``folder_access`` entry as resolved now (see :mod:`kbd.folders`)."""
+    """One ``folder_access`` entry as resolved now (see :mod:`kbd.fs.folders`)."""
 
     alias: str
     access: str  # read_only | read_write

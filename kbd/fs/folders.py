@@ -14,11 +14,11 @@ import os
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from kbd.core.ids import alias_problem
+from kbd.core.plan import FolderStatus
+from kbd.core.strict import kind_of
 from kbd.errors import KbdError
-from kbd.ids import alias_problem
-from kbd.plan import FolderStatus
-from kbd.safepath import open_beneath, pin_dir
-from kbd.strict import kind_of
+from kbd.fs.confined import open_beneath, pin_dir
 
 ACCESS = ("read_only", "read_write")
 KEYS = ("alias", "path", "access")

@@ -1,8 +1,8 @@
 """What a registry lookup answers, as pure data (DESIGN §2, §3).
 
-Split from :mod:`kbd.registry` (the I/O side: walks, caches, ``statx`` probes)
-so the pure core — :mod:`kbd.resolve` and everything that plans from it — can
-name these types without loading the path layer. :mod:`kbd.registry` re-exports
+Split from :mod:`kbd.fs.registry` (the I/O side: walks, caches, ``statx`` probes)
+so the pure core — :mod:`kbd.core.resolve` and everything that plans from it — can
+name these types without loading the path layer. :mod:`kbd.fs.registry` re-exports
 every name.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbd.manifest import Manifest
+from kbd.core.manifest import Manifest
 
 Sig = tuple[int, int, int, int, int]  # dev, ino, size, mtime_ns, ctime_ns
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import filelock
 
 from kbd.errors import Busy
-from kbd.fsio import ensure_private_dir
+from kbd.fs.atomic import ensure_private_dir
 
 
 def lock_path(state_dir: Path, kind: str, key: str) -> Path:

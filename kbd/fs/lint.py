@@ -1,7 +1,7 @@
 """Checks ``kbd doctor`` runs over the registry and over knowledge bases.
 
 Both walk folders other people control, so both are bounded (entries visited
-and depth) and go through the confined path layer (:mod:`kbd.safepath`): a
+and depth) and go through the confined path layer (:mod:`kbd.fs.confined`): a
 folder is pinned without following links, every subfolder is opened beneath
 it with no link, magic link or mount crossing, and every entry is ``lstat``ed
 relative to its opened folder. A walk that hits its bound says so ("truncated")
@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kbd.core.layout import KB_DIR, MANIFEST
 from kbd.errors import KbdError, NotFound
-from kbd.layout import KB_DIR, MANIFEST
-from kbd.registry import MAX_DEPTH, Folder, Registry
-from kbd.safepath import open_beneath, pin_dir
+from kbd.fs.confined import open_beneath, pin_dir
+from kbd.fs.registry import MAX_DEPTH, Folder, Registry
 
 if TYPE_CHECKING:
-    from kbd.ops import Host
+    from kbd.service.root import Root
 
 MAX_ENTRIES = 200_000  # per doctor run and per KB: bounded on attacker-shaped trees
 MAX_SHOWN = 10
@@ -53,7 +53,7 @@ class BoundedWalk:
     mounts), as (path relative to ``top``, lstat result), at most ``limit``
     entries and ``max_depth`` folders deep; ``truncated`` tells whether a bound
     cut it short. Each subfolder is opened beneath its already opened parent
-    (one component, :func:`kbd.safepath.open_beneath`), so at most ``max_depth``
+    (one component, :func:`kbd.fs.confined.open_beneath`), so at most ``max_depth``
     descriptors are open at once. Folders that cannot be opened (gone, a link
     swapped in, another mount, no permission, a name kbd refuses) are skipped and
     counted in ``skipped``."""
@@ -187,7 +187,7 @@ def nesting_check(registry: Registry, folders: list[Folder], *, limit: int = MAX
     return Check("registry-nesting", not problems, detail)
 
 
-def kb_link_checks(host: Host, workflow_id: str, *, limit: int = MAX_ENTRIES) -> list[Check]:
+def kb_link_checks(host: Root, workflow_id: str, *, limit: int = MAX_ENTRIES) -> list[Check]:
     """One check per KB the workflow's sessions can read (its own and every
     available source's): regular files with more than one hard link."""
     found = host.workflow(workflow_id)

@@ -14,10 +14,10 @@ from typing import Any
 import orjson
 import yaml
 
-from kbd.config import CONFIG_NAME, PRINCIPALS_NAME, STATE_DIR
+from kbd.core.config import CONFIG_NAME, PRINCIPALS_NAME, STATE_DIR
+from kbd.core.ids import id_problem
 from kbd.errors import RootError, RootExists
-from kbd.fsio import write_atomic
-from kbd.ids import id_problem
+from kbd.fs.atomic import write_atomic
 
 CONFIG_TEMPLATE = """\
 # kbd host configuration. Unknown keys are errors.

@@ -15,8 +15,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from kbd import audience, audit
-from kbd.config import CONFIG_NAME, PRINCIPALS_NAME, Config, load_config
+from kbd.core import audience
+from kbd.core.config import CONFIG_NAME, PRINCIPALS_NAME, Config, load_config
+from kbd.core.layout import RACY_NS
+from kbd.core.manifest import (
+    Entry,
+    Manifest,
+    SourceRef,
+    validate_sources,
+    validate_writers,
+    with_sources,
+    with_writers,
+)
+from kbd.core.principals import Principal, Principals, load_principals
+from kbd.core.resolve import Attachment, resolve_all, resolve_entry
 from kbd.errors import (
     AmbiguousWorkflow,
     InvalidInput,
@@ -28,25 +40,14 @@ from kbd.errors import (
     SourceUnusable,
     workflow_not_found,
 )
-from kbd.layout import RACY_NS
-from kbd.manifest import (
-    Entry,
-    Manifest,
-    SourceRef,
-    validate_sources,
-    validate_writers,
-    with_sources,
-    with_writers,
-)
-from kbd.principals import Principal, Principals, load_principals
-from kbd.registry import Ambiguous, Found, KbProbe, Lookup, Missing, Registry, probe_kb
-from kbd.resolve import Attachment, resolve_all, resolve_entry
+from kbd.fs.registry import Ambiguous, Found, KbProbe, Lookup, Missing, Registry, probe_kb
+from kbd.state import audit
 
 # How a change builds the new attachment list from the manifest as it is now.
 SourcesBuilder: TypeAlias = Callable[[Manifest], list[SourceRef]]
 
 
-class Host:
+class Root:
     """One kbd root: config, principals and the workflow registry."""
 
     def __init__(self, root: Path, *, sweep_interval: float = 1.0) -> None:
@@ -293,7 +294,7 @@ class Host:
                        sources=[r.to_json() for r in refs])  # fmt: skip
             return with_sources(current.raw, refs)
 
-        from kbd import manifest_store  # filelock: only for writers, never on the exec path
+        from kbd.fs import manifest_store  # filelock: only for writers, never on the exec path
 
         return manifest_store.update(
             folder.path,
@@ -396,7 +397,7 @@ class Host:
             self.audit(event, source=source_id, consumer=consumer_id.strip(), actor=actor.id, changed=changed)
             return with_writers(current.raw, new) if changed else current.raw
 
-        from kbd import manifest_store
+        from kbd.fs import manifest_store
 
         manifest_store.update(
             folder.path, change, state_dir=self.config.state_dir, timeout=self.config.lock_timeout
@@ -411,6 +412,6 @@ class Host:
 
 
 def _because(err: KbdError, reason: str) -> KbdError:
-    """``err`` with its specific reason code (recorded by :meth:`Host.audit_refusal`)."""
+    """``err`` with its specific reason code (recorded by :meth:`Root.audit_refusal`)."""
     err.reason = reason
     return err

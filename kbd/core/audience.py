@@ -13,7 +13,7 @@ Decisions recorded here (README "Access rules"):
   members: removing a principal from principals.yaml must not widen what a
   consumer may attach.
 * Unknown list-valued ``access`` tiers count in a consumer's audience, never in
-  a source's (see :class:`kbd.manifest.AccessBlock`).
+  a source's (see :class:`kbd.core.manifest.AccessBlock`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # types only: principals.yaml loading stays out of the pure core
-    from kbd.manifest import Manifest
-    from kbd.principals import Principal, Principals
+    from kbd.core.manifest import Manifest
+    from kbd.core.principals import Principal, Principals
 
 
 def audience(m: Manifest) -> frozenset[str]:

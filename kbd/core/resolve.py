@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kbd import audience
-from kbd.ids import env_name
-from kbd.layout import KB_DIR
-from kbd.registry_types import Ambiguous, Found, KbProbe, Lookup, Missing, Unreadable
+from kbd.core import audience
+from kbd.core.ids import env_name
+from kbd.core.layout import KB_DIR
+from kbd.core.lookup import Ambiguous, Found, KbProbe, Lookup, Missing, Unreadable
 
 if TYPE_CHECKING:  # types only: principals.yaml loading stays out of the pure core
-    from kbd.manifest import Entry, Manifest
-    from kbd.principals import Principals
+    from kbd.core.manifest import Entry, Manifest
+    from kbd.core.principals import Principals
 
 REASONS = (
     "not_found",

@@ -4,7 +4,7 @@ source's notes/ (decision, README "Security").
 :func:`request_parts` is the one rule for every RELPATH kbd accepts — ``kbd
 read``, ``kbd ls``, ``kbd check``, ``kbd notes write``, their API routes and the
 library functions behind both: the path layer's rules
-(:func:`kbd.safepath.split_relative`: relative, no ``..``, no NUL, length
+(:func:`kbd.fs.confined.split_relative`: relative, no ``..``, no NUL, length
 limits) plus plain names: no C0/C1 control character or DEL (a name like
 ``evil\\nWORKFLOW_KB_X=…`` would forge lines in listings, agent context and
 logs) and no backslash (a reader on another platform sees a separator, so
@@ -29,9 +29,9 @@ from __future__ import annotations
 import re
 import unicodedata
 
+from kbd.core.ids import char_name
+from kbd.core.layout import INDEX_NAME as INDEX_NAME
 from kbd.errors import InvalidInput, InvalidPath, PermissionDenied
-from kbd.ids import char_name
-from kbd.layout import INDEX_NAME as INDEX_NAME
 
 # The kernel's limits, checked before any syscall so a refusal names the rule.
 PATH_MAX = 4096

@@ -28,15 +28,15 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from kbd.config import LimitsConfig
+from kbd.core.config import LimitsConfig
+from kbd.core.plan import Plan
+from kbd.core.principals import LocalOperator
 from kbd.errors import ContainmentUnavailable, InvalidInput, Unavailable
-from kbd.ops import Host
-from kbd.plan import Plan
-from kbd.principals import LocalOperator
-from kbd.safepath import pin_dir
+from kbd.fs.confined import pin_dir
 from kbd.sandbox import bwrap, cgroup, reaper, seccomp, spec
 from kbd.sandbox import limits as rlimits
 from kbd.sandbox.landlock import LANDLOCK_ALL, landlock_abi, system_rules
+from kbd.service.root import Root
 from kbd.session_ops import Sessions
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -73,7 +73,7 @@ def resolve_cwd(plan: Plan, cwd: str | None) -> Path:
     return target
 
 
-def choose_backend(host: Host) -> str:
+def choose_backend(host: Root) -> str:
     sb = host.config.sandbox
     if sb.backend in ("auto", "bwrap") and bwrap.bwrap_path() is not None:
         return "bwrap"
@@ -88,7 +88,7 @@ def choose_backend(host: Host) -> str:
     raise Unavailable("no sandbox layer is usable on this host (no bubblewrap, no Landlock)")
 
 
-def private_tmp(host: Host, sid: str) -> Path:
+def private_tmp(host: Root, sid: str) -> Path:
     """Landlock-only sandboxes have no mount namespace: a kbd-owned scratch folder
     per session stands in for the private /tmp."""
     path = host.config.state_dir / "tmp" / sid
@@ -96,7 +96,7 @@ def private_tmp(host: Host, sid: str) -> Path:
     return path
 
 
-def _landlock_argv(host: Host, plan: Plan, command: list[str], *, scratch: Path) -> list[str]:
+def _landlock_argv(host: Root, plan: Plan, command: list[str], *, scratch: Path) -> list[str]:
     overlays = plan.overlays()
     if overlays:
         if not host.config.sandbox.unsafe_landlock_writes:
@@ -265,7 +265,7 @@ def run(
     box: cgroup.Box | None = None
     forward: _Forward | None = None
     try:
-        host = Host(root)
+        host = Root(root)
         sessions = Sessions(host)
         plan = sessions.plan(sid, actor=actor if isinstance(actor, LocalOperator) else host.actor(actor))
         workdir = resolve_cwd(plan, cwd)
@@ -329,7 +329,7 @@ def _finish(
 
 
 def _run_direct(
-    host: Host, sessions: Sessions, plan: Plan, sid: str, command: list[str], workdir: Path,
+    host: Root, sessions: Sessions, plan: Plan, sid: str, command: list[str], workdir: Path,
     env: dict[str, str], forward: _Forward, backend: str, box: cgroup.Box | None,
 ) -> int:  # fmt: skip
     if backend == "landlock":
@@ -351,7 +351,7 @@ def _run_direct(
 
 
 def _run_bwrap(
-    host: Host, sessions: Sessions, plan: Plan, sid: str, command: list[str], workdir: Path,
+    host: Root, sessions: Sessions, plan: Plan, sid: str, command: list[str], workdir: Path,
     env: dict[str, str], forward: _Forward, box: cgroup.Box | None,
 ) -> int:  # fmt: skip
     bwrap.prepare(plan)
