@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 import yaml
 
-from kbd.core.config import CONFIG_NAME, PRINCIPALS_NAME, STATE_DIR
 from kbd.core.ids import id_problem
+from kbd.core.layout import CONFIG_NAME, PRINCIPALS_NAME, STATE_DIR
 from kbd.errors import RootError, RootExists
 from kbd.fs.atomic import write_atomic
 

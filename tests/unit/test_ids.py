@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from kbd.core.ids import id_problem, one_line
-from kbd.core.principals import load_principals
 from kbd.errors import InvalidConfig
+from kbd.fs.rootconfig import load_principals
 from kbd.state import audit
 from tests.helpers import KbRoot
 
