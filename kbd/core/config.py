@@ -128,7 +128,7 @@ _LIMIT_KEYS = (*_SIZE_KEYS, *_COUNT_KEYS, "cpu_weight", "cpu_max")
 _MIN_SIZE = 1 << 20  # below 1 MiB nothing useful runs (a shell, the helper)
 
 
-def _size(value: Any, *, where: str, source: str) -> int:
+def _size(value: object, *, where: str, source: str) -> int:
     """Bytes from an integer or a string like ``512M`` / ``4G`` (binary units)."""
     allowed = "an integer number of bytes or a string like 512M or 4G (units K, M, G, T)"
     if isinstance(value, bool) or not isinstance(value, int | str):
@@ -144,7 +144,7 @@ def _size(value: Any, *, where: str, source: str) -> int:
     return int(value)
 
 
-def _count(value: Any, *, where: str, source: str, minimum: int, maximum: int) -> int:
+def _count(value: object, *, where: str, source: str, minimum: int, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidConfig(f"{source}: {where} must be a whole number or null, got {value!r}")
     if not minimum <= value <= maximum:
@@ -152,7 +152,7 @@ def _count(value: Any, *, where: str, source: str, minimum: int, maximum: int) -
     return value
 
 
-def parse_limits(data: Any, *, source: str) -> LimitsConfig:
+def parse_limits(data: object, *, source: str) -> LimitsConfig:
     """The ``limits:`` section; a missing key keeps its safe default, ``null`` lifts it."""
     doc = expect_mapping(data, where="limits", source=source)
     check_keys(doc, allowed=_LIMIT_KEYS, where="limits", source=source)
@@ -180,7 +180,7 @@ def _abs_under(root: Path, value: str, *, where: str, source: str) -> Path:
     return p if p.is_absolute() else root / p
 
 
-def parse_config(data: Any, *, root: Path, source: str = CONFIG_NAME) -> Config:
+def parse_config(data: object, *, root: Path, source: str = CONFIG_NAME) -> Config:
     """Validate the parsed kbd.yaml document. Raises InvalidConfig."""
     doc = expect_mapping(data, where="", source=source)
     check_keys(doc, allowed=_TOP_KEYS, where="", source=source)
@@ -267,7 +267,7 @@ def parse_config(data: Any, *, root: Path, source: str = CONFIG_NAME) -> Config:
     )
 
 
-def _notes_quota(raw: Any, *, source: str) -> NotesQuota:
+def _notes_quota(raw: object, *, source: str) -> NotesQuota:
     nq = expect_mapping(raw, where="notes_quota", source=source)
     check_keys(nq, allowed=("max_bytes", "max_files"), where="notes_quota", source=source)
     values = {}

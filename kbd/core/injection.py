@@ -63,7 +63,7 @@ class Rule:
     tail: re.Pattern[str] | None = None
 
 
-def parse_rules(data: Any, *, source: str) -> tuple[Rule, ...]:
+def parse_rules(data: object, *, source: str) -> tuple[Rule, ...]:
     doc = expect_mapping(data, where="", source=source)
     check_keys(doc, allowed=("version", "rules"), where="", source=source)
     if doc.get("version") != 1:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from kbd.core.strict import check_keys, expect_bool, expect_choice, expect_mapping
 from kbd.errors import InvalidConfig, InvalidInput
@@ -50,7 +49,7 @@ class KindPolicy:
         return {"write": "none", "read-write": "read"}.get(requested, requested)
 
 
-def parse_policy(data: Any, *, source: str) -> dict[str, KindPolicy]:
+def parse_policy(data: object, *, source: str) -> dict[str, KindPolicy]:
     doc = expect_mapping(data, where="", source=source)
     check_keys(doc, allowed=("version", "kinds"), where="", source=source)
     if doc.get("version") != 1:

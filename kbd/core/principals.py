@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 from kbd.core.ids import id_problem
 from kbd.core.layout import PRINCIPALS_NAME
@@ -76,7 +76,7 @@ class LocalOperator:
 Actor: TypeAlias = Principal | LocalOperator
 
 
-def actor_fields(actor: Actor) -> dict[str, Any]:
+def actor_fields(actor: Actor) -> dict[str, str | int]:
     """How an audit record names ``actor``: a principal by its ID, the local
     operator by user name and uid (never ``None``)."""
     if isinstance(actor, LocalOperator):
@@ -151,7 +151,7 @@ class Principals:
 _KEYS = ("id", "kind", "admin", "disabled", "token_sha256", "uid")
 
 
-def parse_principals(data: Any, *, source: str = PRINCIPALS_NAME) -> Principals:
+def parse_principals(data: object, *, source: str = PRINCIPALS_NAME) -> Principals:
     doc = expect_mapping(data, where="", source=source)
     check_keys(doc, allowed=("principals",), where="", source=source)
     raw = doc.get("principals", [])

@@ -42,7 +42,7 @@ def read_text(path: Path, *, what: str) -> str:
         raise InvalidConfig(f"{what} at {path} is unreadable: {exc}") from exc
 
 
-def _plain(value: Any) -> bool:
+def _plain(value: object) -> bool:
     """Only JSON-native values are cached: a YAML date or tag must be re-parsed
     (and rejected) exactly as the first time, never smuggled through as text."""
     if isinstance(value, dict):
