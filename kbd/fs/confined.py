@@ -54,7 +54,7 @@ from kbd.errors import (
     from_oserror,
 )
 from kbd.fs.atomic import write_atomic_at
-from kbd.fs.libc import AT_EMPTY_PATH, AT_FDCWD, libc, mount_info
+from kbd.fs.libc import AT_EMPTY_PATH, AT_FDCWD, SYS_OPENAT2, libc, mount_info
 
 EAGAIN_RETRIES = 16
 
@@ -63,7 +63,6 @@ RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
 STRICT = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV
-_SYS_OPENAT2 = 437  # the same number on every Linux architecture (unified table)
 
 
 class _OpenHow(ctypes.Structure):
@@ -77,7 +76,7 @@ def _raw_openat2(dirfd: int, path: bytes, flags: int, mode: int, resolve: int) -
     how = _OpenHow(flags, mode, resolve)
     return int(
         _syscall(
-            ctypes.c_long(_SYS_OPENAT2),
+            ctypes.c_long(SYS_OPENAT2),
             ctypes.c_int(dirfd),
             ctypes.c_char_p(path),
             ctypes.byref(how),
