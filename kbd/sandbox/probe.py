@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kbd.core import policy
+from kbd.core.layout import KB_DIR
 from kbd.core.plan import build_plan
 from kbd.core.resolve import Attachment, WriteStatus
 from kbd.fs import datafiles
@@ -43,7 +44,7 @@ def bwrap_probe() -> tuple[bool, str]:
 def _overlays(kind: policy.KindPolicy, kb_access: str, *, item: bool) -> bool:
     source = Attachment(
         alias="src", workflow_id="wf_src", label=None, access="write", available=True, reason=None,
-        message=None, write=WriteStatus(True, None), path=Path("/kbd-doctor/source/knowledgebase"),
+        message=None, write=WriteStatus(True, None), path=Path("/kbd-doctor/source") / KB_DIR,
     )  # fmt: skip
     plan = build_plan(
         workflow_id="wf_doctor",
