@@ -33,10 +33,10 @@ import orjson
 from kbd.core.config import NotesQuota
 from kbd.core.layout import INDEX_NAME
 from kbd.core.layout import NOTES_DIR as NOTES
-from kbd.core.names import NOTE_SUFFIXES as NOTE_SUFFIXES  # re-exported: readers import it from here
-from kbd.core.names import TEMP_NAME, note_parts
 from kbd.core.plan import Plan
 from kbd.core.principals import Actor, actor_fields
+from kbd.core.relpaths import NOTE_SUFFIXES as NOTE_SUFFIXES  # re-exported: readers import it from here
+from kbd.core.relpaths import TEMP_NAME, note_parts
 from kbd.errors import (
     Busy,
     IndexUnreadable,
@@ -201,7 +201,7 @@ def provenance_of(head: bytes) -> str | None:
 
 def validate_target(relpath: str) -> list[str]:
     """The components of a note path relative to ``notes/``, or InvalidInput/PermissionDenied.
-    The rule itself is :func:`kbd.core.names.note_parts` (shared with ``kbd check --mode write``)."""
+    The rule itself is :func:`kbd.core.relpaths.note_parts` (shared with ``kbd check --mode write``)."""
     return note_parts(relpath)
 
 

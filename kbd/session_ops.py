@@ -16,9 +16,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kbd.core import audience, policy
-from kbd.core.names import name_problem, note_parts
 from kbd.core.plan import Plan, build_plan
 from kbd.core.principals import Actor, LocalOperator, Principal, actor_fields
+from kbd.core.relpaths import name_problem, note_parts
 from kbd.errors import (
     InvalidInput,
     KbdError,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kbd.core.ids import id_problem
+from kbd.core.identifiers import id_problem
 from kbd.core.layout import CONFIG_NAME, STATE_DIR
 from kbd.core.strict import (
     check_keys,

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from kbd.core.ids import id_problem
+from kbd.core.identifiers import id_problem
 from kbd.core.layout import PRINCIPALS_NAME
 from kbd.core.strict import check_keys, expect_bool, expect_choice, expect_mapping, expect_str
 from kbd.errors import InvalidConfig, PermissionDenied, UsageError

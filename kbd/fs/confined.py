@@ -13,7 +13,7 @@ Policy, stricter than the kernel's minimum and identical on both code paths:
   and backslashes are ordinary characters, never decoded. A trailing ``/``
   names a folder (POSIX): ``a.md/`` is ENOTDIR, never the file ``a.md``.
   (What callers may *ask for* is narrower — no control characters, no
-  backslashes: :func:`kbd.core.names.request_parts`, applied by every entry point.
+  backslashes: :func:`kbd.core.relpaths.request_parts`, applied by every entry point.
   This layer stays literal so kbd's own walks can still reach, and audit,
   whatever names a contributor's shell created.)
 * Symbolic links are never followed inside a KB (``RESOLVE_NO_SYMLINKS``), nor
@@ -39,10 +39,10 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbd.core.names import NAME_MAX as NAME_MAX
-from kbd.core.names import PATH_MAX as PATH_MAX
-from kbd.core.names import names_folder as names_folder
-from kbd.core.names import split_relative as split_relative
+from kbd.core.relpaths import NAME_MAX as NAME_MAX
+from kbd.core.relpaths import PATH_MAX as PATH_MAX
+from kbd.core.relpaths import names_folder as names_folder
+from kbd.core.relpaths import split_relative as split_relative
 from kbd.errors import (
     NO_SPACE_ERRNOS,
     Busy,

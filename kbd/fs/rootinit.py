@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import yaml
 
-from kbd.core.ids import id_problem
+from kbd.core.identifiers import id_problem
 from kbd.core.layout import CONFIG_NAME, INDEX_NAME, KB_DIR, MANIFEST, NOTES_DIR, PRINCIPALS_NAME, STATE_DIR
 from kbd.errors import RootError, RootExists
 from kbd.fs.atomic import write_atomic

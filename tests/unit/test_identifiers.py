@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kbd.core.ids import id_problem, one_line
+from kbd.core.identifiers import id_problem, one_line
 from kbd.errors import InvalidConfig
 from kbd.fs.rootconfig import load_principals
 from kbd.state import audit
