@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from kbd.core.principals import issue_token
+from kbd.fs.rootconfig import issue_token
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.helpers import KbRoot

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 from kbd.core import injection
+from kbd.fs.datafiles import injection_rules
 
 MIB = 1 << 20
 ROUNDS = 5
@@ -65,11 +66,11 @@ def main() -> None:
         ('"from now on, you"', fill("from now on, you "), "<= 50 (adversarial)"),
         ("system+256 spaces+x!", fill("system" + " " * 256 + "x!"), "<= 50 (adversarial)"),
     ]
-    injection.rules()  # load once, as a running daemon has
-    print(f"injection gate on 1 MiB notes (median of {ROUNDS}), {len(injection.rules())} rules")
+    rules = injection_rules()  # load once, as a running daemon has
+    print(f"injection gate on 1 MiB notes (median of {ROUNDS}), {len(rules)} rules")
     print(f"{'note':<22} {'gate ms':>9} {'floor ms':>9} {'1 scan ms':>9}  budget")
     for name, text, budget in cases:
-        gate = ms(lambda t=text: injection.check(t))  # type: ignore[misc]
+        gate = ms(lambda t=text: injection.check(t, ruleset=rules))  # type: ignore[misc]
         floor = ms(lambda t=text: _TRIVIAL.search(t))  # type: ignore[misc]
         scan = ms(lambda t=text: _SCAN.search(t))  # type: ignore[misc]
         print(f"{name:<22} {gate:>9.1f} {floor:>9.2f} {scan:>9.1f}  {budget}")

@@ -39,9 +39,9 @@ from typing import Any
 import orjson
 import yaml
 
-from kbd.core.config import load_config
 from kbd.core.layout import RACY_NS
 from kbd.fs.registry import Found, Registry
+from kbd.fs.rootconfig import load_config
 from kbd.fs.rootinit import init_root
 from kbd.service.root import Root
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from kbd.core.layout import INDEX_NAME, NOTES_DIR
-from kbd.core.names import NOTE_SUFFIXES, request_parts
 from kbd.core.principals import Principal
+from kbd.core.relpaths import NOTE_SUFFIXES, request_parts
 from kbd.core.resolve import Attachment
 from kbd.errors import KbdError, NotFound, SourceUnavailable, UsageError
 from kbd.fs.confined import list_dir, names_folder, pin_dir, read_file, read_file_head
@@ -53,7 +53,7 @@ def read(host: Root, wid: str, alias: str, relpath: str, actor: Principal) -> by
 def read_attached(att: Attachment, relpath: str) -> bytes:
     """:func:`read` for an attachment just resolved; needs no registry (the daemon
     calls it outside its state lock: the index reader may retry). ``relpath``
-    follows :func:`kbd.core.names.request_parts` (raises InvalidPath)."""
+    follows :func:`kbd.core.relpaths.request_parts` (raises InvalidPath)."""
     parts = request_parts(relpath)
     assert att.path is not None
     with pin_dir(att.path, expect=att.kb_identity) as kb:
@@ -109,7 +109,7 @@ def ls_attached(
     att: Attachment, reldir: str, *, after: str | None = None, limit: int | None = None
 ) -> list[dict[str, Any]]:
     """:func:`ls` for an attachment just resolved; needs no registry. ``reldir``
-    follows :func:`kbd.core.names.request_parts` (raises InvalidPath)."""
+    follows :func:`kbd.core.relpaths.request_parts` (raises InvalidPath)."""
     request_parts(reldir, allow_empty=True)
     assert att.path is not None
     with pin_dir(att.path, expect=att.kb_identity) as kb:

@@ -20,7 +20,7 @@ import orjson
 
 from kbd.boundary import die_of_sigpipe, guarded, internal_error
 from kbd.core.config import default_root
-from kbd.core.ids import alias_problem, one_line
+from kbd.core.identifiers import alias_problem, one_line
 from kbd.core.plan import Plan
 from kbd.core.policy import KB_ACCESS, KINDS
 from kbd.core.principals import Actor, LocalOperator, Principal, named_principal

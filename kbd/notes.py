@@ -33,10 +33,10 @@ import orjson
 from kbd.core.config import NotesQuota
 from kbd.core.layout import INDEX_NAME
 from kbd.core.layout import NOTES_DIR as NOTES
-from kbd.core.names import NOTE_SUFFIXES as NOTE_SUFFIXES  # re-exported: readers import it from here
-from kbd.core.names import TEMP_NAME, note_parts
 from kbd.core.plan import Plan
 from kbd.core.principals import Actor, actor_fields
+from kbd.core.relpaths import NOTE_SUFFIXES as NOTE_SUFFIXES  # re-exported: readers import it from here
+from kbd.core.relpaths import TEMP_NAME, note_parts
 from kbd.errors import (
     Busy,
     IndexUnreadable,
@@ -201,7 +201,7 @@ def provenance_of(head: bytes) -> str | None:
 
 def validate_target(relpath: str) -> list[str]:
     """The components of a note path relative to ``notes/``, or InvalidInput/PermissionDenied.
-    The rule itself is :func:`kbd.core.names.note_parts` (shared with ``kbd check --mode write``)."""
+    The rule itself is :func:`kbd.core.relpaths.note_parts` (shared with ``kbd check --mode write``)."""
     return note_parts(relpath)
 
 
@@ -352,11 +352,12 @@ def commit_note(note: PreparedNote) -> dict[str, Any]:
     on it), pin the KB (same identity as resolved), take the notes mutex (may
     wait up to the lock timeout), replace the file atomically."""
     from kbd.core import injection
+    from kbd.fs import datafiles
 
     host = note.host
     who = {"workflow": note.consumer}
     try:
-        injection.check(note.text)
+        injection.check(note.text, ruleset=datafiles.injection_rules())
     except KbdError as err:
         raise note.refuse(err) from None
     try:
@@ -533,6 +534,7 @@ def audit_command_changes(host: Root, plan: Plan, sid: str, changes: list[Comman
     that left a notes/ over its quota is recorded, and the next write to it is
     refused until it is back under (:func:`check_quota`)."""
     from kbd.core import injection
+    from kbd.fs import datafiles
 
     budget = MAX_AUDIT_READ_BYTES
     for ch in changes:
@@ -553,7 +555,7 @@ def audit_command_changes(host: Root, plan: Plan, sid: str, changes: list[Comman
                         continue
                     budget -= len(data)
                     try:
-                        injection.check(data.decode("utf-8", "replace"))
+                        injection.check(data.decode("utf-8", "replace"), ruleset=datafiles.injection_rules())
                     except InjectionRefused as exc:
                         flagged[rel] = exc.rule
         except KbdError:

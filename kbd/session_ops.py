@@ -16,9 +16,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kbd.core import audience, policy
-from kbd.core.names import name_problem, note_parts
 from kbd.core.plan import Plan, build_plan
 from kbd.core.principals import Actor, LocalOperator, Principal, actor_fields
+from kbd.core.relpaths import name_problem, note_parts
 from kbd.errors import (
     InvalidInput,
     KbdError,
@@ -27,6 +27,7 @@ from kbd.errors import (
     session_not_found,
     workflow_not_found,
 )
+from kbd.fs import datafiles
 from kbd.fs.confined import names_folder, pin_dir
 from kbd.fs.folders import resolve_folders
 from kbd.service.root import Root
@@ -38,7 +39,7 @@ _MODES = {"none": set(), "read": {"r"}, "write": {"w"}, "read-write": {"r", "w"}
 class Sessions:
     def __init__(self, host: Root) -> None:
         self.host = host
-        policy.use_cache(host.config.state_dir)
+        datafiles.use_cache(host.config.state_dir)
         self.store = SessionStore(host.config.state_dir, timeout=host.config.lock_timeout)
         self._folder_roots: tuple[tuple[Path, ...], tuple[Path, ...]] = ((), ())
 
@@ -57,7 +58,7 @@ class Sessions:
         plan = build_plan(
             workflow_id=m.id,
             workflow_folder=found.folder.path,
-            policy=policy.kind(row.kind),
+            policy=datafiles.consumer_kind(row.kind),
             kb_access=row.kb_access,
             item_kb_write=row.item_kb_write,
             attachments=self.host.resolve(m),
@@ -100,7 +101,9 @@ class Sessions:
             return
         if actor.id == row.opened_by:
             m = self.host.workflow(row.workflow_id).manifest
-            if audience.can_open_session(actor, m, readers_may_open=policy.kind(row.kind).readers_may_open):
+            if audience.can_open_session(
+                actor, m, readers_may_open=datafiles.consumer_kind(row.kind).readers_may_open
+            ):
                 return
             raise PermissionDenied(
                 f"{actor.id!r} may no longer use session {row.id}: their role on {row.workflow_id!r} changed"
@@ -138,7 +141,7 @@ class Sessions:
         item_kb_write: bool | None,
         parent: str | None,
     ) -> Plan:
-        kind_policy = policy.kind(kind)
+        kind_policy = datafiles.consumer_kind(kind)
         parent_row: SessionRow | None = None
         if parent is not None:
             parent_row = self.store.get(parent)

@@ -1,21 +1,21 @@
-"""The kbd root: where it is, and its two config files (DESIGN §2).
+"""The kbd root: where it is, and the rules of its config file (DESIGN §2).
 
 Root precedence, highest first: ``--root`` argument → ``KBD_ROOT`` →
-``$XDG_DATA_HOME/kbd`` → ``~/.local/share/kbd``. Both files are validated
-strictly: an unknown key is an error naming the key and the file, so a typo can
-never silently leave a safety switch at its default.
+``$XDG_DATA_HOME/kbd`` → ``~/.local/share/kbd``. ``kbd.yaml`` (read by
+:mod:`kbd.fs.rootconfig`) is validated strictly: an unknown key is an error
+naming the key and the file, so a typo can never silently leave a safety switch
+at its default.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from kbd.core.ids import id_problem
-from kbd.core.layout import RACY_NS
+from kbd.core.identifiers import id_problem
+from kbd.core.layout import CONFIG_NAME, STATE_DIR
 from kbd.core.strict import (
     check_keys,
     expect_bool,
@@ -24,13 +24,8 @@ from kbd.core.strict import (
     expect_number,
     expect_str,
     expect_str_list,
-    load_yaml,
 )
-from kbd.errors import InvalidConfig, RootError
-
-CONFIG_NAME = "kbd.yaml"
-PRINCIPALS_NAME = "principals.yaml"
-STATE_DIR = "state"
+from kbd.errors import InvalidConfig
 
 NETWORK_MODES = ("none", "host")
 BACKENDS = ("auto", "bwrap", "landlock")
@@ -133,7 +128,7 @@ _LIMIT_KEYS = (*_SIZE_KEYS, *_COUNT_KEYS, "cpu_weight", "cpu_max")
 _MIN_SIZE = 1 << 20  # below 1 MiB nothing useful runs (a shell, the helper)
 
 
-def _size(value: Any, *, where: str, source: str) -> int:
+def _size(value: object, *, where: str, source: str) -> int:
     """Bytes from an integer or a string like ``512M`` / ``4G`` (binary units)."""
     allowed = "an integer number of bytes or a string like 512M or 4G (units K, M, G, T)"
     if isinstance(value, bool) or not isinstance(value, int | str):
@@ -149,7 +144,7 @@ def _size(value: Any, *, where: str, source: str) -> int:
     return int(value)
 
 
-def _count(value: Any, *, where: str, source: str, minimum: int, maximum: int) -> int:
+def _count(value: object, *, where: str, source: str, minimum: int, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidConfig(f"{source}: {where} must be a whole number or null, got {value!r}")
     if not minimum <= value <= maximum:
@@ -157,7 +152,7 @@ def _count(value: Any, *, where: str, source: str, minimum: int, maximum: int) -
     return value
 
 
-def parse_limits(data: Any, *, source: str) -> LimitsConfig:
+def parse_limits(data: object, *, source: str) -> LimitsConfig:
     """The ``limits:`` section; a missing key keeps its safe default, ``null`` lifts it."""
     doc = expect_mapping(data, where="limits", source=source)
     check_keys(doc, allowed=_LIMIT_KEYS, where="limits", source=source)
@@ -185,7 +180,7 @@ def _abs_under(root: Path, value: str, *, where: str, source: str) -> Path:
     return p if p.is_absolute() else root / p
 
 
-def parse_config(data: Any, *, root: Path, source: str = CONFIG_NAME) -> Config:
+def parse_config(data: object, *, root: Path, source: str = CONFIG_NAME) -> Config:
     """Validate the parsed kbd.yaml document. Raises InvalidConfig."""
     doc = expect_mapping(data, where="", source=source)
     check_keys(doc, allowed=_TOP_KEYS, where="", source=source)
@@ -272,7 +267,7 @@ def parse_config(data: Any, *, root: Path, source: str = CONFIG_NAME) -> Config:
     )
 
 
-def _notes_quota(raw: Any, *, source: str) -> NotesQuota:
+def _notes_quota(raw: object, *, source: str) -> NotesQuota:
     nq = expect_mapping(raw, where="notes_quota", source=source)
     check_keys(nq, allowed=("max_bytes", "max_files"), where="notes_quota", source=source)
     values = {}
@@ -284,83 +279,3 @@ def _notes_quota(raw: Any, *, source: str) -> NotesQuota:
             )
         values[key] = value
     return NotesQuota(**values)
-
-
-def read_text(path: Path, *, what: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read()
-    except FileNotFoundError as exc:
-        raise RootError(f"{what} not found at {path}") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidConfig(f"{what} at {path} is unreadable: {exc}") from exc
-
-
-T = TypeVar("T")
-
-
-def _plain(value: Any) -> bool:
-    """Only JSON-native values are cached: a YAML date or tag must be re-parsed
-    (and rejected) exactly as the first time, never smuggled through as text."""
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
-    if isinstance(value, list):
-        return all(_plain(v) for v in value)
-    return value is None or isinstance(value, str | bool | int | float)
-
-
-def read_yaml_cached(path: Path, *, what: str, cache: Path | None, parse: Callable[[Any], T]) -> T:
-    """``parse`` applied to the YAML document at ``path``, which comes from a JSON
-    cache under state/ when the file's stat signature is unchanged (``kbd exec``
-    then never imports YAML).
-
-    The cache only skips YAML parsing: ``parse`` validates the document every
-    time. A document that ``parse`` rejects is never cached, so refusing a bad
-    config leaves the root byte-identical.
-    """
-    import json
-    import time
-
-    try:
-        st = os.stat(path)
-    except FileNotFoundError as exc:
-        raise RootError(f"{what} not found at {path}") from exc
-    except OSError as exc:
-        raise InvalidConfig(f"{what} at {path} is unreadable: {exc.strerror}") from exc
-    sig = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-    fresh = max(st.st_mtime_ns, st.st_ctime_ns) < time.time_ns() - RACY_NS
-    if cache is not None and fresh:
-        try:
-            with open(cache, "rb") as fh:
-                doc = json.loads(fh.read())
-            if doc.get("sig") == sig:
-                return parse(doc["data"])
-        except (OSError, ValueError, AttributeError, KeyError):
-            pass
-    data = load_yaml(read_text(path, what=what), source=str(path))
-    parsed = parse(data)
-    if cache is not None and fresh and _plain(data):
-        from kbd.fs.atomic import ensure_private_dir, write_atomic
-
-        try:
-            ensure_private_dir(cache.parent)
-            write_atomic(cache, json.dumps({"sig": sig, "data": data}).encode(), mode=0o640)
-        except OSError:
-            pass  # an unwritable cache only costs speed
-    return parsed
-
-
-def load_config(root: Path) -> Config:
-    """Load ``<root>/kbd.yaml``. Raises RootError when the root has no config."""
-    if not root.is_dir():
-        raise RootError(f"kbd root {root} does not exist")
-    path = root / CONFIG_NAME
-    # Resolve the root once for display and canonical paths; the root is operator
-    # configuration, trusted like a git repository's location.
-    resolved = root.resolve()
-    return read_yaml_cached(
-        path,
-        what=CONFIG_NAME,
-        cache=root / STATE_DIR / "cache" / "kbd.yaml.json",
-        parse=lambda data: parse_config(data, root=resolved, source=str(path)),
-    )

@@ -1,5 +1,7 @@
 """The prompt-injection gate for contributed notes (DESIGN §7; seed 003's
-fail-closed INJECTION gate). Rules are data in ``policies/injection.yaml``.
+fail-closed INJECTION gate). Rules are data in ``policies/injection.yaml``
+(:func:`kbd.fs.datafiles.injection_rules` reads them; :func:`parse_rules`
+validates them).
 
 A contributed note is refused, with the matching rule named, when any rule
 matches. The rule set is validated strictly and must not be empty: a gate with
@@ -16,12 +18,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
-from kbd.core.config import read_yaml_cached
-from kbd.core.policy import policy_path
 from kbd.core.strict import check_keys, expect_mapping, expect_str
 from kbd.errors import InjectionRefused, InvalidConfig
-
-NAME = "injection.yaml"
 
 # The regex parser of ``re`` itself (no public name, no stubs; ``sre_parse`` is deprecated).
 sre_parse: Any = importlib.import_module("re._parser")
@@ -65,7 +63,7 @@ class Rule:
     tail: re.Pattern[str] | None = None
 
 
-def parse_rules(data: Any, *, source: str) -> tuple[Rule, ...]:
+def parse_rules(data: object, *, source: str) -> tuple[Rule, ...]:
     doc = expect_mapping(data, where="", source=source)
     check_keys(doc, allowed=("version", "rules"), where="", source=source)
     if doc.get("version") != 1:
@@ -446,16 +444,6 @@ def fold(text: str) -> str:
     return lowered if _FOLD is None else lowered.translate(_FOLD)
 
 
-@functools.cache
-def rules() -> tuple[Rule, ...]:
-    return read_yaml_cached(
-        policy_path(NAME),
-        what=f"policies/{NAME}",
-        cache=None,
-        parse=lambda data: parse_rules(data, source=f"policies/{NAME}"),
-    )
-
-
 # Latin look-alikes from Cyrillic and Greek that NFKC leaves alone.
 _CONFUSABLES = str.maketrans(
     "аеорсухіјѕԁɡκνοτАВЕКМНОРСТХІЈЅ",
@@ -511,8 +499,8 @@ def strip_comments(text: str) -> str:
     return "".join(out)
 
 
-def check(text: str, *, ruleset: tuple[Rule, ...] | None = None) -> None:
-    """Raise InjectionRefused naming the first rule that matches ``text``."""
+def check(text: str, *, ruleset: tuple[Rule, ...]) -> None:
+    """Raise InjectionRefused naming the first rule of ``ruleset`` that matches ``text``."""
     seen = normalize(text)
     # Rules see the text twice: with its lines (for rules anchored at a line
     # start) and with every whitespace run made one space (so a phrase split over
@@ -527,7 +515,7 @@ def check(text: str, *, ruleset: tuple[Rule, ...] | None = None) -> None:
             present[word] = word in folded
         return present[word]
 
-    for rule in rules() if ruleset is None else ruleset:
+    for rule in ruleset:
         # A rule one of whose word groups is absent cannot match (the words hold
         # no whitespace, so the flat text has the same ones): no regex scan at all.
         if rule.words is not None and not all(any(map(occurs, group)) for group in rule.words):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from kbd.core.ids import alias_problem, id_problem
+from kbd.core.identifiers import alias_problem, id_problem
 from kbd.core.strict import kind_of, load_json_strict
 from kbd.errors import InvalidManifest, ManifestUnreadable
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from kbd.core.ids import one_line
+from kbd.core.identifiers import one_line
 from kbd.core.layout import INDEX_NAME, KB_DIR, MANIFEST, NOTES_DIR
 
 if TYPE_CHECKING:  # types only: policy files are read by kbd.core.policy, not here

@@ -1,18 +1,16 @@
-"""Consumer-kind policy, loaded from ``policies/consumer_kinds.yaml`` (DESIGN §4).
+"""Consumer-kind policy, the table of ``policies/consumer_kinds.yaml`` (DESIGN §4).
 
-The table is data so operators and reviewers read the rules in one place; this
-module validates it strictly (unknown kinds, keys and values are errors) and
-answers the one derived question the plan needs: the effective KB mode.
+The table is data so operators and reviewers read the rules in one place
+(:mod:`kbd.fs.datafiles` reads it); this module validates it strictly (unknown
+kinds, keys and values are errors) and answers the one derived question the
+plan needs: the effective KB mode.
 """
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-from kbd.core.config import read_yaml_cached
 from kbd.core.strict import check_keys, expect_bool, expect_choice, expect_mapping
 from kbd.errors import InvalidConfig, InvalidInput
 
@@ -51,7 +49,7 @@ class KindPolicy:
         return {"write": "none", "read-write": "read"}.get(requested, requested)
 
 
-def parse_policy(data: Any, *, source: str) -> dict[str, KindPolicy]:
+def parse_policy(data: object, *, source: str) -> dict[str, KindPolicy]:
     doc = expect_mapping(data, where="", source=source)
     check_keys(doc, allowed=("version", "kinds"), where="", source=source)
     if doc.get("version") != 1:
@@ -90,44 +88,8 @@ def parse_policy(data: Any, *, source: str) -> dict[str, KindPolicy]:
     return out
 
 
-def data_path(package: str, folder: str, name: str) -> Path:
-    """A shipped data file: in the installed package (``kbd.<package>``), else in
-    the source tree's top-level ``folder`` (editable installs)."""
-    source_tree = Path(__file__).resolve().parents[2] / folder / name
-    if source_tree.exists():
-        return source_tree  # a source checkout (editable install): no importlib.resources import
-    import importlib.resources
-
-    return Path(str(importlib.resources.files(f"kbd.{package}").joinpath(name)))
-
-
-def policy_path(name: str) -> Path:
-    return data_path("policies", "policies", name)
-
-
-_cache_dir: Path | None = None
-
-
-def use_cache(state_dir: Path) -> None:
-    """Let :func:`kinds` keep its parsed YAML under ``state/cache`` (speeds ``kbd exec``)."""
-    global _cache_dir
-    _cache_dir = state_dir / "cache"
-
-
-@functools.cache
-def kinds() -> dict[str, KindPolicy]:
-    name = "consumer_kinds.yaml"
-    cache = _cache_dir / f"{name}.json" if _cache_dir is not None else None
-    return read_yaml_cached(
-        policy_path(name),
-        what=f"policies/{name}",
-        cache=cache,
-        parse=lambda data: parse_policy(data, source=f"policies/{name}"),
-    )
-
-
-def kind(name: str) -> KindPolicy:
-    table = kinds()
+def kind(table: Mapping[str, KindPolicy], name: str) -> KindPolicy:
+    """The policy of kind ``name`` in ``table`` (see :func:`parse_policy`)."""
     if name not in table:
         raise InvalidInput(f"unknown consumer kind {name!r}; allowed: {', '.join(KINDS)}")
     return table[name]

@@ -1,4 +1,5 @@
-"""Principals: the users and services known to this host (principals.yaml).
+"""Principals: the users and services known to this host (principals.yaml, read
+by :mod:`kbd.fs.rootconfig`, validated by :func:`parse_principals`).
 
 A principal acts for every management command (``--as``) and, in the daemon,
 for every request. Unknown and disabled principals are refused everywhere.
@@ -6,18 +7,16 @@ for every request. Unknown and disabled principals are refused everywhere.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
-from kbd.core.config import PRINCIPALS_NAME, STATE_DIR, read_text, read_yaml_cached
-from kbd.core.ids import id_problem
-from kbd.core.strict import check_keys, expect_bool, expect_choice, expect_mapping, expect_str, load_yaml
-from kbd.errors import InvalidConfig, NotFound, PermissionDenied, UsageError
+from kbd.core.identifiers import id_problem
+from kbd.core.layout import PRINCIPALS_NAME
+from kbd.core.strict import check_keys, expect_bool, expect_choice, expect_mapping, expect_str
+from kbd.errors import InvalidConfig, PermissionDenied, UsageError
 
 KINDS = ("user", "service")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -77,7 +76,7 @@ class LocalOperator:
 Actor: TypeAlias = Principal | LocalOperator
 
 
-def actor_fields(actor: Actor) -> dict[str, Any]:
+def actor_fields(actor: Actor) -> dict[str, str | int]:
     """How an audit record names ``actor``: a principal by its ID, the local
     operator by user name and uid (never ``None``)."""
     if isinstance(actor, LocalOperator):
@@ -152,7 +151,7 @@ class Principals:
 _KEYS = ("id", "kind", "admin", "disabled", "token_sha256", "uid")
 
 
-def parse_principals(data: Any, *, source: str = PRINCIPALS_NAME) -> Principals:
+def parse_principals(data: object, *, source: str = PRINCIPALS_NAME) -> Principals:
     doc = expect_mapping(data, where="", source=source)
     check_keys(doc, allowed=("principals",), where="", source=source)
     raw = doc.get("principals", [])
@@ -191,39 +190,3 @@ def parse_principals(data: Any, *, source: str = PRINCIPALS_NAME) -> Principals:
             uid=uid,
         )
     return Principals(by_id=out)
-
-
-def load_principals(root: Path) -> Principals:
-    path = root / PRINCIPALS_NAME
-    return read_yaml_cached(
-        path,
-        what=PRINCIPALS_NAME,
-        cache=root / STATE_DIR / "cache" / "principals.yaml.json",
-        parse=lambda data: parse_principals(data, source=str(path)),
-    )
-
-
-def issue_token(root: Path, pid: str, *, timeout: float) -> str:
-    """Give ``pid`` a new bearer token: store only its SHA-256 in principals.yaml
-    (atomically, under a lock) and return the token, which is shown once."""
-    import secrets
-
-    import yaml
-
-    from kbd.fs.atomic import write_atomic
-    from kbd.fs.locks import held  # filelock: only for writers, never on the exec path
-
-    path = root / PRINCIPALS_NAME
-    with held(root / "state", "principals", str(path), timeout=timeout, what="principals.yaml"):
-        text = read_text(path, what=PRINCIPALS_NAME)
-        doc = load_yaml(text, source=str(path))
-        parse_principals(doc, source=str(path))  # refuse to rewrite an invalid file
-        for entry in doc["principals"]:
-            if entry["id"] == pid:
-                break
-        else:
-            raise NotFound(f"unknown principal {pid!r}", hint="add it to principals.yaml first")
-        token = "kbd_" + secrets.token_urlsafe(32)
-        entry["token_sha256"] = hashlib.sha256(token.encode()).hexdigest()
-        write_atomic(path, yaml.safe_dump(doc, sort_keys=False).encode(), mode=0o640)
-    return token

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kbd.core import audience
-from kbd.core.ids import env_name
+from kbd.core.identifiers import env_name
 from kbd.core.layout import KB_DIR
 from kbd.core.lookup import Ambiguous, Found, KbProbe, Lookup, Missing, Unreadable
 

@@ -13,7 +13,7 @@ Policy, stricter than the kernel's minimum and identical on both code paths:
   and backslashes are ordinary characters, never decoded. A trailing ``/``
   names a folder (POSIX): ``a.md/`` is ENOTDIR, never the file ``a.md``.
   (What callers may *ask for* is narrower — no control characters, no
-  backslashes: :func:`kbd.core.names.request_parts`, applied by every entry point.
+  backslashes: :func:`kbd.core.relpaths.request_parts`, applied by every entry point.
   This layer stays literal so kbd's own walks can still reach, and audit,
   whatever names a contributor's shell created.)
 * Symbolic links are never followed inside a KB (``RESOLVE_NO_SYMLINKS``), nor
@@ -39,10 +39,10 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbd.core.names import NAME_MAX as NAME_MAX
-from kbd.core.names import PATH_MAX as PATH_MAX
-from kbd.core.names import names_folder as names_folder
-from kbd.core.names import split_relative as split_relative
+from kbd.core.relpaths import NAME_MAX as NAME_MAX
+from kbd.core.relpaths import PATH_MAX as PATH_MAX
+from kbd.core.relpaths import names_folder as names_folder
+from kbd.core.relpaths import split_relative as split_relative
 from kbd.errors import (
     NO_SPACE_ERRNOS,
     Busy,
@@ -54,7 +54,7 @@ from kbd.errors import (
     from_oserror,
 )
 from kbd.fs.atomic import write_atomic_at
-from kbd.fs.libc import AT_EMPTY_PATH, AT_FDCWD, libc, mount_info
+from kbd.fs.libc import AT_EMPTY_PATH, AT_FDCWD, SYS_OPENAT2, libc, mount_info
 
 EAGAIN_RETRIES = 16
 
@@ -63,7 +63,6 @@ RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
 STRICT = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV
-_SYS_OPENAT2 = 437  # the same number on every Linux architecture (unified table)
 
 
 class _OpenHow(ctypes.Structure):
@@ -77,7 +76,7 @@ def _raw_openat2(dirfd: int, path: bytes, flags: int, mode: int, resolve: int) -
     how = _OpenHow(flags, mode, resolve)
     return int(
         _syscall(
-            ctypes.c_long(_SYS_OPENAT2),
+            ctypes.c_long(SYS_OPENAT2),
             ctypes.c_int(dirfd),
             ctypes.c_char_p(path),
             ctypes.byref(how),

@@ -14,7 +14,7 @@ import os
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from kbd.core.ids import alias_problem
+from kbd.core.identifiers import alias_problem
 from kbd.core.plan import FolderStatus
 from kbd.core.strict import kind_of
 from kbd.errors import KbdError

@@ -1,4 +1,11 @@
-"""Kernel plumbing through ctypes: statx (mount identity). No policy here.
+"""Kernel plumbing through ctypes: the one loaded libc, the syscall and prctl
+numbers kbd uses, and statx (mount identity). No policy here.
+
+Every parent-side module that calls into libc takes :data:`libc` and the named
+numbers from here. Errors are compared with the ``errno`` module's names. The
+one exception is :mod:`kbd.sandbox.landlock_helper`, which runs standalone
+inside the sandbox (no kbd imports) and so carries its own copies; a unit test
+keeps them equal to these.
 
 Python 3.11 has no ``os.statx``; kbd needs ``stx_mnt_id`` and
 ``STATX_ATTR_MOUNT_ROOT`` to notice a KB folder that is a bind mount of someone
@@ -18,6 +25,26 @@ AT_EMPTY_PATH = 0x1000
 STATX_BASIC_STATS = 0x7FF
 STATX_MNT_ID = 0x1000
 STATX_ATTR_MOUNT_ROOT = 0x2000
+
+# Syscall numbers. These four are the same on every Linux architecture (the
+# unified table, since 5.x); capset differs between x86_64 and the generic table
+# (aarch64, riscv64, ...).
+SYS_OPENAT2 = 437
+SYS_LANDLOCK_CREATE_RULESET = 444
+SYS_LANDLOCK_ADD_RULE = 445
+SYS_LANDLOCK_RESTRICT_SELF = 446
+SYS_CAPSET_X86_64 = 126
+SYS_CAPSET_GENERIC = 91
+LANDLOCK_CREATE_RULESET_VERSION = 1  # landlock_create_ruleset flag: return the ABI version
+
+# prctl options (linux/prctl.h) and their arguments.
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+PR_CAPBSET_DROP = 24
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
 
 # The already-loaded libc (find_library would run ldconfig: slow on every start),
 # loaded once for every parent-side module (kbd/sandbox/landlock_helper.py runs

@@ -29,7 +29,7 @@ plan with many missing sources) costs a dictionary lookup, and nobody can make
 the daemon walk the registry once per request. A one-shot process (every CLI
 call) still sees a workflow created a moment ago, because its first lookup
 revalidates the cache it loads. Like git's "racy clean" rule, a folder or manifest
-modified within :data:`RACY_NS` of the moment it was read is never trusted from
+modified within :data:`~kbd.core.layout.RACY_NS` of the moment it was read is never trusted from
 cache, because coarse file timestamps could hide a second change in the same
 tick. The cache is an optimisation only: a corrupt cache is ignored.
 """
@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from kbd.core.layout import INDEX_NAME, KB_DIR, MANIFEST, NOTES_DIR, RACY_NS
+from kbd.core.layout import INDEX_NAME, KB_DIR, MANIFEST, NOTES_DIR, racy
 from kbd.core.lookup import Ambiguous as Ambiguous
 from kbd.core.lookup import Folder as Folder
 from kbd.core.lookup import Found as Found
@@ -69,10 +69,6 @@ def _sig(st: os.stat_result) -> Sig:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _racy(st: os.stat_result, now_ns: int) -> bool:
-    return max(st.st_mtime_ns, st.st_ctime_ns) >= now_ns - RACY_NS
-
-
 def read_manifest_bytes(folder: Path) -> tuple[bytes, os.stat_result]:
     """``<folder>/workflow.json`` read through the path layer: the folder pinned
     without following links, the file opened beneath it (never a link, FIFO or
@@ -92,7 +88,7 @@ def _load_folder(path: Path, *, previous_id: str | None, now_ns: int) -> Folder:
         manifest = parse_manifest(data)
     except ManifestUnreadable as exc:
         return Folder(path, None, exc.message, extract_id(data) or previous_id, None)
-    return Folder(path, manifest, None, manifest.id, None if _racy(st, now_ns) else _sig(st))
+    return Folder(path, manifest, None, manifest.id, None if racy(st, now_ns) else _sig(st))
 
 
 def _gone(path: Path) -> bool:
@@ -178,7 +174,7 @@ class Registry:
                 if not stat.S_ISDIR(st.st_mode):
                     continue
                 dirs[str(path)] = (
-                    (-1, -1, -1) if _racy(st, now_ns) else (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+                    (-1, -1, -1) if racy(st, now_ns) else (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
                 )
                 if depth >= MAX_DEPTH:
                     self.truncated.append(path)

@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 import yaml
 
-from kbd.core.config import CONFIG_NAME, PRINCIPALS_NAME, STATE_DIR
-from kbd.core.ids import id_problem
+from kbd.core.identifiers import id_problem
+from kbd.core.layout import CONFIG_NAME, INDEX_NAME, KB_DIR, MANIFEST, NOTES_DIR, PRINCIPALS_NAME, STATE_DIR
 from kbd.errors import RootError, RootExists
 from kbd.fs.atomic import write_atomic
 
@@ -168,7 +168,7 @@ def demo_principals() -> list[dict[str, Any]]:
     ]
 
 
-# (folder, manifest, {relative file: content}) — wired so `workflows show wf_perf`
+# (folder, manifest, {file relative to the knowledge base: content}) — wired so `workflows show wf_perf`
 # shows each status the README walks through.
 DEMO: list[tuple[str, dict[str, Any], dict[str, str]]] = [
     (
@@ -180,8 +180,8 @@ DEMO: list[tuple[str, dict[str, Any], dict[str, str]]] = [
             "schedule": {"cron": "0 6 * * *"},
         },
         {
-            "knowledgebase/context/architecture.md": "# RTS architecture\nEdge -> router -> livekit SFU.\n",
-            "knowledgebase/notes/services.md": "# Services\n- router: routes rooms (verified 2026-11-02)\n",
+            "context/architecture.md": "# RTS architecture\nEdge -> router -> livekit SFU.\n",
+            "notes/services.md": "# Services\n- router: routes rooms (verified 2026-11-02)\n",
         },
     ),
     (
@@ -193,8 +193,8 @@ DEMO: list[tuple[str, dict[str, Any], dict[str, str]]] = [
             "knowledgebase_sources": [{"workflow_id": "wf_rts", "alias": "rts", "access": "read"}],
         },
         {
-            "knowledgebase/context/threat-model.md": "# Threat model\nTenants must not read each other's rooms.\n",
-            "knowledgebase/notes/findings.md": "# Findings\n- TURN credentials rotate daily.\n",
+            "context/threat-model.md": "# Threat model\nTenants must not read each other's rooms.\n",
+            "notes/findings.md": "# Findings\n- TURN credentials rotate daily.\n",
         },
     ),
     (
@@ -204,17 +204,17 @@ DEMO: list[tuple[str, dict[str, Any], dict[str, str]]] = [
             "label": "Cost tracking",
             "access": {"owners": ["carol"], "readers": ["alice"]},
         },
-        {"knowledgebase/notes/budget.md": "# Budget\nSFU egress is 62% of spend.\n"},
+        {"notes/budget.md": "# Budget\nSFU egress is 62% of spend.\n"},
     ),
     (
         "payroll",
         {"id": "wf_payroll", "label": "Payroll (private)", "access": {"owners": ["carol"]}},
-        {"knowledgebase/notes/salaries.md": "# Private\n"},
+        {"notes/salaries.md": "# Private\n"},
     ),
     (
         "docs",
         {"id": "wf_docs", "label": "Shared docs (legacy, no owner)"},
-        {"knowledgebase/context/glossary.md": "# Glossary\nSFU: selective forwarding unit.\n"},
+        {"context/glossary.md": "# Glossary\nSFU: selective forwarding unit.\n"},
     ),
     (
         "perf",
@@ -230,39 +230,37 @@ DEMO: list[tuple[str, dict[str, Any], dict[str, str]]] = [
                 {"workflow_id": "wf_archived", "alias": "archive", "access": "read"},
             ],
         },
-        {"knowledgebase/notes/latency.md": "# Latency\np99 join time 840 ms.\n"},
+        {"notes/latency.md": "# Latency\np99 join time 840 ms.\n"},
     ),
 ]
 
 
 def create_demo_workflows(workflows: Path) -> list[str]:
     created = []
-    for folder, manifest, files in DEMO:
+    for folder, manifest, kb_files in DEMO:
         base = workflows / folder
         if base.exists():
             continue
         for sub in (
-            "knowledgebase/context",
-            "knowledgebase/notes",
+            f"{KB_DIR}/context",
+            f"{KB_DIR}/{NOTES_DIR}",
             "soul",
             "learnings",
             "runs",
             "credentials",
         ):
             (base / sub).mkdir(parents=True, exist_ok=True)
+        notes = f"{NOTES_DIR}/"
         index = {
             "notes": [
-                {
-                    "path": name.split("knowledgebase/notes/", 1)[1],
-                    "title": body.splitlines()[0].lstrip("# "),
-                }
-                for name, body in files.items()
-                if name.startswith("knowledgebase/notes/")
+                {"path": name.removeprefix(notes), "title": body.splitlines()[0].lstrip("# ")}
+                for name, body in kb_files.items()
+                if name.startswith(notes)
             ]
         }
         files = {
-            **files,
-            "knowledgebase/notes/_index.json": orjson.dumps(index, option=orjson.OPT_INDENT_2).decode()
+            **{f"{KB_DIR}/{name}": body for name, body in kb_files.items()},
+            f"{KB_DIR}/{NOTES_DIR}/{INDEX_NAME}": orjson.dumps(index, option=orjson.OPT_INDENT_2).decode()
             + "\n",
             "soul/persona.md": f"# {manifest['label']} persona (private)\n",
             "learnings/lessons.md": "# Lessons (private)\n",
@@ -270,6 +268,6 @@ def create_demo_workflows(workflows: Path) -> list[str]:
         }
         for name, body in files.items():
             (base / name).write_text(body, encoding="utf-8")
-        (base / "workflow.json").write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2) + b"\n")
+        (base / MANIFEST).write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2) + b"\n")
         created.append(manifest["id"])
     return created

@@ -8,8 +8,8 @@ import ctypes
 import errno
 import os
 
-from kbd.fs.libc import libc
-from kbd.sandbox.landlock_helper import CREATE_RULESET_VERSION, RIGHTS, SYS_CREATE_RULESET
+from kbd.fs.libc import LANDLOCK_CREATE_RULESET_VERSION, SYS_LANDLOCK_CREATE_RULESET, libc
+from kbd.sandbox.landlock_helper import RIGHTS
 from kbd.sandbox.spec import ETC_FILES
 
 DEV_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
@@ -20,7 +20,12 @@ LANDLOCK_ALL = tuple(RIGHTS)
 def _query_abi() -> tuple[int, int]:
     """(ABI version or 0, errno when 0)."""
     abi = int(
-        libc.syscall(SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(CREATE_RULESET_VERSION))
+        libc.syscall(
+            SYS_LANDLOCK_CREATE_RULESET,
+            None,
+            ctypes.c_size_t(0),
+            ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION),
+        )
     )
     return (abi, 0) if abi > 0 else (0, ctypes.get_errno())
 

@@ -56,7 +56,10 @@ FILE_RIGHTS = (
 ABI_MASK = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1}
 ABI_MASK.update({5: (1 << 16) - 1, 6: (1 << 16) - 1, 7: (1 << 16) - 1})
 
+# Kernel numbers: copies of kbd.fs.libc's (this file cannot import kbd, see
+# above); tests/unit/test_libc.py checks each equals its kbd.fs.libc name.
 SYS_CREATE_RULESET, SYS_ADD_RULE, SYS_RESTRICT_SELF = 444, 445, 446
+SYS_CAPSET = 126 if os.uname().machine == "x86_64" else 91  # x86_64; the generic table (aarch64, ...)
 CREATE_RULESET_VERSION = 1
 RULE_PATH_BENEATH = 1
 PR_SET_NO_NEW_PRIVS = 38
@@ -67,6 +70,7 @@ REASONS = {
     errno.EOPNOTSUPP: "Landlock is supported but disabled at boot (EOPNOTSUPP: add 'landlock' to lsm=)",
 }
 
+# Loaded here, as kbd.fs.libc loads it for the parent (the same two lines).
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
@@ -97,6 +101,7 @@ class CapData(ctypes.Structure):
 
 NET_BIND_TCP, NET_CONNECT_TCP = 1, 2
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1, 2
+# Copies of kbd.fs.libc's too (checked by the same test).
 PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 CAP_VERSION_3 = 0x20080522
@@ -111,7 +116,7 @@ def drop_capabilities() -> None:
     _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = CapHeader(CAP_VERSION_3, 0)
     data = (CapData * 2)()
-    if _libc.syscall(126 if os.uname().machine == "x86_64" else 91, ctypes.byref(header), data) != 0:
+    if _libc.syscall(SYS_CAPSET, ctypes.byref(header), data) != 0:
         fail(f"capset: {os.strerror(ctypes.get_errno())}")
 
 

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kbd.core import policy
+from kbd.core.layout import KB_DIR
 from kbd.core.plan import build_plan
 from kbd.core.resolve import Attachment, WriteStatus
+from kbd.fs import datafiles
 from kbd.sandbox import bwrap as bw
 from kbd.sandbox import cgroup
 from kbd.sandbox.landlock import landlock_abi, landlock_status
@@ -42,7 +44,7 @@ def bwrap_probe() -> tuple[bool, str]:
 def _overlays(kind: policy.KindPolicy, kb_access: str, *, item: bool) -> bool:
     source = Attachment(
         alias="src", workflow_id="wf_src", label=None, access="write", available=True, reason=None,
-        message=None, write=WriteStatus(True, None), path=Path("/kbd-doctor/source/knowledgebase"),
+        message=None, write=WriteStatus(True, None), path=Path("/kbd-doctor/source") / KB_DIR,
     )  # fmt: skip
     plan = build_plan(
         workflow_id="wf_doctor",
@@ -65,7 +67,7 @@ def landlock_only_kinds() -> dict[str, list[str]]:
     overlay — a read-only or hidden path inside a granted folder — is refused).
     A mode counts only when it runs whatever the message_sequence item asks."""
     runs: dict[str, list[str]] = {}
-    for name, kind in policy.kinds().items():
+    for name, kind in datafiles.consumer_kinds().items():
         modes = [m for m in policy.KB_ACCESS if not any(_overlays(kind, m, item=i) for i in (False, True))]
         if modes:
             runs[name] = modes
@@ -75,7 +77,7 @@ def landlock_only_kinds() -> dict[str, list[str]]:
 def landlock_only_summary() -> str:
     """One line for people: which kinds (and kb_access modes) run under Landlock alone."""
     runs = landlock_only_kinds()
-    refused = [k for k in policy.kinds() if k not in runs]
+    refused = [k for k in datafiles.consumer_kinds() if k not in runs]
     shown = "; ".join(f"{k} (kb_access {', '.join(m)})" for k, m in runs.items()) or "none"
     return (
         f"under Landlock alone only these kinds run: {shown}. Refused: {', '.join(refused) or 'none'} "

@@ -21,9 +21,7 @@ import os
 import signal
 import time
 
-from kbd.fs.libc import libc
-
-PR_SET_CHILD_SUBREAPER = 36
+from kbd.fs.libc import PR_SET_CHILD_SUBREAPER, libc
 
 _active = False
 

@@ -24,7 +24,6 @@ import re
 from pathlib import Path
 
 from kbd.core.plan import Plan
-from kbd.core.policy import data_path
 
 TEMPLATE = "kbd.sb"
 MARKER = ";; @GRANTS@"
@@ -32,6 +31,9 @@ _PARAM_RE = re.compile(r'\(param "([A-Z0-9_]+)"\)')
 
 
 def template_path() -> Path:
+    # Imported here: rendering a profile (pure) must not load the filesystem shell.
+    from kbd.fs.datafiles import data_path
+
     return data_path("sandbox_profiles", "sandbox-profiles", TEMPLATE)
 
 

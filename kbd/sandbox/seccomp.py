@@ -37,6 +37,7 @@ native numbers of x86_64 and aarch64.
 
 from __future__ import annotations
 
+import errno as _errno  # as _errno: the block builders take an ``errno`` argument
 import os
 import struct
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ RET_K = 0x06
 ALU_AND_K = 0x54
 RET_ALLOW = 0x7FFF0000
 RET_KILL_PROCESS = 0x80000000
-EPERM, ENOSYS, EAFNOSUPPORT, EOPNOTSUPP = 1, 38, 97, 95
+EPERM, ENOSYS, EAFNOSUPPORT, EOPNOTSUPP = _errno.EPERM, _errno.ENOSYS, _errno.EAFNOSUPPORT, _errno.EOPNOTSUPP
 # fallocate modes: KEEP_SIZE without PUNCH_HOLE takes disk space past the end.
 FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE = 0x01, 0x02
 SETID_BITS = 0o6000

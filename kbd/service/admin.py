@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kbd.core.manifest import MAX_MANIFEST_BYTES, Manifest, entry_problems, parse_manifest, writer_problems
-from kbd.core.principals import Principal, issue_token
+from kbd.core.principals import Principal
 from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, NotFound, PermissionDenied
+from kbd.fs.rootconfig import issue_token
 from kbd.service import JsonObject
 from kbd.service.root import Root
 from kbd.session_ops import Sessions

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from kbd.core import audience
-from kbd.core.config import CONFIG_NAME, PRINCIPALS_NAME, Config, load_config
-from kbd.core.layout import RACY_NS
+from kbd.core.config import Config
+from kbd.core.layout import CACHE_DIR, CONFIG_NAME, PRINCIPALS_NAME, racy
 from kbd.core.manifest import (
     Entry,
     Manifest,
@@ -27,7 +27,7 @@ from kbd.core.manifest import (
     with_sources,
     with_writers,
 )
-from kbd.core.principals import Principal, Principals, load_principals
+from kbd.core.principals import Principal, Principals
 from kbd.core.resolve import Attachment, resolve_all, resolve_entry
 from kbd.errors import (
     AmbiguousWorkflow,
@@ -41,6 +41,7 @@ from kbd.errors import (
     workflow_not_found,
 )
 from kbd.fs.registry import Ambiguous, Found, KbProbe, Lookup, Missing, Registry, probe_kb
+from kbd.fs.rootconfig import load_config, load_principals
 from kbd.state import audit
 
 # How a change builds the new attachment list from the manifest as it is now.
@@ -62,7 +63,7 @@ class Root:
     def _registry(self) -> Registry:
         return Registry(
             [r.resolve() for r in self.config.workflow_roots],
-            cache_path=self.config.state_dir / "cache" / "registry.json",
+            cache_path=self.config.state_dir / CACHE_DIR / "registry.json",
             sweep_interval=self._sweep_interval,
         )
 
@@ -74,9 +75,9 @@ class Root:
             except OSError:
                 out.append(None)
                 continue
-            racy = max(st.st_mtime_ns, st.st_ctime_ns) >= time.time_ns() - RACY_NS
             # A file changed within the coarse-timestamp window is never trusted unchanged.
-            out.append(None if racy else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+            sig = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            out.append(None if racy(st, time.time_ns()) else sig)
         return tuple(out)
 
     def refresh(self) -> None:

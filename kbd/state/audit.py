@@ -203,7 +203,7 @@ class Selection:
 def format_value(value: Any) -> str:
     """A field value for people: text as one escaped line (quoted when it holds
     spaces, quotes or ``=``), everything else as compact JSON — never a Python repr."""
-    from kbd.core.ids import one_line
+    from kbd.core.identifiers import one_line
 
     if isinstance(value, str):
         text = one_line(value, limit=10_000)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from kbd.core import policy
 from kbd.core.plan import FolderStatus, build_plan
 from kbd.core.resolve import Attachment, WriteStatus
+from kbd.fs import datafiles
 from kbd.sandbox import seatbelt
 
 PROFILES = sorted((Path(__file__).resolve().parents[2] / "sandbox-profiles").glob("*.sb"))
@@ -30,7 +31,7 @@ def att(alias: str, path: Path, *, writable: bool) -> Attachment:
 
 def write_plan(kb_path: Path = WF / "src" / "knowledgebase", own: Path = WF / "con") -> object:
     return build_plan(
-        workflow_id="con", workflow_folder=own, policy=policy.kind("execution"), kb_access="read-write",
+        workflow_id="con", workflow_folder=own, policy=datafiles.consumer_kind("execution"), kb_access="read-write",
         item_kb_write=False, attachments=[att("src", kb_path, writable=True)],
         folders=[FolderStatus("f", "read_only", True, None, None, WF / "shared")],
     )  # fmt: skip
@@ -112,7 +113,7 @@ def test_sbpl_string_is_one_closed_literal(value: str) -> None:
 
 
 def test_shipped_consumer_kind_policy_is_complete_and_strict() -> None:
-    table = policy.kinds()
+    table = datafiles.consumer_kinds()
     assert set(table) == set(policy.KINDS)
     assert not any(
         k.source_write
@@ -138,7 +139,7 @@ def test_policy_rejections(mutation: object, message: str) -> None:
     from kbd.core.strict import load_yaml
     from kbd.errors import InvalidConfig
 
-    doc = load_yaml(policy.policy_path("consumer_kinds.yaml").read_text(), source="p")
+    doc = load_yaml(datafiles.policy_path("consumer_kinds.yaml").read_text(), source="p")
     bad = copy.deepcopy(doc)
     mutation(bad)  # type: ignore[operator]
     with pytest.raises(InvalidConfig, match=re.escape(message)):

@@ -41,7 +41,7 @@ def run_kbd(*args: str, cwd: Path, env: dict[str, str | None] | None = None) -> 
 def tree(root: Path) -> dict[str, bytes]:
     """Every file of the root but kbd's parse cache (state/cache/): the cache of a
     config file that validated may be written by any command once the file has
-    settled (config.read_yaml_cached), which is not a change to the root's data."""
+    settled (datafiles.read_yaml_cached), which is not a change to the root's data."""
     cache = root / "state" / "cache"
     return {
         str(p.relative_to(root)): p.read_bytes()

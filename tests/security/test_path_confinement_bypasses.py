@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kbd import browse
-from kbd.core.names import is_index_name
+from kbd.core.relpaths import is_index_name
 from kbd.errors import InvalidPath, KbdError, PathNotFound, PathRefused
 from kbd.fs.confined import pin_dir, read_file, replace_file
 from tests.helpers import KbRoot

@@ -94,7 +94,7 @@ def oracle_can_write(consumer: dict[str, Any], source: dict[str, Any], principal
 
 
 def oracle_id_ok(value: object) -> bool:
-    """DESIGN §2 / kbd.core.ids: non-empty string, no '/', '\\', no control (Cc, C1 included),
+    """DESIGN §2 / kbd.core.identifiers: non-empty string, no '/', '\\', no control (Cc, C1 included),
     format (Cf), line/paragraph-separator (Zl, Zp) or whitespace character anywhere
     (issue 9 item 20: was "no surrounding whitespace, no C0 control"), not '.' or '..',
     at most 128 characters."""

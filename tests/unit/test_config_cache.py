@@ -1,4 +1,4 @@
-"""The parse cache of kbd.yaml, principals.yaml and policies (kbd/core/config.py)."""
+"""The parse cache of kbd.yaml, principals.yaml and policies (kbd/fs/datafiles.py)."""
 
 from __future__ import annotations
 
@@ -13,18 +13,19 @@ def test_a_rejected_config_is_never_cached(tmp_path: Path, monkeypatch: pytest.M
     racy-clean window is closed so the file counts as settled at once; under load
     the old code wrote the cache of a rejected file, and a refused command changed
     the root.)"""
-    from kbd.core import config, principals
+    from kbd.core import layout
     from kbd.errors import InvalidConfig
+    from kbd.fs import rootconfig
     from kbd.fs.rootinit import init_root
 
-    monkeypatch.setattr(config, "RACY_NS", 0)
+    monkeypatch.setattr(layout, "RACY_NS", 0)
     root = tmp_path / "root"
     init_root(root, host="h", force=False, demo=False)
     (root / "kbd.yaml").write_text((root / "kbd.yaml").read_text() + "bogus: 1\n")
     (root / "principals.yaml").write_text("principals:\n- id: alice\n  admn: true\n")
     before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
     with pytest.raises(InvalidConfig, match="bogus"):
-        config.load_config(root)
+        rootconfig.load_config(root)
     with pytest.raises(InvalidConfig, match="admn"):
-        principals.load_principals(root)
+        rootconfig.load_principals(root)
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before

@@ -30,9 +30,9 @@ import pytest
 import yaml
 
 from kbd import browse
-from kbd.core import injection
 from kbd.errors import InjectionRefused, KbdError
 from kbd.fs.confined import pin_dir
+from kbd.fs.datafiles import injection_rules
 from kbd.notes import MAX_NOTE_BYTES, PROVENANCE_KEYS, read_index, write_note
 from kbd.service.root import Root
 from kbd.session_ops import Sessions
@@ -567,7 +567,7 @@ MORE_INJECTIONS: dict[str, tuple[str, str]] = {
 
 
 def test_every_rule_in_the_policy_has_a_refusal_test() -> None:
-    assert set(INJECTIONS) == {r.id for r in injection.rules()}
+    assert set(INJECTIONS) == {r.id for r in injection_rules()}
 
 
 @pytest.mark.parametrize("rule", sorted(INJECTIONS))

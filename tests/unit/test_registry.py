@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kbd.fs import lint, registry
+from kbd.core import layout
+from kbd.fs import lint
 from kbd.fs.registry import Ambiguous, Found, Missing, Registry, Unreadable
 from kbd.service.root import Root
 from tests.helpers import KbRoot
@@ -24,7 +25,7 @@ def reg(kb: KbRoot, *, sweep: float = 0.0) -> Registry:
 @pytest.fixture
 def no_racy(monkeypatch: pytest.MonkeyPatch) -> None:
     """Trust fresh timestamps, so cache hits can be observed without waiting."""
-    monkeypatch.setattr(registry, "RACY_NS", 0)
+    monkeypatch.setattr(layout, "RACY_NS", 0)  # read by layout.racy, the one racy rule
 
 
 def test_discovery_stops_at_first_manifest_and_ignores_symlinked_folders(kb: KbRoot, tmp_path: Path) -> None:

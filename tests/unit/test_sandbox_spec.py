@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kbd.core import policy
 from kbd.core.plan import FolderStatus, build_plan
 from kbd.core.resolve import Attachment, WriteStatus
+from kbd.fs.datafiles import consumer_kind
 from kbd.sandbox.spec import Mount, inner_landlock, mounts
 
 R = Path("/tmp/r/workflows")
@@ -23,7 +23,7 @@ def att(alias: str, *, writable: bool = False) -> Attachment:
 
 def test_write_plan_mount_order_is_parents_first_overlays_after() -> None:
     plan = build_plan(
-        workflow_id="wf_con", workflow_folder=R / "con", policy=policy.kind("execution"),
+        workflow_id="wf_con", workflow_folder=R / "con", policy=consumer_kind("execution"),
         kb_access="read-write", item_kb_write=False,
         attachments=[att("rts"), att("sec", writable=True)],
         folders=[FolderStatus("shared", "read_write", True, None, None, R / "rts" / "knowledgebase")],
@@ -56,7 +56,7 @@ def test_write_plan_mount_order_is_parents_first_overlays_after() -> None:
 
 def test_every_mount_comes_after_its_ancestors() -> None:
     plan = build_plan(
-        workflow_id="wf_con", workflow_folder=R / "con", policy=policy.kind("execution"),
+        workflow_id="wf_con", workflow_folder=R / "con", policy=consumer_kind("execution"),
         kb_access="read-write", item_kb_write=False, attachments=[att("a", writable=True), att("b")], folders=[],
     )  # fmt: skip
     order = mounts(plan)
@@ -67,7 +67,7 @@ def test_every_mount_comes_after_its_ancestors() -> None:
 
 def test_read_and_none_plans() -> None:
     read = build_plan(
-        workflow_id="wf_con", workflow_folder=R / "con", policy=policy.kind("reviewer_strategic"),
+        workflow_id="wf_con", workflow_folder=R / "con", policy=consumer_kind("reviewer_strategic"),
         kb_access="read", item_kb_write=False, attachments=[att("rts")], folders=[],
     )  # fmt: skip
     assert mounts(read) == [
@@ -76,7 +76,7 @@ def test_read_and_none_plans() -> None:
     ]
     assert inner_landlock(read) is None
     none = build_plan(
-        workflow_id="wf_con", workflow_folder=R / "con", policy=policy.kind("builder"),
+        workflow_id="wf_con", workflow_folder=R / "con", policy=consumer_kind("builder"),
         kb_access="none", item_kb_write=False, attachments=[att("rts")], folders=[],
     )  # fmt: skip
     assert mounts(none) == [

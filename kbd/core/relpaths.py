@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from kbd.core.ids import char_name
+from kbd.core.identifiers import char_name
 from kbd.core.layout import INDEX_NAME as INDEX_NAME
 from kbd.errors import InvalidInput, InvalidPath, PermissionDenied
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kbd.core.ids import id_problem, one_line
-from kbd.core.principals import load_principals
+from kbd.core.identifiers import id_problem, one_line
 from kbd.errors import InvalidConfig
+from kbd.fs.rootconfig import load_principals
 from kbd.state import audit
 from tests.helpers import KbRoot
 
