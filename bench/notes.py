@@ -3,15 +3,15 @@ writes into one notes/ | 0 lost, 0 torn, throughput reported | upstream: no
 serialisation at all").
 
 8 writer processes (``sys.executable -c``) each call the confined entry point
-:func:`kbd.notes.write_note` 200 times into the same source ``notes/``, all
+:func:`kbd.service.notes.write` 200 times into the same source ``notes/``, all
 released at once by a "go" line on their stdin after they have warmed up. Every
 4th write rewrites one shared name (``shared.md``, a writer-unique 4.5 KB block);
 the others are distinct names. Afterwards every note is read back: a lost note
 (missing) or a torn one (content not exactly what one writer wrote, frontmatter
 that does not parse) is counted and reported.
 
-Lock wait, method: inside each writer process ``kbd.notes.notes_lock`` is
-replaced by a thin wrapper (``write_note`` looks the name up in its module at
+Lock wait, method: inside each writer process ``kbd.service.notes.notes_lock``
+is replaced by a thin wrapper (``commit`` looks the name up in its module at
 call time) that takes ``time.perf_counter()`` on entry and again when the real
 ``notes_lock`` yields, i.e. once the mutex is held. The difference is the time
 spent getting the notes mutex: the ``fstat`` of ``notes/``, opening the lock
@@ -53,7 +53,7 @@ SHARED_EVERY = 4
 WRITER = r"""
 import contextlib, json, sys, time
 from pathlib import Path
-import kbd.notes as notes
+import kbd.service.notes as notes
 from kbd.service.root import Root
 from kbd.core.principals import LocalOperator
 from kbd.session_ops import Sessions
@@ -83,7 +83,7 @@ if sys.stdin.readline().strip() != "go":
 start = time.time()
 for name, text in job["writes"]:
     t = time.perf_counter()
-    notes.write_note(sessions, job["sid"], "src", name, text.encode(), actor=OPERATOR)
+    notes.write(sessions, job["sid"], "src", name, text.encode(), actor=OPERATOR)
     latencies.append(time.perf_counter() - t)
 print(json.dumps({"start": start, "end": time.time(), "waits": waits, "holds": holds,
                   "latencies": latencies}), flush=True)
