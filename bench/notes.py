@@ -231,7 +231,7 @@ def main() -> None:
     budget = "budget: 0 lost, 0 torn, throughput reported | anchor: upstream: no serialisation at all"
     print('DESIGN §8: "8 processes x 200 note writes into one notes/ | 0 lost, 0 torn, throughput reported '
           '| upstream: no serialisation at all"')  # fmt: skip
-    print(f"note writes through write_note into one notes/ ({WRITES} writes per process; every "
+    print(f"note writes through notes.write into one notes/ ({WRITES} writes per process; every "
           f"{SHARED_EVERY}th rewrites shared.md); lock wait = entering notes_lock -> mutex held")  # fmt: skip
     rows = [
         ("baseline 1 process x 200: throughput", f"{base['rate']:.0f} writes/s", ""),
@@ -241,7 +241,7 @@ def main() -> None:
         (f"lost / torn (of {cont['total']})", f"{cont['lost']} / {cont['torn']}", "budget: 0 / 0"),
         ("lock wait p50/p90/p99/max (ms)", dist_ms(cont["waits"]), ""),
         ("lock hold p50/p90/p99/max (ms)", dist_ms(cont["holds"]), ""),
-        ("write_note latency p50/p90/p99/max (ms)", dist_ms(cont["latencies"]), ""),
+        ("notes.write latency p50/p90/p99/max (ms)", dist_ms(cont["latencies"]), ""),
     ]
     for name, value, note in rows:
         print(f"{name:<52} {value:<34} {note}")

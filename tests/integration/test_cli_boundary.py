@@ -539,7 +539,7 @@ def test_validate_json_is_json_on_errors_too(
 
 
 def test_empty_note_refused_by_the_shared_entry_point(world: KbRoot) -> None:
-    """The API and the CLI share write_note: the library itself refuses."""
+    """The API and the CLI share kbd.service.notes.write: the library itself refuses."""
     host = world.host()
     sessions = session_ops.Sessions(host)
     plan = sessions.open(host.actor("alice"), "con", kind="execution", kb_access="read-write")
