@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kbd.notes import notes_lock
+from kbd.fs.notes import notes_lock
 from tests.helpers import KbRoot
 from tests.integration.daemon import issue_tokens, serving
 from tests.integration.loads import half_open_flood, index_reads, note_posts

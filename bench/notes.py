@@ -3,15 +3,15 @@ writes into one notes/ | 0 lost, 0 torn, throughput reported | upstream: no
 serialisation at all").
 
 8 writer processes (``sys.executable -c``) each call the confined entry point
-:func:`kbd.notes.write_note` 200 times into the same source ``notes/``, all
+:func:`kbd.service.notes.write` 200 times into the same source ``notes/``, all
 released at once by a "go" line on their stdin after they have warmed up. Every
 4th write rewrites one shared name (``shared.md``, a writer-unique 4.5 KB block);
 the others are distinct names. Afterwards every note is read back: a lost note
 (missing) or a torn one (content not exactly what one writer wrote, frontmatter
 that does not parse) is counted and reported.
 
-Lock wait, method: inside each writer process ``kbd.notes.notes_lock`` is
-replaced by a thin wrapper (``write_note`` looks the name up in its module at
+Lock wait, method: inside each writer process ``kbd.service.notes.notes_lock``
+is replaced by a thin wrapper (``commit`` looks the name up in its module at
 call time) that takes ``time.perf_counter()`` on entry and again when the real
 ``notes_lock`` yields, i.e. once the mutex is held. The difference is the time
 spent getting the notes mutex: the ``fstat`` of ``notes/``, opening the lock
@@ -53,7 +53,7 @@ SHARED_EVERY = 4
 WRITER = r"""
 import contextlib, json, sys, time
 from pathlib import Path
-import kbd.notes as notes
+import kbd.service.notes as notes
 from kbd.service.root import Root
 from kbd.core.principals import LocalOperator
 from kbd.session_ops import Sessions
@@ -83,7 +83,7 @@ if sys.stdin.readline().strip() != "go":
 start = time.time()
 for name, text in job["writes"]:
     t = time.perf_counter()
-    notes.write_note(sessions, job["sid"], "src", name, text.encode(), actor=OPERATOR)
+    notes.write(sessions, job["sid"], "src", name, text.encode(), actor=OPERATOR)
     latencies.append(time.perf_counter() - t)
 print(json.dumps({"start": start, "end": time.time(), "waits": waits, "holds": holds,
                   "latencies": latencies}), flush=True)
@@ -231,7 +231,7 @@ def main() -> None:
     budget = "budget: 0 lost, 0 torn, throughput reported | anchor: upstream: no serialisation at all"
     print('DESIGN §8: "8 processes x 200 note writes into one notes/ | 0 lost, 0 torn, throughput reported '
           '| upstream: no serialisation at all"')  # fmt: skip
-    print(f"note writes through write_note into one notes/ ({WRITES} writes per process; every "
+    print(f"note writes through notes.write into one notes/ ({WRITES} writes per process; every "
           f"{SHARED_EVERY}th rewrites shared.md); lock wait = entering notes_lock -> mutex held")  # fmt: skip
     rows = [
         ("baseline 1 process x 200: throughput", f"{base['rate']:.0f} writes/s", ""),
@@ -241,7 +241,7 @@ def main() -> None:
         (f"lost / torn (of {cont['total']})", f"{cont['lost']} / {cont['torn']}", "budget: 0 / 0"),
         ("lock wait p50/p90/p99/max (ms)", dist_ms(cont["waits"]), ""),
         ("lock hold p50/p90/p99/max (ms)", dist_ms(cont["holds"]), ""),
-        ("write_note latency p50/p90/p99/max (ms)", dist_ms(cont["latencies"]), ""),
+        ("notes.write latency p50/p90/p99/max (ms)", dist_ms(cont["latencies"]), ""),
     ]
     for name, value, note in rows:
         print(f"{name:<52} {value:<34} {note}")

@@ -25,7 +25,6 @@ from kbd.errors import (
     PathNotFound,
     PermissionDenied,
     session_not_found,
-    workflow_not_found,
 )
 from kbd.fs import datafiles
 from kbd.fs.confined import names_folder, pin_dir
@@ -177,8 +176,7 @@ class Sessions:
         if not audience.can_open_session(
             actor, found.manifest, readers_may_open=kind_policy.readers_may_open
         ):
-            if not audience.can_inspect(actor, found.manifest):
-                raise workflow_not_found(wid, outsider=True)
+            audience.require_inspectable(actor, found.manifest, wid)
             raise PermissionDenied(
                 f"{actor.id!r} may not open {kind} sessions for {wid!r} (readers may open reviewer sessions only)"
             )

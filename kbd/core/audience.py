@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kbd.errors import workflow_not_found
+
 if TYPE_CHECKING:  # types only: principals.yaml loading stays out of the pure core
     from kbd.core.manifest import Manifest
     from kbd.core.principals import Principal, Principals
@@ -92,3 +94,12 @@ def can_open_session(actor: Principal, m: Manifest, *, readers_may_open: bool) -
     if m.is_legacy or actor.id in m.effective_owners or actor.id in m.access.editors:
         return True
     return readers_may_open and actor.id in consumer_audience(m)
+
+
+def require_inspectable(actor: Principal, m: Manifest, wid: str) -> None:
+    """Unless ``actor`` may inspect ``m``, raise the one answer an outsider gets:
+    word for word a missing workflow's (:func:`kbd.errors.workflow_not_found`
+    for ``wid``, the ID asked for), so IDs cannot be probed (DESIGN §6). Every
+    refusal that would otherwise confirm a workflow exists checks this first."""
+    if not can_inspect(actor, m):
+        raise workflow_not_found(wid, outsider=True)

@@ -19,6 +19,8 @@ meaning "trusted"), returns a frozen dataclass, and raises only
   revoke, path checks.
 * :mod:`kbd.service.browse` — reading and listing an attached KB.
 * :mod:`kbd.service.notes` — contributed note writes.
+* :mod:`kbd.service.command_notes` — what ``kbd exec`` of a write plan holds and
+  audits in the ``notes/`` it may write.
 * :mod:`kbd.service.admin` — init, doctor, validate, principals and tokens.
 """
 

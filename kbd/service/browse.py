@@ -1,4 +1,12 @@
-"""Reading and listing an attached KB as its consumer sees it (DESIGN §6 Browsing).
+"""Reading and listing an attached KB as its consumer sees it (seed: "consumer-scoped
+browsing API"; DESIGN §6 Browsing).
+
+Every call re-resolves the consumer's attachments now: the caller must be able
+to inspect the consumer, the alias must be attached and available at this
+moment, and the KB folder is pinned and checked against the identity seen by
+that resolution before anything beneath it is opened. Nothing outside the KB is
+reachable (the path layer refuses ``..``, links, other mounts and special
+files), and no message carries a host path.
 
 Split in two steps for the daemon: :func:`attachment` needs the registry (under
 its state lock); :func:`read_file` and :func:`list_dir` then touch only the
@@ -10,16 +18,32 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
+from typing import NotRequired, TypedDict
 
-from kbd import browse
+from kbd.core.layout import INDEX_NAME, NOTES_DIR
+from kbd.core.notes import provenance_of
 from kbd.core.principals import Principal
+from kbd.core.relpaths import NOTE_SUFFIXES, request_parts
 from kbd.core.resolve import Attachment
+from kbd.errors import KbdError, NotFound, SourceUnavailable, UsageError
+from kbd.fs import confined
+from kbd.fs.notes import read_index
 from kbd.service import JsonObject
 from kbd.service.root import Root
 
-# The page bounds, for interfaces that explain them.
-DEFAULT_LS_LIMIT = browse.DEFAULT_LS_LIMIT
-MAX_LS_LIMIT = browse.MAX_LS_LIMIT
+MAX_READ_BYTES = 2 * 1024 * 1024
+# Listings are paged (issue 9 item 19: 100,000 files were 9.5 MB in one answer).
+DEFAULT_LS_LIMIT = 1000
+MAX_LS_LIMIT = 10_000
+
+
+class Entry(TypedDict):
+    """One name in a listing; links are listed, never followed."""
+
+    name: str
+    type: str  # file, dir, symlink or other
+    # Files with a note's suffix: the contributing workflow (None: the source's own).
+    contributed_by: NotRequired[str | None]
 
 
 @dataclass(frozen=True)
@@ -57,7 +81,7 @@ class Listing:
     workflow_id: str
     alias: str
     path: str
-    entries: tuple[JsonObject, ...]
+    entries: tuple[Entry, ...]
     truncated: bool
     next: str | None
 
@@ -74,22 +98,86 @@ class Listing:
 
 
 def attachment(host: Root, wid: str, alias: str, *, actor: Principal) -> Attachment:
-    """The available attachment ``alias`` of ``wid`` as ``actor`` may see it now."""
-    return browse.attachment(host, wid, alias, actor)
+    """The current, available attachment ``alias`` of ``wid`` as ``actor`` may see it."""
+    _, attachments = host.sources(wid, actor)
+    for att in attachments:
+        if att.alias == alias:
+            if not att.available or att.path is None:
+                raise SourceUnavailable(
+                    f"attachment {alias!r} of {wid!r} is unavailable: {att.reason}: {att.message}",
+                    reason=att.reason or "invalid_entry",
+                )
+            return att
+    raise NotFound(
+        f"{wid!r} has no attachment with alias {alias!r}",
+        hint=f"`kbd sources list {wid}` shows the attached aliases",
+    )
 
 
 def read_file(att: Attachment, wid: str, alias: str, relpath: str) -> FileRead:
-    return FileRead(wid, alias, relpath, browse.read_attached(att, relpath))
+    """A regular, singly-linked file inside the source's KB (≤ 2 MiB), for an
+    attachment just resolved; needs no registry (the daemon calls it outside its
+    state lock: the index reader may retry). ``relpath`` follows
+    :func:`kbd.core.relpaths.request_parts` (raises InvalidPath)."""
+    parts = request_parts(relpath)
+    assert att.path is not None
+    with confined.pin_dir(att.path, expect=att.kb_identity) as kb:
+        if parts == [NOTES_DIR, INDEX_NAME] and not confined.names_folder(relpath):
+            # Never mistake a read failure for an empty KB: retried, then an error.
+            data = read_index(kb.fd, limit=MAX_READ_BYTES)
+        else:
+            data = confined.read_file(kb.fd, relpath, limit=MAX_READ_BYTES)
+    return FileRead(wid, alias, relpath, data)
+
+
+def _page_size(limit: int | None) -> int:
+    """The page size asked for, or a clear UsageError."""
+    if limit is None:
+        return DEFAULT_LS_LIMIT
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LS_LIMIT:
+        raise UsageError(f"limit (--limit) must be a whole number from 1 to {MAX_LS_LIMIT}, not {limit!r}")
+    return limit
 
 
 def list_dir(
     att: Attachment, wid: str, alias: str, reldir: str, *, limit: int | None = None, after: str | None = None
 ) -> Listing:
-    page = browse.ls_page_attached(att, reldir, limit=limit, after=after)
-    return Listing(wid, alias, reldir, tuple(page["entries"]), page["truncated"], page["next"])
+    """One page of a folder of the source's KB, in name order, for an attachment
+    just resolved; needs no registry (the daemon lists outside its state lock):
+    at most ``limit`` entries (default DEFAULT_LS_LIMIT, at most MAX_LS_LIMIT)
+    whose names sort after ``after``. ``reldir`` follows
+    :func:`kbd.core.relpaths.request_parts` (raises InvalidPath)."""
+    size = _page_size(limit)
+    if after is not None and (not after or "/" in after or "\x00" in after):
+        raise UsageError(f"after (--after) must be one entry name from a previous page, not {after!r}")
+    entries = _entries(att, reldir, after=after, limit=size + 1)
+    truncated = len(entries) > size
+    entries = entries[:size]
+    return Listing(wid, alias, reldir, tuple(entries), truncated, entries[-1]["name"] if truncated else None)
+
+
+def _entries(att: Attachment, reldir: str, *, after: str | None, limit: int) -> list[Entry]:
+    """Names and types in ``reldir``; contributed notes are told apart from the
+    source's own by provenance."""
+    request_parts(reldir, allow_empty=True)
+    assert att.path is not None
+    with confined.pin_dir(att.path, expect=att.kb_identity) as kb:
+        entries: list[Entry] = []
+        for found in confined.list_dir(kb.fd, reldir, after=after, limit=limit):
+            e = Entry(name=found["name"], type=found["type"])
+            if e["type"] == "file" and e["name"].lower().endswith(NOTE_SUFFIXES):
+                rel = f"{reldir.rstrip('/')}/{e['name']}" if reldir.strip("/") else e["name"]
+                try:
+                    head = confined.read_file_head(kb.fd, rel)
+                except KbdError:
+                    head = b""
+                e["contributed_by"] = provenance_of(head)
+            entries.append(e)
+        return entries
 
 
 def read(host: Root, wid: str, alias: str, relpath: str, *, actor: Principal) -> FileRead:
+    """Resolve and read (see :func:`attachment` and :func:`read_file`)."""
     return read_file(attachment(host, wid, alias, actor=actor), wid, alias, relpath)
 
 
@@ -97,4 +185,5 @@ def ls(
     host: Root, wid: str, alias: str, reldir: str, *, actor: Principal, limit: int | None = None,
     after: str | None = None,
 ) -> Listing:  # fmt: skip
+    """Resolve and list one page (see :func:`attachment` and :func:`list_dir`)."""
     return list_dir(attachment(host, wid, alias, actor=actor), wid, alias, reldir, limit=limit, after=after)

@@ -276,28 +276,25 @@ def run(
         with contextlib.ExitStack() as stack:
             writes = bool(spec.contributed_notes(plan))
             if writes:
-                from kbd.notes import command_locks  # filelock only for write plans
+                from kbd.service.command_notes import command_locks  # filelock only for write plans
 
                 # Two workflows' write turns into one notes/ never interleave,
                 # whatever the backend.
                 who = {"session": sid, "workflow": plan.workflow_id}
-                timeout = host.config.lock_timeout
-                stack.enter_context(
-                    command_locks(host.config.state_dir, plan, timeout=timeout, who=who, host=host)
-                )
+                stack.enter_context(command_locks(host, plan, who=who))
             started = time.time_ns()
             if backend == "bwrap":
                 rc = _run_bwrap(host, sessions, plan, sid, command, workdir, env, forward, box)
             else:
                 rc = _run_direct(host, sessions, plan, sid, command, workdir, env, forward, backend, box)
             if writes:
-                from kbd.notes import scan_command_changes
+                from kbd.service.command_notes import scan_command_changes
 
                 # Only the bounded walk under the mutexes; reading and gating the
                 # changed files waits until they are released (below).
                 changes = scan_command_changes(host, plan, since_ns=started)
         if writes:
-            from kbd.notes import audit_command_changes
+            from kbd.service.command_notes import audit_command_changes
 
             audit_command_changes(host, plan, sid, changes)
         return 128 - rc if rc < 0 else rc  # killed by signal N: 128+N, as a shell says (DESIGN §8)

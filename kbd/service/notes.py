@@ -1,22 +1,41 @@
-"""Contributed notes: one write into an attached source's ``notes/``.
+"""Contributed notes: one write into an attached source's ``notes/`` (DESIGN §7;
+seed "Write access"), the one confined write entry point for ``kbd notes
+write``, the API and any other writer.
+
+It re-resolves the session's plan, requires a write grant for that source
+*now*, confines the target beneath the source's ``notes/`` (no ``..``, no link,
+no other mount, never ``_index.json`` or a look-alike, only regular files
+replaced), refuses prompt-injection patterns, merges provenance frontmatter,
+and replaces the file atomically while holding the source's notes mutex. Every
+refusal is audited (``note_refused``), every write too (``note_written``).
 
 Split in two steps for the daemon: :func:`prepare` needs the session's plan
 (under its state lock); :func:`commit` runs the injection gate and waits for the
-source's notes mutex (outside it). :func:`write` does both for the CLI. Every
-refusal is audited by :mod:`kbd.notes`.
+source's notes mutex (outside it). :func:`write` does both for the CLI.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kbd import notes
-from kbd.core.principals import Actor
-from kbd.notes import PreparedNote as PreparedNote  # re-exported: what prepare() hands to commit()
+from kbd.core import notes as rules
+from kbd.core.plan import Plan
+from kbd.core.principals import Actor, actor_fields
+from kbd.errors import KbdError, NotFound, PermissionDenied, from_oserror
+from kbd.fs.confined import pin_dir
+from kbd.fs.notes import note_adds, notes_lock, open_notes, replace_note
 from kbd.service import JsonObject
-from kbd.session_ops import Sessions
+from kbd.state.notes_quota import check_quota
 
-MAX_NOTE_BYTES = notes.MAX_NOTE_BYTES
+if TYPE_CHECKING:  # the types only: a note write never needs the registry to import
+    from kbd.service.root import Root
+    from kbd.session_ops import Sessions
+
+#: The largest note, for interfaces that read one in.
+MAX_NOTE_BYTES = rules.MAX_NOTE_BYTES
 
 
 @dataclass(frozen=True)
@@ -30,19 +49,121 @@ class NoteWritten:
         return {"workflow_id": self.workflow_id, "alias": self.alias, "path": self.path, "bytes": self.bytes}
 
 
+@dataclass(frozen=True)
+class PreparedNote:
+    """A note that passed every check except the gate and the write (see :func:`prepare`)."""
+
+    host: Root
+    sid: str
+    consumer: str
+    alias: str
+    relpath: str
+    source: str
+    kb_path: Path
+    kb_identity: tuple[int, int] | None
+    parts: tuple[str, ...]
+    data: bytes
+    who: Mapping[str, object] = field(default_factory=dict)  # the actor, as audit records name it
+    text: str = ""  # what the injection gate checks, in commit (never under a shared lock)
+
+    def refuse(self, err: KbdError) -> KbdError:
+        self.host.audit("note_refused", session=self.sid, workflow_id=self.consumer, alias=self.alias,
+                        path=self.relpath[:200], code=err.code, reason=err.message[:300],
+                        rule=getattr(err, "rule", None), **self.who)  # fmt: skip
+        return err
+
+
 def prepare(
     sessions: Sessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
 ) -> PreparedNote:
-    return notes.prepare_note(sessions, sid, alias, relpath, data, actor=actor)
+    """Everything but the gate and the write: the session's plan now, the grant,
+    the name, the size, the text, and the provenance-stamped content. Needs the
+    host's registry (the daemon calls it under its state lock); waits for no file
+    lock and does no work proportional to the note beyond decoding it (the
+    injection gate runs in :func:`commit`). Every refusal is audited."""
+    host = sessions.host
+    try:
+        plan: Plan = sessions.plan(sid, actor=actor)
+    except KbdError as err:
+        host.audit("note_refused", session=sid, alias=alias, path=relpath[:200], code=err.code,
+                   reason=err.message[:300], **actor_fields(actor))  # fmt: skip
+        raise
+    att = next((a for a in plan.sources if a.alias == alias), None)
+    draft = PreparedNote(
+        host, sid, plan.workflow_id, alias, relpath, "", Path("/"), None, (), b"", actor_fields(actor)
+    )
+    if att is None:
+        raise draft.refuse(
+            NotFound(
+                f"source {alias!r} is not attached to {plan.workflow_id!r}",
+                hint="`kbd session show SID` lists the attached aliases",
+            )
+        )
+    if not att.available or att.path is None or not plan.writes_source(alias):
+        why = (
+            f"is unavailable ({att.reason})" if not att.available
+            else "has no write grant in this session now (attached read-only, not granted by the source's owner, "
+            "or the session's kind or kb_access does not write)"
+        )  # fmt: skip
+        raise draft.refuse(
+            PermissionDenied(
+                f"source {alias!r} {why}", hint="`kbd sources list WF` shows each attachment's write status"
+            )
+        )
+    try:
+        parts = rules.validate_target(relpath)
+        text = rules.note_text(data)
+    except KbdError as err:
+        raise draft.refuse(err) from None
+    final = rules.with_provenance(text, workflow_id=plan.workflow_id, session_id=sid).encode("utf-8")
+    return PreparedNote(host, sid, plan.workflow_id, alias, relpath, att.workflow_id, att.path, att.kb_identity,
+                        tuple(parts), final, actor_fields(actor), text)  # fmt: skip
 
 
-def commit(prepared: PreparedNote) -> NoteWritten:
-    r = notes.commit_note(prepared)
-    return NoteWritten(r["workflow_id"], r["alias"], r["path"], r["bytes"])
+def commit(note: PreparedNote) -> NoteWritten:
+    """Write a prepared note: run the injection gate (before any lock: it is
+    linear in the note, but a lock shared with other writers must never wait
+    on it), pin the KB (same identity as resolved), take the notes mutex (may
+    wait up to the lock timeout), check the quota, replace the file atomically."""
+    from kbd.core import injection
+    from kbd.fs import datafiles
+
+    host = note.host
+    config = host.config
+    try:
+        injection.check(note.text, ruleset=datafiles.injection_rules())
+    except KbdError as err:
+        raise note.refuse(err) from None
+    lock_wait, who = config.lock_timeout, {"workflow": note.consumer}
+    try:
+        with (
+            pin_dir(note.kb_path, expect=note.kb_identity) as kb,
+            open_notes(kb.fd) as notes_fd,
+            notes_lock(config.state_dir, notes_fd, timeout=lock_wait, who=who),
+        ):
+            adds = note_adds(notes_fd, note.parts, len(note.data))
+            check_quota(config.state_dir, config.notes_quota, kb.fd, notes_fd, source=note.source, adds=adds)
+            replace_note(notes_fd, note.parts, note.data)
+    except KbdError as err:
+        raise note.refuse(err) from None
+    except OSError as exc:
+        # A full disk is NoSpace (75), a denied folder PermissionDenied: never one for the other.
+        raise note.refuse(from_oserror(exc, what=f"write {note.relpath!r}")) from None
+    path = "/".join(note.parts)
+    host.audit("note_written", session=note.sid, workflow_id=note.consumer, source=note.source, alias=note.alias,
+               path=path, bytes=len(note.data), **note.who)  # fmt: skip
+    return NoteWritten(note.source, note.alias, "notes/" + path, len(note.data))
 
 
 def write(
     sessions: Sessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
 ) -> NoteWritten:
-    """Write RELPATH (relative to the source's notes/) atomically, with provenance."""
+    """Write RELPATH (relative to the source's notes/) atomically, with provenance.
+
+    Raises (nothing written anywhere): SessionClosed, PermissionDenied (no write
+    grant now, or the index), InvalidPath/InvalidInput (bad name, not UTF-8,
+    too large, wrong kind of file), PathRefused (a link, a folder or a special
+    file on the way or at the name), InjectionRefused, QuotaExceeded, Busy (lock
+    timeout), NoSpace. Every refusal is audited.
+    """
     return commit(prepare(sessions, sid, alias, relpath, data, actor=actor))

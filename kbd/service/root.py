@@ -145,9 +145,7 @@ class Root:
 
     def _inspectable(self, wid: str, actor: Principal) -> Found:
         found = self.workflow(wid)
-        if not audience.can_inspect(actor, found.manifest):
-            # Same answer as a missing workflow: do not confirm what exists.
-            raise workflow_not_found(wid, outsider=True)
+        audience.require_inspectable(actor, found.manifest, wid)
         return found
 
     def resolve(self, consumer: Manifest) -> list[Attachment]:
@@ -223,8 +221,7 @@ class Root:
     @staticmethod
     def _require_manage(actor: Principal, m: Manifest) -> None:
         if not audience.can_manage_sources(actor, m):
-            if not audience.can_inspect(actor, m):
-                raise workflow_not_found(m.id, outsider=True)
+            audience.require_inspectable(actor, m, m.id)
             raise _because(
                 PermissionDenied(
                     f"{actor.id!r} may not manage the sources of {m.id!r} (owners, editors and admins may; "
@@ -370,8 +367,7 @@ class Root:
         def change(current: Manifest) -> dict[str, Any]:
             nonlocal changed
             if not audience.can_grant_writers(actor, current):
-                if not audience.can_inspect(actor, current):
-                    raise workflow_not_found(source_id, outsider=True)
+                audience.require_inspectable(actor, current, source_id)
                 raise _because(
                     PermissionDenied(
                         f"{actor.id!r} may not change who writes into {source_id!r}: "

@@ -28,7 +28,7 @@ import pytest
 from kbd.api import STATE_LOCK_WAIT
 from kbd.daemon import HEADER_TIMEOUT, MAX_CONNECTIONS_PER_UID
 from kbd.fs.locks import held
-from kbd.notes import notes_lock
+from kbd.fs.notes import notes_lock
 from tests.helpers import PRINCIPALS, KbRoot
 from tests.integration.daemon import Daemon, issue_tokens, serving
 from tests.integration.loads import half_open_flood, in_threads, index_reads, note_posts, timed

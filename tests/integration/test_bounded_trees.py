@@ -139,7 +139,7 @@ def test_bad_notes_quota_config_is_refused(kb: KbRoot, quota: dict[str, Any], me
 @pytest.mark.requires_bwrap
 @pytest.mark.requires_landlock(abi=2)  # the inner helper of write plans
 def test_the_audit_reads_a_bounded_number_of_bytes_and_says_truncated(kb: KbRoot) -> None:
-    from kbd.notes import MAX_AUDIT_READ_BYTES, MAX_NOTE_BYTES
+    from kbd.core.notes import MAX_AUDIT_READ_BYTES, MAX_NOTE_BYTES
 
     sid = _writer(kb)
     count = MAX_AUDIT_READ_BYTES // MAX_NOTE_BYTES + 4

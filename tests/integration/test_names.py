@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given
 
 from kbd.errors import KbdError
-from kbd.notes import write_note
+from kbd.service import notes as note_ops
 from kbd.session_ops import Sessions
 from tests.helpers import OPERATOR, KbRoot, snapshot
 from tests.integration.daemon import Daemon, issue_tokens, serving
@@ -164,7 +164,7 @@ def test_check_write_and_notes_write_agree_on_names(kb: KbRoot, rel: str) -> Non
     try:
         checked = sessions.check(sid, f"{notes.resolve()}/{rel}", "write", actor=OPERATOR)
         try:
-            write_note(sessions, sid, "src", rel, b"a note\n", actor=OPERATOR)
+            note_ops.write(sessions, sid, "src", rel, b"a note\n", actor=OPERATOR)
             written: str | None = None
         except KbdError as err:
             written = f"{err.code}: {err.message}"

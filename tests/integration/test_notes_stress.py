@@ -1,13 +1,13 @@
 """Concurrent note writers with REAL processes (DESIGN §7, §8 "8 processes x 200
 note writes into one notes/: 0 lost, 0 torn").
 
-* 8 Python processes x 200 :func:`kbd.notes.write_note` calls into one source's
+* 8 Python processes x 200 :func:`kbd.service.notes.write` calls into one source's
   ``notes/`` (distinct names per writer plus rewrites of one shared name);
 * 8 concurrent ``kbd exec SID -- sh -c '<loop>'`` commands of 8 consumer
   workflows that all may write into that ``notes/``; each rewrites
   ``shared.md`` in several appends, so without the per-``notes/`` mutex the
   blocks would interleave;
-* writers killed with SIGKILL mid-write (a ``write_note`` stopped inside the
+* writers killed with SIGKILL mid-write (a ``kbd.service.notes.write`` stopped inside the
   temp-file write, ones killed at a random moment, and a ``kbd exec`` holding the
   mutex): no partial file, temp files swept by the next write, no stuck lock;
 * an index reader racing a process that rewrites ``notes/_index.json``.
@@ -39,7 +39,8 @@ import yaml
 
 from kbd.errors import KbdError
 from kbd.fs.confined import pin_dir
-from kbd.notes import read_index, write_note
+from kbd.fs.notes import read_index
+from kbd.service import notes as note_ops
 from kbd.service.root import Root
 from kbd.session_ops import Sessions
 from kbd.state import audit
@@ -192,7 +193,7 @@ def quick_host(kb: KbRoot, timeout: float) -> Root:
 WRITER = r"""
 import json, sys, time
 from pathlib import Path
-from kbd.notes import write_note
+from kbd.service import notes as note_ops
 from kbd.service.root import Root
 from kbd.core.principals import LocalOperator
 from kbd.session_ops import Sessions
@@ -206,7 +207,7 @@ if sys.stdin.readline().strip() != "go":
     sys.exit(3)
 t0 = time.time()
 for name, text in job["writes"]:
-    write_note(sessions, job["sid"], "src", name, text.encode(), actor=OPERATOR)
+    note_ops.write(sessions, job["sid"], "src", name, text.encode(), actor=OPERATOR)
 print(json.dumps({"start": t0, "end": time.time()}), flush=True)
 """
 
@@ -350,7 +351,7 @@ def test_eight_sandboxed_shell_writers_are_serialised(kb: KbRoot) -> None:
 STALLING_WRITER = r"""
 import json, os, sys
 from pathlib import Path
-from kbd.notes import write_note
+from kbd.service import notes as note_ops
 from kbd.service.root import Root
 from kbd.core.principals import LocalOperator
 from kbd.session_ops import Sessions
@@ -358,7 +359,7 @@ OPERATOR = LocalOperator.current()
 
 job = json.loads(sys.stdin.readline())
 sessions = Sessions(Root(Path(job["root"])))
-write_note(sessions, job["sid"], "src", job["name"], job["first"].encode(), actor=OPERATOR)
+note_ops.write(sessions, job["sid"], "src", job["name"], job["first"].encode(), actor=OPERATOR)
 real_write = os.write
 
 def stalling_write(fd, data):
@@ -371,7 +372,7 @@ def stalling_write(fd, data):
     return real_write(fd, data)
 
 os.write = stalling_write
-write_note(sessions, job["sid"], "src", job["name"], job["second"].encode(), actor=OPERATOR)
+note_ops.write(sessions, job["sid"], "src", job["name"], job["second"].encode(), actor=OPERATOR)
 print("finished", flush=True)
 """
 
@@ -399,7 +400,7 @@ def test_writer_killed_inside_the_temp_write_leaves_no_partial_file_and_no_stuck
         # The writer holds the mutex: another writer waits, then gets Busy naming the holder.
         quick = quick_host(kb, 0.3)
         with pytest.raises(KbdError) as info:
-            write_note(Sessions(quick), sid, "src", "other.md", b"other\n", actor=OPERATOR)
+            note_ops.write(Sessions(quick), sid, "src", "other.md", b"other\n", actor=OPERATOR)
         assert (info.value.code, info.value.exit_code) == ("busy", 75)
         # It names the holder's workflow, never its session, pid or host (those stay in
         # the holder file for operators).
@@ -413,7 +414,7 @@ def test_writer_killed_inside_the_temp_write_leaves_no_partial_file_and_no_stuck
     assert split_note(target.read_text())[1] == first, "a killed writer left a partial note"
     assert len(temp_files(source.notes)) == 1  # its temp file stays until the next write
     t0 = time.monotonic()
-    write_note(Sessions(kb.host()), sid, "src", "big.md", third.encode(), actor=OPERATOR)
+    note_ops.write(Sessions(kb.host()), sid, "src", "big.md", third.encode(), actor=OPERATOR)
     assert time.monotonic() - t0 < host.config.lock_timeout, "the lock stayed stuck"
     assert split_note(target.read_text())[1] == third
     assert not temp_files(source.notes), "the next write did not sweep the dead writer's temp file"
@@ -422,7 +423,7 @@ def test_writer_killed_inside_the_temp_write_leaves_no_partial_file_and_no_stuck
 LOOPING_WRITER = r"""
 import json, sys
 from pathlib import Path
-from kbd.notes import write_note
+from kbd.service import notes as note_ops
 from kbd.service.root import Root
 from kbd.core.principals import LocalOperator
 from kbd.session_ops import Sessions
@@ -433,7 +434,7 @@ sessions = Sessions(Root(Path(job["root"])))
 k = 0
 while True:
     print(k, flush=True)
-    write_note(sessions, job["sid"], "src", job["name"], job["versions"][k % len(job["versions"])].encode(), actor=OPERATOR)
+    note_ops.write(sessions, job["sid"], "src", job["name"], job["versions"][k % len(job["versions"])].encode(), actor=OPERATOR)
     k += 1
 """
 
@@ -464,7 +465,7 @@ def test_writers_killed_at_random_moments_leave_whole_notes_and_free_locks(kb: K
             assert body in versions, "a killed writer left a partial note"
             assert doc["contributed_by_session"] == sid
         t0 = time.monotonic()
-        write_note(sessions, sid, "src", "loop.md", after.encode(), actor=OPERATOR)
+        note_ops.write(sessions, sid, "src", "loop.md", after.encode(), actor=OPERATOR)
         assert time.monotonic() - t0 < host.config.lock_timeout
         assert split_note(target.read_text())[1] == after
         assert not temp_files(source.notes)
@@ -485,20 +486,20 @@ def test_kbd_exec_killed_while_holding_the_mutex_leaves_no_stuck_lock(kb: KbRoot
         assert read_line(proc) == "ready"
         # The command holds the mutex while it runs: a note write waits and gives up.
         with pytest.raises(KbdError) as info:
-            write_note(Sessions(quick_host(kb, 0.3)), sid, "src", "blocked.md", b"x\n", actor=OPERATOR)
+            note_ops.write(Sessions(quick_host(kb, 0.3)), sid, "src", "blocked.md", b"x\n", actor=OPERATOR)
         assert info.value.code == "busy" and "workflow con" in info.value.message
         os.killpg(proc.pid, signal.SIGKILL)
         assert proc.wait(timeout=PROC_TIMEOUT) == -signal.SIGKILL
         # EOF on the pipe: bwrap and the sandboxed shell died with kbd exec.
         wait_eof(proc)
     t0 = time.monotonic()
-    write_note(Sessions(kb.host()), sid, "src", "after.md", b"after\n", actor=OPERATOR)
+    note_ops.write(Sessions(kb.host()), sid, "src", "after.md", b"after\n", actor=OPERATOR)
     assert time.monotonic() - t0 < host.config.lock_timeout, "the lock stayed stuck"
     assert split_note((source.notes / "after.md").read_text())[1] == "after\n"
     assert not (source.notes / "blocked.md").exists()
     # Nothing keeps writing after the kill.
     before = (source.notes / "looping.md").stat()
-    write_note(Sessions(kb.host()), sid, "src", "after2.md", b"after\n", actor=OPERATOR)
+    note_ops.write(Sessions(kb.host()), sid, "src", "after2.md", b"after\n", actor=OPERATOR)
     assert (source.notes / "looping.md").stat().st_mtime_ns == before.st_mtime_ns
 
 
@@ -615,7 +616,7 @@ def test_kbd_exec_of_a_write_plan_holds_the_notes_mutex_under_every_backend(kb: 
         assert read_line(proc) == "ready"
         # The sandboxed command is running (waiting for our line): a confined write must wait for it.
         try:
-            write_note(
+            note_ops.write(
                 Sessions(quick_host(kb, 0.3)), sid, "src", "meanwhile.md", b"meanwhile\n", actor=OPERATOR
             )
         except KbdError as err:
@@ -629,4 +630,4 @@ def test_kbd_exec_of_a_write_plan_holds_the_notes_mutex_under_every_backend(kb: 
             assert proc.wait(timeout=PROC_TIMEOUT) == 0
     assert (source.notes / "from-exec.md").read_text() == "done\n"
     assert not (source.notes / "meanwhile.md").exists()
-    write_note(Sessions(kb.host()), sid, "src", "after.md", b"after\n", actor=OPERATOR)
+    note_ops.write(Sessions(kb.host()), sid, "src", "after.md", b"after\n", actor=OPERATOR)

@@ -179,7 +179,7 @@ def test_blocks_allocated_past_the_end_of_a_note_count_against_the_quota(tmp_pat
     import ctypes
 
     from kbd.core.config import NotesQuota
-    from kbd.notes import scan_notes
+    from kbd.fs.notes import scan_notes
 
     notes = tmp_path / "notes"
     notes.mkdir()

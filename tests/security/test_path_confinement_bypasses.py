@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kbd import browse
 from kbd.core.relpaths import is_index_name
 from kbd.errors import InvalidPath, KbdError, PathNotFound, PathRefused
 from kbd.fs.confined import pin_dir, read_file, replace_file
+from kbd.service import browse
 from tests.helpers import KbRoot
 
 
@@ -121,7 +121,7 @@ def test_kb_root_or_notes_swapped_between_two_commands(kb: KbRoot) -> None:
     kb.workflow("con", access={"owners": ["alice"]}, sources=[{"workflow_id": "src", "alias": "s"}])
     h = kb.host()
     alice = h.actor("alice")
-    att = browse.attachment(h, "con", "s", alice)
+    att = browse.attachment(h, "con", "s", actor=alice)
     # Between resolution and use, the KB folder is replaced by another real folder.
     (src / "knowledgebase").rename(src / "kb_old")
     (src / "knowledgebase").mkdir()
@@ -132,7 +132,7 @@ def test_kb_root_or_notes_swapped_between_two_commands(kb: KbRoot) -> None:
     (src / "knowledgebase").rmdir()
     (src / "knowledgebase").symlink_to("kb_old")
     with pytest.raises(KbdError, match="kb_symlinked"):
-        browse.read(h, "con", "s", "notes/fact.md", alice)
+        browse.read(h, "con", "s", "notes/fact.md", actor=alice)
     (src / "knowledgebase").unlink()
     (src / "kb_old").rename(src / "knowledgebase")
     # notes/ swapped for a link into the workflow's private folders.
@@ -140,8 +140,8 @@ def test_kb_root_or_notes_swapped_between_two_commands(kb: KbRoot) -> None:
     notes.rename(src / "notes_old")
     notes.symlink_to("../credentials")
     with pytest.raises(PathRefused, match="symbolic link"):
-        browse.read(h, "con", "s", "notes/token", alice)
-    assert browse.ls(h, "con", "s", "", alice) == [
+        browse.read(h, "con", "s", "notes/token", actor=alice)
+    assert list(browse.ls(h, "con", "s", "", actor=alice).entries) == [
         {"name": "context", "type": "dir"},
         {"name": "notes", "type": "symlink"},
     ]

@@ -40,7 +40,7 @@ from kbd.errors import (
     StateCorrupt,
     from_oserror,
 )
-from kbd.notes import write_note
+from kbd.service import notes as note_ops
 from kbd.session_ops import Sessions
 from kbd.state import audit
 from tests.helpers import OPERATOR, KbRoot, snapshot
@@ -225,7 +225,7 @@ def _fill_inodes(disk: Path) -> None:
 def _refused_for_space(sessions: Sessions, sid: str, relpath: str) -> KbdError:
     seen = len(audit.read(sessions.host.config.state_dir))
     with pytest.raises(KbdError) as info:
-        write_note(sessions, sid, "src", relpath, b"a note\n", actor=OPERATOR)
+        note_ops.write(sessions, sid, "src", relpath, b"a note\n", actor=OPERATOR)
     err = info.value
     assert (err.code, err.exit_code, err.http_status) == ("no-space", 75, 507), (err.code, err.message)
     assert not isinstance(err, PermissionDenied)
@@ -256,4 +256,4 @@ def test_out_of_blocks_is_no_space_not_permission_denied(kb: KbRoot, small_disk:
     assert "permission" not in r.err.lower()
     # Space freed: the same write succeeds.
     (small_disk / "filler").unlink()
-    assert write_note(sessions, sid, "src", "new.md", b"a note\n", actor=OPERATOR)["path"] == "notes/new.md"
+    assert note_ops.write(sessions, sid, "src", "new.md", b"a note\n", actor=OPERATOR).path == "notes/new.md"

@@ -1,4 +1,4 @@
-"""The confined note-write entry point (DESIGN §7): :func:`kbd.notes.write_note`,
+"""The confined note-write entry point (DESIGN §7): :func:`kbd.service.notes.write`,
 ``kbd notes write``, provenance, the injection gate and the index reader.
 
 Source ``src`` is owned by bob, readable by alice, and lets workflow ``con``
@@ -29,11 +29,13 @@ import orjson
 import pytest
 import yaml
 
-from kbd import browse
+from kbd.core.notes import MAX_NOTE_BYTES, PROVENANCE_KEYS
 from kbd.errors import InjectionRefused, KbdError
 from kbd.fs.confined import pin_dir
 from kbd.fs.datafiles import injection_rules
-from kbd.notes import MAX_NOTE_BYTES, PROVENANCE_KEYS, read_index, write_note
+from kbd.fs.notes import read_index
+from kbd.service import browse
+from kbd.service import notes as note_ops
 from kbd.service.root import Root
 from kbd.session_ops import Sessions
 from kbd.state import audit
@@ -95,7 +97,7 @@ class World:
     def write(
         self, relpath: str, data: bytes, *, sid: str | None = None, alias: str = "src"
     ) -> dict[str, Any]:
-        return write_note(self.sessions, sid or self.sid, alias, relpath, data, actor=OPERATOR)
+        return note_ops.write(self.sessions, sid or self.sid, alias, relpath, data, actor=OPERATOR).to_json()
 
     def events(self) -> list[dict[str, Any]]:
         return audit.read(self.host.config.state_dir)
@@ -523,7 +525,10 @@ def test_cli_write_then_ls_shows_who_contributed(world: World) -> None:
     assert r.code == 0, r.err
     assert [(e["name"], e["contributed_by"]) for e in r.json()["entries"]] == [("from-file.md", "con")]
     # The same view in process, and through a reader's eyes (the source's owner).
-    by_name = {e["name"]: e for e in browse.ls(world.host, "con", "src", "notes", world.host.actor("alice"))}
+    by_name = {
+        e["name"]: e
+        for e in browse.ls(world.host, "con", "src", "notes", actor=world.host.actor("alice")).entries
+    }
     assert by_name["contrib.md"]["contributed_by"] == "con"
     assert "contributed_by" not in by_name["_index.json"]
 
@@ -656,7 +661,7 @@ def test_an_empty_or_invalid_index_is_an_error_never_an_empty_result(world: Worl
         _pinned_read_index(world)
     assert (info.value.code, info.value.exit_code) == ("index-unreadable", 75)
     with pytest.raises(KbdError) as info:
-        browse.read(world.host, "con", "src", "notes/_index.json", world.host.actor("alice"))
+        browse.read(world.host, "con", "src", "notes/_index.json", actor=world.host.actor("alice"))
     assert (info.value.code, info.value.exit_code) == ("index-unreadable", 75)
 
 

@@ -1,0 +1,152 @@
+"""What a shell command may do to the ``notes/`` it can write (``kbd exec`` with
+a write plan): hold each such ``notes/``'s mutex for the whole command
+(:func:`command_locks`, refusing a ``notes/`` a command left over quota), walk
+them for changes while still held (:func:`scan_command_changes`), then read and
+audit the changed files after release (:func:`audit_command_changes`).
+
+An operation, not storage: it takes the root (its config and audit log) and the
+session's plan, and applies the injection rules to what a command wrote. The
+storage under it is :mod:`kbd.fs.notes` and :mod:`kbd.state.notes_quota`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kbd.core.notes import MAX_AUDIT_READ_BYTES, MAX_NOTE_BYTES, MAX_SCAN_FILES, NotesScan
+from kbd.core.plan import Plan
+from kbd.errors import InjectionRefused, KbdError, QuotaExceeded
+from kbd.fs.confined import pin_dir, read_file_stat
+from kbd.fs.notes import notes_key, notes_lock, open_notes, scan_notes
+from kbd.state.notes_quota import check_quota, mark_over_quota
+
+if TYPE_CHECKING:  # the type only: kbd exec already holds the root
+    from kbd.service.root import Root
+
+#: The coarse-timestamp margin: a file changed just before the command started still counts.
+CTIME_MARGIN_NS = 50_000_000
+
+
+@contextlib.contextmanager
+def command_locks(host: Root, plan: Plan, *, who: Mapping[str, str]) -> Iterator[None]:
+    """Hold the mutex of every source ``notes/`` the plan may write, for the
+    whole command, in a fixed order (no lock-order deadlocks). A ``notes/``
+    that an earlier command left over its quota refuses the command
+    (QuotaExceeded, audited ``command_refused``) until it is back under."""
+    config = host.config
+    targets = [
+        att for att in plan.sources
+        if att.path is not None and att.kb_identity is not None and plan.writes_source(att.alias)
+    ]  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        fds = []
+        for att in targets:
+            assert att.path is not None
+            kb = stack.enter_context(pin_dir(att.path, expect=att.kb_identity))
+            fd = stack.enter_context(open_notes(kb.fd))
+            st = os.fstat(fd)
+            fds.append(((st.st_dev, st.st_ino), fd, kb.fd, att.workflow_id))
+        for _, fd, kb_fd, source in sorted(fds):
+            stack.enter_context(notes_lock(config.state_dir, fd, timeout=config.lock_timeout, who=who))
+            try:
+                check_quota(config.state_dir, config.notes_quota, kb_fd, fd, source=source)
+            except QuotaExceeded as err:
+                host.audit("command_refused", session=who.get("session"), workflow_id=plan.workflow_id,
+                           source=source, code=err.code, reason=err.message[:300])  # fmt: skip
+                raise
+        yield
+
+
+@dataclass
+class CommandChanges:
+    """What :func:`scan_command_changes` saw in one source's notes/ under its mutex."""
+
+    alias: str
+    source: str
+    kb_path: Path
+    kb_identity: tuple[int, int] | None
+    scan: NotesScan
+
+
+def scan_command_changes(host: Root, plan: Plan, *, since_ns: int) -> list[CommandChanges]:
+    """After a write-plan command, its notes mutexes still held: which files in
+    each contributed ``notes/`` changed while it ran (bounded walk, nothing read).
+    Reading and gating them is :func:`audit_command_changes`, after release."""
+    since = since_ns - CTIME_MARGIN_NS
+    quota = host.config.notes_quota
+    out = []
+    for att in plan.sources:
+        if att.path is None or not plan.writes_source(att.alias):
+            continue
+        try:
+            with pin_dir(att.path, expect=att.kb_identity) as kb:
+                with open_notes(kb.fd) as notes_fd:
+                    key = notes_key(notes_fd)
+                scan = scan_notes(kb.fd, quota=quota, since_ns=since)
+                # Under the mutex, so a later command's verdict is never overwritten by this one's.
+                mark_over_quota(
+                    host.config.state_dir, key, att.workflow_id, scan if scan.over(quota) else None
+                )
+        except (KbdError, OSError):
+            continue
+        out.append(CommandChanges(att.alias, att.workflow_id, att.path, att.kb_identity, scan))
+    return out
+
+
+def _gate_changes(ch: CommandChanges, budget: int) -> tuple[dict[str, str], bool, int]:
+    """Read (within ``budget`` bytes) the files of ``ch`` still as the scan saw
+    them and run the injection gate: (flagged file → rule, budget ran out, budget left)."""
+    from kbd.core import injection
+    from kbd.fs import datafiles
+
+    flagged: dict[str, str] = {}
+    out_of_budget = False
+    try:
+        with pin_dir(ch.kb_path, expect=ch.kb_identity) as kb:
+            for rel, ino, ctime in ch.scan.changed[:MAX_SCAN_FILES]:
+                if budget <= 0:
+                    out_of_budget = True
+                    break
+                try:
+                    data, st = read_file_stat(kb.fd, rel, limit=MAX_NOTE_BYTES, allow_hardlinks=True)
+                except KbdError:
+                    continue
+                if (st.st_ino, st.st_ctime_ns) != (ino, ctime):
+                    continue
+                budget -= len(data)
+                try:
+                    injection.check(data.decode("utf-8", "replace"), ruleset=datafiles.injection_rules())
+                except InjectionRefused as exc:
+                    flagged[rel] = exc.rule
+    except KbdError:
+        pass
+    return flagged, out_of_budget, budget
+
+
+def audit_command_changes(host: Root, plan: Plan, sid: str, changes: list[CommandChanges]) -> None:
+    """Audit (after the notes mutexes are released) the changed files found by
+    :func:`scan_command_changes`, and which of them the injection gate would have
+    refused. Files are only read, never changed: shell writes carry no enforced
+    provenance (``kbd notes write`` is the path that stamps it), but the source's
+    owner can see who changed what. A file changed again since the scan (another
+    writer, after the mutex was released) is listed but not gated. A command
+    that left a notes/ over its quota is recorded, and the next write to it is
+    refused until it is back under (:func:`kbd.state.notes_quota.check_quota`)."""
+    quota = host.config.notes_quota
+    budget = MAX_AUDIT_READ_BYTES
+    for ch in changes:
+        files = [c.rel for c in ch.scan.changed]
+        flagged, out_of_budget, budget = _gate_changes(ch, budget)
+        truncated = ch.scan.truncated or len(files) > MAX_SCAN_FILES or out_of_budget
+        if files or truncated:
+            host.audit("notes_changed_by_command", session=sid, workflow_id=plan.workflow_id, source=ch.source,
+                       files=files[:200], flagged=flagged, truncated=truncated)  # fmt: skip
+        if ch.scan.over(quota):
+            host.audit("notes_quota_exceeded", session=sid, workflow_id=plan.workflow_id, source=ch.source,
+                       entries=ch.scan.entries, bytes=ch.scan.bytes, truncated=ch.scan.truncated,
+                       max_files=quota.max_files, max_bytes=quota.max_bytes)  # fmt: skip
