@@ -20,6 +20,7 @@ from kbd.core.resolve import Attachment
 from kbd.errors import KbdError, NotFound, SourceUnavailable, UsageError
 from kbd.fs.confined import list_dir, names_folder, pin_dir, read_file, read_file_head
 from kbd.notes import provenance_of, read_index
+from kbd.service import workflows
 from kbd.service.root import Root
 
 MAX_READ_BYTES = 2 * 1024 * 1024
@@ -30,8 +31,7 @@ MAX_LS_LIMIT = 10_000
 
 def attachment(host: Root, wid: str, alias: str, actor: Principal) -> Attachment:
     """The current, available attachment ``alias`` of ``wid`` as ``actor`` may see it."""
-    _, attachments = host.sources(wid, actor)
-    for att in attachments:
+    for att in workflows.sources(host, wid, actor=actor).sources:
         if att.alias == alias:
             if not att.available or att.path is None:
                 raise SourceUnavailable(

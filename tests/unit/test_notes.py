@@ -34,6 +34,7 @@ from kbd.core import injection
 from kbd.errors import InjectionRefused, KbdError
 from kbd.fs.confined import pin_dir
 from kbd.notes import MAX_NOTE_BYTES, PROVENANCE_KEYS, read_index, write_note
+from kbd.service import workflows
 from kbd.service.root import Root
 from kbd.session_ops import Sessions
 from kbd.state import audit
@@ -267,7 +268,7 @@ def test_unattached_alias_is_refused(world: World) -> None:
 
 def test_revoked_grant_refuses_the_next_write_of_an_open_session(world: World) -> None:
     world.write("before.md", b"before\n")
-    assert world.host.revoke("src", "con", actor=world.host.actor("bob")) is True
+    assert workflows.revoke(world.host, "src", "con", actor=world.host.actor("bob")).changed is True
     world.refused("after.md", code="permission-denied", exit_code=77)
     world.refused("before.md", b"overwritten\n", code="permission-denied", exit_code=77)
     _, body = split_note((world.notes / "before.md").read_text())
