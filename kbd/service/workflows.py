@@ -221,10 +221,15 @@ def list_workflows(root: Root, *, actor: Principal) -> WorkflowList:
 
 def _inspectable(root: Root, wid: str, actor: Principal) -> Found:
     found = root.workflow(wid)
-    if not audience.can_inspect(actor, found.manifest):
-        # Same answer as a missing workflow: do not confirm what exists.
-        raise workflow_not_found(wid, outsider=True)
+    _refuse_outsider(actor, found.manifest, wid)
     return found
+
+
+def _refuse_outsider(actor: Principal, m: Manifest, wid: str) -> None:
+    """Someone who may not even inspect ``m`` gets the same answer as for a
+    missing workflow: do not confirm what exists."""
+    if not audience.can_inspect(actor, m):
+        raise workflow_not_found(wid, outsider=True)
 
 
 def show(root: Root, wid: str, *, actor: Principal) -> WorkflowDetail:
@@ -329,8 +334,7 @@ def set_sources(
 
 def _require_manage(actor: Principal, m: Manifest) -> None:
     if not audience.can_manage_sources(actor, m):
-        if not audience.can_inspect(actor, m):
-            raise workflow_not_found(m.id, outsider=True)
+        _refuse_outsider(actor, m, m.id)
         raise _because(
             PermissionDenied(
                 f"{actor.id!r} may not manage the sources of {m.id!r} (owners, editors and admins may; "
@@ -466,8 +470,7 @@ def _update_writers(root: Root, source_id: str, consumer_id: str, *, actor: Prin
     def change(current: Manifest) -> JsonObject:
         nonlocal changed
         if not audience.can_grant_writers(actor, current):
-            if not audience.can_inspect(actor, current):
-                raise workflow_not_found(source_id, outsider=True)
+            _refuse_outsider(actor, current, source_id)
             raise _because(
                 PermissionDenied(
                     f"{actor.id!r} may not change who writes into {source_id!r}: "
