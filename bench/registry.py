@@ -11,7 +11,7 @@ prints, each beside its §8 budget:
   in the mean and p99 but not, typically, in the median;
 * CLI-like warm start: a new Registry that loads ``state/cache/registry.json``
   (as every CLI call does), first ``find``;
-* plan-ish lookup: ``Root.sources()`` for a consumer with 20 attached sources
+* plan-ish lookup: ``workflows.sources()`` for a consumer with 20 attached sources
   (resolution of all 20: registry lookups, audience checks, KB probes);
 * the same for a consumer with 20 sources of which 16 name IDs that exist
   nowhere (issue 9 item 16: a miss must not cost a registry walk), beside it;
@@ -43,6 +43,7 @@ from kbd.core.layout import RACY_NS
 from kbd.fs.registry import Found, Registry
 from kbd.fs.rootconfig import load_config
 from kbd.fs.rootinit import init_root
+from kbd.service import workflows
 from kbd.service.root import Root
 
 WORKFLOWS = 10_000
@@ -178,16 +179,18 @@ def run(root: Path) -> None:
         warm_start.append(timed(partial(fresh.find, target)))
         assert fresh.scans == 0, "a valid cache must not cause a full walk"
 
-    # -- plan-ish: Root.sources() for a consumer with 20 sources ----------------------
+    # -- plan-ish: workflows.sources() for a consumer with 20 sources ----------------------
     host = Root(root)  # default sweep_interval=1.0, as the daemon would use
     alice = host.actor("alice")
-    _, attachments = host.sources(CONSUMER, alice)  # warm-up (also loads the cache)
+    attachments = workflows.sources(host, CONSUMER, actor=alice).sources  # warm-up (also loads the cache)
     available = sum(a.available for a in attachments)
     writable = sum(a.writable for a in attachments)
     if len(attachments) != SOURCES or available != SOURCES or writable != WRITE_SOURCES:
         raise SystemExit(f"unexpected resolution: {[a.to_json() for a in attachments]}")
-    plan: list[int] = [timed(lambda: host.sources(CONSUMER, alice)) for _ in range(PLAN_RUNS)]
-    _, with_missing = host.sources(MISSING_CONSUMER, alice)
+    plan: list[int] = [
+        timed(lambda: workflows.sources(host, CONSUMER, actor=alice)) for _ in range(PLAN_RUNS)
+    ]
+    with_missing = workflows.sources(host, MISSING_CONSUMER, actor=alice).sources
     reasons = [a.reason for a in with_missing]
     if reasons != [None] * (SOURCES - MISSING_SOURCES) + ["not_found"] * MISSING_SOURCES:
         raise SystemExit(f"unexpected resolution: {reasons}")
@@ -195,7 +198,7 @@ def run(root: Path) -> None:
     missing_started = time.perf_counter()
     plan_missing: list[int] = []
     while time.perf_counter() - missing_started < MISSING_PLAN_SECONDS:
-        plan_missing.append(timed(lambda: host.sources(MISSING_CONSUMER, alice)))
+        plan_missing.append(timed(lambda: workflows.sources(host, MISSING_CONSUMER, actor=alice)))
     missing_wall = time.perf_counter() - missing_started
     verifications = host.registry.verifications - verifications_before
     miss: list[int] = [timed(partial(registry.find, f"wf_nothing_{k}")) for k in range(MISS_LOOKUPS)]
@@ -222,13 +225,13 @@ def run(root: Path) -> None:
             "",
         ),
         (
-            f"Root.sources(), consumer with {SOURCES} sources (plan-ish)",
+            f"workflows.sources(), consumer with {SOURCES} sources (plan-ish)",
             f"{median_ms(plan):,.3f} ms",
             "plan lookup <= 0.5 ms",
             "ok" if median_ms(plan) <= 0.5 else "OVER",
         ),
         (
-            f"Root.sources(), {SOURCES} sources, {MISSING_SOURCES} of them not_found",
+            f"workflows.sources(), {SOURCES} sources, {MISSING_SOURCES} of them not_found",
             f"{median_ms(plan_missing):,.3f} ms",
             "plan lookup <= 0.5 ms",
             "ok" if median_ms(plan_missing) <= 0.5 else "OVER",
@@ -253,7 +256,7 @@ def run(root: Path) -> None:
     print(
         f"cold: median of {COLD_RUNS} runs (each {', '.join(f'{ns / 1e6:,.0f}' for ns in cold)} ms); "
         f"warm: {WARM_LOOKUPS:,} random lookups in {warm_wall:.2f} s, {rescans} full re-walks; "
-        f"CLI-like: median of {WARM_START_RUNS}; Root.sources(): median of {PLAN_RUNS} "
+        f"CLI-like: median of {WARM_START_RUNS}; workflows.sources(): median of {PLAN_RUNS} "
         f"({available} available, {writable} writable); with {MISSING_SOURCES} missing: median of "
         f"{len(plan_missing):,} in {missing_wall:.2f} s, {verifications} full re-checks (sweep interval 1 s); "
         f"missing ID: median of {MISS_LOOKUPS:,}"

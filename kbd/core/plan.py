@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from kbd.core.folders import FolderStatus
 from kbd.core.identifiers import one_line
 from kbd.core.layout import INDEX_NAME, KB_DIR, MANIFEST, NOTES_DIR
 
@@ -37,33 +38,6 @@ if TYPE_CHECKING:  # types only: policy files are read by kbd.core.policy, not h
 GrantMode = Literal["read", "write", "read_only", "hidden"]
 OriginKind = Literal["own", "local_kb", "kb", "kb_write", "folder"]
 _ALIASED: frozenset[str] = frozenset({"kb", "kb_write", "folder"})
-
-
-@dataclass(frozen=True)
-class FolderStatus:
-    """One ``folder_access`` entry as resolved now (see :mod:`kbd.fs.folders`)."""
-
-    alias: str
-    access: str  # read_only | read_write
-    available: bool
-    reason: str | None
-    message: str | None
-    path: Path | None
-
-    @property
-    def env(self) -> str:
-        return f"WORKFLOW_FOLDER_{self.alias.upper()}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "alias": self.alias,
-            "access": self.access,
-            "available": self.available,
-            "reason": self.reason,
-            "message": self.message,
-            "env": self.env,
-            "path": None if self.path is None else str(self.path),
-        }
 
 
 OVERLAY_MODES: tuple[GrantMode, ...] = ("read_only", "hidden")
@@ -173,7 +147,7 @@ class Plan:
         return replace(self, generation=generation, session_id=session_id, parent=parent, opened_by=opened_by)
 
     def to_json(self) -> dict[str, Any]:
-        session: dict[str, Any] = (
+        session: dict[str, str | None] = (
             {}
             if self.session_id is None
             else {"session_id": self.session_id, "parent": self.parent, "opened_by": self.opened_by}

@@ -53,7 +53,7 @@ class WriteStatus:
     reason: str | None
     message: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, bool | str | None]:
         return {"available": self.available, "reason": self.reason, "message": self.message}
 
 

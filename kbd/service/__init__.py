@@ -9,7 +9,7 @@ Every operation takes an explicit actor (a :class:`kbd.core.principals.Principal
 or for session operations an :data:`kbd.core.principals.Actor`; there is no ``None``
 meaning "trusted"), returns a frozen dataclass, and raises only
 :class:`kbd.errors.KbdError`. The operations build on :class:`kbd.service.root.Root`
-(the root: config, principals, registry, manifest changes) and
+(the root context: config, principals, registry, audit log) and
 :class:`kbd.session_ops.Sessions` (the session store and plans).
 
 * :mod:`kbd.service.auth` — who is acting: bearer tokens, uid mapping, the

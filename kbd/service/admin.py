@@ -11,6 +11,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from kbd.core.folders import FolderStatus, check_folders
 from kbd.core.manifest import MAX_MANIFEST_BYTES, Manifest, entry_problems, parse_manifest, writer_problems
 from kbd.core.principals import Principal
 from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, NotFound, PermissionDenied
@@ -180,8 +181,6 @@ def _read_manifest(file: Path) -> bytes:
 def manifest_problems(m: Manifest) -> list[str]:
     """Every problem of every entry (not only the first one the lookup keeps),
     of the writer grants and of the folder grants."""
-    from kbd.fs.folders import resolve_folders
-
     raw_entries = m.raw.get("knowledgebase_sources") or []
     problems: list[str] = []
     for e in m.entries:
@@ -189,8 +188,10 @@ def manifest_problems(m: Manifest) -> list[str]:
             own = entry_problems(raw_entries[e.index], self_id=m.id)
             problems += [f"knowledgebase_sources[{e.index}]: {p}" for p in own or [e.problem]]
     problems += writer_problems(m.raw, self_id=m.id)
-    for i, f in enumerate(resolve_folders(m.raw.get("folder_access"), roots=())):
-        if f.reason == "invalid_entry":
+    # The rules alone (no approved roots, nothing opened): a file being validated
+    # may not belong to this host at all.
+    for i, f in enumerate(check_folders(m.raw.get("folder_access"), roots=())):
+        if isinstance(f, FolderStatus) and f.reason == "invalid_entry":
             problems.append(f"folder_access[{i}]: {f.message}")
     return problems
 

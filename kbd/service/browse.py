@@ -28,7 +28,7 @@ from kbd.core.resolve import Attachment
 from kbd.errors import KbdError, NotFound, SourceUnavailable, UsageError
 from kbd.fs import confined
 from kbd.fs.notes import read_index
-from kbd.service import JsonObject
+from kbd.service import JsonObject, workflows
 from kbd.service.root import Root
 
 MAX_READ_BYTES = 2 * 1024 * 1024
@@ -99,8 +99,7 @@ class Listing:
 
 def attachment(host: Root, wid: str, alias: str, *, actor: Principal) -> Attachment:
     """The current, available attachment ``alias`` of ``wid`` as ``actor`` may see it."""
-    _, attachments = host.sources(wid, actor)
-    for att in attachments:
+    for att in workflows.sources(host, wid, actor=actor).sources:
         if att.alias == alias:
             if not att.available or att.path is None:
                 raise SourceUnavailable(

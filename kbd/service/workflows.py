@@ -1,19 +1,45 @@
 """Workflows, their sources, the candidates they could attach, and writer grants.
 
-Each operation authorizes its actor through :class:`kbd.service.root.Root` (which audits
-every refused change) and returns a typed result whose ``to_json()`` is the
-DESIGN §6 shape shared by ``--json`` and the HTTP API.
+The one home of these operations, for every interface. Each one authorizes its
+actor, does its work through the pure core (manifest, audience, resolve) and
+the root's registry (:class:`kbd.service.root.Root`), records every refused
+change in the audit log before the caller hears of it, and returns a typed
+result whose ``to_json()`` is the DESIGN §6 shape shared by ``--json`` and the
+HTTP API.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from kbd.core import audience
+from kbd.core.manifest import (
+    Entry,
+    Manifest,
+    SourceRef,
+    validate_sources,
+    validate_writers,
+    with_sources,
+    with_writers,
+)
 from kbd.core.principals import Principal
-from kbd.core.resolve import Attachment
+from kbd.core.resolve import Attachment, resolve_entry
+from kbd.errors import (
+    InvalidInput,
+    InvalidManifest,
+    KbdError,
+    NotFound,
+    PermissionDenied,
+    SourceUnusable,
+)
+from kbd.fs.registry import Found, probe_kb
 from kbd.service import JsonObject
 from kbd.service.root import Root
+
+# How a change builds the new attachment list from the manifest as it is now.
+SourcesBuilder: TypeAlias = Callable[[Manifest], list[SourceRef]]
 
 
 @dataclass(frozen=True)
@@ -162,81 +188,316 @@ class WriterChange:
                 "changed": self.changed}  # fmt: skip
 
 
-def _workflow_row(r: JsonObject) -> WorkflowRow:
-    return WorkflowRow(id=r["id"], label=r["label"], path=r["path"], status=r["status"], problem=r["problem"],
-                       nested_in=r["nested_in"], contains=tuple(r["contains"]))  # fmt: skip
-
-
-def _candidate(row: JsonObject) -> Candidate:
-    return Candidate(workflow_id=row["workflow_id"], label=row["label"], write_granted=row["write_granted"])
-
-
 # -- queries --------------------------------------------------------------------------
 
 
-def list_workflows(host: Root, *, actor: Principal) -> WorkflowList:
+def list_workflows(root: Root, *, actor: Principal) -> WorkflowList:
     """The workflows ``actor`` may inspect, with registry problems (admins and
     services also see unreadable folders)."""
-    rows = host.list_workflows(actor)
-    return WorkflowList(tuple(_workflow_row(r) for r in rows))
+    rows: list[WorkflowRow] = []
+    for folder in root.registry.folders():
+        status = root.registry.status_of(folder)
+        m = folder.manifest
+        if m is not None and status == "ok" and not audience.can_inspect(actor, m):
+            continue
+        if m is None and not (actor.enabled_admin or actor.is_service):
+            continue
+        rows.append(
+            WorkflowRow(
+                id=m.id if m else folder.known_id,
+                label=m.label if m else None,
+                path=str(folder.path),
+                status=status,
+                problem=folder.problem if m is None else None,
+                # A workflow folder inside another one (DESIGN §2): both are
+                # ambiguous_id until an operator resolves it.
+                nested_in=str(folder.nested_in) if folder.nested_in is not None else None,
+                contains=tuple(str(p) for p in root.registry.contained(folder)),
+            )
+        )
+    return WorkflowList(tuple(rows))
 
 
-def show(host: Root, wid: str, *, actor: Principal) -> WorkflowDetail:
+def _inspectable(root: Root, wid: str, actor: Principal) -> Found:
+    found = root.workflow(wid)
+    audience.require_inspectable(actor, found.manifest, wid)
+    return found
+
+
+def show(root: Root, wid: str, *, actor: Principal) -> WorkflowDetail:
     """Everything a builder needs: attachments, write grants, candidates."""
-    m, attachments = host.sources(wid, actor)  # refuses an actor who may not inspect wid
+    found = _inspectable(root, wid, actor)
+    m = found.manifest
     return WorkflowDetail(
-        workflow_id=m.id, label=m.label, path=str(host.workflow(wid).folder.path), version=m.version,
+        workflow_id=m.id, label=m.label, path=str(found.folder.path), version=m.version,
         host=m.host, legacy=m.is_legacy, owners=tuple(m.effective_owners), editors=tuple(m.access.editors),
-        readers=tuple(m.access.readers), sources=tuple(attachments),
+        readers=tuple(m.access.readers), sources=tuple(root.resolve(m)),
         allowed_kb_writers=tuple(m.access.allowed_kb_writers),
-        candidates=candidates(host, wid, actor=actor).candidates,
+        candidates=candidates(root, wid, actor=actor).candidates,
         can_manage=audience.can_manage_sources(actor, m),
     )  # fmt: skip
 
 
-def sources(host: Root, wid: str, *, actor: Principal) -> SourcesView:
-    m, attachments = host.sources(wid, actor)
-    return SourcesView(m.id, m.version, tuple(attachments))
+def sources(root: Root, wid: str, *, actor: Principal) -> SourcesView:
+    """``wid``'s attachments as resolved now (refused to an actor who may not inspect it)."""
+    m = _inspectable(root, wid, actor).manifest
+    return SourcesView(m.id, m.version, tuple(root.resolve(m)))
 
 
-def candidates(host: Root, wid: str, *, actor: Principal) -> CandidateList:
-    return CandidateList(wid, tuple(_candidate(c) for c in host.candidates(wid, actor)))
+def candidates(root: Root, wid: str, *, actor: Principal) -> CandidateList:
+    """Workflow IDs ``wid`` could attach now: readable by its whole audience,
+    on this host, not itself, not ambiguous, KB present. Labels, never paths."""
+    consumer = _inspectable(root, wid, actor).manifest
+    attached = {e.workflow_id for e in consumer.entries}
+    out: list[Candidate] = []
+    for folder in root.registry.folders():
+        source = folder.manifest
+        if source is None or source.id == consumer.id or source.id in attached:
+            continue
+        if root.registry.status_of(folder) != "ok":
+            continue
+        if source.host is not None and source.host != root.config.host:
+            continue
+        if not audience.can_read(consumer, source, root.principals):
+            continue
+        if probe_kb(folder.path).problem is not None:
+            continue
+        out.append(Candidate(source.id, source.label, audience.can_write(consumer, source, root.principals)))
+    return CandidateList(wid, tuple(sorted(out, key=lambda c: c.workflow_id)))
 
 
-def writers(host: Root, source_id: str, *, actor: Principal) -> WritersView:
-    d = host.writers(source_id, actor)
-    rows = tuple(WriterRow(w["workflow_id"], w["exists"]) for w in d["writers"])
-    return WritersView(d["workflow_id"], rows, d["legacy"])
+def writers(root: Root, source_id: str, *, actor: Principal) -> WritersView:
+    """The consumers ``source_id``'s owners let write into its notes/ (each
+    marked when it no longer exists)."""
+    m = _inspectable(root, source_id, actor).manifest
+    rows = tuple(WriterRow(w, isinstance(root.registry.find(w), Found)) for w in m.access.allowed_kb_writers)
+    return WritersView(m.id, rows, m.is_legacy)
 
 
-# -- changes --------------------------------------------------------------------------
+# -- source changes ---------------------------------------------------------------------
 
 
-def attach(host: Root, wid: str, source_id: str, *, alias: str, access: str, actor: Principal) -> Attachment:
+def attach(root: Root, wid: str, source_id: str, *, alias: str, access: str, actor: Principal) -> Attachment:
     """Attach ``source_id``'s KB to ``wid`` as ``alias``; the new attachment as resolved now."""
-    return host.attach(wid, source_id, alias=alias, access=access, actor=actor)
+
+    def build(current: Manifest) -> list[SourceRef]:
+        refs = _current_refs(current)
+        entry = {"workflow_id": source_id, "alias": alias, "access": access}
+        return validate_sources([r.to_json() for r in refs] + [entry], self_id=current.id)
+
+    saved = _save_sources(root, wid, actor, build, action="attach", source=source_id)
+    return next(a for a in root.resolve(saved) if a.alias == alias)
 
 
-def detach(host: Root, wid: str, alias: str, *, actor: Principal) -> Detached:
-    host.detach(wid, alias, actor=actor)
+def detach(root: Root, wid: str, alias: str, *, actor: Principal) -> Detached:
+    """Remove the attachment ``alias`` from ``wid``."""
+
+    def build(current: Manifest) -> list[SourceRef]:
+        if not any(e.alias == alias for e in current.entries):
+            raise NotFound(
+                f"workflow {wid!r} has no attachment with alias {alias!r}",
+                hint=f"`kbd sources list {wid}` shows the attached aliases",
+            )
+        keep = [e for e in current.entries if e.alias != alias]
+        bad = [e for e in keep if e.ref is None]
+        if bad:
+            raise InvalidManifest(
+                f"knowledgebase_sources[{bad[0].index}] is invalid ({bad[0].problem}); detach or replace it too"
+            )
+        return [e.ref for e in keep if e.ref is not None]
+
+    _save_sources(root, wid, actor, build, action="detach", source=alias)
     return Detached(wid, alias)
 
 
 def set_sources(
-    host: Root, wid: str, raw: object, *, actor: Principal, expected_version: str | None = None
+    root: Root, wid: str, raw: object, *, actor: Principal, expected_version: str | None = None
 ) -> SourcesView:
     """Replace ``wid``'s whole attachment list with ``raw`` (parsed JSON: a list
     of entries, validated here); refused unless the manifest is at
     ``expected_version`` when one is given."""
-    saved = host.set_sources(wid, raw, actor=actor, expected_version=expected_version)
-    return SourcesView(saved.id, saved.version, tuple(host.resolve(saved)))
+
+    def build(current: Manifest) -> list[SourceRef]:
+        return validate_sources(raw, self_id=current.id)
+
+    saved = _save_sources(root, wid, actor, build, action="set", expected_version=expected_version)
+    return SourcesView(saved.id, saved.version, tuple(root.resolve(saved)))
 
 
-def grant(host: Root, source_id: str, consumer_id: str, *, actor: Principal) -> WriterChange:
-    changed = host.grant(source_id, consumer_id, actor=actor)
-    return WriterChange(source_id, consumer_id.strip(), granted=True, changed=changed)
+def _require_manage(actor: Principal, m: Manifest) -> None:
+    if not audience.can_manage_sources(actor, m):
+        audience.require_inspectable(actor, m, m.id)
+        raise _because(
+            PermissionDenied(
+                f"{actor.id!r} may not manage the sources of {m.id!r} (owners, editors and admins may; "
+                "readers only inspect)"
+            ),
+            "not_manager",
+        )
 
 
-def revoke(host: Root, source_id: str, consumer_id: str, *, actor: Principal) -> WriterChange:
-    changed = host.revoke(source_id, consumer_id, actor=actor)
-    return WriterChange(source_id, consumer_id.strip(), granted=False, changed=changed)
+def _current_refs(current: Manifest) -> list[SourceRef]:
+    bad = [e for e in current.entries if e.ref is None]
+    if bad:
+        raise InvalidManifest(
+            f"knowledgebase_sources[{bad[0].index}] is invalid ({bad[0].problem}); "
+            "detach or replace it before other changes",
+            hint=f"`kbd sources detach WF {bad[0].alias}` or `kbd sources set WF --file -`"
+            if bad[0].alias
+            else "`kbd sources set WF --file -` replaces the whole list",
+        )
+    return [e.ref for e in current.entries if e.ref is not None]
+
+
+def _check_new_entries(root: Root, consumer: Manifest, old: tuple[Entry, ...], refs: list[SourceRef]) -> None:
+    """Every new or changed entry must resolve now; unchanged ones may stay as they are."""
+    unchanged = {e.ref for e in old if e.ref is not None}
+    for i, ref in enumerate(refs):
+        if ref in unchanged:
+            continue
+        entry = Entry(i, ref, None, ref.alias, ref.workflow_id, ref.access)
+        att = resolve_entry(entry, consumer, view=root, principals=root.principals, host=root.config.host)
+        if not att.available:
+            raise SourceUnusable(
+                f"cannot attach {ref.workflow_id!r} as {ref.alias!r}: {att.reason}: {att.message}",
+                reason=att.reason or "invalid_entry",
+                source=ref.workflow_id,
+            )
+        if ref.access == "write" and att.write is not None and not att.write.available:
+            found = root.registry.find(ref.workflow_id)
+            if isinstance(found, Found) and found.manifest.is_legacy:
+                raise SourceUnusable(
+                    f"cannot attach {ref.workflow_id!r} with write access: it has no owner, "
+                    "so nobody can ever grant write access",
+                    reason="write_not_granted",
+                    hint="attach it with --access read, or give the source an owner first",
+                    source=ref.workflow_id,
+                )
+
+
+def _save_sources(
+    root: Root,
+    wid: str,
+    actor: Principal,
+    build: SourcesBuilder,
+    *,
+    action: str,
+    source: str | None = None,
+    expected_version: str | None = None,
+) -> Manifest:
+    try:
+        return _update_sources(root, wid, actor, build, action=action, expected_version=expected_version)
+    except KbdError as err:
+        # Every refusal is recorded (who, what, target, why) before the caller hears of it.
+        root.audit_refusal("sources_refused", err, actor=actor, action=action, workflow_id=wid,
+                           source=err.source if isinstance(err, SourceUnusable) else source)  # fmt: skip
+        raise
+
+
+def _update_sources(
+    root: Root,
+    wid: str,
+    actor: Principal,
+    build: SourcesBuilder,
+    *,
+    action: str,
+    expected_version: str | None,
+) -> Manifest:
+    folder = root.workflow(wid).folder
+
+    def change(current: Manifest) -> JsonObject:
+        _require_manage(actor, current)
+        if current.sources_problem is not None and action != "set":
+            raise InvalidManifest(f"{current.sources_problem}; replace the whole list with `kbd sources set`")
+        refs = build(current)
+        _check_new_entries(root, current, current.entries, refs)
+        # Audited under the manifest lock, before the file changes: if the
+        # log cannot be written, nothing changes.
+        root.audit("sources_changed", workflow_id=wid, actor=actor.id, action=action,
+                   sources=[r.to_json() for r in refs])  # fmt: skip
+        return with_sources(current.raw, refs)
+
+    from kbd.fs import manifest_store  # filelock: only for writers, never on the exec path
+
+    return manifest_store.update(
+        folder.path,
+        change,
+        state_dir=root.config.state_dir,
+        timeout=root.config.lock_timeout,
+        expected_version=expected_version,
+    )
+
+
+# -- writer grants ----------------------------------------------------------------------
+
+
+def grant(root: Root, source_id: str, consumer_id: str, *, actor: Principal) -> WriterChange:
+    """Let ``consumer_id`` write into ``source_id``'s notes/ (its owners and admins only)."""
+    return _change_writers(root, source_id, consumer_id, actor=actor, grant=True)
+
+
+def revoke(root: Root, source_id: str, consumer_id: str, *, actor: Principal) -> WriterChange:
+    """Withdraw ``consumer_id``'s write grant on ``source_id``."""
+    return _change_writers(root, source_id, consumer_id, actor=actor, grant=False)
+
+
+def _change_writers(
+    root: Root, source_id: str, consumer_id: str, *, actor: Principal, grant: bool
+) -> WriterChange:
+    try:
+        changed = _update_writers(root, source_id, consumer_id, actor=actor, grant=grant)
+    except KbdError as err:
+        # Every refusal is recorded (who, what, target, why) before the caller hears of it.
+        root.audit_refusal("writer_grant_refused" if grant else "writer_revoke_refused", err,
+                           actor=actor, source=source_id, consumer=consumer_id)  # fmt: skip
+        raise
+    return WriterChange(source_id, consumer_id.strip(), granted=grant, changed=changed)
+
+
+def _update_writers(root: Root, source_id: str, consumer_id: str, *, actor: Principal, grant: bool) -> bool:
+    folder = root.workflow(source_id).folder
+    event = "writer_granted" if grant else "writer_revoked"
+    changed = False
+
+    def change(current: Manifest) -> JsonObject:
+        nonlocal changed
+        if not audience.can_grant_writers(actor, current):
+            audience.require_inspectable(actor, current, source_id)
+            raise _because(
+                PermissionDenied(
+                    f"{actor.id!r} may not change who writes into {source_id!r}: "
+                    "only its owners or an admin may",
+                    hint="ask an owner of the source workflow to run `kbd writers grant`",
+                ),
+                "not_owner",
+            )
+        writers = list(current.access.allowed_kb_writers)
+        if grant:
+            if current.is_legacy:
+                raise InvalidInput(
+                    f"{source_id!r} has no owner; a legacy workflow cannot grant write access",
+                    hint="set access.owners on the source first",
+                )
+            target = validate_writers([consumer_id], self_id=current.id)[0]
+            root.workflow(target)  # must exist and be unambiguous now
+            new = validate_writers([*writers, target], self_id=current.id)
+        else:
+            target = consumer_id.strip()
+            new = [w for w in writers if w != target]
+        changed = new != writers
+        # Audited before the manifest changes (see _update_sources).
+        root.audit(event, source=source_id, consumer=consumer_id.strip(), actor=actor.id, changed=changed)
+        return with_writers(current.raw, new) if changed else current.raw
+
+    from kbd.fs import manifest_store
+
+    manifest_store.update(
+        folder.path, change, state_dir=root.config.state_dir, timeout=root.config.lock_timeout
+    )
+    return changed
+
+
+def _because(err: KbdError, reason: str) -> KbdError:
+    """``err`` with its specific reason code (recorded by :meth:`Root.audit_refusal`)."""
+    err.reason = reason
+    return err

@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kbd.core import policy
-from kbd.core.plan import FolderStatus, build_plan
+from kbd.core.folders import FolderStatus
+from kbd.core.plan import build_plan
 from kbd.core.resolve import Attachment, WriteStatus
 from kbd.fs import datafiles
 from kbd.sandbox import seatbelt

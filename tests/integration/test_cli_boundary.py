@@ -25,7 +25,7 @@ import pytest
 from kbd import session_ops
 from kbd.errors import InvalidInput
 from kbd.sandbox.probe import landlock_only_kinds
-from kbd.service import browse, execute
+from kbd.service import browse, execute, workflows
 from kbd.service import notes as note_ops
 from kbd.service.root import Root
 from kbd.state import audit
@@ -144,7 +144,7 @@ def test_lean_exec_path_refuses_empty_kbd_as(world: KbRoot) -> None:
 
 def _actor_functions() -> list[tuple[str, Callable[..., Any]]]:
     out: list[tuple[str, Callable[..., Any]]] = []
-    for owner in (Root, session_ops.Sessions, note_ops, browse, execute):
+    for owner in (Root, workflows, session_ops.Sessions, note_ops, browse, execute):
         for name, fn in inspect.getmembers(owner, callable):
             if name.startswith("_") or not hasattr(fn, "__code__"):
                 continue
@@ -158,7 +158,9 @@ def test_every_actor_parameter_is_required() -> None:
     # The operations the issue names must be among those checked.
     for name in ("Sessions.plan", "Sessions.close", "Sessions.rows", "Sessions.revoke", "Sessions.check",
                  "kbd.service.notes.write", "kbd.service.notes.prepare", "kbd.service.execute.run",
-                 "kbd.service.browse.read", "kbd.service.browse.ls", "kbd.service.browse.attachment", "Root.attach", "Root.grant", "Root.sources"):  # fmt: skip
+                 "kbd.service.browse.read", "kbd.service.browse.ls", "kbd.service.browse.attachment",
+                 "kbd.service.workflows.attach", "kbd.service.workflows.grant",
+                 "kbd.service.workflows.sources", "Root.audit_refusal"):  # fmt: skip
         assert name in found, sorted(found)
     for name, fn in found.items():
         param = inspect.signature(fn).parameters["actor"]

@@ -200,6 +200,7 @@ def test_a_core_module_reaching_the_io_layer_is_reported() -> None:
 
 SUBPROCESS_IMPORTS = (
     "kbd.core.plan",
+    "kbd.core.folders",
     "kbd.core.resolve",
     "kbd.core.audience",
     "kbd.core.manifest",

@@ -34,7 +34,7 @@ from kbd.errors import InjectionRefused, KbdError
 from kbd.fs.confined import pin_dir
 from kbd.fs.datafiles import injection_rules
 from kbd.fs.notes import read_index
-from kbd.service import browse
+from kbd.service import browse, workflows
 from kbd.service import notes as note_ops
 from kbd.service.root import Root
 from kbd.session_ops import Sessions
@@ -269,7 +269,7 @@ def test_unattached_alias_is_refused(world: World) -> None:
 
 def test_revoked_grant_refuses_the_next_write_of_an_open_session(world: World) -> None:
     world.write("before.md", b"before\n")
-    assert world.host.revoke("src", "con", actor=world.host.actor("bob")) is True
+    assert workflows.revoke(world.host, "src", "con", actor=world.host.actor("bob")).changed is True
     world.refused("after.md", code="permission-denied", exit_code=77)
     world.refused("before.md", b"overwritten\n", code="permission-denied", exit_code=77)
     _, body = split_note((world.notes / "before.md").read_text())

@@ -10,6 +10,7 @@ import pytest
 from kbd.core import layout
 from kbd.fs import lint
 from kbd.fs.registry import Ambiguous, Found, Missing, Registry, Unreadable
+from kbd.service import workflows
 from kbd.service.root import Root
 from tests.helpers import KbRoot
 
@@ -179,12 +180,12 @@ def test_plan_with_16_missing_sources_costs_no_walk(
     kb.workflow("consumer", sources=present + missing)
     h = Root(kb.root, sweep_interval=3600)
     alice = h.actor("ops")
-    _, first = h.sources("consumer", alice)
+    first = workflows.sources(h, "consumer", actor=alice).sources
     assert [a.reason for a in first] == [None] * 4 + ["not_found"] * 16
     counter = LstatCounter(monkeypatch)
     scans = h.registry.scans
     for _ in range(3):
-        _, again = h.sources("consumer", alice)
+        again = workflows.sources(h, "consumer", actor=alice).sources
         assert [a.reason for a in again] == [None] * 4 + ["not_found"] * 16
     assert counter.calls <= 3 * (1 + 4)  # the consumer's and each present source's manifest
     assert h.registry.scans == scans
@@ -245,11 +246,14 @@ def test_workflows_list_reports_problems(kb: KbRoot) -> None:
     bad.mkdir()
     (bad / "workflow.json").write_text("[1, 2]")
     h = kb.host()
-    rows = h.list_workflows(h.actor("ops"))
+    rows = workflows.list_workflows(h, actor=h.actor("ops")).to_json()["workflows"]
     by_path = {Path(r["path"]).name: r["status"] for r in rows}
     assert by_path == {"a": "ambiguous_id", "copy": "ambiguous_id", "bad": "manifest_unreadable"}
     # Users who are neither admins nor services see no unreadable rows (nothing to inspect).
-    assert all(r["status"] != "manifest_unreadable" for r in h.list_workflows(h.actor("alice")))
+    assert all(
+        r["status"] != "manifest_unreadable"
+        for r in workflows.list_workflows(h, actor=h.actor("alice")).to_json()["workflows"]
+    )
 
 
 # -- nesting (issue 9 item 17) ------------------------------------------------------

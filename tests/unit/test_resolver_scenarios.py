@@ -13,12 +13,13 @@ from typing import Any
 import orjson
 
 from kbd.core.resolve import Attachment
+from kbd.service import workflows
 from tests.helpers import KbRoot
 
 
 def statuses(kb: KbRoot, wid: str, actor: str = "alice") -> dict[str, Attachment]:
     h = kb.host()
-    _, atts = h.sources(wid, h.actor(actor))
+    atts = workflows.sources(h, wid, actor=h.actor(actor)).sources
     return {a.alias: a for a in atts}
 
 
@@ -255,7 +256,7 @@ def test_symlinked_manifest_is_unreadable_not_followed(kb: KbRoot) -> None:
     # The symlinked manifest is not a second claim to "b": it is unreadable.
     assert statuses(kb, "a")["s"].available
     h = kb.host()
-    rows = {r["path"]: r for r in h.list_workflows(h.actor("ops"))}
+    rows = {r["path"]: r for r in workflows.list_workflows(h, actor=h.actor("ops")).to_json()["workflows"]}
     assert rows[str(fake.resolve())]["status"] == "manifest_unreadable"
 
 
@@ -274,7 +275,7 @@ def test_hand_edited_invalid_entries_stay_visible(kb: KbRoot) -> None:
         ],
     )
     h = kb.host()
-    _, atts = h.sources("a", h.actor("alice"))
+    atts = workflows.sources(h, "a", actor=h.actor("alice")).sources
     assert len(atts) == 6
     assert all(a.reason == "invalid_entry" and a.path is None for a in atts)
     assert "more than once" in (atts[0].message or "")

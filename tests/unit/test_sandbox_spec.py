@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kbd.core.plan import FolderStatus, build_plan
+from kbd.core.folders import FolderStatus
+from kbd.core.plan import build_plan
 from kbd.core.resolve import Attachment, WriteStatus
 from kbd.fs.datafiles import consumer_kind
 from kbd.sandbox.spec import Mount, inner_landlock, mounts

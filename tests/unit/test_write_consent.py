@@ -7,6 +7,7 @@ import pytest
 
 from kbd.core.resolve import Attachment
 from kbd.errors import InvalidInput, InvalidManifest, PermissionDenied, WorkflowNotFound
+from kbd.service import workflows
 from kbd.state import audit
 from tests.helpers import KbRoot
 
@@ -20,13 +21,13 @@ def pair(kb: KbRoot) -> KbRoot:
 
 def att(kb: KbRoot, alias: str = "s") -> Attachment:
     h = kb.host()
-    _, atts = h.sources("con", h.actor("alice"))
+    atts = workflows.sources(h, "con", actor=h.actor("alice")).sources
     return next(a for a in atts if a.alias == alias)
 
 
 def test_write_attach_without_grant_is_saved_pending(pair: KbRoot) -> None:
     h = pair.host()
-    a = h.attach("con", "src", alias="s", access="write", actor=h.actor("alice"))
+    a = workflows.attach(h, "con", "src", alias="s", access="write", actor=h.actor("alice"))
     assert a.available and a.path is not None
     assert a.write is not None and (a.write.available, a.write.reason) == (False, "write_not_granted")
     saved = pair.read_manifest(pair.workflows / "con")
@@ -35,12 +36,12 @@ def test_write_attach_without_grant_is_saved_pending(pair: KbRoot) -> None:
 
 def test_owner_grant_makes_writable_and_revoke_restores_pending(pair: KbRoot) -> None:
     h = pair.host()
-    h.attach("con", "src", alias="s", access="write", actor=h.actor("alice"))
-    assert h.grant("src", "con", actor=h.actor("bob")) is True
+    workflows.attach(h, "con", "src", alias="s", access="write", actor=h.actor("alice"))
+    assert workflows.grant(h, "src", "con", actor=h.actor("bob")).changed is True
     assert att(pair).writable
-    assert h.grant("src", " con ", actor=h.actor("bob")) is False  # trimmed, de-duplicated
+    assert workflows.grant(h, "src", " con ", actor=h.actor("bob")).changed is False  # trimmed, de-duplicated
     assert pair.read_manifest(pair.workflows / "src")["access"]["allowed_kb_writers"] == ["con"]
-    assert h.revoke("src", "con", actor=h.actor("bob")) is True
+    assert workflows.revoke(h, "src", "con", actor=h.actor("bob")).changed is True
     a = att(pair)
     assert a.available and a.write is not None and a.write.reason == "write_not_granted"
     events = [e["event"] for e in audit.read(pair.root / "state")]
@@ -49,8 +50,8 @@ def test_owner_grant_makes_writable_and_revoke_restores_pending(pair: KbRoot) ->
 
 def test_admin_may_grant(pair: KbRoot) -> None:
     h = pair.host()
-    h.attach("con", "src", alias="s", access="write", actor=h.actor("alice"))
-    h.grant("src", "con", actor=h.actor("ops"))
+    workflows.attach(h, "con", "src", alias="s", access="write", actor=h.actor("alice"))
+    workflows.grant(h, "src", "con", actor=h.actor("ops"))
     assert att(pair).writable
 
 
@@ -65,7 +66,7 @@ def test_only_source_owner_or_admin_grants(pair: KbRoot, who: str) -> None:
         else (PermissionDenied, "only its owners or an admin")
     )
     with pytest.raises(expected[0], match=expected[1]):
-        h.grant("src", "con", actor=h.actor(who))
+        workflows.grant(h, "src", "con", actor=h.actor(who))
     assert (pair.workflows / "src" / "workflow.json").read_bytes() == before
     refused = [e for e in audit.read(pair.root / "state") if e["event"] == "writer_grant_refused"]
     assert refused and refused[-1]["actor"] == who
@@ -75,7 +76,7 @@ def test_only_source_owner_or_admin_grants(pair: KbRoot, who: str) -> None:
 def test_disabled_and_unknown_principals_refused(pair: KbRoot, who: str) -> None:
     h = pair.host()
     with pytest.raises(PermissionDenied):
-        h.grant("src", "con", actor=h.actor(who))
+        workflows.grant(h, "src", "con", actor=h.actor(who))
 
 
 def test_grant_validation(pair: KbRoot) -> None:
@@ -83,11 +84,11 @@ def test_grant_validation(pair: KbRoot) -> None:
     bob = h.actor("bob")
     before = (pair.workflows / "src" / "workflow.json").read_bytes()
     with pytest.raises(WorkflowNotFound):
-        h.grant("src", "ghost", actor=bob)
+        workflows.grant(h, "src", "ghost", actor=bob)
     with pytest.raises(InvalidManifest, match="itself"):
-        h.grant("src", "src", actor=bob)
+        workflows.grant(h, "src", "src", actor=bob)
     with pytest.raises(InvalidManifest, match="must not"):
-        h.grant("src", "a/b", actor=bob)
+        workflows.grant(h, "src", "a/b", actor=bob)
     assert (pair.workflows / "src" / "workflow.json").read_bytes() == before
 
 
@@ -97,9 +98,9 @@ def test_grant_limit_of_fifty(pair: KbRoot) -> None:
     h = pair.host()
     bob = h.actor("bob")
     for i in range(50):
-        h.grant("src", f"w{i:02d}", actor=bob)
+        workflows.grant(h, "src", f"w{i:02d}", actor=bob)
     with pytest.raises(InvalidManifest, match="at most 50"):
-        h.grant("src", "w50", actor=bob)
+        workflows.grant(h, "src", "w50", actor=bob)
 
 
 def test_legacy_source_cannot_grant_or_be_attached_for_write(kb: KbRoot) -> None:
@@ -107,17 +108,17 @@ def test_legacy_source_cannot_grant_or_be_attached_for_write(kb: KbRoot) -> None
     kb.workflow("con", access={"owners": ["alice"]})
     h = kb.host()
     with pytest.raises(InvalidInput, match="legacy"):
-        h.grant("legacy", "con", actor=h.actor("ops"))
+        workflows.grant(h, "legacy", "con", actor=h.actor("ops"))
     with pytest.raises(InvalidInput, match="nobody can ever grant"):
-        h.attach("con", "legacy", alias="l", access="write", actor=h.actor("alice"))
-    a = h.attach("con", "legacy", alias="l", access="read", actor=h.actor("alice"))
+        workflows.attach(h, "con", "legacy", alias="l", access="write", actor=h.actor("alice"))
+    a = workflows.attach(h, "con", "legacy", alias="l", access="read", actor=h.actor("alice"))
     assert a.available and a.write is None
 
 
 def test_write_status_keeps_read_failure_reason(pair: KbRoot) -> None:
     h = pair.host()
-    h.attach("con", "src", alias="s", access="write", actor=h.actor("alice"))
-    h.grant("src", "con", actor=h.actor("bob"))
+    workflows.attach(h, "con", "src", alias="s", access="write", actor=h.actor("alice"))
+    workflows.grant(h, "src", "con", actor=h.actor("bob"))
     pair.edit(pair.workflows / "src", access={"owners": ["bob"], "allowed_kb_writers": ["con"]})
     a = att(pair)
     assert (a.available, a.reason) == (False, "audience_denied")
@@ -127,5 +128,5 @@ def test_write_status_keeps_read_failure_reason(pair: KbRoot) -> None:
 def test_revoking_a_grant_that_is_not_there_is_a_noop(pair: KbRoot) -> None:
     h = pair.host()
     before = (pair.workflows / "src" / "workflow.json").read_bytes()
-    assert h.revoke("src", "con", actor=h.actor("bob")) is False
+    assert workflows.revoke(h, "src", "con", actor=h.actor("bob")).changed is False
     assert (pair.workflows / "src" / "workflow.json").read_bytes() == before
