@@ -23,9 +23,10 @@ from kbd.core.config import default_root
 from kbd.core.ids import alias_problem, one_line
 from kbd.core.plan import Plan
 from kbd.core.policy import KB_ACCESS, KINDS
-from kbd.core.principals import Actor, LocalOperator, Principal, named_principal
+from kbd.core.principals import Actor, LocalOperator, Principal
 from kbd.core.resolve import Attachment
 from kbd.core.strict import load_json_strict
+from kbd.entry import ExecArgs, parse_exec, run_exec
 from kbd.errors import (
     InvalidInput,
     KbdError,
@@ -645,37 +646,29 @@ def session_close(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
         click.echo(f"closed {', '.join(result.closed) or 'nothing (already closed)'}")
 
 
-@main.command("exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+class ExecCommand(click.Command):
+    """``kbd exec``: its help text comes from the declared parameters, but its
+    arguments are parsed by the one exec grammar (:func:`kbd.entry.parse_exec`)
+    that the lean path uses too, so both give the same answer to every argv."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        request = parse_exec(args)
+        if request is None:
+            click.echo(ctx.get_help(), color=ctx.color)  # as click's own --help does
+            ctx.exit()
+        ctx.params = {"request": request}
+        return []
+
+
+@main.command("exec", cls=ExecCommand)
 @click.argument("sid")
 @click.option("--cwd", metavar="DIR", help="Run in DIR (inside the session's workflow folder).")
 @as_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_ctx
-def exec_cmd(c: Ctx, sid: str, cwd: str | None, as_: str | None, command: tuple[str, ...]) -> None:
+def exec_cmd(c: Ctx, request: ExecArgs) -> None:
     """Run COMMAND under SID's current plan in a fresh sandbox; exit with its status."""
-    from kbd.service.execute import run
-
-    argv = list(command)
-    # Options may also follow SID (`kbd exec SID --cwd D --as P -- CMD`); click stops
-    # parsing at the first argument here, so take them off the front by hand.
-    while argv and argv[0] != "--":
-        head = argv[0]
-        if head in ("--cwd", "--as") and len(argv) >= 2:
-            value, argv = argv[1], argv[2:]
-        elif head.startswith(("--cwd=", "--as=")):
-            value, argv = head.split("=", 1)[1], argv[1:]
-        else:
-            break
-        if head.startswith("--cwd"):
-            cwd = value
-        else:
-            as_ = value
-    if argv and argv[0] == "--":
-        argv = argv[1:]
-    if not argv:
-        raise UsageError("no command given", hint="kbd exec SID [--cwd DIR] [--as P] -- CMD [ARG...]")
-    pid = named_principal(as_, os.environ.get("KBD_AS"))
-    sys.exit(run(c.root, sid, argv, cwd=cwd, actor=pid if pid is not None else LocalOperator.current()))
+    sys.exit(run_exec(c.root, request))
 
 
 @main.command("check")
