@@ -808,7 +808,7 @@ def read_cmd(c: Ctx, wf: str, alias: str, relpath: str, as_: str | None, as_json
     """Print a file of WF's attached KB ALIAS (RELPATH relative to the KB root)."""
     result = browse_ops.read(c.host, wf, alias, relpath, actor=c.actor(as_))
     if as_json:
-        _emit(result.to_cli_json())
+        _emit(result.to_json())
         return
     _write_stdout(result.data)
 
@@ -838,7 +838,7 @@ def ls_cmd(
     """List a folder of WF's attached KB ALIAS (default: the KB root), in name order, one page at a time."""
     page = browse_ops.ls(c.host, wf, alias, reldir, actor=c.actor(as_), limit=limit, after=after)
     if as_json:
-        _emit(page.to_cli_json())
+        _emit(page.to_json())
         return
     if page.truncated and page.next is not None:
         click.echo(f"kbd: more entries follow; next page: --after {one_line(page.next, limit=300)}", err=True)
