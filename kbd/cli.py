@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 import click
 import orjson
@@ -43,37 +43,35 @@ from kbd.service.root import Root
 from kbd.session_ops import Sessions
 from kbd.state import audit as audit_log
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def run(args: Sequence[str] | None = None) -> NoReturn:
+    """The click CLI (``args``, default ``sys.argv[1:]``), every error turned into
+    the contract's output by the one boundary (:func:`kbd.boundary.guarded`,
+    shared with the lean exec path)."""
+
+    def body() -> int:
+        try:
+            rv = main.main(args, prog_name="kbd", standalone_mode=False)
+        except click.UsageError as exc:
+            cmd = exc.ctx.command_path if exc.ctx is not None else "kbd"
+            raise UsageError(exc.format_message(), hint=f"see `{cmd} --help`") from None
+        except click.Abort:
+            click.echo("aborted", err=True)
+            return 130
+        except click.ClickException as exc:
+            raise UsageError(exc.format_message()) from None
+        return rv if isinstance(rv, int) else 0
+
+    sys.exit(guarded(body))
 
 
 class KbdGroup(click.Group):
-    """Turns every error into the contract's output through the one boundary
-    (:func:`kbd.boundary.guarded`, shared with the lean exec path)."""
+    """A closed stdout ends kbd by SIGPIPE, and an OSError a command let out
+    reaches the boundary as an internal error (click would swallow some)."""
 
-    def main(self, *args: Any, **kwargs: Any) -> NoReturn:
-        kwargs["standalone_mode"] = False
-
-        def body() -> int:
-            try:
-                rv = super(KbdGroup, self).main(*args, **kwargs)
-            except click.UsageError as exc:
-                cmd = exc.ctx.command_path if exc.ctx is not None else "kbd"
-                raise UsageError(exc.format_message(), hint=f"see `{cmd} --help`") from None
-            except click.Abort:
-                click.echo("aborted", err=True)
-                return 130
-            except click.ClickException as exc:
-                raise UsageError(exc.format_message()) from None
-            return rv if isinstance(rv, int) else 0
-
-        code = guarded(body)
-        try:
-            sys.stdout.flush()  # a reader that left now still ends us quietly
-        except BrokenPipeError:
-            die_of_sigpipe()
-        sys.exit(code)
-
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
         except BrokenPipeError:
@@ -603,11 +601,11 @@ def session_revoke(c: Ctx, sid: str, immediate: bool, as_: str | None, as_json: 
 @pass_ctx
 def session_env(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
     """The session's environment, as `export` lines (eval-able) or JSON."""
-    env = _sessions(c).plan(sid, actor=c.session_actor(as_)).env
+    result = session_ops.environment(_sessions(c), sid, actor=c.session_actor(as_))
     if as_json:
-        _emit(env)
+        _emit(result.to_json())
         return
-    for k, v in sorted(env.items()):
+    for k, v in sorted(result.env.items()):
         click.echo(f"export {k}={shlex.quote(v)}")
 
 
@@ -872,18 +870,17 @@ def audit_cmd(c: Ctx, since: str | None, wf: str | None, follow: bool, as_json: 
         since_at = audit_log.parse_since(since) if since is not None else None
     except ValueError as exc:
         raise UsageError(f"--since: {exc}", hint="e.g. --since 10m or --since 2026-12-01T14:00:00Z") from None
-    select = audit_log.Selection(since=since_at, workflow=wf)
-    state_dir = c.host.config.state_dir
-    tail = audit_log.Tail(state_dir)  # from the start: a --follow shows what is there first
-    events = [e for e in tail.poll() if select.wants(e)]
+    feed = admin.AuditFeed(c.host, since=since_at, workflow=wf)
     if as_json and not follow:
-        _emit({"events": events, "skipped_lines": tail.torn})
+        _emit(feed.records().to_json())
     else:
-        _print_audit(events, as_json)
+        _print_audit(feed.poll(), as_json)
     if follow:
-        _follow_audit(tail, select, as_json)
-    if tail.torn:
-        click.echo(f"kbd audit: skipped {tail.torn} torn line(s) that are not a JSON record", err=True)
+        _follow_audit(feed, as_json)
+    if feed.skipped_lines:
+        click.echo(
+            f"kbd audit: skipped {feed.skipped_lines} torn line(s) that are not a JSON record", err=True
+        )
 
 
 def _print_audit(events: list[JsonObject], as_json: bool) -> None:
@@ -891,7 +888,7 @@ def _print_audit(events: list[JsonObject], as_json: bool) -> None:
         click.echo(orjson.dumps(e).decode() if as_json else audit_log.format_record(e))
 
 
-def _follow_audit(tail: audit_log.Tail, select: audit_log.Selection, as_json: bool) -> None:
+def _follow_audit(feed: admin.AuditFeed, as_json: bool) -> None:
     """Poll for appended records until SIGINT or SIGTERM asks to stop (then return
     normally: stopping a follow is how it is meant to end)."""
     import signal
@@ -901,7 +898,7 @@ def _follow_audit(tail: audit_log.Tail, select: audit_log.Selection, as_json: bo
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         while not stop.wait(0.2):
-            _print_audit([e for e in tail.poll() if select.wants(e)], as_json)
+            _print_audit(feed.poll(), as_json)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)

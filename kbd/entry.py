@@ -154,6 +154,6 @@ def main() -> None:
     code = _lean_exec(sys.argv[1:])
     if code is not None:
         sys.exit(code)
-    from kbd.cli import main as cli_main
+    from kbd.cli import run
 
-    cli_main(prog_name="kbd")
+    run()

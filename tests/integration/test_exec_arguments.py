@@ -29,8 +29,7 @@ lean = sys.argv[1] == "lean"
 if lean:
     from kbd.entry import main
 else:
-    from kbd.cli import main as cli_main
-    main = lambda: cli_main(prog_name="kbd")
+    from kbd.cli import run as main
 answers = []
 for argv in json.loads(sys.argv[2]):
     out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
@@ -195,5 +194,5 @@ def test_the_click_command_is_a_thin_delegator(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setattr(cli, "parse_exec", spy)
     argv = ["S", "--cwd", "d", "--weird", "--", "ls", "--as", "x"]
     with pytest.raises(SystemExit) as info:
-        cli.main.main(["--root", str(tmp_path), "exec", *argv], prog_name="kbd")
+        cli.run(["--root", str(tmp_path), "exec", *argv])
     assert (info.value.code, seen) == (2, [argv])
