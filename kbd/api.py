@@ -26,7 +26,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Literal
 
 import anyio
 import anyio.to_thread
@@ -42,7 +42,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kbd.core.principals import Principal
 from kbd.errors import (
     NO_SPACE_ERRNOS,
-    Busy,
     InvalidInput,
     KbdError,
     MethodNotAllowed,
@@ -51,8 +50,8 @@ from kbd.errors import (
     PayloadTooLarge,
     Unauthenticated,
     UsageError,
-    VersionConflict,
     from_oserror,
+    http_answer,
 )
 from kbd.service import JsonObject, admin, auth
 from kbd.service import browse as browse_ops
@@ -73,7 +72,6 @@ STATE_LOCK_WAIT = 2.0
 # serves everything else.
 NOTE_WORKERS = 4
 NOTE_BACKLOG = 16
-RETRY_AFTER_SECONDS = 1
 
 
 # -- request and response models ------------------------------------------------
@@ -90,7 +88,7 @@ class AttachBody(Strict):
 
 
 class ReplaceSourcesBody(Strict):
-    sources: list[dict[str, Any]] = Field(description="the complete attachment list; [] detaches all")
+    sources: list[JsonObject] = Field(description="the complete attachment list; [] detaches all")
     expected_version: str | None = None
 
 
@@ -164,11 +162,9 @@ class PlanResponse(BaseModel):
     read_only: list[str]
     hidden: list[str]
     sources: list[AttachmentModel]
-    folders: list[dict[str, Any]]
+    folders: list[JsonObject]
     context: str
-    running: list[dict[str, Any]] | None = Field(
-        default=None, description="commands still running (GET only)"
-    )
+    running: list[JsonObject] | None = Field(default=None, description="commands still running (GET only)")
 
 
 class CheckResponse(BaseModel):
@@ -262,9 +258,9 @@ class _TooLarge(Exception):
 
 
 async def _too_large(send: Send) -> None:
-    err = PayloadTooLarge(f"request body over {MAX_BODY_BYTES} bytes")
-    body = orjson.dumps({"error": err.to_dict()})
-    await send({"type": "http.response.start", "status": err.http_status,
+    status, envelope, _ = http_answer(PayloadTooLarge(f"request body over {MAX_BODY_BYTES} bytes"))
+    body = orjson.dumps(envelope)
+    await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})  # fmt: skip
     await send({"type": "http.response.body", "body": body})
 
@@ -274,10 +270,8 @@ HTTP_ERRORS: dict[int, type[KbdError]] = {400: InvalidInput, 404: NotFound, 405:
 
 
 def _error(err: KbdError) -> JSONResponse:
-    # Busy means "retry shortly"; a version conflict needs a fresh read first.
-    retry = isinstance(err, Busy) and not isinstance(err, VersionConflict)
-    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if retry else None
-    return JSONResponse({"error": err.to_dict()}, status_code=err.http_status, headers=headers)
+    status, envelope, headers = http_answer(err)
+    return JSONResponse(envelope, status_code=status, headers=headers)
 
 
 def create_app(host: Root) -> FastAPI:
@@ -339,11 +333,7 @@ def create_app(host: Root) -> FastAPI:
     # health and whoami are async: they never wait for a worker thread.
     @app.get("/v1/health")
     async def health() -> JsonObject:
-        return {
-            "status": "ok",
-            "host": state.host.config.host,
-            "uptime_seconds": round(time.time() - state.started, 1),
-        }
+        return admin.health(state.host, started=state.started, now=time.time()).to_json()
 
     @app.get("/v1/metrics")
     def metrics(actor: Principal = Actor) -> JsonObject:
@@ -475,7 +465,7 @@ def create_app(host: Root) -> FastAPI:
     @app.post("/v1/sessions/{sid}/children", response_model=PlanResponse, status_code=201)
     def open_child(sid: str, body: ChildBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
-            plan = session_ops.open_child(state.sessions, sid, actor=actor, kind=body.kind or None,
+            plan = session_ops.open_child(state.sessions, sid, actor=actor, kind=body.kind,
                                           kb_access=body.kb_access, item_kb_write=body.item_kb_write)  # fmt: skip
             return plan.to_json()
 

@@ -80,7 +80,19 @@ def _is_broken_pipe(exc: BaseException) -> bool:
 
 def guarded(body: Callable[[], int]) -> int:
     """Run ``body`` and return its exit code, turning every exception into the
-    contract's output and exit code (see the module docstring)."""
+    contract's output and exit code (see the module docstring); stdout is
+    flushed here, so a reader that left during the last write ends us quietly
+    too."""
+    code = _answer(body)
+    try:
+        if sys.stdout is not None:  # None: started with fd 1 closed
+            sys.stdout.flush()
+    except BrokenPipeError:
+        die_of_sigpipe()
+    return code
+
+
+def _answer(body: Callable[[], int]) -> int:
     try:
         return body()
     except KeyboardInterrupt:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 import click
 import orjson
@@ -23,9 +23,10 @@ from kbd.core.config import default_root
 from kbd.core.identifiers import alias_problem, one_line
 from kbd.core.plan import Plan
 from kbd.core.policy import KB_ACCESS, KINDS
-from kbd.core.principals import Actor, LocalOperator, Principal, named_principal
+from kbd.core.principals import Actor, LocalOperator, Principal
 from kbd.core.resolve import Attachment
 from kbd.core.strict import load_json_strict
+from kbd.entry import ExecArgs, parse_exec, run_exec
 from kbd.errors import (
     InvalidInput,
     KbdError,
@@ -42,37 +43,35 @@ from kbd.service.root import Root
 from kbd.session_ops import Sessions
 from kbd.state import audit as audit_log
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def run(args: Sequence[str] | None = None) -> NoReturn:
+    """The click CLI (``args``, default ``sys.argv[1:]``), every error turned into
+    the contract's output by the one boundary (:func:`kbd.boundary.guarded`,
+    shared with the lean exec path)."""
+
+    def body() -> int:
+        try:
+            rv = main.main(args, prog_name="kbd", standalone_mode=False)
+        except click.UsageError as exc:
+            cmd = exc.ctx.command_path if exc.ctx is not None else "kbd"
+            raise UsageError(exc.format_message(), hint=f"see `{cmd} --help`") from None
+        except click.Abort:
+            click.echo("aborted", err=True)
+            return 130
+        except click.ClickException as exc:
+            raise UsageError(exc.format_message()) from None
+        return rv if isinstance(rv, int) else 0
+
+    sys.exit(guarded(body))
 
 
 class KbdGroup(click.Group):
-    """Turns every error into the contract's output through the one boundary
-    (:func:`kbd.boundary.guarded`, shared with the lean exec path)."""
+    """A closed stdout ends kbd by SIGPIPE, and an OSError a command let out
+    reaches the boundary as an internal error (click would swallow some)."""
 
-    def main(self, *args: Any, **kwargs: Any) -> NoReturn:
-        kwargs["standalone_mode"] = False
-
-        def body() -> int:
-            try:
-                rv = super(KbdGroup, self).main(*args, **kwargs)
-            except click.UsageError as exc:
-                cmd = exc.ctx.command_path if exc.ctx is not None else "kbd"
-                raise UsageError(exc.format_message(), hint=f"see `{cmd} --help`") from None
-            except click.Abort:
-                click.echo("aborted", err=True)
-                return 130
-            except click.ClickException as exc:
-                raise UsageError(exc.format_message()) from None
-            return rv if isinstance(rv, int) else 0
-
-        code = guarded(body)
-        try:
-            sys.stdout.flush()  # a reader that left now still ends us quietly
-        except BrokenPipeError:
-            die_of_sigpipe()
-        sys.exit(code)
-
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
         except BrokenPipeError:
@@ -602,11 +601,11 @@ def session_revoke(c: Ctx, sid: str, immediate: bool, as_: str | None, as_json: 
 @pass_ctx
 def session_env(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
     """The session's environment, as `export` lines (eval-able) or JSON."""
-    env = _sessions(c).plan(sid, actor=c.session_actor(as_)).env
+    result = session_ops.environment(_sessions(c), sid, actor=c.session_actor(as_))
     if as_json:
-        _emit(env)
+        _emit(result.to_json())
         return
-    for k, v in sorted(env.items()):
+    for k, v in sorted(result.env.items()):
         click.echo(f"export {k}={shlex.quote(v)}")
 
 
@@ -645,37 +644,29 @@ def session_close(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
         click.echo(f"closed {', '.join(result.closed) or 'nothing (already closed)'}")
 
 
-@main.command("exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+class ExecCommand(click.Command):
+    """``kbd exec``: its help text comes from the declared parameters, but its
+    arguments are parsed by the one exec grammar (:func:`kbd.entry.parse_exec`)
+    that the lean path uses too, so both give the same answer to every argv."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        request = parse_exec(args)
+        if request is None:
+            click.echo(ctx.get_help(), color=ctx.color)  # as click's own --help does
+            ctx.exit()
+        ctx.params = {"request": request}
+        return []
+
+
+@main.command("exec", cls=ExecCommand)
 @click.argument("sid")
 @click.option("--cwd", metavar="DIR", help="Run in DIR (inside the session's workflow folder).")
 @as_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_ctx
-def exec_cmd(c: Ctx, sid: str, cwd: str | None, as_: str | None, command: tuple[str, ...]) -> None:
+def exec_cmd(c: Ctx, request: ExecArgs) -> None:
     """Run COMMAND under SID's current plan in a fresh sandbox; exit with its status."""
-    from kbd.service.execute import run
-
-    argv = list(command)
-    # Options may also follow SID (`kbd exec SID --cwd D --as P -- CMD`); click stops
-    # parsing at the first argument here, so take them off the front by hand.
-    while argv and argv[0] != "--":
-        head = argv[0]
-        if head in ("--cwd", "--as") and len(argv) >= 2:
-            value, argv = argv[1], argv[2:]
-        elif head.startswith(("--cwd=", "--as=")):
-            value, argv = head.split("=", 1)[1], argv[1:]
-        else:
-            break
-        if head.startswith("--cwd"):
-            cwd = value
-        else:
-            as_ = value
-    if argv and argv[0] == "--":
-        argv = argv[1:]
-    if not argv:
-        raise UsageError("no command given", hint="kbd exec SID [--cwd DIR] [--as P] -- CMD [ARG...]")
-    pid = named_principal(as_, os.environ.get("KBD_AS"))
-    sys.exit(run(c.root, sid, argv, cwd=cwd, actor=pid if pid is not None else LocalOperator.current()))
+    sys.exit(run_exec(c.root, request))
 
 
 @main.command("check")
@@ -815,7 +806,7 @@ def read_cmd(c: Ctx, wf: str, alias: str, relpath: str, as_: str | None, as_json
     """Print a file of WF's attached KB ALIAS (RELPATH relative to the KB root)."""
     result = browse_ops.read(c.host, wf, alias, relpath, actor=c.actor(as_))
     if as_json:
-        _emit(result.to_cli_json())
+        _emit(result.to_json())
         return
     _write_stdout(result.data)
 
@@ -845,7 +836,7 @@ def ls_cmd(
     """List a folder of WF's attached KB ALIAS (default: the KB root), in name order, one page at a time."""
     page = browse_ops.ls(c.host, wf, alias, reldir, actor=c.actor(as_), limit=limit, after=after)
     if as_json:
-        _emit(page.to_cli_json())
+        _emit(page.to_json())
         return
     if page.truncated and page.next is not None:
         click.echo(f"kbd: more entries follow; next page: --after {one_line(page.next, limit=300)}", err=True)
@@ -879,18 +870,17 @@ def audit_cmd(c: Ctx, since: str | None, wf: str | None, follow: bool, as_json: 
         since_at = audit_log.parse_since(since) if since is not None else None
     except ValueError as exc:
         raise UsageError(f"--since: {exc}", hint="e.g. --since 10m or --since 2026-12-01T14:00:00Z") from None
-    select = audit_log.Selection(since=since_at, workflow=wf)
-    state_dir = c.host.config.state_dir
-    tail = audit_log.Tail(state_dir)  # from the start: a --follow shows what is there first
-    events = [e for e in tail.poll() if select.wants(e)]
+    feed = admin.AuditFeed(c.host, since=since_at, workflow=wf)
     if as_json and not follow:
-        _emit({"events": events, "skipped_lines": tail.torn})
+        _emit(feed.records().to_json())
     else:
-        _print_audit(events, as_json)
+        _print_audit(feed.poll(), as_json)
     if follow:
-        _follow_audit(tail, select, as_json)
-    if tail.torn:
-        click.echo(f"kbd audit: skipped {tail.torn} torn line(s) that are not a JSON record", err=True)
+        _follow_audit(feed, as_json)
+    if feed.skipped_lines:
+        click.echo(
+            f"kbd audit: skipped {feed.skipped_lines} torn line(s) that are not a JSON record", err=True
+        )
 
 
 def _print_audit(events: list[JsonObject], as_json: bool) -> None:
@@ -898,7 +888,7 @@ def _print_audit(events: list[JsonObject], as_json: bool) -> None:
         click.echo(orjson.dumps(e).decode() if as_json else audit_log.format_record(e))
 
 
-def _follow_audit(tail: audit_log.Tail, select: audit_log.Selection, as_json: bool) -> None:
+def _follow_audit(feed: admin.AuditFeed, as_json: bool) -> None:
     """Poll for appended records until SIGINT or SIGTERM asks to stop (then return
     normally: stopping a follow is how it is meant to end)."""
     import signal
@@ -908,7 +898,7 @@ def _follow_audit(tail: audit_log.Tail, select: audit_log.Selection, as_json: bo
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         while not stop.wait(0.2):
-            _print_audit([e for e in tail.poll() if select.wants(e)], as_json)
+            _print_audit(feed.poll(), as_json)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)

@@ -32,10 +32,10 @@ import struct
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import orjson
 import uvicorn
+from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from kbd.api import PEER_UID, create_app
@@ -47,6 +47,7 @@ from kbd.errors import (
     RequestTimeout,
     Unavailable,
     UnsafeSocketFolder,
+    http_answer,
 )
 from kbd.service.root import Root
 
@@ -84,7 +85,6 @@ MAX_CONNECTIONS = 4096
 # flood reach EMFILE in a few iterations.
 BACKLOG = 128
 FD_RESERVE = 4 * BACKLOG + 256
-RETRY_AFTER_SECONDS = 1
 
 
 # -- connection limits ------------------------------------------------------------------------
@@ -132,11 +132,14 @@ class ConnectionLimits:
             del self.open[uid]
 
 
-def error_response(err: KbdError, *, extra: str = "") -> bytes:
-    """A complete HTTP/1.1 response in the API's error envelope, closing the
-    connection: for answers given before (or without) the application."""
-    body = orjson.dumps({"error": err.to_dict()})
-    status = http.HTTPStatus(err.http_status)
+def error_response(err: KbdError) -> bytes:
+    """A complete HTTP/1.1 response with the API's answer to ``err`` (the one
+    mapping, :func:`kbd.errors.http_answer`), closing the connection: for
+    answers given before (or without) the application."""
+    code, envelope, headers = http_answer(err)
+    body = orjson.dumps(envelope)
+    status = http.HTTPStatus(code)
+    extra = "".join(f"{name.lower()}: {value}\r\n" for name, value in headers.items())
     head = (
         f"HTTP/1.1 {status.value} {status.phrase}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n{extra}\r\n"
@@ -145,8 +148,7 @@ def error_response(err: KbdError, *, extra: str = "") -> bytes:
 
 
 OVER_CAP = error_response(
-    Overloaded("too many open connections from this client", hint="close idle connections and retry"),
-    extra=f"retry-after: {RETRY_AFTER_SECONDS}\r\n",
+    Overloaded("too many open connections from this client", hint="close idle connections and retry")
 )
 HEADERS_TOO_SLOW = error_response(
     RequestTimeout(f"the request headers did not arrive within {HEADER_TIMEOUT:g}s")
@@ -165,11 +167,11 @@ BODY_TOO_SLOW = error_response(
 class _PeerApp:
     """Adds the connection's peer uid to every ASGI scope of that connection."""
 
-    def __init__(self, app: Any, uid: int | None) -> None:
+    def __init__(self, app: ASGIApp, uid: int | None) -> None:
         self.app = app
         self.uid = uid
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.uid is not None and scope.get("type") in ("http", "websocket"):
             scope = {**scope, PEER_UID: self.uid}
         await self.app(scope, receive, send)

@@ -2,73 +2,158 @@
 click, YAML parsing of unchanged config, pydantic or the API stack: it runs
 before every agent shell command (DESIGN §8 budgets its wall time). Everything
 else goes to the click CLI in :mod:`kbd.cli`.
+
+The grammar of ``kbd exec`` is here, once (:func:`parse_exec`): the lean path
+and the click command both parse with it and run with :func:`run_exec`, so a
+malformed invocation gets the same error and exit code whichever path sees it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from kbd.boundary import guarded
+from kbd.errors import UsageError
 
-USAGE = "usage: kbd [--root DIR] exec SID [--cwd DIR] -- CMD [ARG...]"
+EXEC_USAGE = "kbd exec SID [--cwd DIR] [--as P] -- CMD [ARG...]"
+HELP_FLAGS = ("-h", "--help")
+# exec's own options; each takes a value (``--cwd DIR`` or ``--cwd=DIR``).
+EXEC_OPTIONS = ("--cwd", "--as")
+_SEE_HELP = "see `kbd exec --help`"
 
 
-def _lean_exec(argv: list[str]) -> int | None:
-    """Handle ``[--root DIR] exec ...``; None when argv is anything else."""
-    root: str | None = None
-    i = 0
-    if i < len(argv) and argv[i].startswith("--root"):
-        if argv[i] == "--root" and i + 1 < len(argv):
-            root, i = argv[i + 1], i + 2
-        elif argv[i].startswith("--root="):
-            root, i = argv[i].split("=", 1)[1], i + 1
-        else:
+@dataclass(frozen=True)
+class ExecArgs:
+    """One ``kbd exec`` invocation: the session, the command and exec's options."""
+
+    sid: str
+    command: tuple[str, ...]
+    cwd: str | None = None
+    as_: str | None = None
+
+
+def _take_options(args: Sequence[str], i: int, values: dict[str, str]) -> int | None:
+    """Read exec's options from ``args[i:]`` into ``values`` (a later one wins);
+    the index of the first word after them (past a ``--``, which ends them), or
+    None when help is asked for."""
+    while i < len(args):
+        word = args[i]
+        if word == "--":
+            return i + 1
+        if word in HELP_FLAGS:
             return None
-    if i >= len(argv) or argv[i] != "exec":
-        return None
-    rest = argv[i + 1 :]
-    if not rest or rest[0].startswith("-"):
-        return None  # help and usage errors: let click explain
-    sid, rest = rest[0], rest[1:]
-    cwd = None
-    if rest[:1] == ["--cwd"] and len(rest) >= 2:
-        cwd, rest = rest[1], rest[2:]
-    elif rest[:1] and rest[0].startswith("--cwd="):
-        cwd, rest = rest[0].split("=", 1)[1], rest[1:]
-    if rest[:1] == ["--"]:
-        rest = rest[1:]
-    elif rest[:1] and rest[0].startswith("-"):
-        return None  # any other option (--as, --help): the full CLI parses it
-    if not rest:
-        return None
-    return guarded(lambda: _run_exec(root, sid, rest, cwd))
+        if word == "-" or not word.startswith("-"):
+            return i
+        name, has_value, value = word.partition("=")
+        if name not in EXEC_OPTIONS:
+            # Never a command: `kbd exec SID --bogus` must not run `--bogus`.
+            raise UsageError(
+                f"No such option '{name}'.", hint=f"{EXEC_USAGE} (the command's own options go after --)"
+            )
+        if not has_value:
+            if i + 1 >= len(args) or args[i + 1] == "--":
+                raise UsageError(f"Option '{name}' requires an argument.", hint=_SEE_HELP)
+            value, i = args[i + 1], i + 1
+        values[name] = value
+        i += 1
+    return i
 
 
-def _run_exec(root: str | None, sid: str, command: list[str], cwd: str | None) -> int:
+def parse_exec(args: Sequence[str]) -> ExecArgs | None:
+    """Parse what follows ``exec``: ``[OPTIONS] SID [OPTIONS] [--] CMD [ARG...]``.
+
+    None when the invocation asks for help (``-h``/``--help`` where an option
+    may stand: the click command prints it). A malformed invocation is a
+    UsageError (exit 2) naming what is wrong; its messages for a missing SID or
+    command are click's, as they always were."""
+    values: dict[str, str] = {}
+    i = _take_options(args, 0, values)
+    if i is None:
+        return None
+    if i >= len(args):
+        raise UsageError("Missing argument 'SID'.", hint=_SEE_HELP)
+    sid = args[i]
+    if i + 1 >= len(args):
+        raise UsageError("Missing argument 'COMMAND...'.", hint=_SEE_HELP)
+    j = _take_options(args, i + 1, values)
+    if j is None:
+        return None
+    if j >= len(args):
+        raise UsageError("no command given", hint=EXEC_USAGE)
+    return ExecArgs(sid, tuple(args[j:]), cwd=values.get("--cwd"), as_=values.get("--as"))
+
+
+def wants_help(args: Sequence[str]) -> bool:
+    try:
+        return parse_exec(args) is None
+    except UsageError:
+        return False
+
+
+def run_exec(root: Path | None, request: ExecArgs) -> int:
+    """Run a parsed ``kbd exec`` in ``root`` (None: the default root); the
+    command's exit status."""
     from kbd.core.principals import LocalOperator, named_principal
 
-    # An empty KBD_AS is a usage error before anything starts.
-    named = named_principal(None, os.environ.get("KBD_AS"))
+    # An empty --as / KBD_AS is a usage error before anything starts.
+    named = named_principal(request.as_, os.environ.get("KBD_AS"))
     # Then the command's cgroup, which takes an RCU grace period to enter: a
     # helper thread pays it while the imports, config load and plan lookup below
     # run (run() undoes it when the command is refused).
     from kbd.sandbox.cgroup import Preparation
 
-    prepared = Preparation.start_for(sid)
+    prepared = Preparation.start_for(request.sid)
     from kbd.core.config import default_root
     from kbd.service.execute import run
 
     # Without --as / KBD_AS the caller is the trusted local operator of the root.
     actor = named if named is not None else LocalOperator.current()
-    return run(Path(root) if root else default_root(), sid, command, actor=actor, cwd=cwd, prepared=prepared)
+    return run(root if root is not None else default_root(), request.sid, list(request.command), actor=actor,
+               cwd=request.cwd, prepared=prepared)  # fmt: skip
+
+
+def _split_root(argv: list[str]) -> tuple[Path | None, list[str]] | None:
+    """``[--root DIR] exec ARGS`` → (the root, ARGS); None when argv is another
+    command, or a root click refuses (empty, or not a folder: its answer is the
+    one both paths give)."""
+    root: str | None = None
+    i = 0
+    if argv[:1] == ["--root"] and len(argv) >= 2:
+        root, i = argv[1], 2
+    elif argv[:1] and argv[0].startswith("--root="):
+        root, i = argv[0].split("=", 1)[1], 1
+    if argv[i : i + 1] != ["exec"]:
+        return None
+    given = root if root is not None else os.environ.get("KBD_ROOT") or None
+    if given is not None and (given == "" or (os.path.exists(given) and not os.path.isdir(given))):
+        return None
+    return (Path(root) if root else None), argv[i + 1 :]
+
+
+def _lean_exec(argv: list[str]) -> int | None:
+    """Handle ``[--root DIR] exec ...``; None when argv is anything else (or asks
+    for help, which click renders from the exec command's parameters)."""
+    split = _split_root(argv)
+    if split is None or wants_help(split[1]):
+        return None
+    root, args = split
+    return guarded(lambda: _parse_and_run(root, args))
+
+
+def _parse_and_run(root: Path | None, args: list[str]) -> int:
+    request = parse_exec(args)
+    assert request is not None  # help never comes here (see _lean_exec)
+    return run_exec(root, request)
 
 
 def main() -> None:
     code = _lean_exec(sys.argv[1:])
     if code is not None:
         sys.exit(code)
-    from kbd.cli import main as cli_main
+    from kbd.cli import run
 
-    cli_main(prog_name="kbd")
+    run()

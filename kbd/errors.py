@@ -55,8 +55,9 @@ there so this module stays pure), and
 :func:`workflow_not_found` / :func:`session_not_found` for the one answer given
 both for what does not exist and for what the actor may not see (DESIGN §6).
 
-Only ``kbd.cli`` (through ``kbd.boundary``) and the API turn these into output;
-nothing else calls ``sys.exit``. Messages never contain host paths unless the
+Only ``kbd.cli`` and ``kbd.entry`` (through :func:`kbd.boundary.guarded`) and the
+daemon (through :func:`http_answer`) turn these into output; nothing else calls
+``sys.exit``. Messages never contain host paths unless the
 caller already owns them (the CLI operator owns the root, so CLI-only messages
 may name files). This module imports nothing beyond the standard library's
 ``errno`` and ``os``: it is on ``kbd exec``'s start-up path.
@@ -445,3 +446,20 @@ def session_not_found(sid: str) -> NotFound:
     """The answer for a session that does not exist — and for one the actor may
     not use (a reader must not learn that an owner's session exists)."""
     return NotFound(f"no session {sid!r}", hint="`kbd session list` shows the sessions you may use")
+
+
+# -- the HTTP answer -----------------------------------------------------------------------------
+
+#: How long (seconds) a client is told to wait before it retries a Busy answer.
+RETRY_AFTER_SECONDS = 1
+
+
+def http_answer(err: KbdError) -> tuple[int, dict[str, dict[str, str]], dict[str, str]]:
+    """The one HTTP answer to ``err``, wherever the daemon gives it (routes, the
+    body limit, the connection layer's early answers): its status, the envelope
+    ``{"error": {"code", "message", "hint"}}`` and the headers — ``Retry-After``
+    when retrying shortly helps (Busy; a VersionConflict needs a fresh read
+    first). The CLI's counterpart is :func:`kbd.boundary.guarded`."""
+    retry = isinstance(err, Busy) and not isinstance(err, VersionConflict)
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if retry else {}
+    return err.http_status, {"error": err.to_dict()}, headers

@@ -8,7 +8,7 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -195,6 +195,34 @@ def _exit_code(main: Callable[[], None]) -> int:
         sys.stderr.write(f"{exc.code}\n")
         return 1
     return 0
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` from /proc (``Z``: a zombie), or None
+    when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return stat[stat.rindex(b")") + 2 :].split(b" ", 1)[0].decode()  # after "pid (comm) "
+
+
+def alive(pid: int) -> bool:
+    """Process ``pid`` exists and is not a zombie."""
+    return process_state(pid) not in (None, "Z", "X")
+
+
+def live_processes() -> Iterator[tuple[int, list[str]]]:
+    """(pid, command line) of every live process this host shows in /proc."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if alive(int(entry)):
+            yield int(entry), [part.decode(errors="replace") for part in raw.split(b"\0")[:-1]]
 
 
 Entry = tuple[str, int, int, bytes]

@@ -15,13 +15,14 @@ meaning "trusted"), returns a frozen dataclass, and raises only
 * :mod:`kbd.service.auth` — who is acting: bearer tokens, uid mapping, the
   disabled check, ``--as`` / ``$KBD_AS``.
 * :mod:`kbd.service.workflows` — workflows, sources, candidates, writer grants.
-* :mod:`kbd.service.sessions` — open (and copied children), show, list, close,
+* :mod:`kbd.service.sessions` — open (and copied children), show, environment, list, close,
   revoke, path checks.
 * :mod:`kbd.service.browse` — reading and listing an attached KB.
 * :mod:`kbd.service.notes` — contributed note writes.
 * :mod:`kbd.service.command_notes` — what ``kbd exec`` of a write plan holds and
   audits in the ``notes/`` it may write.
-* :mod:`kbd.service.admin` — init, doctor, validate, principals and tokens.
+* :mod:`kbd.service.admin` — init, doctor, validate, principals and tokens, the
+  daemon's health and counters, the audit log.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Root administration: init, doctor, validate, principals and their tokens.
+"""Root administration: init, doctor, validate, principals and their tokens,
+the daemon's health and counters, the audit log.
 
 These work on the root itself, whose file permissions are the trust boundary
 (as for git): whoever may write the root's files may run them.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from kbd.core.folders import FolderStatus, check_folders
@@ -19,6 +21,7 @@ from kbd.fs.rootconfig import issue_token
 from kbd.service import JsonObject
 from kbd.service.root import Root
 from kbd.session_ops import Sessions
+from kbd.state import audit
 
 # -- init -------------------------------------------------------------------------------
 
@@ -253,3 +256,54 @@ def metrics(sessions: Sessions, *, actor: Principal, requests: dict[str, int]) -
     reveal how busy the host is, not what any workflow holds."""
     may_see_metrics(actor=actor)
     return Metrics(requests, sessions.host.registry.scans, len(sessions.store.rows()))
+
+
+# -- health --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Health:
+    """The daemon is up: on which host, for how long (anyone may ask)."""
+
+    host: str
+    uptime_seconds: float
+
+    def to_json(self) -> JsonObject:
+        return {"status": "ok", "host": self.host, "uptime_seconds": round(self.uptime_seconds, 1)}
+
+
+def health(host: Root, *, started: float, now: float) -> Health:
+    return Health(host.config.host, now - started)
+
+
+# -- the audit log ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuditRecords:
+    events: tuple[JsonObject, ...]
+    skipped_lines: int  # torn lines that are not a JSON record
+
+    def to_json(self) -> JsonObject:
+        return {"events": list(self.events), "skipped_lines": self.skipped_lines}
+
+
+class AuditFeed:
+    """The audit log as ``kbd audit`` shows it: the records a selection wants
+    (at or after ``since``, touching ``workflow``), first all that are there,
+    then at each :meth:`poll` those appended since."""
+
+    def __init__(self, host: Root, *, since: datetime | None, workflow: str | None) -> None:
+        self._tail = audit.Tail(host.config.state_dir)  # from the start
+        self._select = audit.Selection(since=since, workflow=workflow)
+
+    def poll(self) -> list[JsonObject]:
+        return [e for e in self._tail.poll() if self._select.wants(e)]
+
+    @property
+    def skipped_lines(self) -> int:
+        return self._tail.torn
+
+    def records(self) -> AuditRecords:
+        """Everything there now, as one result."""
+        return AuditRecords(tuple(self.poll()), self.skipped_lines)

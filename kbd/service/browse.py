@@ -54,23 +54,14 @@ class FileRead:
     data: bytes
 
     def to_json(self) -> JsonObject:
-        """The API's shape: UTF-8 text as is, anything else base64."""
+        """``kbd read --json`` and ``GET …/file``: UTF-8 text as is, anything else
+        base64 (never altered: ``encoding`` says which)."""
         try:
-            return {
-                "path": self.path,
-                "size": len(self.data),
-                "encoding": "utf-8",
-                "content": self.data.decode(),
-            }
+            encoding, content = "utf-8", self.data.decode()
         except UnicodeDecodeError:
-            return {"path": self.path, "size": len(self.data), "encoding": "base64",
-                    "content": base64.b64encode(self.data).decode()}  # fmt: skip
-
-    def to_cli_json(self) -> JsonObject:
-        """``kbd read --json``: the consumer and alias too; text only (undecodable
-        bytes replaced)."""
+            encoding, content = "base64", base64.b64encode(self.data).decode()
         return {"workflow_id": self.workflow_id, "alias": self.alias, "path": self.path, "size": len(self.data),
-                "content": self.data.decode("utf-8", "replace")}  # fmt: skip
+                "encoding": encoding, "content": content}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -86,15 +77,9 @@ class Listing:
     next: str | None
 
     def to_json(self) -> JsonObject:
-        return {
-            "path": self.path,
-            "entries": list(self.entries),
-            "truncated": self.truncated,
-            "next": self.next,
-        }
-
-    def to_cli_json(self) -> JsonObject:
-        return {"workflow_id": self.workflow_id, "alias": self.alias, **self.to_json()}
+        """``kbd ls --json`` and ``GET …/dir``."""
+        return {"workflow_id": self.workflow_id, "alias": self.alias, "path": self.path,
+                "entries": list(self.entries), "truncated": self.truncated, "next": self.next}  # fmt: skip
 
 
 def attachment(host: Root, wid: str, alias: str, *, actor: Principal) -> Attachment:

@@ -1,4 +1,4 @@
-"""Sessions: open (and copied children), show, list, close, revoke, path checks.
+"""Sessions: open (and copied children), show, environment, list, close, revoke, path checks.
 
 Session operations take an :data:`kbd.core.principals.Actor`: a principal is
 authorized by its roles; a :class:`kbd.core.principals.LocalOperator` (created only
@@ -8,6 +8,7 @@ always needs a principal.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kbd.core.plan import Plan
@@ -114,10 +115,11 @@ def open_child(
     kb_access: str | None = None,
     item_kb_write: bool | None = None,
 ) -> Plan:
-    """Open a copied child of ``parent``, in its parent's workflow (see :func:`open_session`)."""
+    """Open a copied child of ``parent``, in its parent's workflow (see
+    :func:`open_session`); an empty ``kind`` means the parent's too."""
     wid = sessions.store.get(parent).workflow_id
-    return open_session(sessions, wid, actor=actor, kind=kind, kb_access=kb_access, item_kb_write=item_kb_write,
-                        parent=parent)  # fmt: skip
+    return open_session(sessions, wid, actor=actor, kind=kind or None, kb_access=kb_access,
+                        item_kb_write=item_kb_write, parent=parent)  # fmt: skip
 
 
 def running(sessions: Sessions, sid: str, plan: Plan) -> tuple[RunningCommand, ...]:
@@ -159,3 +161,18 @@ def check(sessions: Sessions, sid: str, path: str, mode: str, *, actor: Actor) -
     """May the session read/write ``path`` now? (For file tools outside the sandbox.)"""
     r = check_path(sessions.plan(sid, actor=actor), path, mode)
     return PathCheck(allowed=r["allowed"], reason=r["reason"])
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The variables a command of the session gets from its current plan."""
+
+    env: Mapping[str, str]
+
+    def to_json(self) -> JsonObject:
+        return dict(self.env)
+
+
+def environment(sessions: Sessions, sid: str, *, actor: Actor) -> Environment:
+    """The session's environment as ``actor`` may use it now (SessionClosed when closed)."""
+    return Environment(sessions.plan(sid, actor=actor).env)

@@ -580,11 +580,13 @@ def test_browse_file_reads_regular_files_and_the_daemon_survives_a_fifo(odd: Bro
     assert odd.s.w.anon().get("/v1/health").status_code == 200
     r = odd.file("notes/fact.md")
     assert r.status_code == 200, r.text
-    assert r.json() == {"path": "notes/fact.md", "size": 8, "encoding": "utf-8", "content": "odd-src\n"}
+    assert r.json() == {"workflow_id": odd.s.con_id, "alias": "rts", "path": "notes/fact.md", "size": 8,
+                        "encoding": "utf-8", "content": "odd-src\n"}  # fmt: skip
     r = odd.file("notes/max.md")
     assert r.status_code == 200 and r.json()["size"] == 2 * MiB
     r = odd.file("notes/blob.bin")
-    assert r.json() == {"path": "notes/blob.bin", "size": 3, "encoding": "base64", "content": "/wD+"}
+    assert r.json() == {"workflow_id": odd.s.con_id, "alias": "rts", "path": "notes/blob.bin", "size": 3,
+                        "encoding": "base64", "content": "/wD+"}  # fmt: skip
     # A reader of the consumer may browse too.
     assert odd.file("context/about.md", pid="bob").json()["content"] == "about odd-src\n"
 
@@ -593,6 +595,8 @@ def test_browse_dir(odd: Browse) -> None:
     r = odd.dir("")
     assert r.status_code == 200, r.text
     assert r.json() == {
+        "workflow_id": odd.s.con_id,
+        "alias": "rts",
         "path": "",
         "entries": [{"name": "context", "type": "dir"}, {"name": "notes", "type": "dir"}],
         "truncated": False,
@@ -608,6 +612,19 @@ def test_browse_dir(odd: Browse) -> None:
     w.error(odd.dir("notes/fact.md"), 404, "path-not-found")
     w.error(odd.dir("", pid="dave"), 404, "workflow-not-found")
     w.error(odd.dir("", alias="nope"), 404, "not-found")
+
+
+def test_browse_cli_and_api_answer_the_same_json(odd: Browse) -> None:
+    """One shape (the operations layer's to_json()) for `kbd read/ls --json` and the API."""
+    w, con = odd.s.w, odd.s.con_id
+    for relpath in ("notes/fact.md", "notes/blob.bin"):
+        cli = w.kb.cli("read", con, "rts", relpath, "--as", "alice", "--json")
+        assert cli.code == 0, cli.err
+        assert cli.json() == odd.file(relpath).json()
+    for reldir in ("", "notes"):
+        cli = w.kb.cli("ls", con, "rts", reldir, "--as", "alice", "--json")
+        assert cli.code == 0, cli.err
+        assert cli.json() == odd.dir(reldir).json()
 
 
 def test_browse_dir_is_paged(world: World, s: Scenario) -> None:

@@ -8,10 +8,9 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
-from tests.helpers import KbRoot
+from tests.helpers import KbRoot, alive
 
 
 def wait_for(predicate: object, timeout: float = 15.0) -> None:
@@ -59,7 +58,7 @@ def test_stale_commands_are_listed_and_terminated_only_when_asked(kb: KbRoot) ->
         # Without --immediate, kbd says it is still running, and does not touch it.
         r = kb.cli("session", "revoke", sid, "--json").json()
         assert r["terminated"] == [] and r["still_running"] == [pgid]
-        assert runner.poll() is None and psutil.pid_exists(pgid)
+        assert runner.poll() is None and alive(pgid)
         text = kb.cli("session", "revoke", sid)
         assert "STILL RUNNING" in text.out
         # --immediate terminates the whole process group and says so.
@@ -67,7 +66,7 @@ def test_stale_commands_are_listed_and_terminated_only_when_asked(kb: KbRoot) ->
         assert r["terminated"] == [pgid] and r["still_running"] == []
         runner.wait(timeout=30)
         assert runner.returncode != 0
-        wait_for(lambda: not psutil.pid_exists(pgid) or psutil.Process(pgid).status() == psutil.STATUS_ZOMBIE)
+        wait_for(lambda: not alive(pgid))
         assert kb.cli("session", "show", sid, "--json").json()["running"] == []
         events = [e for e in kb.cli("audit", "--json").json()["events"] if e["event"] == "session_revoke"]
         assert events[-1]["terminated"] == [pgid]

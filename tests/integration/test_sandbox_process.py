@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
-from tests.helpers import CliResult, KbRoot, snapshot
+from tests.helpers import CliResult, KbRoot, live_processes, snapshot
 
 # Real commands under bubblewrap; the write session adds the inner Landlock helper.
 pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_landlock(abi=2)]
@@ -64,14 +63,7 @@ def build(kb: KbRoot) -> tuple[Path, Path]:
 def survivors(marker: str) -> list[int]:
     """PIDs of live processes (any namespace: the host sees them all) whose command
     line mentions ``marker``."""
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
-        cmdline = proc.info["cmdline"] or []
-        if proc.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        if any(marker in part for part in cmdline):
-            found.append(int(proc.info["pid"]))
-    return found
+    return [pid for pid, cmdline in live_processes() if any(marker in part for part in cmdline)]
 
 
 @dataclass(frozen=True)

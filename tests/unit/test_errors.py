@@ -100,6 +100,29 @@ def test_every_error_class_lives_in_the_tree(cls: type[KbdError]) -> None:
     assert drawn == (cls.exit_code, cls.http_status, cls.code), f"{cls.__name__} is drawn as {drawn}"
 
 
+@pytest.mark.parametrize("cls", ALL, ids=lambda c: c.__name__)
+def test_every_error_has_one_http_answer(cls: type[KbdError]) -> None:
+    """The daemon's routes, body limit and connection layer all answer through
+    http_answer: the class's status, the envelope, Retry-After only where a
+    retry soon can succeed."""
+    err = cls.__new__(cls)
+    KbdError.__init__(err, "m", hint="h")
+    status, body, headers = errors.http_answer(err)
+    assert (status, body) == (cls.http_status, {"error": {"code": cls.code, "message": "m", "hint": "h"}})
+    retry = issubclass(cls, errors.Busy) and not issubclass(cls, errors.VersionConflict)
+    assert headers == ({"Retry-After": "1"} if retry else {}), cls.__name__
+
+
+def test_only_the_boundaries_build_error_answers() -> None:
+    """The envelope is built in kbd/errors.py only (admin's `validate --json`
+    report embeds one error as data); no interface builds its own."""
+    package = Path(errors.__file__).parent
+    builders = {
+        p.relative_to(package).as_posix() for p in package.rglob("*.py") if "to_dict()" in p.read_text()
+    }
+    assert builders == {"errors.py", "service/admin.py"}
+
+
 def test_codes_are_unique_and_the_tree_has_no_stale_rows() -> None:
     owners: dict[str, str] = {}
     for cls in ALL:

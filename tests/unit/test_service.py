@@ -268,18 +268,16 @@ def test_revoke_follows_the_configured_default(world: KbRoot) -> None:
 def test_browse_read_and_list_shapes(world: KbRoot) -> None:
     h = world.host()
     f = browse.read(h, "con", "src", "notes/fact.md", actor=h.actor("alice"))
-    assert f.to_json() == {"path": "notes/fact.md", "size": 4, "encoding": "utf-8", "content": "src\n"}
-    assert f.to_cli_json() == {"workflow_id": "con", "alias": "src", "path": "notes/fact.md", "size": 4,
-                               "content": "src\n"}  # fmt: skip
+    assert f.to_json() == {"workflow_id": "con", "alias": "src", "path": "notes/fact.md", "size": 4,
+                           "encoding": "utf-8", "content": "src\n"}  # fmt: skip
     page = browse.ls(h, "con", "src", "", actor=h.actor("alice"), limit=1)
     assert page.truncated and page.next == "context" and [e["name"] for e in page.entries] == ["context"]
-    assert page.to_cli_json() == {"workflow_id": "con", "alias": "src", **page.to_json()}
+    assert page.to_json() == {"workflow_id": "con", "alias": "src", "path": "", "truncated": True, "next": "context",
+                              "entries": [{"name": "context", "type": "dir"}]}  # fmt: skip
     binary = world.workflows / "src" / "knowledgebase" / "context" / "blob.bin"
     binary.write_bytes(b"\xff\x00")
-    assert (
-        browse.read(h, "con", "src", "context/blob.bin", actor=h.actor("alice")).to_json()["encoding"]
-        == "base64"
-    )
+    blob = browse.read(h, "con", "src", "context/blob.bin", actor=h.actor("alice")).to_json()
+    assert (blob["encoding"], blob["content"]) == ("base64", "/wA="), "bytes are never altered"
 
 
 def test_a_note_write_returns_what_was_written(kb: KbRoot) -> None:
@@ -395,3 +393,49 @@ def test_a_session_without_a_parent_needs_a_kind(world: KbRoot) -> None:
     h = world.host()
     with pytest.raises(InvalidInput, match="kind is required"):
         sessions.open_session(Sessions(h), "con", actor=h.actor("alice"), kind=None)
+
+
+def test_an_empty_child_kind_is_the_parents(world: KbRoot) -> None:
+    h = world.host()
+    s = Sessions(h)
+    alice = h.actor("alice")
+    parent = sessions.open_session(s, "con", actor=alice, kind="scripted", kb_access="read")
+    assert sessions.open_child(s, sid_of(parent), actor=alice, kind="").kind == "scripted"
+
+
+def test_session_environment_is_the_plans(world: KbRoot) -> None:
+    h = world.host()
+    s = Sessions(h)
+    plan = sessions.open_session(s, "con", actor=h.actor("alice"), kind="execution", kb_access="read")
+    sid = sid_of(plan)
+    env = sessions.environment(s, sid, actor=OPERATOR)
+    assert env.to_json() == dict(plan.env) and env.to_json()["WORKFLOW_KB_ACCESS"] == "read"
+    with pytest.raises(NotFound):
+        sessions.environment(s, sid, actor=h.actor("bob"))  # not bob's session
+    sessions.close(s, sid, actor=OPERATOR)
+    with pytest.raises(KbdError) as info:
+        sessions.environment(s, sid, actor=OPERATOR)
+    assert info.value.code == "session-closed"
+
+
+def test_health_says_host_and_uptime(kb: KbRoot) -> None:
+    assert admin.health(kb.host(), started=100.0, now=142.46).to_json() == {
+        "status": "ok",
+        "host": "test-host",
+        "uptime_seconds": 42.5,
+    }
+
+
+def test_the_audit_feed_selects_and_counts_torn_lines(world: KbRoot) -> None:
+    h = world.host()
+    state = h.config.state_dir
+    audit.append(state, "sources_changed", workflow_id="con", actor="alice")
+    with open(state / audit.AUDIT_NAME, "ab") as fh:
+        fh.write(b"{torn\n")
+    audit.append(state, "sources_changed", workflow_id="lib", actor="alice")
+    feed = admin.AuditFeed(h, since=None, workflow="con")
+    page = feed.records().to_json()
+    assert [e["workflow_id"] for e in page["events"]] == ["con"] and page["skipped_lines"] == 1
+    audit.append(state, "writer_granted", source="con", consumer="lib", actor="alice")
+    assert [e["event"] for e in feed.poll()] == ["writer_granted"]  # only what was appended since
+    assert admin.AuditFeed(h, since=None, workflow=None).records().to_json()["skipped_lines"] == 1
