@@ -60,7 +60,7 @@ from kbd.service import notes as note_ops
 from kbd.service import sessions as session_ops
 from kbd.service import workflows as workflow_ops
 from kbd.service.root import Root
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 
 log = logging.getLogger("kbd.api")
 PEER_UID = "kbd.peer_uid"
@@ -194,7 +194,7 @@ class State:
 
     def __init__(self, host: Root) -> None:
         self.host = host
-        self.sessions = Sessions(host)
+        self.sessions = RootSessions(host)
         self.lock = threading.RLock()
         self.started = time.time()
         self.requests: Counter[str] = Counter()
@@ -475,7 +475,7 @@ def create_app(host: Root) -> FastAPI:
     @app.post("/v1/sessions/{sid}/children", response_model=PlanResponse, status_code=201)
     def open_child(sid: str, body: ChildBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
-            plan = session_ops.open_child(state.sessions, sid, actor=actor, kind=body.kind or None,
+            plan = session_ops.open_child(state.sessions, sid, actor=actor, kind=body.kind,
                                           kb_access=body.kb_access, item_kb_write=body.item_kb_write)  # fmt: skip
             return plan.to_json()
 

@@ -59,7 +59,7 @@ from kbd.fs.confined import (
 
 if TYPE_CHECKING:  # the types only: notes never needs the registry to import
     from kbd.service.root import Root
-    from kbd.session_ops import Sessions
+    from kbd.service.sessions import RootSessions
 
 MAX_NOTE_BYTES = 1024 * 1024
 #: Every written note, whatever mode the file it replaces had (never set-id or executable).
@@ -288,7 +288,7 @@ class PreparedNote:
 
 
 def prepare_note(
-    sessions: Sessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
+    sessions: RootSessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
 ) -> PreparedNote:
     """Everything but the gate and the write: the session's plan now, the grant,
     the name, the size, the text, and the provenance-stamped content. Needs the
@@ -386,7 +386,7 @@ def commit_note(note: PreparedNote) -> dict[str, Any]:
 
 
 def write_note(
-    sessions: Sessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
+    sessions: RootSessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
 ) -> dict[str, Any]:
     """Write one contributed note. Returns ``{workflow_id, alias, path, bytes}``.
 

@@ -14,7 +14,7 @@ from kbd import notes
 from kbd.core.principals import Actor
 from kbd.notes import PreparedNote as PreparedNote  # re-exported: what prepare() hands to commit()
 from kbd.service import JsonObject
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 
 MAX_NOTE_BYTES = notes.MAX_NOTE_BYTES
 
@@ -31,7 +31,7 @@ class NoteWritten:
 
 
 def prepare(
-    sessions: Sessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
+    sessions: RootSessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
 ) -> PreparedNote:
     return notes.prepare_note(sessions, sid, alias, relpath, data, actor=actor)
 
@@ -42,7 +42,7 @@ def commit(prepared: PreparedNote) -> NoteWritten:
 
 
 def write(
-    sessions: Sessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
+    sessions: RootSessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
 ) -> NoteWritten:
     """Write RELPATH (relative to the source's notes/) atomically, with provenance."""
     return commit(prepare(sessions, sid, alias, relpath, data, actor=actor))

@@ -40,8 +40,9 @@ import yaml
 from kbd.errors import KbdError
 from kbd.fs.confined import pin_dir
 from kbd.notes import read_index, write_note
+from kbd.service import sessions as session_ops
 from kbd.service.root import Root
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 from kbd.state import audit
 from tests.features import backends
 from tests.helpers import OPERATOR, KbRoot
@@ -175,7 +176,9 @@ def build(kb: KbRoot, consumers: list[str]) -> Source:
 
 
 def open_session(host: Root, wid: str) -> str:
-    plan = Sessions(host).open(host.actor("alice"), wid, kind="execution", kb_access="read-write")
+    plan = session_ops.open_session(
+        RootSessions(host), wid, actor=host.actor("alice"), kind="execution", kb_access="read-write"
+    )
     sid = str(plan.session_id)
     return sid
 
@@ -195,11 +198,11 @@ from pathlib import Path
 from kbd.notes import write_note
 from kbd.service.root import Root
 from kbd.core.principals import LocalOperator
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 OPERATOR = LocalOperator.current()
 
 job = json.loads(sys.stdin.readline())
-sessions = Sessions(Root(Path(job["root"])))
+sessions = RootSessions(Root(Path(job["root"])))
 sessions.plan(job["sid"], actor=OPERATOR)  # warm the caches before the race starts
 print("ready", flush=True)
 if sys.stdin.readline().strip() != "go":
@@ -353,11 +356,11 @@ from pathlib import Path
 from kbd.notes import write_note
 from kbd.service.root import Root
 from kbd.core.principals import LocalOperator
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 OPERATOR = LocalOperator.current()
 
 job = json.loads(sys.stdin.readline())
-sessions = Sessions(Root(Path(job["root"])))
+sessions = RootSessions(Root(Path(job["root"])))
 write_note(sessions, job["sid"], "src", job["name"], job["first"].encode(), actor=OPERATOR)
 real_write = os.write
 
@@ -399,7 +402,7 @@ def test_writer_killed_inside_the_temp_write_leaves_no_partial_file_and_no_stuck
         # The writer holds the mutex: another writer waits, then gets Busy naming the holder.
         quick = quick_host(kb, 0.3)
         with pytest.raises(KbdError) as info:
-            write_note(Sessions(quick), sid, "src", "other.md", b"other\n", actor=OPERATOR)
+            write_note(RootSessions(quick), sid, "src", "other.md", b"other\n", actor=OPERATOR)
         assert (info.value.code, info.value.exit_code) == ("busy", 75)
         # It names the holder's workflow, never its session, pid or host (those stay in
         # the holder file for operators).
@@ -413,7 +416,7 @@ def test_writer_killed_inside_the_temp_write_leaves_no_partial_file_and_no_stuck
     assert split_note(target.read_text())[1] == first, "a killed writer left a partial note"
     assert len(temp_files(source.notes)) == 1  # its temp file stays until the next write
     t0 = time.monotonic()
-    write_note(Sessions(kb.host()), sid, "src", "big.md", third.encode(), actor=OPERATOR)
+    write_note(RootSessions(kb.host()), sid, "src", "big.md", third.encode(), actor=OPERATOR)
     assert time.monotonic() - t0 < host.config.lock_timeout, "the lock stayed stuck"
     assert split_note(target.read_text())[1] == third
     assert not temp_files(source.notes), "the next write did not sweep the dead writer's temp file"
@@ -425,11 +428,11 @@ from pathlib import Path
 from kbd.notes import write_note
 from kbd.service.root import Root
 from kbd.core.principals import LocalOperator
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 OPERATOR = LocalOperator.current()
 
 job = json.loads(sys.stdin.readline())
-sessions = Sessions(Root(Path(job["root"])))
+sessions = RootSessions(Root(Path(job["root"])))
 k = 0
 while True:
     print(k, flush=True)
@@ -442,7 +445,7 @@ def test_writers_killed_at_random_moments_leave_whole_notes_and_free_locks(kb: K
     source = build(kb, ["con"])
     host = kb.host()
     sid = open_session(host, "con")
-    sessions = Sessions(host)
+    sessions = RootSessions(host)
     versions = [big_body(f"v{j}", 400_000) for j in range(3)]
     after = "after the kill\n"
     target = source.notes / "loop.md"
@@ -485,20 +488,20 @@ def test_kbd_exec_killed_while_holding_the_mutex_leaves_no_stuck_lock(kb: KbRoot
         assert read_line(proc) == "ready"
         # The command holds the mutex while it runs: a note write waits and gives up.
         with pytest.raises(KbdError) as info:
-            write_note(Sessions(quick_host(kb, 0.3)), sid, "src", "blocked.md", b"x\n", actor=OPERATOR)
+            write_note(RootSessions(quick_host(kb, 0.3)), sid, "src", "blocked.md", b"x\n", actor=OPERATOR)
         assert info.value.code == "busy" and "workflow con" in info.value.message
         os.killpg(proc.pid, signal.SIGKILL)
         assert proc.wait(timeout=PROC_TIMEOUT) == -signal.SIGKILL
         # EOF on the pipe: bwrap and the sandboxed shell died with kbd exec.
         wait_eof(proc)
     t0 = time.monotonic()
-    write_note(Sessions(kb.host()), sid, "src", "after.md", b"after\n", actor=OPERATOR)
+    write_note(RootSessions(kb.host()), sid, "src", "after.md", b"after\n", actor=OPERATOR)
     assert time.monotonic() - t0 < host.config.lock_timeout, "the lock stayed stuck"
     assert split_note((source.notes / "after.md").read_text())[1] == "after\n"
     assert not (source.notes / "blocked.md").exists()
     # Nothing keeps writing after the kill.
     before = (source.notes / "looping.md").stat()
-    write_note(Sessions(kb.host()), sid, "src", "after2.md", b"after\n", actor=OPERATOR)
+    write_note(RootSessions(kb.host()), sid, "src", "after2.md", b"after\n", actor=OPERATOR)
     assert (source.notes / "looping.md").stat().st_mtime_ns == before.st_mtime_ns
 
 
@@ -616,7 +619,7 @@ def test_kbd_exec_of_a_write_plan_holds_the_notes_mutex_under_every_backend(kb: 
         # The sandboxed command is running (waiting for our line): a confined write must wait for it.
         try:
             write_note(
-                Sessions(quick_host(kb, 0.3)), sid, "src", "meanwhile.md", b"meanwhile\n", actor=OPERATOR
+                RootSessions(quick_host(kb, 0.3)), sid, "src", "meanwhile.md", b"meanwhile\n", actor=OPERATOR
             )
         except KbdError as err:
             assert err.code == "busy" and "workflow con" in err.message
@@ -629,4 +632,4 @@ def test_kbd_exec_of_a_write_plan_holds_the_notes_mutex_under_every_backend(kb: 
             assert proc.wait(timeout=PROC_TIMEOUT) == 0
     assert (source.notes / "from-exec.md").read_text() == "done\n"
     assert not (source.notes / "meanwhile.md").exists()
-    write_note(Sessions(kb.host()), sid, "src", "after.md", b"after\n", actor=OPERATOR)
+    write_note(RootSessions(kb.host()), sid, "src", "after.md", b"after\n", actor=OPERATOR)
