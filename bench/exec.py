@@ -17,7 +17,7 @@ import orjson
 from kbd.core.principals import LocalOperator
 from kbd.sandbox import bwrap
 from kbd.service.root import Root
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 
 RUNS = 30
 REPO = Path(__file__).resolve().parent.parent
@@ -55,7 +55,7 @@ def main() -> None:
             opened[mode] = orjson.loads(out)["session_id"]
         subprocess.run([*kbd, "exec", opened["read"], "--", "/bin/true"], env=env, check=True)
         host = Root(kb.root)
-        plan = Sessions(host).plan(opened["read"], actor=LocalOperator.current())
+        plan = RootSessions(host).plan(opened["read"], actor=LocalOperator.current())
 
         def bwrap_direct() -> float:
             # Rebuilt every run, as kbd does: bwrap consumes the seccomp memfd and the bind fds.

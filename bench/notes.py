@@ -38,8 +38,9 @@ from typing import Any
 import orjson
 import yaml
 
+from kbd.service import sessions as session_ops
 from kbd.service.root import Root
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -56,7 +57,7 @@ from pathlib import Path
 import kbd.service.notes as notes
 from kbd.service.root import Root
 from kbd.core.principals import LocalOperator
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 OPERATOR = LocalOperator.current()
 
 real_lock = notes.notes_lock
@@ -75,7 +76,7 @@ def timed_lock(*args, **kwargs):
 
 notes.notes_lock = timed_lock
 job = json.loads(sys.stdin.readline())
-sessions = Sessions(Root(Path(job["root"])))
+sessions = RootSessions(Root(Path(job["root"])))
 sessions.plan(job["sid"], actor=OPERATOR)  # warm caches before the race
 print("ready", flush=True)
 if sys.stdin.readline().strip() != "go":
@@ -202,9 +203,13 @@ def scenario(tmp: Path, name: str, writers: int) -> dict[str, Any]:
     )
     time.sleep(0.3)  # let the racy-timestamp window pass so caches are trusted, as on a live host
     host = Root(kb.root)
-    sessions = Sessions(host)
+    sessions = RootSessions(host)
     sids = [
-        str(sessions.open(host.actor("alice"), "con", kind="execution", kb_access="read-write").session_id)
+        str(
+            session_ops.open_session(
+                sessions, "con", actor=host.actor("alice"), kind="execution", kb_access="read-write"
+            ).session_id
+        )
         for _ in range(writers)
     ]
     wall, results = run_writers(kb, sids)

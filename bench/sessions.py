@@ -1,9 +1,9 @@
 """Plan lookup and session open with 20 sources (DESIGN §8), in process.
 
 A consumer attaches 20 sources (4 of them write-granted); the figures are
-medians over many calls on a warm process: ``Sessions.plan(sid)`` (the full
+medians over many calls on a warm process: ``RootSessions.plan(sid)`` (the full
 rebuild every lookup does: registry check, 20 resolutions with KB probes,
-plan, digest) and ``Sessions.open`` (the same plus one SQLite insert).
+plan, digest) and ``open_session`` (the same plus one SQLite insert).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 from kbd.core import layout
+from kbd.service import sessions as session_ops
 from kbd.service.root import Root
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.helpers import KbRoot
@@ -50,16 +51,21 @@ def main() -> None:
         )  # fmt: skip
         time.sleep(layout.RACY_NS / 1e9 * 1.5)  # let timestamps age out of the racy window, as on a live host
         host = Root(kb.root)  # default sweep_interval, as in the daemon
-        sessions = Sessions(host)
+        sessions = RootSessions(host)
         alice = host.actor("alice")
-        plan = sessions.open(alice, "con", kind="execution", kb_access="read-write")
+        plan = session_ops.open_session(
+            sessions, "con", actor=alice, kind="execution", kb_access="read-write"
+        )
         sid = str(plan.session_id)
         assert len(plan.sources) == 20 and all(a.available for a in plan.sources)
         for _ in range(200):
             sessions.plan(sid, actor=alice)
         lookup = median_ms(lambda: sessions.plan(sid, actor=alice), LOOKUPS)
         opened = median_ms(
-            lambda: sessions.open(alice, "con", kind="execution", kb_access="read-write"), OPENS
+            lambda: session_ops.open_session(
+                sessions, "con", actor=alice, kind="execution", kb_access="read-write"
+            ),
+            OPENS,
         )
     print(f"sessions bench: 20 sources (4 writable), warm process; {LOOKUPS} lookups, {OPENS} opens")
     print(f"{'measure':<44} {'median':>9} {'p99':>9}  budget (DESIGN §8)")

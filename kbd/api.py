@@ -59,7 +59,7 @@ from kbd.service import notes as note_ops
 from kbd.service import sessions as session_ops
 from kbd.service import workflows as workflow_ops
 from kbd.service.root import Root
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 
 log = logging.getLogger("kbd.api")
 PEER_UID = "kbd.peer_uid"
@@ -190,7 +190,7 @@ class State:
 
     def __init__(self, host: Root) -> None:
         self.host = host
-        self.sessions = Sessions(host)
+        self.sessions = RootSessions(host)
         self.lock = threading.RLock()
         self.started = time.time()
         self.requests: Counter[str] = Counter()

@@ -21,6 +21,7 @@ import orjson
 from kbd.boundary import die_of_sigpipe, guarded, internal_error
 from kbd.core.config import default_root
 from kbd.core.identifiers import alias_problem, one_line
+from kbd.core.pathguard import PathCheck
 from kbd.core.plan import Plan
 from kbd.core.policy import KB_ACCESS, KINDS
 from kbd.core.principals import Actor, LocalOperator, Principal
@@ -40,7 +41,7 @@ from kbd.service import notes as note_ops
 from kbd.service import sessions as session_ops
 from kbd.service import workflows as workflow_ops
 from kbd.service.root import Root
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 from kbd.state import audit as audit_log
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -480,8 +481,8 @@ def writers_revoke(c: Ctx, source_wf: str, consumer_wf: str, as_: str | None, as
 # -- sessions ----------------------------------------------------------------------------
 
 
-def _sessions(c: Ctx) -> Sessions:
-    return Sessions(c.host)
+def _sessions(c: Ctx) -> RootSessions:
+    return RootSessions(c.host)
 
 
 def _print_plan(plan: Plan) -> None:
@@ -682,7 +683,7 @@ def check_cmd(c: Ctx, sid: str, path: str, mode: str, as_: str | None, as_json: 
         result = session_ops.check(_sessions(c), sid, path, mode, actor=c.session_actor(as_))
     except SessionClosed as err:
         # Still the contract's answer on stdout: a closed session grants nothing.
-        result = session_ops.PathCheck(allowed=False, reason=err.message)
+        result = PathCheck(allowed=False, reason=err.message)
     if as_json:
         _emit(result.to_json())
     else:

@@ -423,3 +423,42 @@ def replace_file(dirfd: int, rel: str, data: bytes, *, mode: int = 0o644) -> Non
             raise _refusal(exc.errno or errno.EIO, rel) from None
     finally:
         os.close(pfd)
+
+
+def link_below(root: Path, target: Path, *, folder: bool = False) -> str | None:
+    """Why ``target`` (inside the grant ``root``) must not be used, or None: the
+    file-system half of the path guard (:mod:`kbd.core.pathguard`).
+
+    Its folder is pinned from ``/`` without following any link, then the name
+    itself is checked with lstat: a link anywhere on the way is refused. A
+    folder that does not exist yet is fine (a writer creates it; nothing below a
+    missing folder can be a link), unless something else stands in its place.
+    With ``folder`` (the path ended with ``/``), the target must be a folder.
+    """
+    if target == Path("/"):
+        return None
+    parent = target.parent
+    missing: list[str] = [target.name]
+    while True:
+        try:
+            pinned = pin_dir(parent)
+            break
+        except PathNotFound as exc:
+            if parent == root or parent == Path("/") or root not in parent.parents:
+                return exc.message
+            missing.insert(0, parent.name)
+            parent = parent.parent
+        except KbdError as exc:
+            return exc.message
+    with pinned:
+        try:
+            st = os.stat(missing[0], dir_fd=pinned.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+    if stat.S_ISLNK(st.st_mode):
+        return "the path is a symbolic link; kbd never follows links inside grants"
+    if len(missing) > 1 and not stat.S_ISDIR(st.st_mode):
+        return "a component of the path is not a folder"
+    if folder and not stat.S_ISDIR(st.st_mode):
+        return "the path ends with '/' but names a file, not a folder"
+    return None

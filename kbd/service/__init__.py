@@ -10,7 +10,8 @@ or for session operations an :data:`kbd.core.principals.Actor`; there is no ``No
 meaning "trusted"), returns a frozen dataclass, and raises only
 :class:`kbd.errors.KbdError`. The operations build on :class:`kbd.service.root.Root`
 (the root context: config, principals, registry, audit log) and
-:class:`kbd.session_ops.Sessions` (the session store and plans).
+:class:`kbd.service.sessions.RootSessions` (the session store, running commands
+and plans).
 
 * :mod:`kbd.service.auth` — who is acting: bearer tokens, uid mapping, the
   disabled check, ``--as`` / ``$KBD_AS``.

@@ -20,7 +20,7 @@ from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, NotFound, Per
 from kbd.fs.rootconfig import issue_token
 from kbd.service import JsonObject
 from kbd.service.root import Root
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 from kbd.state import audit
 
 # -- init -------------------------------------------------------------------------------
@@ -251,7 +251,7 @@ def may_see_metrics(*, actor: Principal) -> None:
         raise PermissionDenied("metrics are for admins and services", hint="ask an operator")
 
 
-def metrics(sessions: Sessions, *, actor: Principal, requests: dict[str, int]) -> Metrics:
+def metrics(sessions: RootSessions, *, actor: Principal, requests: dict[str, int]) -> Metrics:
     """Host-wide counters, for operators only (admins and services): they
     reveal how busy the host is, not what any workflow holds."""
     may_see_metrics(actor=actor)

@@ -37,7 +37,7 @@ from kbd.sandbox import bwrap, cgroup, reaper, seccomp, spec
 from kbd.sandbox import limits as rlimits
 from kbd.sandbox.landlock import LANDLOCK_ALL, landlock_abi, system_rules
 from kbd.service.root import Root
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 INHERITED = ("LANG", "TERM")
@@ -266,7 +266,7 @@ def run(
     forward: _Forward | None = None
     try:
         host = Root(root)
-        sessions = Sessions(host)
+        sessions = RootSessions(host)
         plan = sessions.plan(sid, actor=actor if isinstance(actor, LocalOperator) else host.actor(actor))
         workdir = resolve_cwd(plan, cwd)
         env = session_env(plan, sid)
@@ -312,7 +312,7 @@ def run(
 
 
 def _finish(
-    proc: subprocess.Popen[bytes], forward: _Forward, box: cgroup.Box | None, sessions: Sessions, sid: str
+    proc: subprocess.Popen[bytes], forward: _Forward, box: cgroup.Box | None, sessions: RootSessions, sid: str
 ) -> None:
     """After the command (or a failure to record it): never let it run on
     unrecorded, kill what it left behind, and drop its record."""
@@ -322,11 +322,11 @@ def _finish(
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     _end_tree(box)
-    sessions.store.remove_process(sid, proc.pid)
+    sessions.commands.remove(sid, proc.pid)
 
 
 def _run_direct(
-    host: Root, sessions: Sessions, plan: Plan, sid: str, command: list[str], workdir: Path,
+    host: Root, sessions: RootSessions, plan: Plan, sid: str, command: list[str], workdir: Path,
     env: dict[str, str], forward: _Forward, backend: str, box: cgroup.Box | None,
 ) -> int:  # fmt: skip
     if backend == "landlock":
@@ -339,7 +339,7 @@ def _run_direct(
     proc = spawn([*rlimits.shell_prefix(host.config.limits), *argv], box, env=env, cwd=workdir)
     forward.arm(proc.pid)
     try:
-        sessions.store.add_process(
+        sessions.commands.add(
             sid, pid=proc.pid, generation=plan.generation, argv=command, cgroup=box.name if box else None
         )
         return wait_child(proc, forward)
@@ -348,7 +348,7 @@ def _run_direct(
 
 
 def _run_bwrap(
-    host: Root, sessions: Sessions, plan: Plan, sid: str, command: list[str], workdir: Path,
+    host: Root, sessions: RootSessions, plan: Plan, sid: str, command: list[str], workdir: Path,
     env: dict[str, str], forward: _Forward, box: cgroup.Box | None,
 ) -> int:  # fmt: skip
     bwrap.prepare(plan)
@@ -364,7 +364,7 @@ def _run_bwrap(
     forward.arm(proc.pid)
     started = time.time()
     try:
-        sessions.store.add_process(sid, pid=proc.pid, generation=plan.generation, argv=command,
+        sessions.commands.add(sid, pid=proc.pid, generation=plan.generation, argv=command,
                                    started_at=started, cgroup=box.name if box else None)  # fmt: skip
         child, code = bwrap.read_status(status_r)
         rc = wait_child(proc, forward)

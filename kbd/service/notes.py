@@ -32,7 +32,7 @@ from kbd.state.notes_quota import check_quota
 
 if TYPE_CHECKING:  # the types only: a note write never needs the registry to import
     from kbd.service.root import Root
-    from kbd.session_ops import Sessions
+    from kbd.service.sessions import RootSessions
 
 #: The largest note, for interfaces that read one in.
 MAX_NOTE_BYTES = rules.MAX_NOTE_BYTES
@@ -74,7 +74,7 @@ class PreparedNote:
 
 
 def prepare(
-    sessions: Sessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
+    sessions: RootSessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
 ) -> PreparedNote:
     """Everything but the gate and the write: the session's plan now, the grant,
     the name, the size, the text, and the provenance-stamped content. Needs the
@@ -156,7 +156,7 @@ def commit(note: PreparedNote) -> NoteWritten:
 
 
 def write(
-    sessions: Sessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
+    sessions: RootSessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
 ) -> NoteWritten:
     """Write RELPATH (relative to the source's notes/) atomically, with provenance.
 

@@ -3,7 +3,7 @@ principals and workflow registry, its audit log, and the resolver's view of
 the registry.
 
 It decides nothing about who may do what: the operations
-(:mod:`kbd.service.workflows`, :mod:`kbd.session_ops`, ...) take a
+(:mod:`kbd.service.workflows`, :mod:`kbd.service.sessions`, ...) take a
 :class:`Root` and authorize their actor themselves. A long-lived daemon keeps
 one and calls :meth:`Root.refresh` so a changed config takes effect at once.
 """

@@ -1,23 +1,143 @@
-"""Sessions: open (and copied children), show, environment, list, close, revoke, path checks.
+"""Sessions (DESIGN §4): open (and copied children), show, environment, list, close,
+revoke, path checks — and the lookup that rebuilds a session's plan.
 
-Session operations take an :data:`kbd.core.principals.Actor`: a principal is
-authorized by its roles; a :class:`kbd.core.principals.LocalOperator` (created only
-by the CLI entry points) is the trusted operator of the root. Opening a session
-always needs a principal.
+A lookup (:meth:`RootSessions.plan`) is the only way to get a session's plan,
+and it always rebuilds the plan from saved configuration (DESIGN §4
+"Reconciliation"). Every operation here takes a :class:`RootSessions` and an
+:data:`kbd.core.principals.Actor`: a principal is authorized by its roles; a
+:class:`kbd.core.principals.LocalOperator` (created only by the CLI entry
+points) is the trusted operator of the root. Opening a session always needs a
+principal. Every refusal is audited before the caller hears of it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
-from kbd.core.plan import Plan
+from kbd.core import audience, pathguard, policy
+from kbd.core.pathguard import PathCheck
+from kbd.core.plan import Plan, build_plan
 from kbd.core.policy import KINDS
-from kbd.core.principals import Actor, Principal
-from kbd.errors import InvalidInput
+from kbd.core.principals import Actor, LocalOperator, Principal, actor_fields
+from kbd.errors import InvalidInput, KbdError, PermissionDenied, session_not_found
+from kbd.fs import datafiles
+from kbd.fs.confined import link_below
+from kbd.fs.folders import resolve_folders
 from kbd.service import JsonObject
-from kbd.session_ops import Sessions, check_path
-from kbd.state.store import ProcessRow, SessionRow
+from kbd.service.root import Root
+from kbd.state.processes import ProcessRow, RunningCommands, kill_unrecorded
+from kbd.state.store import SessionRow, SessionStore, new_session_id, require_open
+
+_MODES = {"none": set(), "read": {"r"}, "write": {"w"}, "read-write": {"r", "w"}}
+
+
+class RootSessions:
+    """The sessions of one root: their store, the records of the commands running
+    in them, and the lookup that rebuilds a session's plan and decides who may
+    use a session. Every session operation below takes one."""
+
+    def __init__(self, host: Root) -> None:
+        self.host = host
+        datafiles.use_cache(host.config.state_dir)
+        self.store = SessionStore(host.config.state_dir, timeout=host.config.lock_timeout)
+        self.commands = RunningCommands(host.config.state_dir)
+        self._folder_roots: tuple[tuple[Path, ...], tuple[Path, ...]] = ((), ())
+
+    def folder_roots(self) -> tuple[Path, ...]:
+        """The operator-approved roots of the current config (a daemon re-reads
+        kbd.yaml when it changes), canonicalised once per change."""
+        configured = self.host.config.folder_roots
+        if self._folder_roots[0] != configured:
+            self._folder_roots = (configured, tuple(r.resolve() for r in configured))
+        return self._folder_roots[1]
+
+    # -- plans -------------------------------------------------------------
+    def _build(self, row: SessionRow) -> Plan:
+        found = self.host.workflow(row.workflow_id)
+        m = found.manifest
+        plan = build_plan(
+            workflow_id=m.id,
+            workflow_folder=found.folder.path,
+            policy=datafiles.consumer_kind(row.kind),
+            kb_access=row.kb_access,
+            item_kb_write=row.item_kb_write,
+            attachments=self.host.resolve(m),
+            folders=resolve_folders(m.raw.get("folder_access"), roots=self.folder_roots()),
+        )
+        digest = plan.digest()
+        generation = row.generation
+        if digest != row.digest:
+            generation = self.store.record_generation(row.id, seen_digest=row.digest, new_digest=digest)
+        return plan.with_generation(generation, session_id=row.id, parent=row.parent, opened_by=row.opened_by)
+
+    def plan(self, sid: str, *, actor: Actor) -> Plan:
+        """The session's current plan as ``actor`` may use it (a LocalOperator is
+        the trusted CLI on the root). Closed sessions grant nothing."""
+        row = self._usable(sid, actor, action="plan", need_open=True)
+        return self._build(row)
+
+    def _usable(self, sid: str, actor: Actor, *, action: str, need_open: bool = False) -> SessionRow:
+        """The session ``sid`` if ``actor`` may use it for ``action`` (and it is
+        open, with ``need_open``); every refusal is audited before it is raised."""
+        try:
+            row = self.store.get(sid)
+            self._authorize(row, actor)
+            if need_open:
+                require_open(self.store, row)
+        except KbdError as err:
+            self.host.audit("session_refused", **actor_fields(actor), action=action, session=sid, code=err.code,
+                            message=err.message[:300])  # fmt: skip
+            raise
+        return row
+
+    def _authorize(self, row: SessionRow, actor: Actor) -> None:
+        """Who may use a session (plan, notes, check, close, revoke, children):
+        the trusted local operator (the CLI on the root), services,
+        enabled admins, and the principal who opened it — while that principal
+        may still open this kind of session. Anyone else gets the same answer as
+        for a session that does not exist (a reader of the workflow must not
+        borrow an owner's execution session)."""
+        if isinstance(actor, LocalOperator) or actor.is_service or actor.enabled_admin:
+            return
+        if actor.id == row.opened_by:
+            m = self.host.workflow(row.workflow_id).manifest
+            if audience.can_open_session(
+                actor, m, readers_may_open=datafiles.consumer_kind(row.kind).readers_may_open
+            ):
+                return
+            raise PermissionDenied(
+                f"{actor.id!r} may no longer use session {row.id}: their role on {row.workflow_id!r} changed"
+            )
+        raise session_not_found(row.id)
+
+    def _visible(self, rows: list[SessionRow], actor: Actor) -> list[SessionRow]:
+        """The rows ``actor`` may use (others are left out, not refused)."""
+        out = []
+        for row in rows:
+            try:
+                self._authorize(row, actor)
+            except KbdError:
+                continue
+            out.append(row)
+        return out
+
+    def _drop_scratch(self, sid: str) -> None:
+        """Remove the Landlock-only backend's per-session scratch folder (its
+        stand-in for a private /tmp, kbd.service.execute.private_tmp): on disk and bounded
+        per file only, it must not outlive the session. ``rmtree`` works through
+        folder descriptors on Linux, so links the command planted are removed,
+        never followed."""
+        import shutil  # not on the exec path
+
+        path = self.host.config.state_dir / "tmp" / sid
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+# -- results -----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -72,17 +192,11 @@ class Revoked:
                 "terminated": list(self.terminated), "still_running": list(self.still_running)}  # fmt: skip
 
 
-@dataclass(frozen=True)
-class PathCheck:
-    allowed: bool
-    reason: str
-
-    def to_json(self) -> JsonObject:
-        return {"allowed": self.allowed, "reason": self.reason}
+# -- operations --------------------------------------------------------------------
 
 
 def open_session(
-    sessions: Sessions,
+    sessions: RootSessions,
     wid: str,
     *,
     actor: Principal,
@@ -95,19 +209,18 @@ def open_session(
     given); its plan. ``kb_access`` defaults to read; a child's ``kind`` and
     ``kb_access`` default to its parent's (a different kind, a wider access or
     an item write its parent did not ask for are refused)."""
-    if kind is None:
-        if parent is None:
-            raise InvalidInput(
-                "kind is required unless a parent session is given", hint=f"kinds: {', '.join(KINDS)}"
-            )
-        kind = sessions.store.get(parent).kind
-    return sessions.open(
-        actor, wid, kind=kind, kb_access=kb_access, item_kb_write=item_kb_write, parent=parent
-    )
+    try:
+        if kind is None:
+            kind = _child_kind(sessions, parent)
+        return _open(sessions, actor, wid, kind=kind, kb_access=kb_access, item_kb_write=item_kb_write,
+                     parent=parent)  # fmt: skip
+    except KbdError as err:
+        _open_refused(sessions, err, actor=actor, wid=wid, kind=kind, kb_access=kb_access, parent=parent)
+        raise
 
 
 def open_child(
-    sessions: Sessions,
+    sessions: RootSessions,
     parent: str,
     *,
     actor: Principal,
@@ -116,17 +229,109 @@ def open_child(
     item_kb_write: bool | None = None,
 ) -> Plan:
     """Open a copied child of ``parent``, in its parent's workflow (see
-    :func:`open_session`); an empty ``kind`` means the parent's too."""
-    wid = sessions.store.get(parent).workflow_id
-    return open_session(sessions, wid, actor=actor, kind=kind or None, kb_access=kb_access,
-                        item_kb_write=item_kb_write, parent=parent)  # fmt: skip
+    :func:`open_session`). An empty ``kind`` is no kind: the parent's."""
+    kind = kind or None
+    try:
+        wid = sessions.store.get(parent).workflow_id
+    except KbdError as err:
+        _open_refused(sessions, err, actor=actor, wid=None, kind=kind, kb_access=kb_access, parent=parent)
+        raise
+    return open_session(sessions, wid, actor=actor, kind=kind, kb_access=kb_access, item_kb_write=item_kb_write,
+                        parent=parent)  # fmt: skip
 
 
-def running(sessions: Sessions, sid: str, plan: Plan) -> tuple[RunningCommand, ...]:
-    return tuple(RunningCommand(p, p.generation < plan.generation) for p in sessions.store.processes(sid))
+def _child_kind(sessions: RootSessions, parent: str | None) -> str:
+    """The kind of a session opened without one: its parent's (only a child may omit it)."""
+    if parent is None:
+        raise InvalidInput(
+            "kind is required unless a parent session is given", hint=f"kinds: {', '.join(KINDS)}"
+        )
+    return sessions.store.get(parent).kind
 
 
-def show(sessions: Sessions, sid: str, *, actor: Actor) -> SessionView:
+def _open_refused(
+    sessions: RootSessions,
+    err: KbdError,
+    *,
+    actor: Principal,
+    wid: str | None,
+    kind: str | None,
+    kb_access: str | None,
+    parent: str | None,
+) -> None:
+    # Every refusal is recorded (who, what, target, why) before the caller hears of it.
+    sessions.host.audit("session_refused", **actor_fields(actor), action="open", workflow_id=wid, kind=kind,
+                        kb_access=kb_access, parent=parent, code=err.code, message=err.message[:300])  # fmt: skip
+
+
+def _open(
+    sessions: RootSessions,
+    actor: Principal,
+    wid: str,
+    *,
+    kind: str,
+    kb_access: str | None,
+    item_kb_write: bool | None,
+    parent: str | None,
+) -> Plan:
+    kind_policy = datafiles.consumer_kind(kind)
+    store = sessions.store
+    parent_row: SessionRow | None = None
+    if parent is not None:
+        parent_row = store.get(parent)
+        sessions._authorize(parent_row, actor)
+        require_open(store, parent_row)
+        if parent_row.workflow_id != wid:
+            raise InvalidInput(
+                f"session {parent} belongs to {parent_row.workflow_id!r}, not {wid!r}",
+                hint="a copied child session stays in its parent's workflow",
+            )
+    requested = kb_access if kb_access is not None else (parent_row.kb_access if parent_row else "read")
+    if requested not in policy.KB_ACCESS:
+        raise InvalidInput(f"kb_access {requested!r} is not allowed; allowed: {', '.join(policy.KB_ACCESS)}")
+    if parent_row is not None and not _MODES[requested] <= _MODES[parent_row.kb_access]:
+        raise PermissionDenied(
+            f"a child session cannot widen kb_access from {parent_row.kb_access!r} to {requested!r}"
+        )
+    item = item_kb_write if item_kb_write is not None else bool(parent_row and parent_row.item_kb_write)
+    if parent_row is not None:
+        # A copied child re-resolves like its parent: same kind, and never a
+        # KB write the parent's item did not ask for.
+        if kind != parent_row.kind:
+            raise PermissionDenied(f"a child session keeps its parent's kind ({parent_row.kind}), not {kind}")
+        if item and not parent_row.item_kb_write:
+            raise PermissionDenied("a child session cannot ask for KB write when its parent's item did not")
+    found = sessions.host.workflow(wid)
+    if not audience.can_open_session(actor, found.manifest, readers_may_open=kind_policy.readers_may_open):
+        audience.require_inspectable(actor, found.manifest, wid)
+        raise PermissionDenied(
+            f"{actor.id!r} may not open {kind} sessions for {wid!r} (readers may open reviewer sessions only)"
+        )
+    row = SessionRow(
+        id=new_session_id(),
+        workflow_id=wid,
+        kind=kind,
+        kb_access=requested,
+        item_kb_write=item,
+        parent=parent,
+        opened_by=actor.id,
+        opened_at=time.time(),
+        closed_at=None,
+        generation=0,
+        digest="",
+    )
+    # Audit first: if the log cannot be written, no session exists either.
+    sessions.host.audit("session_opened", session=row.id, workflow_id=wid, kind=kind, kb_access=requested,
+                        actor=actor.id, parent=parent)  # fmt: skip
+    store.insert(row)
+    return sessions._build(row)
+
+
+def running(sessions: RootSessions, sid: str, plan: Plan) -> tuple[RunningCommand, ...]:
+    return tuple(RunningCommand(p, p.generation < plan.generation) for p in sessions.commands.of_session(sid))
+
+
+def show(sessions: RootSessions, sid: str, *, actor: Actor) -> SessionView:
     """The plan as ``actor`` may use it, and the commands running in the session.
     Closed sessions grant nothing (SessionClosed)."""
     plan = sessions.plan(sid, actor=actor)
@@ -134,33 +339,73 @@ def show(sessions: Sessions, sid: str, *, actor: Actor) -> SessionView:
 
 
 def list_sessions(
-    sessions: Sessions, *, actor: Actor, workflow_id: str | None = None, include_closed: bool = False
+    sessions: RootSessions, *, actor: Actor, workflow_id: str | None = None, include_closed: bool = False
 ) -> SessionList:
-    """The sessions ``actor`` may use."""
-    rows = sessions.visible(actor=actor, workflow_id=workflow_id, include_closed=include_closed)
-    return SessionList(tuple(rows))
+    """The sessions ``actor`` may use (others are left out, not refused)."""
+    rows = sessions.store.rows(workflow_id=workflow_id, include_closed=include_closed)
+    return SessionList(tuple(sessions._visible(rows, actor)))
 
 
-def close(sessions: Sessions, sid: str, *, actor: Actor) -> Closed:
+def close(sessions: RootSessions, sid: str, *, actor: Actor) -> Closed:
     """Close ``sid`` and its child sessions; what they left running ends now."""
-    return Closed(sid, tuple(sessions.close(sid, actor=actor)))
+    sessions._usable(sid, actor, action="close")
+    closed = sessions.store.close(sid)
+    # A closed session grants nothing: whatever its commands left running —
+    # background trees included — ends now, without a grace period.
+    ended = list(dict.fromkeys([sid, *closed]))
+    commands = sessions.commands
+    terminated = [p.pid for s in ended for p in commands.of_session(s) if commands.terminate(p, grace=0)]
+    unrecorded = [name for s in ended for name in kill_unrecorded(s)]
+    for s in ended:
+        sessions._drop_scratch(s)
+    sessions.host.audit("session_closed", session=sid, closed=closed, terminated=terminated,
+                        **({"terminated_unrecorded": unrecorded} if unrecorded else {}),
+                        **actor_fields(actor))  # fmt: skip
+    return Closed(sid, tuple(closed))
 
 
-def revoke(sessions: Sessions, sid: str, *, actor: Actor, immediate: bool = False) -> Revoked:
-    """Commands running with grants the session no longer has: reported, or
-    terminated with ``immediate`` — or when kbd.yaml's ``revoke_immediately``
-    says so for every revoke (after its ``revoke_grace``)."""
+def revoke(sessions: RootSessions, sid: str, *, actor: Actor, immediate: bool = False) -> Revoked:
+    """Commands running with grants the session no longer has — or every command
+    of a closed session: reported, or terminated with ``immediate`` (or when
+    kbd.yaml's ``revoke_immediately`` says so for every revoke). Termination is
+    SIGTERM to the process group, kbd.yaml's ``revoke_grace`` seconds, then
+    SIGKILL to the command's whole tree (its cgroup); only what was actually
+    terminated is reported as such."""
     cfg = sessions.host.config
-    r = sessions.revoke(
-        sid, immediate=immediate or cfg.revoke_immediately, grace=cfg.revoke_grace, actor=actor
-    )
-    return Revoked(r["session_id"], r["generation"], tuple(r["terminated"]), tuple(r["still_running"]))
+    immediate = immediate or cfg.revoke_immediately
+    row = sessions._usable(sid, actor, action="revoke")
+    closed = row.closed_at is not None or sessions.store.ancestors_closed(row)
+    generation = row.generation if closed else sessions._build(row).generation
+    procs = [p for p in sessions.commands.of_session(sid) if closed or p.generation < generation]
+    terminated: list[int] = []
+    still: list[int] = []
+    if immediate:
+        for p in procs:
+            if sessions.commands.terminate(p, grace=cfg.revoke_grace):
+                terminated.append(p.pid)
+            else:
+                still.append(p.pid)
+    else:
+        still = [p.pid for p in procs]
+    sessions.host.audit("session_revoke", session=sid, immediate=immediate, terminated=terminated,
+                        still_running=still, **actor_fields(actor))  # fmt: skip
+    return Revoked(sid, generation, tuple(terminated), tuple(still))
 
 
-def check(sessions: Sessions, sid: str, path: str, mode: str, *, actor: Actor) -> PathCheck:
+def check(sessions: RootSessions, sid: str, path: str, mode: str, *, actor: Actor) -> PathCheck:
     """May the session read/write ``path`` now? (For file tools outside the sandbox.)"""
-    r = check_path(sessions.plan(sid, actor=actor), path, mode)
-    return PathCheck(allowed=r["allowed"], reason=r["reason"])
+    return check_path(sessions.plan(sid, actor=actor), path, mode)
+
+
+def check_path(plan: Plan, path: str, mode: str) -> PathCheck:
+    """May ``plan`` touch ``path`` for ``mode`` (read|write)? The grants decide
+    (:func:`kbd.core.pathguard.decide`); a path they allow is allowed only when
+    no symbolic link stands below the deciding grant (:func:`kbd.fs.confined.link_below`)."""
+    verdict = pathguard.decide(plan, path, mode)
+    if isinstance(verdict, PathCheck):
+        return verdict
+    link = link_below(verdict.grant.path, verdict.target, folder=verdict.folder)
+    return verdict.allowed() if link is None else PathCheck(allowed=False, reason=link)
 
 
 @dataclass(frozen=True)
@@ -173,6 +418,6 @@ class Environment:
         return dict(self.env)
 
 
-def environment(sessions: Sessions, sid: str, *, actor: Actor) -> Environment:
+def environment(sessions: RootSessions, sid: str, *, actor: Actor) -> Environment:
     """The session's environment as ``actor`` may use it now (SessionClosed when closed)."""
     return Environment(sessions.plan(sid, actor=actor).env)

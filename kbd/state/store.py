@@ -1,5 +1,7 @@
-"""Durable sessions (DESIGN §4): a SQLite store under ``state/`` and the lookup
-that rebuilds a session's plan from saved configuration every time.
+"""Durable sessions (DESIGN §4): the SQLite store under ``state/``, and the one
+translation of its errors into the tree (:func:`from_sqlite`). The lookup that
+rebuilds a session's plan from saved configuration every time is
+:mod:`kbd.service.sessions`; running commands are :mod:`kbd.state.processes`.
 
 SQLite in WAL mode with ``synchronous=FULL`` is shared safely by CLI processes
 and the daemon; every change is one short transaction. A session stores only
@@ -12,16 +14,15 @@ exactly when a lookup yields different grants.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from kbd.errors import Busy, KbdError, NoSpace, SessionClosed, StateCorrupt, session_not_found
 from kbd.fs.atomic import ensure_private_dir
@@ -46,6 +47,9 @@ CREATE INDEX IF NOT EXISTS sessions_parent ON sessions(parent);
 
 
 SCHEMA_VERSION = 1
+# What a query takes: SQLite's own value types. What it returns is untyped
+# (``sqlite3`` rows are ``Any``): the one dynamic boundary here, read by _row.
+SqlValue: TypeAlias = str | int | float | bytes | None
 
 
 def from_sqlite(exc: Exception, *, what: str = "the session store") -> KbdError:
@@ -58,6 +62,15 @@ def from_sqlite(exc: Exception, *, what: str = "the session store") -> KbdError:
     if isinstance(exc, sqlite3.OperationalError):
         return Busy(f"{what} is busy: {exc}")
     return StateCorrupt(f"{what} is unreadable: {exc}")
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    """The one place a ``sqlite3`` error becomes the tree's error (:func:`from_sqlite`)."""
+    try:
+        yield
+    except sqlite3.DatabaseError as exc:
+        raise from_sqlite(exc) from None
 
 
 @dataclass(frozen=True)
@@ -74,7 +87,7 @@ class SessionRow:
     generation: int
     digest: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, str | bool | float | int | None]:
         return {
             "session_id": self.id,
             "workflow_id": self.workflow_id,
@@ -100,7 +113,7 @@ class SessionStore:
         ensure_private_dir(state_dir)
         self.path = state_dir / "sessions.db"
         self.timeout = timeout
-        try:
+        with _translated():
             self._db = sqlite3.connect(
                 self.path, timeout=timeout, isolation_level=None, check_same_thread=False
             )
@@ -108,8 +121,6 @@ class SessionStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
-        except sqlite3.DatabaseError as exc:
-            raise from_sqlite(exc) from None
         # One connection, shared by the daemon's threads: serialise its use.
         self._lock = threading.RLock()
         self._create_schema()
@@ -129,30 +140,19 @@ class SessionStore:
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """``BEGIN IMMEDIATE`` … ``COMMIT``; a lock timeout is Busy (exit 75)."""
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-            except sqlite3.DatabaseError as exc:
-                raise from_sqlite(exc) from None
+        with self._lock, _translated():
+            self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
-            except BaseException as exc:
+            except BaseException:
                 with contextlib.suppress(sqlite3.Error):
                     self._db.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.DatabaseError):
-                    raise from_sqlite(exc) from None
                 raise
-            try:
-                self._db.execute("COMMIT")
-            except sqlite3.DatabaseError as exc:
-                raise from_sqlite(exc) from None
+            self._db.execute("COMMIT")
 
-    def _query(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
-            try:
-                return self._db.execute(sql, args).fetchall()
-            except sqlite3.DatabaseError as exc:
-                raise from_sqlite(exc) from None
+    def _query(self, sql: str, args: Sequence[SqlValue] = ()) -> list[tuple[Any, ...]]:
+        with self._lock, _translated():
+            return self._db.execute(sql, args).fetchall()
 
     @staticmethod
     def _row(r: tuple[Any, ...]) -> SessionRow:
@@ -230,126 +230,6 @@ class SessionStore:
                     closed.append(cur)
                 todo.extend(x[0] for x in db.execute("SELECT id FROM sessions WHERE parent = ?", (cur,)))
         return closed
-
-    # -- running processes (kbd exec) ------------------------------------------
-    # One small file per running command under state/procs/<sid>/: written
-    # without a database transaction or fsync, because it is advisory (every
-    # reader re-checks that the process is still the same one) and sits on the
-    # exec path of every shell command.
-    def _procs(self, sid: str) -> Path:
-        return self.path.parent / "procs" / sid
-
-    def add_process(
-        self,
-        sid: str,
-        *,
-        pid: int,
-        generation: int,
-        argv: list[str],
-        started_at: float | None = None,
-        cgroup: str | None = None,
-    ) -> None:
-        """Record a running command; ``cgroup`` names the per-command cgroup that
-        holds its whole process tree (kbd.sandbox.cgroup), so that close and
-        revoke from another process can kill all of it."""
-        folder = self._procs(sid)
-        folder.mkdir(parents=True, exist_ok=True, mode=0o750)
-        record = {"pid": pid, "pgid": pid, "generation": generation, "started_at": started_at or time.time(),
-                  "boot_id": _boot_id(), "start_ticks": _start_ticks(pid), "argv": argv, "cgroup": cgroup}  # fmt: skip
-        fd = os.open(
-            folder / f"{pid}.json",
-            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o640,
-        )
-        try:
-            os.write(fd, json.dumps(record).encode())
-        finally:
-            os.close(fd)
-
-    def remove_process(self, sid: str, pid: int) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._procs(sid) / f"{pid}.json")
-
-    def processes(self, sid: str) -> list[ProcessRow]:
-        """Commands recorded for ``sid`` that are still running: the same process
-        (boot ID and start time match: a recycled PID is never reported), or —
-        when the recording ``kbd exec`` was killed — a tree its cgroup still holds
-        (then ``alive`` is False and its PID must not be signalled)."""
-        out = []
-        try:
-            names = os.listdir(self._procs(sid))
-        except FileNotFoundError:
-            return []
-        for name in names:
-            try:
-                with open(self._procs(sid) / name, "rb") as fh:
-                    r = json.loads(fh.read())
-                cg = r.get("cgroup")
-                if not (isinstance(cg, str) and cg.startswith(f"{sid}.")):
-                    cg = None  # only this session's own command cgroups
-                row = ProcessRow(sid, int(r["pid"]), int(r["pgid"]), int(r["generation"]), float(r["started_at"]),
-                                 [str(a) for a in r["argv"]], cgroup=cg)  # fmt: skip
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-            if r.get("boot_id") != _boot_id():
-                continue
-            if r.get("start_ticks", -1) != -1 and r["start_ticks"] == _start_ticks(row.pid):
-                out.append(row)
-            elif row.cgroup is not None and _tree_left(row.cgroup):
-                out.append(replace(row, alive=False))
-            elif row.cgroup is not None:
-                # Its kbd exec was killed and the tree is gone: drop what it left behind.
-                _drop_cgroup(row.cgroup)
-                self.remove_process(sid, row.pid)
-        return out
-
-
-def _tree_left(name: str) -> bool:
-    from kbd.sandbox import cgroup  # only when a recorded main process is gone
-
-    path = cgroup.detect().path(name)
-    return path is not None and cgroup.populated(path)
-
-
-def _drop_cgroup(name: str) -> None:
-    from kbd.sandbox import cgroup
-
-    cgroup.remove(cgroup.detect(), name)
-
-
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
-
-
-def _start_ticks(pid: int) -> int:
-    """Process start time in clock ticks since boot (/proc/PID/stat field 22):
-    with the boot ID it tells a recorded process from a recycled PID."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return -1
-    return int(data.rsplit(b")", 1)[1].split()[19])
-
-
-@dataclass(frozen=True)
-class ProcessRow:
-    session_id: str
-    pid: int
-    pgid: int
-    generation: int
-    started_at: float
-    argv: list[str]
-    cgroup: str | None = None  # the per-command cgroup's name (kbd.sandbox.cgroup)
-    alive: bool = True  # False: the main process is gone, its cgroup still holds processes
-
-    def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "pgid": self.pgid, "generation": self.generation,
-                "started_at": self.started_at, "argv": self.argv}  # fmt: skip
 
 
 def require_open(store: SessionStore, row: SessionRow) -> None:

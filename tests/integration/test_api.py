@@ -824,6 +824,8 @@ def test_session_children(world: World, s: Scenario) -> None:
     child = r.json()
     assert child["parent"] == parent and child["kind"] == "execution" and child["kb_access"] == "read"
     assert child["session_id"] != parent and child["workflow_id"] == s.con_id
+    r = world.as_("alice").post(f"/v1/sessions/{parent}/children", json={"kind": ""})
+    assert r.status_code == 201 and r.json()["kind"] == "execution"  # an empty kind is the parent's too
     r = world.as_("alice").post(f"/v1/sessions/{parent}/children", json={"kb_access": "none"})
     assert r.status_code == 201 and r.json()["env"] == {"WORKFLOW_KB_ACCESS": "none"}
     # A copied child keeps its parent's kind and item flag (no widening by kind).

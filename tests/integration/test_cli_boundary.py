@@ -22,12 +22,13 @@ from typing import Any
 
 import pytest
 
-from kbd import session_ops
 from kbd.errors import InvalidInput
 from kbd.sandbox.probe import landlock_only_kinds
 from kbd.service import browse, execute, workflows
 from kbd.service import notes as note_ops
+from kbd.service import sessions as session_ops
 from kbd.service.root import Root
+from kbd.service.sessions import RootSessions
 from kbd.state import audit
 from tests.helpers import OPERATOR, CliResult, KbRoot, snapshot
 
@@ -144,7 +145,7 @@ def test_lean_exec_path_refuses_empty_kbd_as(world: KbRoot) -> None:
 
 def _actor_functions() -> list[tuple[str, Callable[..., Any]]]:
     out: list[tuple[str, Callable[..., Any]]] = []
-    for owner in (Root, workflows, session_ops.Sessions, note_ops, browse, execute):
+    for owner in (Root, workflows, RootSessions, session_ops, note_ops, browse, execute):
         for name, fn in inspect.getmembers(owner, callable):
             if name.startswith("_") or not hasattr(fn, "__code__"):
                 continue
@@ -156,7 +157,9 @@ def _actor_functions() -> list[tuple[str, Callable[..., Any]]]:
 def test_every_actor_parameter_is_required() -> None:
     found = dict(_actor_functions())
     # The operations the issue names must be among those checked.
-    for name in ("Sessions.plan", "Sessions.close", "Sessions.rows", "Sessions.revoke", "Sessions.check",
+    for name in ("RootSessions.plan", "kbd.service.sessions.close", "kbd.service.sessions.list_sessions",
+                 "kbd.service.sessions.revoke", "kbd.service.sessions.check", "kbd.service.sessions.open_session",
+                 "kbd.service.sessions.open_child", "kbd.service.sessions.show",
                  "kbd.service.notes.write", "kbd.service.notes.prepare", "kbd.service.execute.run",
                  "kbd.service.browse.read", "kbd.service.browse.ls", "kbd.service.browse.attachment",
                  "kbd.service.workflows.attach", "kbd.service.workflows.grant",
@@ -173,10 +176,10 @@ def test_type_checker_catches_an_omitted_actor(tmp_path: Path) -> None:
         "from pathlib import Path\n"
         "from kbd.service.notes import write\n"
         "from kbd.service.root import Root\n"
-        "from kbd.session_ops import Sessions\n"
-        "s = Sessions(Root(Path('/r')))\n"
+        "from kbd.service.sessions import RootSessions, close\n"
+        "s = RootSessions(Root(Path('/r')))\n"
         "s.plan('sid')\n"
-        "s.close('sid', actor=None)\n"
+        "close(s, 'sid', actor=None)\n"
         "write(s, 'sid', 'a', 'x.md', b'x')\n"
     )
     mypy = Path(sys.executable).with_name("mypy")
@@ -543,8 +546,10 @@ def test_validate_json_is_json_on_errors_too(
 def test_empty_note_refused_by_the_shared_entry_point(world: KbRoot) -> None:
     """The API and the CLI share kbd.service.notes.write: the library itself refuses."""
     host = world.host()
-    sessions = session_ops.Sessions(host)
-    plan = sessions.open(host.actor("alice"), "con", kind="execution", kb_access="read-write")
+    sessions = RootSessions(host)
+    plan = session_ops.open_session(
+        sessions, "con", actor=host.actor("alice"), kind="execution", kb_access="read-write"
+    )
     with pytest.raises(InvalidInput, match="empty") as info:
         note_ops.write(sessions, str(plan.session_id), "src", "e.md", b"\n", actor=OPERATOR)
     assert info.value.exit_code == 65

@@ -23,7 +23,8 @@ from hypothesis import given
 
 from kbd.errors import KbdError
 from kbd.service import notes as note_ops
-from kbd.session_ops import Sessions
+from kbd.service import sessions as session_ops
+from kbd.service.sessions import RootSessions
 from tests.helpers import OPERATOR, KbRoot, snapshot
 from tests.integration.daemon import Daemon, issue_tokens, serving
 from tests.strategies import note_relpaths
@@ -158,11 +159,15 @@ def test_check_write_and_notes_write_agree_on_names(kb: KbRoot, rel: str) -> Non
         )
         (kb.workflows / "src" / "knowledgebase" / "notes" / "sub").mkdir()
     notes = kb.workflows / "src" / "knowledgebase" / "notes"
-    sessions = Sessions(kb.host())
-    plan = sessions.open(sessions.host.actor("alice"), "con", kind="execution", kb_access="read-write")
+    sessions = RootSessions(kb.host())
+    plan = session_ops.open_session(
+        sessions, "con", actor=sessions.host.actor("alice"), kind="execution", kb_access="read-write"
+    )
     sid = str(plan.session_id)
     try:
-        checked = sessions.check(sid, f"{notes.resolve()}/{rel}", "write", actor=OPERATOR)
+        checked = session_ops.check(
+            sessions, sid, f"{notes.resolve()}/{rel}", "write", actor=OPERATOR
+        ).to_json()
         try:
             note_ops.write(sessions, sid, "src", rel, b"a note\n", actor=OPERATOR)
             written: str | None = None

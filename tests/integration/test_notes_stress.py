@@ -41,8 +41,9 @@ from kbd.errors import KbdError
 from kbd.fs.confined import pin_dir
 from kbd.fs.notes import read_index
 from kbd.service import notes as note_ops
+from kbd.service import sessions as session_ops
 from kbd.service.root import Root
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 from kbd.state import audit
 from tests.features import backends
 from tests.helpers import OPERATOR, KbRoot
@@ -176,7 +177,9 @@ def build(kb: KbRoot, consumers: list[str]) -> Source:
 
 
 def open_session(host: Root, wid: str) -> str:
-    plan = Sessions(host).open(host.actor("alice"), wid, kind="execution", kb_access="read-write")
+    plan = session_ops.open_session(
+        RootSessions(host), wid, actor=host.actor("alice"), kind="execution", kb_access="read-write"
+    )
     sid = str(plan.session_id)
     return sid
 
@@ -196,11 +199,11 @@ from pathlib import Path
 from kbd.service import notes as note_ops
 from kbd.service.root import Root
 from kbd.core.principals import LocalOperator
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 OPERATOR = LocalOperator.current()
 
 job = json.loads(sys.stdin.readline())
-sessions = Sessions(Root(Path(job["root"])))
+sessions = RootSessions(Root(Path(job["root"])))
 sessions.plan(job["sid"], actor=OPERATOR)  # warm the caches before the race starts
 print("ready", flush=True)
 if sys.stdin.readline().strip() != "go":
@@ -354,11 +357,11 @@ from pathlib import Path
 from kbd.service import notes as note_ops
 from kbd.service.root import Root
 from kbd.core.principals import LocalOperator
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 OPERATOR = LocalOperator.current()
 
 job = json.loads(sys.stdin.readline())
-sessions = Sessions(Root(Path(job["root"])))
+sessions = RootSessions(Root(Path(job["root"])))
 note_ops.write(sessions, job["sid"], "src", job["name"], job["first"].encode(), actor=OPERATOR)
 real_write = os.write
 
@@ -400,7 +403,7 @@ def test_writer_killed_inside_the_temp_write_leaves_no_partial_file_and_no_stuck
         # The writer holds the mutex: another writer waits, then gets Busy naming the holder.
         quick = quick_host(kb, 0.3)
         with pytest.raises(KbdError) as info:
-            note_ops.write(Sessions(quick), sid, "src", "other.md", b"other\n", actor=OPERATOR)
+            note_ops.write(RootSessions(quick), sid, "src", "other.md", b"other\n", actor=OPERATOR)
         assert (info.value.code, info.value.exit_code) == ("busy", 75)
         # It names the holder's workflow, never its session, pid or host (those stay in
         # the holder file for operators).
@@ -414,7 +417,7 @@ def test_writer_killed_inside_the_temp_write_leaves_no_partial_file_and_no_stuck
     assert split_note(target.read_text())[1] == first, "a killed writer left a partial note"
     assert len(temp_files(source.notes)) == 1  # its temp file stays until the next write
     t0 = time.monotonic()
-    note_ops.write(Sessions(kb.host()), sid, "src", "big.md", third.encode(), actor=OPERATOR)
+    note_ops.write(RootSessions(kb.host()), sid, "src", "big.md", third.encode(), actor=OPERATOR)
     assert time.monotonic() - t0 < host.config.lock_timeout, "the lock stayed stuck"
     assert split_note(target.read_text())[1] == third
     assert not temp_files(source.notes), "the next write did not sweep the dead writer's temp file"
@@ -426,11 +429,11 @@ from pathlib import Path
 from kbd.service import notes as note_ops
 from kbd.service.root import Root
 from kbd.core.principals import LocalOperator
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 OPERATOR = LocalOperator.current()
 
 job = json.loads(sys.stdin.readline())
-sessions = Sessions(Root(Path(job["root"])))
+sessions = RootSessions(Root(Path(job["root"])))
 k = 0
 while True:
     print(k, flush=True)
@@ -443,7 +446,7 @@ def test_writers_killed_at_random_moments_leave_whole_notes_and_free_locks(kb: K
     source = build(kb, ["con"])
     host = kb.host()
     sid = open_session(host, "con")
-    sessions = Sessions(host)
+    sessions = RootSessions(host)
     versions = [big_body(f"v{j}", 400_000) for j in range(3)]
     after = "after the kill\n"
     target = source.notes / "loop.md"
@@ -486,20 +489,22 @@ def test_kbd_exec_killed_while_holding_the_mutex_leaves_no_stuck_lock(kb: KbRoot
         assert read_line(proc) == "ready"
         # The command holds the mutex while it runs: a note write waits and gives up.
         with pytest.raises(KbdError) as info:
-            note_ops.write(Sessions(quick_host(kb, 0.3)), sid, "src", "blocked.md", b"x\n", actor=OPERATOR)
+            note_ops.write(
+                RootSessions(quick_host(kb, 0.3)), sid, "src", "blocked.md", b"x\n", actor=OPERATOR
+            )
         assert info.value.code == "busy" and "workflow con" in info.value.message
         os.killpg(proc.pid, signal.SIGKILL)
         assert proc.wait(timeout=PROC_TIMEOUT) == -signal.SIGKILL
         # EOF on the pipe: bwrap and the sandboxed shell died with kbd exec.
         wait_eof(proc)
     t0 = time.monotonic()
-    note_ops.write(Sessions(kb.host()), sid, "src", "after.md", b"after\n", actor=OPERATOR)
+    note_ops.write(RootSessions(kb.host()), sid, "src", "after.md", b"after\n", actor=OPERATOR)
     assert time.monotonic() - t0 < host.config.lock_timeout, "the lock stayed stuck"
     assert split_note((source.notes / "after.md").read_text())[1] == "after\n"
     assert not (source.notes / "blocked.md").exists()
     # Nothing keeps writing after the kill.
     before = (source.notes / "looping.md").stat()
-    note_ops.write(Sessions(kb.host()), sid, "src", "after2.md", b"after\n", actor=OPERATOR)
+    note_ops.write(RootSessions(kb.host()), sid, "src", "after2.md", b"after\n", actor=OPERATOR)
     assert (source.notes / "looping.md").stat().st_mtime_ns == before.st_mtime_ns
 
 
@@ -617,7 +622,7 @@ def test_kbd_exec_of_a_write_plan_holds_the_notes_mutex_under_every_backend(kb: 
         # The sandboxed command is running (waiting for our line): a confined write must wait for it.
         try:
             note_ops.write(
-                Sessions(quick_host(kb, 0.3)), sid, "src", "meanwhile.md", b"meanwhile\n", actor=OPERATOR
+                RootSessions(quick_host(kb, 0.3)), sid, "src", "meanwhile.md", b"meanwhile\n", actor=OPERATOR
             )
         except KbdError as err:
             assert err.code == "busy" and "workflow con" in err.message
@@ -630,4 +635,4 @@ def test_kbd_exec_of_a_write_plan_holds_the_notes_mutex_under_every_backend(kb: 
             assert proc.wait(timeout=PROC_TIMEOUT) == 0
     assert (source.notes / "from-exec.md").read_text() == "done\n"
     assert not (source.notes / "meanwhile.md").exists()
-    note_ops.write(Sessions(kb.host()), sid, "src", "after.md", b"after\n", actor=OPERATOR)
+    note_ops.write(RootSessions(kb.host()), sid, "src", "after.md", b"after\n", actor=OPERATOR)

@@ -19,7 +19,7 @@ import yaml
 
 from kbd.sandbox import cgroup
 from kbd.service.root import Root
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 from tests.features import backends
 from tests.helpers import KbRoot
 
@@ -173,7 +173,7 @@ def test_the_command_cgroups_carry_the_configured_values(kb: KbRoot, backend: st
         deadline = time.monotonic() + 15
         rows: list[Any] = []
         while not rows and time.monotonic() < deadline:
-            rows = Sessions(Root(kb.root)).store.processes(sid)
+            rows = RootSessions(Root(kb.root)).commands.of_session(sid)
             time.sleep(0.05)
         assert len(rows) == 1 and rows[0].cgroup, rows
         pid, name = rows[0].pid, rows[0].cgroup

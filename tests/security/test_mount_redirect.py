@@ -87,7 +87,8 @@ def test_everything_executable_is_mounted_after_the_grants(kb: KbRoot) -> None:
     import json
 
     from kbd.sandbox import bwrap
-    from kbd.session_ops import Sessions
+    from kbd.service import sessions as session_ops
+    from kbd.service.sessions import RootSessions
 
     kb.workflow("src", access={"owners": ["bob"], "readers": ["alice"], "allowed_kb_writers": ["con"]})
     kb.workflow(
@@ -96,8 +97,10 @@ def test_everything_executable_is_mounted_after_the_grants(kb: KbRoot) -> None:
         sources=[{"workflow_id": "src", "alias": "src", "access": "write"}],
     )
     h = kb.host()
-    s = Sessions(h)
-    plan = s.open(h.actor("alice"), "con", kind="execution", kb_access="read-write")
+    s = RootSessions(h)
+    plan = session_ops.open_session(
+        s, "con", actor=h.actor("alice"), kind="execution", kb_access="read-write"
+    )
     bwrap.prepare(plan)
     fds = bwrap.Fds()
     r, w = os.pipe()

@@ -34,9 +34,14 @@ def test_no_usable_layer_refuses_with_69(kb: KbRoot, monkeypatch: pytest.MonkeyP
     assert info.value.exit_code == 69
     kb.workflow("con", access={"owners": ["alice"]})
     h = kb.host()
-    from kbd.session_ops import Sessions
+    from kbd.service import sessions as session_ops
+    from kbd.service.sessions import RootSessions
 
-    sid = str(Sessions(h).open(h.actor("alice"), "con", kind="reviewer_strategic").session_id)
+    sid = str(
+        session_ops.open_session(
+            RootSessions(h), "con", actor=h.actor("alice"), kind="reviewer_strategic"
+        ).session_id
+    )
     with pytest.raises(Unavailable):
         execute.run(kb.root, sid, ["true"], actor=OPERATOR)
 
@@ -57,9 +62,14 @@ def test_unsafe_no_sandbox_is_explicit_and_warns(
     assert execute.choose_backend(kb.host()) == "none"
     kb.workflow("con", access={"owners": ["alice"]})
     h = kb.host()
-    from kbd.session_ops import Sessions
+    from kbd.service import sessions as session_ops
+    from kbd.service.sessions import RootSessions
 
-    sid = str(Sessions(h).open(h.actor("alice"), "con", kind="reviewer_strategic").session_id)
+    sid = str(
+        session_ops.open_session(
+            RootSessions(h), "con", actor=h.actor("alice"), kind="reviewer_strategic"
+        ).session_id
+    )
     for _ in range(2):
         assert execute.run(kb.root, sid, ["true"], actor=OPERATOR) == 0
         assert "WARNING: unsafe_no_sandbox" in capfd.readouterr().err

@@ -41,7 +41,8 @@ from kbd.errors import (
     from_oserror,
 )
 from kbd.service import notes as note_ops
-from kbd.session_ops import Sessions
+from kbd.service import sessions as session_ops
+from kbd.service.sessions import RootSessions
 from kbd.state import audit
 from tests.helpers import OPERATOR, KbRoot, snapshot
 
@@ -210,14 +211,16 @@ def small_disk(kb: KbRoot) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(disk)], check=True)
 
 
-def _world(kb: KbRoot, disk: Path) -> tuple[Sessions, str, Path]:
+def _world(kb: KbRoot, disk: Path) -> tuple[RootSessions, str, Path]:
     """Source ``src`` on the small disk, writable by ``con`` (alice's); an open session of ``con``."""
     src = kb.workflow("src", folder="disk/src",
                       access={"owners": ["bob"], "readers": ["alice"], "allowed_kb_writers": ["con"]})  # fmt: skip
     kb.workflow("con", access={"owners": ["alice"]},
                 sources=[{"workflow_id": "src", "alias": "src", "access": "write"}])  # fmt: skip
-    sessions = Sessions(kb.host())
-    plan = sessions.open(sessions.host.actor("alice"), "con", kind="execution", kb_access="read-write")
+    sessions = RootSessions(kb.host())
+    plan = session_ops.open_session(
+        sessions, "con", actor=sessions.host.actor("alice"), kind="execution", kb_access="read-write"
+    )
     sid = plan.session_id
     assert sid is not None
     assert src.is_relative_to(disk)
@@ -245,7 +248,7 @@ def _fill_inodes(disk: Path) -> None:
     raise AssertionError("the tmpfs never ran out of inodes")
 
 
-def _refused_for_space(sessions: Sessions, sid: str, relpath: str) -> KbdError:
+def _refused_for_space(sessions: RootSessions, sid: str, relpath: str) -> KbdError:
     seen = len(audit.read(sessions.host.config.state_dir))
     with pytest.raises(KbdError) as info:
         note_ops.write(sessions, sid, "src", relpath, b"a note\n", actor=OPERATOR)

@@ -36,8 +36,9 @@ from kbd.fs.datafiles import injection_rules
 from kbd.fs.notes import read_index
 from kbd.service import browse, workflows
 from kbd.service import notes as note_ops
+from kbd.service import sessions as session_ops
 from kbd.service.root import Root
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 from kbd.state import audit
 from tests.helpers import OPERATOR, Entry, KbRoot, snapshot
 
@@ -71,7 +72,7 @@ def frontmatter(text: str) -> dict[str, Any]:
 class World:
     kb: KbRoot
     host: Root
-    sessions: Sessions
+    sessions: RootSessions
     src: Path
     con: Path
     sid: str
@@ -88,8 +89,13 @@ class World:
         kb_access: str = "read-write",
         item: bool | None = None,
     ) -> str:
-        plan = self.sessions.open(
-            self.host.actor("alice"), wid, kind=kind, kb_access=kb_access, item_kb_write=item
+        plan = session_ops.open_session(
+            self.sessions,
+            wid,
+            actor=self.host.actor("alice"),
+            kind=kind,
+            kb_access=kb_access,
+            item_kb_write=item,
         )
         sid = str(plan.session_id)
         return sid
@@ -158,7 +164,7 @@ def world(kb: KbRoot) -> World:
     (notes / "dangling.md").symlink_to("../../soul/planted.md")
     os.mkfifo(notes / "afifo.md")
     host = kb.host()
-    sessions = Sessions(host)
+    sessions = RootSessions(host)
     w = World(kb, host, sessions, src, con, "")
     w.sid = w.open()
     return w
@@ -302,7 +308,7 @@ def test_message_sequence_item_asking_for_kb_write_may_write(world: World) -> No
 
 
 def _close(world: World) -> None:
-    assert world.sessions.close(world.sid, actor=OPERATOR) == [world.sid]
+    assert session_ops.close(world.sessions, world.sid, actor=OPERATOR).closed == (world.sid,)
 
 
 def test_closed_session_is_refused_with_exit_77_and_nothing_written(world: World) -> None:

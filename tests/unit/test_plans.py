@@ -12,7 +12,8 @@ import pytest
 from kbd.core.plan import Origin
 from kbd.core.policy import KINDS
 from kbd.errors import InvalidInput, PermissionDenied, SessionClosed, WorkflowNotFound
-from kbd.session_ops import Sessions, check_path
+from kbd.service import sessions as session_ops
+from kbd.service.sessions import RootSessions, check_path
 from tests.helpers import OPERATOR, KbRoot
 
 
@@ -41,8 +42,10 @@ def world(kb: KbRoot) -> KbRoot:
 def open_plan(
     kb: KbRoot, kind: str, kb_access: str = "read", *, item: bool = False, actor: str = "alice"
 ) -> dict[str, Any]:
-    s = Sessions(kb.host())
-    plan = s.open(s.host.actor(actor), "con", kind=kind, kb_access=kb_access, item_kb_write=item)
+    s = RootSessions(kb.host())
+    plan = session_ops.open_session(
+        s, "con", actor=s.host.actor(actor), kind=kind, kb_access=kb_access, item_kb_write=item
+    )
     return plan.to_json()
 
 
@@ -154,31 +157,34 @@ def test_a_source_label_cannot_forge_context_lines(world: KbRoot) -> None:
 
 
 def test_who_may_open(world: KbRoot) -> None:
-    s = Sessions(world.host())
+    s = RootSessions(world.host())
     h = s.host
     with pytest.raises(PermissionDenied, match="reviewer sessions only"):
-        s.open(h.actor("carol"), "con", kind="execution")
-    assert s.open(h.actor("carol"), "con", kind="reviewer_architecture").kind == "reviewer_architecture"
-    assert s.open(h.actor("svc"), "con", kind="execution").kind == "execution"
-    assert s.open(h.actor("ops"), "con", kind="builder").kind == "builder"
+        session_ops.open_session(s, "con", actor=h.actor("carol"), kind="execution")
+    assert (
+        session_ops.open_session(s, "con", actor=h.actor("carol"), kind="reviewer_architecture").kind
+        == "reviewer_architecture"
+    )
+    assert session_ops.open_session(s, "con", actor=h.actor("svc"), kind="execution").kind == "execution"
+    assert session_ops.open_session(s, "con", actor=h.actor("ops"), kind="builder").kind == "builder"
     # An outsider learns nothing: the same answer as for a missing workflow.
     with pytest.raises(WorkflowNotFound, match="no workflow with ID 'con'"):
-        s.open(h.actor("dave"), "con", kind="reviewer_strategic")
+        session_ops.open_session(s, "con", actor=h.actor("dave"), kind="reviewer_strategic")
     for who in ("mallory", "nobody"):
         with pytest.raises(PermissionDenied):
-            s.open(h.actor(who), "con", kind="execution")
+            session_ops.open_session(s, "con", actor=h.actor(who), kind="execution")
     with pytest.raises(InvalidInput, match="unknown consumer kind"):
-        s.open(h.actor("alice"), "con", kind="relay")
+        session_ops.open_session(s, "con", actor=h.actor("alice"), kind="relay")
     with pytest.raises(InvalidInput, match="kb_access"):
-        s.open(h.actor("alice"), "con", kind="execution", kb_access="all")
+        session_ops.open_session(s, "con", actor=h.actor("alice"), kind="execution", kb_access="all")
 
 
 def test_live_revocation_without_refresh(world: KbRoot) -> None:
-    s = Sessions(world.host())
+    s = RootSessions(world.host())
     alice = s.host.actor("alice")
-    parent = s.open(alice, "con", kind="execution", kb_access="read-write")
+    parent = session_ops.open_session(s, "con", actor=alice, kind="execution", kb_access="read-write")
     sid = str(parent.session_id)
-    child = s.open(alice, "con", kind="execution", parent=sid)
+    child = session_ops.open_session(s, "con", actor=alice, kind="execution", parent=sid)
     cid = str(child.session_id)
     g0 = parent.generation
     sec_notes = W(world, "sec", "knowledgebase", "notes")
@@ -213,12 +219,12 @@ def test_independent_folder_grant_on_the_same_path(world: KbRoot) -> None:
     world.edit(
         world.workflows / "con", folder_access=[{"alias": "shared", "path": rts_kb, "access": "read_write"}]
     )
-    s = Sessions(world.host())
-    plan = s.open(s.host.actor("alice"), "con", kind="execution", kb_access="read")
+    s = RootSessions(world.host())
+    plan = session_ops.open_session(s, "con", actor=s.host.actor("alice"), kind="execution", kb_access="read")
     sid = str(plan.session_id)
     # While attached, the KB's read-only overlay wins over the folder grant.
     assert rts_kb in plan.write and rts_kb in plan.read_only and plan.env["WORKFLOW_FOLDER_SHARED"] == rts_kb
-    assert check_path(plan, rts_kb + "/notes/x.md", "write")["allowed"] is False
+    assert check_path(plan, rts_kb + "/notes/x.md", "write").allowed is False
     doc = world.read_manifest(world.workflows / "con")
     doc["knowledgebase_sources"] = [e for e in doc["knowledgebase_sources"] if e["alias"] != "rts"]
     world.write_manifest(world.workflows / "con", doc)
@@ -226,7 +232,7 @@ def test_independent_folder_grant_on_the_same_path(world: KbRoot) -> None:
     # Detached: the folder grant keeps its own access and regains write.
     assert rts_kb in after.write and rts_kb not in after.read_only and "WORKFLOW_KB_RTS" not in after.env
     assert after.env["WORKFLOW_FOLDER_SHARED"] == rts_kb
-    assert check_path(after, rts_kb + "/notes/x.md", "write")["allowed"] is True
+    assert check_path(after, rts_kb + "/notes/x.md", "write").allowed is True
     # Outside the approved roots a folder grant is unavailable, never widened.
     world.edit(
         world.workflows / "con", folder_access=[{"alias": "etc", "path": "/etc", "access": "read_only"}]
@@ -236,30 +242,33 @@ def test_independent_folder_grant_on_the_same_path(world: KbRoot) -> None:
 
 
 def test_children_and_closing(world: KbRoot) -> None:
-    s = Sessions(world.host())
+    s = RootSessions(world.host())
     alice = s.host.actor("alice")
-    parent = s.open(alice, "con", kind="execution", kb_access="read")
+    parent = session_ops.open_session(s, "con", actor=alice, kind="execution", kb_access="read")
     sid = str(parent.session_id)
     with pytest.raises(PermissionDenied, match="cannot widen"):
-        s.open(alice, "con", kind="execution", kb_access="read-write", parent=sid)
+        session_ops.open_session(s, "con", actor=alice, kind="execution", kb_access="read-write", parent=sid)
     world.workflow("other", access={"owners": ["alice"]})
     with pytest.raises(InvalidInput, match="belongs to 'con', not 'other'"):
-        s.open(alice, "other", kind="execution", parent=sid)
-    child = s.open(alice, "con", kind="execution", parent=sid)
+        session_ops.open_session(s, "other", actor=alice, kind="execution", parent=sid)
+    child = session_ops.open_session(s, "con", actor=alice, kind="execution", parent=sid)
     cid = str(child.session_id)
     assert child.parent == sid and child.kb_access == "read"
-    assert set(s.close(sid, actor=OPERATOR)) == {sid, cid}
+    assert set(session_ops.close(s, sid, actor=OPERATOR).closed) == {sid, cid}
     for x in (sid, cid):
         with pytest.raises(SessionClosed):
             s.plan(x, actor=OPERATOR)
     # Durable: a new store (a new process, a restarted daemon) sees the same sessions.
-    again = Sessions(world.host())
-    assert {r["session_id"] for r in again.rows(actor=OPERATOR, include_closed=True)} == {sid, cid}
+    again = RootSessions(world.host())
+    assert {
+        r["session_id"]
+        for r in session_ops.list_sessions(again, actor=OPERATOR, include_closed=True).to_json()["sessions"]
+    } == {sid, cid}
 
 
 def test_path_guard(world: KbRoot) -> None:
     plan_json = open_plan(world, "execution", "read-write")
-    s = Sessions(world.host())
+    s = RootSessions(world.host())
     sid = str(plan_json["session_id"])
     ok = [
         (W(world, "rts", "knowledgebase", "notes", "fact.md"), "read"),
@@ -280,12 +289,12 @@ def test_path_guard(world: KbRoot) -> None:
         ("/etc/passwd", "read"),
     ]
     for path, mode in ok:
-        assert s.check(sid, path, mode, actor=OPERATOR)["allowed"], (path, mode)
+        assert session_ops.check(s, sid, path, mode, actor=OPERATOR).allowed, (path, mode)
     for path, mode in denied:
-        assert not s.check(sid, path, mode, actor=OPERATOR)["allowed"], (path, mode)
+        assert not session_ops.check(s, sid, path, mode, actor=OPERATOR).allowed, (path, mode)
     link = Path(W(world, "sec", "knowledgebase", "notes", "leak.md"))
     link.symlink_to("../../credentials/token")
-    assert s.check(sid, str(link), "read", actor=OPERATOR) == {
+    assert session_ops.check(s, sid, str(link), "read", actor=OPERATOR).to_json() == {
         "allowed": False,
         "reason": "the path is a symbolic link; kbd never follows links inside grants",
     }
@@ -295,10 +304,10 @@ def test_plan_json_shape_is_unchanged_by_typed_fields(world: KbRoot) -> None:
     """Issue 10: typed origins and explicit session fields, the same JSON. A
     session's plan starts with session_id, parent, opened_by (in that order); every
     origin is the contract's string and parses back to the same Origin."""
-    s = Sessions(world.host())
+    s = RootSessions(world.host())
     alice = s.host.actor("alice")
-    parent = s.open(alice, "con", kind="execution", kb_access="read-write")
-    child = s.open(alice, "con", kind="execution", parent=str(parent.session_id))
+    parent = session_ops.open_session(s, "con", actor=alice, kind="execution", kb_access="read-write")
+    child = session_ops.open_session(s, "con", actor=alice, kind="execution", parent=str(parent.session_id))
     doc = child.to_json()
     assert list(doc) == [
         "session_id", "parent", "opened_by", "workflow_id", "kind", "kb_access", "effective_kb_access",

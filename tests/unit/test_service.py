@@ -24,7 +24,7 @@ from kbd.errors import (
     WorkflowNotFound,
 )
 from kbd.service import admin, auth, browse, notes, sessions, workflows
-from kbd.session_ops import Sessions
+from kbd.service.sessions import RootSessions
 from kbd.state import audit
 from tests.helpers import OPERATOR, KbRoot
 
@@ -212,7 +212,7 @@ def sid_of(plan: Plan) -> str:
 
 def test_a_child_session_defaults_to_its_parents_kind(world: KbRoot) -> None:
     h = world.host()
-    s = Sessions(h)
+    s = RootSessions(h)
     alice = h.actor("alice")
     parent = sessions.open_session(s, "con", actor=alice, kind="execution", kb_access="read")
     child = sessions.open_child(s, sid_of(parent), actor=alice)
@@ -226,7 +226,7 @@ def test_a_child_session_defaults_to_its_parents_kind(world: KbRoot) -> None:
 
 def test_session_show_list_check_and_close(world: KbRoot) -> None:
     h = world.host()
-    s = Sessions(h)
+    s = RootSessions(h)
     sid = sid_of(sessions.open_session(s, "con", actor=h.actor("alice"), kind="execution"))
     view = sessions.show(s, sid, actor=OPERATOR)
     assert view.running == () and view.to_json()["running"] == []
@@ -244,7 +244,7 @@ def test_session_show_list_check_and_close(world: KbRoot) -> None:
 
 def test_revoke_follows_the_configured_default(world: KbRoot) -> None:
     h = world.host()
-    s = Sessions(h)
+    s = RootSessions(h)
     sid = sid_of(sessions.open_session(s, "con", actor=h.actor("alice"), kind="execution"))
     r = sessions.revoke(s, sid, actor=OPERATOR)
     generation = sessions.show(s, sid, actor=OPERATOR).plan.generation
@@ -256,7 +256,7 @@ def test_revoke_follows_the_configured_default(world: KbRoot) -> None:
     text = cfg.read_text()
     assert "  immediate: false" in text
     cfg.write_text(text.replace("  immediate: false", "  immediate: true", 1))
-    sessions.revoke(Sessions(world.host()), sid, actor=OPERATOR)
+    sessions.revoke(RootSessions(world.host()), sid, actor=OPERATOR)
     assert [e["immediate"] for e in audit.read(world.root / "state") if e["event"] == "session_revoke"][
         -1
     ] is True
@@ -288,7 +288,7 @@ def test_a_note_write_returns_what_was_written(kb: KbRoot) -> None:
         sources=[{"workflow_id": "src", "alias": "src", "access": "write"}],
     )
     h = kb.host()
-    s = Sessions(h)
+    s = RootSessions(h)
     sid = sessions.open_session(s, "con", actor=h.actor("alice"), kind="execution", kb_access="read-write")
     written = notes.write(s, sid_of(sid), "src", "a.md", b"a note\n", actor=OPERATOR)
     assert written.to_json() == {
@@ -369,7 +369,7 @@ def test_init_returns_what_it_made(tmp_path: Path) -> None:
 
 def test_metrics_are_for_operators_only(world: KbRoot) -> None:
     h = world.host()
-    s = Sessions(h)
+    s = RootSessions(h)
     sessions.open_session(s, "con", actor=h.actor("alice"), kind="execution")
     for who in ("alice", "bob"):
         with pytest.raises(PermissionDenied):
@@ -392,20 +392,12 @@ def test_whoami_tells_the_effective_admin_flag_never_the_token() -> None:
 def test_a_session_without_a_parent_needs_a_kind(world: KbRoot) -> None:
     h = world.host()
     with pytest.raises(InvalidInput, match="kind is required"):
-        sessions.open_session(Sessions(h), "con", actor=h.actor("alice"), kind=None)
-
-
-def test_an_empty_child_kind_is_the_parents(world: KbRoot) -> None:
-    h = world.host()
-    s = Sessions(h)
-    alice = h.actor("alice")
-    parent = sessions.open_session(s, "con", actor=alice, kind="scripted", kb_access="read")
-    assert sessions.open_child(s, sid_of(parent), actor=alice, kind="").kind == "scripted"
+        sessions.open_session(RootSessions(h), "con", actor=h.actor("alice"), kind=None)
 
 
 def test_session_environment_is_the_plans(world: KbRoot) -> None:
     h = world.host()
-    s = Sessions(h)
+    s = RootSessions(h)
     plan = sessions.open_session(s, "con", actor=h.actor("alice"), kind="execution", kb_access="read")
     sid = sid_of(plan)
     env = sessions.environment(s, sid, actor=OPERATOR)
@@ -439,3 +431,43 @@ def test_the_audit_feed_selects_and_counts_torn_lines(world: KbRoot) -> None:
     audit.append(state, "writer_granted", source="con", consumer="lib", actor="alice")
     assert [e["event"] for e in feed.poll()] == ["writer_granted"]  # only what was appended since
     assert admin.AuditFeed(h, since=None, workflow=None).records().to_json()["skipped_lines"] == 1
+
+
+def test_a_child_with_an_empty_kind_keeps_its_parents_kind(world: KbRoot) -> None:
+    """The child's default kind is decided in the operations layer, not the API:
+    an empty kind (what a JSON client may send for none) is the parent's too."""
+    h = world.host()
+    s = RootSessions(h)
+    alice = h.actor("alice")
+    parent = sid_of(sessions.open_session(s, "con", actor=alice, kind="execution", kb_access="read"))
+    child = sessions.open_child(s, parent, actor=alice, kind="")
+    assert (child.kind, child.parent) == ("execution", parent)
+
+
+def test_every_refused_session_open_is_audited(world: KbRoot) -> None:
+    """Refusals that happen while the default kind or workflow is looked up (no
+    parent session, no kind) are audited like every other refused open."""
+    h = world.host()
+    s = RootSessions(h)
+    alice = h.actor("alice")
+    missing = "s_00000000000000000000"
+    attempts: list[tuple[Callable[[], Plan], dict[str, Any]]] = [
+        (lambda: sessions.open_child(s, missing, actor=alice), {"workflow_id": None, "parent": missing}),
+        (
+            lambda: sessions.open_session(s, "con", actor=alice, kind=None, parent=missing),
+            {"workflow_id": "con", "parent": missing},
+        ),
+        (
+            lambda: sessions.open_session(s, "con", actor=alice, kind=None),
+            {"workflow_id": "con", "parent": None},
+        ),
+    ]
+    for attempt, target in attempts:
+        seen = len(audit.read(world.root / "state"))
+        with pytest.raises(KbdError) as info:
+            attempt()
+        events = audit.read(world.root / "state")[seen:]
+        assert [(e["event"], e["action"], e["code"], e["kind"]) for e in events] == [
+            ("session_refused", "open", info.value.code, None)
+        ]
+        assert {k: events[0][k] for k in target} == target

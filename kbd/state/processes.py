@@ -1,0 +1,204 @@
+"""Running commands (DESIGN §5): the record each ``kbd exec`` keeps of the
+command it runs, and the termination of those commands (session close,
+``session revoke --immediate``).
+
+One small file per running command under ``<state>/procs/<sid>/``: written
+without a database transaction or fsync, because it is advisory (every reader
+re-checks that the process is still the same one) and sits on the exec path of
+every shell command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ProcessRow:
+    session_id: str
+    pid: int
+    pgid: int
+    generation: int
+    started_at: float
+    argv: list[str]
+    cgroup: str | None = None  # the per-command cgroup's name (kbd.sandbox.cgroup)
+    alive: bool = True  # False: the main process is gone, its cgroup still holds processes
+
+    def to_json(self) -> dict[str, int | float | list[str]]:
+        return {"pid": self.pid, "pgid": self.pgid, "generation": self.generation,
+                "started_at": self.started_at, "argv": self.argv}  # fmt: skip
+
+
+class RunningCommands:
+    """The records of commands running in a root's sessions, at ``<state>/procs``."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / "procs"
+
+    def _folder(self, sid: str) -> Path:
+        return self.path / sid
+
+    def add(
+        self,
+        sid: str,
+        *,
+        pid: int,
+        generation: int,
+        argv: list[str],
+        started_at: float | None = None,
+        cgroup: str | None = None,
+    ) -> None:
+        """Record a running command; ``cgroup`` names the per-command cgroup that
+        holds its whole process tree (kbd.sandbox.cgroup), so that close and
+        revoke from another process can kill all of it."""
+        folder = self._folder(sid)
+        folder.mkdir(parents=True, exist_ok=True, mode=0o750)
+        record = {"pid": pid, "pgid": pid, "generation": generation, "started_at": started_at or time.time(),
+                  "boot_id": _boot_id(), "start_ticks": _start_ticks(pid), "argv": argv, "cgroup": cgroup}  # fmt: skip
+        fd = os.open(
+            folder / f"{pid}.json",
+            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o640,
+        )
+        try:
+            os.write(fd, json.dumps(record).encode())
+        finally:
+            os.close(fd)
+
+    def remove(self, sid: str, pid: int) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._folder(sid) / f"{pid}.json")
+
+    def of_session(self, sid: str) -> list[ProcessRow]:
+        """Commands recorded for ``sid`` that are still running: the same process
+        (boot ID and start time match: a recycled PID is never reported), or —
+        when the recording ``kbd exec`` was killed — a tree its cgroup still holds
+        (then ``alive`` is False and its PID must not be signalled)."""
+        out = []
+        try:
+            names = os.listdir(self._folder(sid))
+        except FileNotFoundError:
+            return []
+        for name in names:
+            try:
+                with open(self._folder(sid) / name, "rb") as fh:
+                    r = json.loads(fh.read())
+                cg = r.get("cgroup")
+                if not (isinstance(cg, str) and cg.startswith(f"{sid}.")):
+                    cg = None  # only this session's own command cgroups
+                row = ProcessRow(sid, int(r["pid"]), int(r["pgid"]), int(r["generation"]), float(r["started_at"]),
+                                 [str(a) for a in r["argv"]], cgroup=cg)  # fmt: skip
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if r.get("boot_id") != _boot_id():
+                continue
+            if r.get("start_ticks", -1) != -1 and r["start_ticks"] == _start_ticks(row.pid):
+                out.append(row)
+            elif row.cgroup is not None and _tree_left(row.cgroup):
+                out.append(replace(row, alive=False))
+            elif row.cgroup is not None:
+                # Its kbd exec was killed and the tree is gone: drop what it left behind.
+                _drop_cgroup(row.cgroup)
+                self.remove(sid, row.pid)
+        return out
+
+    def terminate(self, p: ProcessRow, *, grace: float) -> bool:
+        """End one recorded command: SIGTERM its process group (only while its leader
+        is still the recorded process), up to ``grace`` seconds, then ``cgroup.kill``
+        for everything left in its cgroup — processes that left the group with
+        setsid or outlived a killed ``kbd exec`` included. Without a cgroup (bwrap
+        on a host without one: its PID namespace holds the tree) the group alone.
+        True when nothing of it is left."""
+        from kbd.sandbox import cgroup  # not on the exec path
+
+        hierarchy = cgroup.detect()
+        name = p.cgroup or ""
+        path = hierarchy.path(name)
+        if path is None:
+            return p.alive and terminate_group(p.pgid, grace=grace)
+        if p.alive and grace > 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pgid, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while cgroup.populated(path) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        if not cgroup.kill_tree(path):
+            return False
+        cgroup.remove(hierarchy, name)
+        if not p.alive:  # no kbd exec is left to remove its record
+            self.remove(p.session_id, p.pid)
+        return True
+
+
+def kill_unrecorded(sid: str) -> list[str]:
+    """Kill every command tree of session ``sid`` still in a cgroup after its
+    recorded commands were ended: a ``kbd exec`` SIGKILLed between starting its
+    command and recording it leaves such a tree (found by review). Returns the
+    cgroups that held processes."""
+    from kbd.sandbox import cgroup  # not on the exec path
+
+    hierarchy = cgroup.detect()
+    killed = []
+    for name in cgroup.of_session(hierarchy, sid):
+        path = hierarchy.path(name)
+        if path is not None and cgroup.populated(path):
+            cgroup.kill_tree(path)
+            killed.append(name)
+        cgroup.remove(hierarchy, name)
+    return killed
+
+
+def terminate_group(pgid: int, *, grace: float) -> bool:
+    """SIGTERM the process group, wait up to ``grace`` seconds, then SIGKILL.
+    True when the group is gone afterwards."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return True
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return True
+            time.sleep(0.02)
+    return False
+
+
+def _tree_left(name: str) -> bool:
+    from kbd.sandbox import cgroup  # only when a recorded main process is gone
+
+    path = cgroup.detect().path(name)
+    return path is not None and cgroup.populated(path)
+
+
+def _drop_cgroup(name: str) -> None:
+    from kbd.sandbox import cgroup
+
+    cgroup.remove(cgroup.detect(), name)
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int) -> int:
+    """Process start time in clock ticks since boot (/proc/PID/stat field 22):
+    with the boot ID it tells a recorded process from a recycled PID."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return -1
+    return int(data.rsplit(b")", 1)[1].split()[19])
