@@ -1,7 +1,10 @@
 """Issue 9, items 10, 12, 13, 14: identity never defaults open, a complete and
 readable audit log, no tracebacks and quiet pipes, and the new-user findings.
 
-Everything runs the real ``kbd`` in real processes on a real root.
+Everything runs the real ``kbd`` on a real root: in real processes for exec,
+pipes, signals, terminals and each command's smoke test; cases whose subject is
+the message, exit code, audit record or unchanged files run its real entry
+point in this process (KbRoot.call).
 """
 
 from __future__ import annotations
@@ -434,7 +437,7 @@ def test_empty_note_is_refused(world: KbRoot, content: bytes) -> None:
     sid = open_session(world)
     notes_dir = world.workflows / "src" / "knowledgebase" / "notes"
     before = snapshot(notes_dir)
-    r = world.cli("notes", "write", sid, "src", "empty.md", input=content)
+    r = world.call("notes", "write", sid, "src", "empty.md", input=content)
     assert "empty" in assert_error(r, "invalid-input", 65)
     assert snapshot(notes_dir) == before
     (refused,) = records(world, "note_refused")
@@ -535,7 +538,7 @@ def test_validate_json_is_json_on_errors_too(
     f = tmp_path / "workflow.json"
     if content is not None:
         f.write_bytes(content)
-    r = KbRoot(tmp_path / "no-root").cli("validate", str(f), "--json")
+    r = KbRoot(tmp_path / "no-root").call("validate", str(f), "--json")
     assert r.code == exit_code, r.err
     data = r.json()
     assert data["valid"] is False and data["error"]["code"] == code and data["problems"]
