@@ -32,15 +32,13 @@ from kbd.errors import KbdError
 from kbd.service import auth, workflows
 from kbd.service.root import Root
 from tests.helpers import CliResult, KbRoot
-from tests.sources_world import ALIAS_RULE, CONSUMER_ACCESS, FIRST, SOURCE_ACCESS, build, workflow_files
+from tests.sources_world import ALIAS_RULE, CONSUMER_ACCESS, FIRST, SOURCE_ACCESS, build
+from tests.sources_world import workflow_files as snapshot
 
 ERROR_LINE = re.compile(r"^error\[[a-z][a-z-]*\]: (?P<message>.+)$")
 
 
 # -- helpers ------------------------------------------------------------------------
-
-
-snapshot = workflow_files
 
 
 def error_message(r: CliResult) -> str:
