@@ -7,7 +7,7 @@ of only the characters the rules' words are made of (many partial word matches)
 and keyword spam that makes each bounded rule do its most work per start
 position (linear, but every start position is a candidate). The rows marked
 "<= 50 (adversarial)" are the second review's inputs, held to the same budget
-(tests/unit/test_gate_linear.py runs them in a subprocess with a generous
+(tests/unit/core/test_injection.py runs them in a subprocess with a generous
 timeout). Beside each: the floor, one trivial ``re.search`` over the same text,
 and one ``\\b\\w`` IGNORECASE scan (what a single non-literal rule must cost).
 """

@@ -57,7 +57,7 @@ ABI_MASK = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) -
 ABI_MASK.update({5: (1 << 16) - 1, 6: (1 << 16) - 1, 7: (1 << 16) - 1})
 
 # Kernel numbers: copies of kbd.fs.libc's (this file cannot import kbd, see
-# above); tests/unit/test_libc.py checks each equals its kbd.fs.libc name.
+# above); tests/unit/fs/test_libc.py checks each equals its kbd.fs.libc name.
 SYS_CREATE_RULESET, SYS_ADD_RULE, SYS_RESTRICT_SELF = 444, 445, 446
 SYS_CAPSET = 126 if os.uname().machine == "x86_64" else 91  # x86_64; the generic table (aarch64, ...)
 CREATE_RULESET_VERSION = 1

@@ -2,7 +2,7 @@
 
 * :func:`mounts` orders the plan's grants as bubblewrap mounts: parents before
   children, and at the same path a read-write bind before the read-only overlay
-  that must win over it (golden-tested in tests/unit/test_sandbox_spec.py).
+  that must win over it (golden-tested in tests/unit/sandbox/test_spec.py).
 * :func:`inner_landlock` is the rule set applied inside bubblewrap when the plan
   lets a command write into a source's ``notes/``: nothing there may become a
   symlink, FIFO, socket, device node or a link from another folder.

@@ -29,8 +29,11 @@ def _events(kb: KbRoot, name: str) -> list[dict[str, Any]]:
     return [e for e in kb.cli("audit", "--json").json()["events"] if e["event"] == name]
 
 
-@pytest.fixture
-def big(kb: KbRoot) -> KbRoot:
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> KbRoot:
+    """A folder of 5,000 files, built once: the tests that use it only read it
+    (listings and refused limits), and building it costs seconds on a busy host."""
+    kb = KbRoot.create(tmp_path_factory.mktemp("big") / "root")
     src = kb.workflow("src", access={"owners": ["alice"]})
     kb.workflow("con", access={"owners": ["alice"]}, sources=[{"workflow_id": "src", "alias": "s"}])
     many = src / "knowledgebase" / "context" / "many"
@@ -49,7 +52,8 @@ def test_listings_are_paged_and_say_when_truncated(big: KbRoot) -> None:
     after: str | None = None
     while True:
         args = ["--limit", "1500"] + (["--after", after] if after else [])
-        r = big.cli("ls", "con", "s", "context/many", *args, "--as", "alice", "--json")
+        # The pages in process (KbRoot.call); the first and the text page are real processes.
+        r = big.call("ls", "con", "s", "context/many", *args, "--as", "alice", "--json")
         assert r.code == 0, r.err
         doc = r.json()
         seen += [e["name"] for e in doc["entries"]]
@@ -68,7 +72,7 @@ def test_listings_are_paged_and_say_when_truncated(big: KbRoot) -> None:
      ("x", "'x' is not a valid integer")],
 )  # fmt: skip
 def test_bad_listing_limits_are_usage_errors(big: KbRoot, limit: str, message: str) -> None:
-    r = big.cli("ls", "con", "s", "context/many", "--limit", limit, "--as", "alice")
+    r = big.call("ls", "con", "s", "context/many", "--limit", limit, "--as", "alice")
     assert r.code == 2 and "--limit" in r.err and message in r.err, r.err
 
 

@@ -1,7 +1,10 @@
 """Issue 9, items 10, 12, 13, 14: identity never defaults open, a complete and
 readable audit log, no tracebacks and quiet pipes, and the new-user findings.
 
-Everything runs the real ``kbd`` in real processes on a real root.
+Everything runs the real ``kbd`` on a real root: in real processes for exec,
+pipes, signals, terminals and each command's smoke test; cases whose subject is
+the message, exit code, audit record or unchanged files run its real entry
+point in this process (KbRoot.call).
 """
 
 from __future__ import annotations
@@ -117,7 +120,11 @@ def test_empty_principal_is_a_usage_error_everywhere_and_changes_nothing(world: 
             argv, env = [*args[:cut], "--as", value, *args[cut:]], {}
         else:
             argv, env = args, {"KBD_AS": value}
-        r = world.cli(*argv, input=b"a note\n", env=env)
+        # The lean exec path and one click command (the smoke test) run as real
+        # processes; the other click commands run kbd's real entry point in this
+        # process (same argv, environment, exit code and stderr; KbRoot.call).
+        run = world.cli if args[0] == "exec" or args == ["workflows", "list"] else world.call
+        r = run(*argv, input=b"a note\n", env=env)
         message = assert_error(r, "usage", 2)
         assert ("--as" if how.startswith("flag") else "KBD_AS") in message, (argv, r.err)
     assert snapshot(world.root, skip=("state",)) == before
@@ -436,7 +443,7 @@ def test_empty_note_is_refused(world: KbRoot, content: bytes) -> None:
     sid = open_session(world)
     notes_dir = world.workflows / "src" / "knowledgebase" / "notes"
     before = snapshot(notes_dir)
-    r = world.cli("notes", "write", sid, "src", "empty.md", input=content)
+    r = world.call("notes", "write", sid, "src", "empty.md", input=content)
     assert "empty" in assert_error(r, "invalid-input", 65)
     assert snapshot(notes_dir) == before
     (refused,) = records(world, "note_refused")
@@ -537,7 +544,7 @@ def test_validate_json_is_json_on_errors_too(
     f = tmp_path / "workflow.json"
     if content is not None:
         f.write_bytes(content)
-    r = KbRoot(tmp_path / "no-root").cli("validate", str(f), "--json")
+    r = KbRoot(tmp_path / "no-root").call("validate", str(f), "--json")
     assert r.code == exit_code, r.err
     data = r.json()
     assert data["valid"] is False and data["error"]["code"] == code and data["problems"]

@@ -95,7 +95,8 @@ def test_init_accepts_a_folder_without_kbd_yaml(tmp_path: Path, existing: str) -
     root.mkdir()
     if existing == "folder-without-kbd-yaml":
         (root / "README.txt").write_text("operator notes\n")
-    r = KbRoot(root).cli("init", "--host", "h")
+    # In process (KbRoot.call); test_init_writes_config_and_principals runs `kbd init` for real.
+    r = KbRoot(root).call("init", "--host", "h")
     assert r.code == 0, r.err
     assert (root / "kbd.yaml").is_file()
     assert (root / "principals.yaml").is_file()
@@ -109,7 +110,7 @@ def test_init_refuses_an_existing_root(kb: KbRoot, extra: list[str]) -> None:
     with (kb.root / "kbd.yaml").open("a") as fh:
         fh.write("# operator edit\n")
     before = tree(kb.root)
-    r = kb.cli("init", *extra)
+    r = kb.call("init", *extra)  # in process: the refusal is the subject (KbRoot.call)
     assert r.code == 65, r.out + r.err
     message = error_message(r)
     assert str(kb.root) in message and "kbd.yaml" in message

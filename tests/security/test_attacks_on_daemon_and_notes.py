@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 import stat
 import time
@@ -97,7 +98,7 @@ def test_a_body_that_never_arrives_does_not_hold_a_uids_connections_forever(kb: 
 def test_audit_since_too_far_back_is_a_usage_error(kb: KbRoot, since: str) -> None:
     """Item 12/13: an out-of-range --since was answered error[internal] (exit 70,
     "this is a bug in kbd") from an OverflowError; it is bad input (exit 2)."""
-    r = kb.cli("audit", "--since", since)
+    r = kb.call("audit", "--since", since)
     assert r.code == 2, (r.code, r.err)
     assert r.err.startswith("error[usage]: --since: ") and since in r.err, r.err
 
@@ -148,7 +149,13 @@ def test_an_answer_the_client_never_reads_is_dropped(kb: KbRoot) -> None:
                 b"GET /v1/workflows/con/sources/big/file?path=context/big.md HTTP/1.1\r\nhost: kbd\r\n"
                 + f"authorization: Bearer {tokens['alice']}\r\n\r\n".encode()
             )
-            time.sleep(WRITE_STALL_TIMEOUT + 3)  # the client reads nothing meanwhile
+            # The client reads nothing meanwhile. POLLRDHUP reports the daemon's
+            # close without reading a byte, so the wait ends when the connection is
+            # dropped (a daemon that keeps it fails below: the whole answer arrives).
+            poller = select.poll()
+            poller.register(s, select.POLLRDHUP)
+            dropped = poller.poll((WRITE_STALL_TIMEOUT + 10) * 1000)
+            assert dropped, "the daemon kept the connection of an answer nobody reads"
             s.settimeout(10)
             got = b""
             with contextlib.suppress(ConnectionResetError):

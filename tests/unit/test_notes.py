@@ -470,15 +470,19 @@ def test_written_notes_are_0644_new_or_replaced(world: World) -> None:
 def test_cli_note_write_never_carries_mode_bits_over(world: World, planted: int, umask: int) -> None:
     """A source owner's set-id/executable bits on an existing note never survive
     `kbd notes write` (run as root here: the replaced file was root's own), and
-    the umask of the writer does not matter."""
+    the umask of the writer does not matter. The 15 cases run kbd's real entry
+    point in this process (KbRoot.call: the umask set here is the writer's, as a
+    child would inherit it). `notes write` keeps its real-subprocess smoke tests in
+    test_cli_write_then_ls_shows_who_contributed and, with a umask, in
+    tests/security/test_attacks_on_daemon_and_notes.py."""
     plan = world.notes / "plan.md"
     plan.write_text("old plan\n")
     os.chmod(plan, planted)
     assert stat.S_IMODE(os.stat(plan).st_mode) == planted
     old = os.umask(umask)
     try:
-        r = world.kb.cli("notes", "write", world.sid, "src", "plan.md", input=b"new plan\n")
-        r2 = world.kb.cli("notes", "write", world.sid, "src", "sub/fresh.md", input=b"fresh\n")
+        r = world.kb.call("notes", "write", world.sid, "src", "plan.md", input=b"new plan\n")
+        r2 = world.kb.call("notes", "write", world.sid, "src", "sub/fresh.md", input=b"fresh\n")
     finally:
         os.umask(old)
     assert (r.code, r2.code) == (0, 0), (r.err, r2.err)
@@ -675,7 +679,8 @@ def test_an_empty_or_invalid_index_is_an_error_never_an_empty_result(world: Worl
 def test_cli_read_of_a_bad_index_exits_75(world: World, case: str) -> None:
     (world.notes / "_index.json").write_bytes(BAD_INDEXES[case])
     for extra in ([], ["--json"]):
-        r = world.kb.cli("read", "con", "src", "notes/_index.json", "--as", "alice", *extra)
+        # In process (KbRoot.call); the real `kbd read` process is the next test's.
+        r = world.kb.call("read", "con", "src", "notes/_index.json", "--as", "alice", *extra)
         assert r.code == 75, r.err
         assert "error[index-unreadable]" in r.err
         assert r.out == ""
