@@ -27,7 +27,23 @@ from kbd.errors import SandboxSetupError, Unavailable
 from kbd.fs.confined import open_beneath, pin_dir
 from kbd.sandbox import limits as rlimits
 from kbd.sandbox import seccomp, spec
-from kbd.sandbox.spec import HELPER_DEST, Opt, arg, bind_fd, flag
+from kbd.sandbox.spec import (
+    HELPER_DEST,
+    BindFd,
+    CapDrop,
+    Chdir,
+    Dev,
+    Flag,
+    MountOpt,
+    Opt,
+    Proc,
+    RemountRo,
+    RoBind,
+    SeccompFd,
+    StatusFd,
+    Symlink,
+    Tmpfs,
+)
 
 if TYPE_CHECKING:
     from kbd.core.config import LimitsConfig
@@ -140,7 +156,7 @@ def userns_opts(limit: str | None) -> list[Opt]:
     """
     if limit is not None and limit.strip() == "0":
         return []
-    return [flag("--unshare-user"), flag("--disable-userns"), flag("--assert-userns-disabled")]
+    return [Flag("--unshare-user"), Flag("--disable-userns"), Flag("--assert-userns-disabled")]
 
 
 def host_userns_limit() -> str | None:
@@ -153,15 +169,15 @@ def host_userns_limit() -> str | None:
 def system_opts() -> Iterator[Opt]:
     for d in spec.SYSTEM_RO:
         if os.path.isdir(d):
-            yield arg("--ro-bind", d, d)
+            yield RoBind(d, d)
     for link in spec.SYSTEM_LINKS:
         if os.path.islink(link):
-            yield arg("--symlink", os.readlink(link), link)
+            yield Symlink(os.readlink(link), link)
         elif os.path.isdir(link):
-            yield arg("--ro-bind", link, link)
+            yield RoBind(link, link)
     for f in spec.ETC_FILES:
         if os.path.exists(f):  # only what exists: never --ro-bind-try, never an empty stand-in
-            yield arg("--ro-bind", f, f)
+            yield RoBind(f, f)
 
 
 def build_argv(
@@ -189,63 +205,63 @@ def build_argv(
             # Kept in kbd only, to open grants beneath it: never handed to bwrap.
             kb_roots[att.path] = fds.add(pinned.fd, hand=False)
     opts: list[Opt] = [
-        flag("--die-with-parent"),
-        flag("--new-session"),
-        flag("--unshare-pid"),
-        flag("--unshare-ipc"),
-        flag("--unshare-uts"),
-        flag("--unshare-cgroup-try"),
+        Flag("--die-with-parent"),
+        Flag("--new-session"),
+        Flag("--unshare-pid"),
+        Flag("--unshare-ipc"),
+        Flag("--unshare-uts"),
+        Flag("--unshare-cgroup-try"),
         *userns_opts(host_userns_limit()),
-        arg("--cap-drop", "ALL"),
-        arg("--json-status-fd", str(status_fd)),
+        CapDrop("ALL"),
+        StatusFd(status_fd),
     ]
     if network == "none":
-        opts.append(flag("--unshare-net"))
+        opts.append(Flag("--unshare-net"))
     # A tmpfs is memory: each one the command can write into gets a size.
-    tmpfs_size = [arg("--size", str(limits.tmpfs_size))] if limits and limits.tmpfs_size else []
+    tmpfs_size = limits.tmpfs_size if limits and limits.tmpfs_size else None
     # Private /tmp first: roots under /tmp (as in tests) are bound beneath it.
-    opts += [*tmpfs_size, arg("--tmpfs", "/tmp")]  # noqa: S108
+    opts.append(Tmpfs("/tmp", size=tmpfs_size))  # noqa: S108
     dests: list[str] = ["/", "/tmp"]  # noqa: S108
     for m in spec.mounts(plan):
         dests.append(m.dest)
         if m.op == "hidden":
-            opts += [arg("--tmpfs", m.dest), arg("--remount-ro", m.dest)]
+            opts += [Tmpfs(m.dest), RemountRo(m.dest)]
             continue
         fd = _open_path(Path(m.dest), fds, kb_roots=kb_roots)
-        opts.append(bind_fd(fd, m.dest, rw=m.op == "bind"))
+        opts.append(BindFd(fd, m.dest, rw=m.op == "bind"))
     # Everything the command executes comes AFTER the grants: a destination inside a
     # source-controlled folder (a contributed notes/ and its _index.json) is looked
     # up by path, and a source that swaps it for a symlink could otherwise land its
     # own file on, say, /usr/bin/python3. Later mounts cover anything such a
     # redirect put beneath them; the inner helper then checks every mount point.
-    system = [arg("--proc", "/proc"), arg("--dev", "/dev")]
-    system += [arg("--ro-bind", p, p) for p in spec.PROC_READ_ONLY if os.path.exists(p)]
+    system: list[Opt] = [Proc("/proc"), Dev("/dev")]
+    system += [RoBind(p, p) for p in spec.PROC_READ_ONLY if os.path.exists(p)]
     system += list(system_opts())
     opts += system
-    dests += [w for o in system for w in o.words[1:2] if o.words[0] != "--symlink"]
+    dests += [o.dest for o in system if isinstance(o, MountOpt)]
     masked = [p for p in spec.PROC_MASKED if os.path.exists(p)]
-    opts += [arg("--ro-bind", "/dev/null", p) for p in masked]
+    opts += [RoBind("/dev/null", p) for p in masked]
     dests += masked
     # bwrap's /dev is an unbounded tmpfs (--size cannot apply to --dev): make it
     # read-only and give shared memory its own bounded tmpfs.
     shm = "/dev/shm"  # noqa: S108 - the sandbox's own, fresh tmpfs
-    opts += [*tmpfs_size, arg("--tmpfs", shm), arg("--remount-ro", "/dev")]
+    opts += [Tmpfs(shm, size=tmpfs_size), RemountRo("/dev")]
     dests.append(shm)
     # The seccomp filter (no set-id bits, keyrings, user namespaces, io_uring/openat2;
     # socket families by allow-list), read by bwrap from a memfd.
     filt = fds.add(os.memfd_create("kbd-seccomp", os.MFD_CLOEXEC))
     os.write(filt, seccomp.program(block_network=network != "host"))
     os.lseek(filt, 0, os.SEEK_SET)
-    opts.append(arg("--seccomp", str(filt)))
+    opts.append(SeccompFd(filt))
     inner = spec.inner_landlock(plan)
     if inner is not None:
         helper_fd = fds.add(os.open(HELPER_SOURCE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW))
-        opts.append(bind_fd(helper_fd, HELPER_DEST, rw=False))
+        opts.append(BindFd(helper_fd, HELPER_DEST, rw=False))
         dests.append(HELPER_DEST)
         # The helper refuses to run the command unless the mount points are exactly
         # these (plus what --dev and --proc create beneath /dev and /proc).
         inner = {**inner, "mounts": sorted(set(dests)), "mount_prefixes": ["/dev/", "/proc/"]}
-    opts += [arg("--remount-ro", "/"), arg("--chdir", str(cwd))]
+    opts += [RemountRo("/"), Chdir(str(cwd))]
     # bwrap reports a failed execvp as exit 1; a POSIX shell's `exec` gives the
     # conventional 127 (not found) / 126 (not executable) instead. The same
     # step sets the rlimits, inside the sandbox, before anything untrusted runs.

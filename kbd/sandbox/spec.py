@@ -12,10 +12,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kbd.core.plan import Plan
 
@@ -87,26 +87,184 @@ def inner_landlock(plan: Plan) -> dict[str, Any] | None:
 
 
 # -- bwrap options as typed argv words --------------------------------------------
+#
+# One small class per bubblewrap option (as bubblejail does): each knows its own
+# words, checks its values when it is built, and a mount keeps its destination as
+# a field. Ordering code only arranges whole options, so it cannot drop a value,
+# separate ``--size`` from its ``--tmpfs``, or hand bwrap a relative path.
+
+FlagName = Literal[
+    "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+    "--unshare-cgroup-try", "--unshare-net", "--unshare-user", "--disable-userns", "--assert-userns-disabled",
+]  # fmt: skip
+
+
+def _path(value: str) -> str:
+    if not value.startswith("/") or "\0" in value:
+        raise ValueError(f"a bwrap path must be absolute and free of NUL: {value!r}")
+    return value
+
+
+def _fd(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"a file descriptor must be a non-negative integer: {value!r}")
+    return value
+
+
+class Opt:
+    """One bubblewrap option."""
+
+    def argv(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+
+class MountOpt(Opt):
+    """An option that creates a mount point at ``dest`` inside the sandbox."""
+
+    dest: str
 
 
 @dataclass(frozen=True)
-class Opt:
-    words: tuple[str, ...]
+class Flag(Opt):
+    name: FlagName
 
-    def argv(self) -> Iterator[str]:
-        yield from self.words
-
-
-def bind_fd(fd: int, dest: str, *, rw: bool) -> Opt:
-    return Opt(("--bind-fd" if rw else "--ro-bind-fd", str(fd), dest))
+    def argv(self) -> tuple[str, ...]:
+        return (self.name,)
 
 
-def flag(name: str) -> Opt:
-    return Opt((name,))
+@dataclass(frozen=True)
+class CapDrop(Opt):
+    cap: Literal["ALL"]
+
+    def argv(self) -> tuple[str, ...]:
+        return ("--cap-drop", self.cap)
 
 
-def arg(name: str, *values: str) -> Opt:
-    return Opt((name, *values))
+@dataclass(frozen=True)
+class StatusFd(Opt):
+    fd: int
+
+    def __post_init__(self) -> None:
+        _fd(self.fd)
+
+    def argv(self) -> tuple[str, ...]:
+        return ("--json-status-fd", str(self.fd))
+
+
+@dataclass(frozen=True)
+class SeccompFd(Opt):
+    fd: int
+
+    def __post_init__(self) -> None:
+        _fd(self.fd)
+
+    def argv(self) -> tuple[str, ...]:
+        return ("--seccomp", str(self.fd))
+
+
+@dataclass(frozen=True)
+class Chdir(Opt):
+    path: str
+
+    def __post_init__(self) -> None:
+        _path(self.path)
+
+    def argv(self) -> tuple[str, ...]:
+        return ("--chdir", self.path)
+
+
+@dataclass(frozen=True)
+class RemountRo(Opt):
+    dest: str
+
+    def __post_init__(self) -> None:
+        _path(self.dest)
+
+    def argv(self) -> tuple[str, ...]:
+        return ("--remount-ro", self.dest)
+
+
+@dataclass(frozen=True)
+class Symlink(Opt):
+    target: str  # what the link says; may be relative (``usr/bin``)
+    link: str
+
+    def __post_init__(self) -> None:
+        _path(self.link)
+        if not self.target or "\0" in self.target:
+            raise ValueError(f"a symlink target must be a non-empty string free of NUL: {self.target!r}")
+
+    def argv(self) -> tuple[str, ...]:
+        return ("--symlink", self.target, self.link)
+
+
+@dataclass(frozen=True)
+class RoBind(MountOpt):
+    src: str
+    dest: str
+
+    def __post_init__(self) -> None:
+        _path(self.src)
+        _path(self.dest)
+
+    def argv(self) -> tuple[str, ...]:
+        return ("--ro-bind", self.src, self.dest)
+
+
+@dataclass(frozen=True)
+class BindFd(MountOpt):
+    """A grant, bound from a descriptor kbd opened beneath a pinned folder."""
+
+    fd: int
+    dest: str
+    rw: bool
+
+    def __post_init__(self) -> None:
+        _fd(self.fd)
+        _path(self.dest)
+
+    def argv(self) -> tuple[str, ...]:
+        return ("--bind-fd" if self.rw else "--ro-bind-fd", str(self.fd), self.dest)
+
+
+@dataclass(frozen=True)
+class Tmpfs(MountOpt):
+    """A fresh tmpfs; ``size`` (bytes) travels with it, since bwrap applies
+    ``--size`` to the next tmpfs only."""
+
+    dest: str
+    size: int | None = None
+
+    def __post_init__(self) -> None:
+        _path(self.dest)
+        if self.size is not None and (isinstance(self.size, bool) or self.size <= 0):
+            raise ValueError(f"a tmpfs size must be a positive number of bytes: {self.size!r}")
+
+    def argv(self) -> tuple[str, ...]:
+        sized = ("--size", str(self.size)) if self.size is not None else ()
+        return (*sized, "--tmpfs", self.dest)
+
+
+@dataclass(frozen=True)
+class Proc(MountOpt):
+    dest: str
+
+    def __post_init__(self) -> None:
+        _path(self.dest)
+
+    def argv(self) -> tuple[str, ...]:
+        return ("--proc", self.dest)
+
+
+@dataclass(frozen=True)
+class Dev(MountOpt):
+    dest: str
+
+    def __post_init__(self) -> None:
+        _path(self.dest)
+
+    def argv(self) -> tuple[str, ...]:
+        return ("--dev", self.dest)
 
 
 def argv_of(opts: Iterable[Opt]) -> list[str]:

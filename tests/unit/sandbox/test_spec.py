@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from kbd.core.folders import FolderStatus
 from kbd.core.plan import build_plan
@@ -85,3 +88,59 @@ def test_read_and_none_plans() -> None:
         Mount("/tmp/r/workflows/con/workflow.json", "ro-bind", "own"),
         Mount("/tmp/r/workflows/con/knowledgebase", "hidden", "local_kb"),
     ]
+
+
+# -- typed bwrap options ---------------------------------------------------------
+
+
+def test_each_bwrap_option_yields_its_exact_words() -> None:
+    from kbd.sandbox.spec import (
+        BindFd,
+        CapDrop,
+        Chdir,
+        Dev,
+        Flag,
+        Proc,
+        RemountRo,
+        RoBind,
+        SeccompFd,
+        StatusFd,
+        Symlink,
+        Tmpfs,
+        argv_of,
+    )  # fmt: skip
+
+    opts = [
+        Flag("--die-with-parent"), CapDrop("ALL"), StatusFd(5), SeccompFd(6), Chdir("/w"), RemountRo("/"),
+        Symlink("usr/bin", "/bin"), RoBind("/usr", "/usr"), BindFd(7, "/kb", rw=True), BindFd(8, "/ro", rw=False),
+        Tmpfs("/tmp"), Tmpfs("/dev/shm", size=1024), Proc("/proc"), Dev("/dev"),
+    ]  # fmt: skip
+    assert argv_of(opts) == [
+        "--die-with-parent", "--cap-drop", "ALL", "--json-status-fd", "5", "--seccomp", "6", "--chdir", "/w",
+        "--remount-ro", "/", "--symlink", "usr/bin", "/bin", "--ro-bind", "/usr", "/usr", "--bind-fd", "7", "/kb",
+        "--ro-bind-fd", "8", "/ro", "--tmpfs", "/tmp", "--size", "1024", "--tmpfs", "/dev/shm", "--proc", "/proc",
+        "--dev", "/dev",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda s: s.RoBind("usr", "/usr"),  # relative source
+        lambda s: s.RoBind("/usr", "usr"),  # relative destination
+        lambda s: s.BindFd(-1, "/kb", rw=True),
+        lambda s: s.BindFd(True, "/kb", rw=True),  # a bool is not a descriptor
+        lambda s: s.Tmpfs("/tmp", size=0),
+        lambda s: s.Tmpfs("/tmp\0x"),
+        lambda s: s.Chdir("w"),
+        lambda s: s.StatusFd(-3),
+        lambda s: s.Symlink("", "/bin"),
+    ],
+)
+def test_a_malformed_bwrap_option_cannot_be_built(build: Any) -> None:
+    """Ordering code can only arrange whole, checked options: a value cannot go
+    missing or be relative, and --size cannot be separated from its --tmpfs."""
+    from kbd.sandbox import spec
+
+    with pytest.raises(ValueError):
+        build(spec)
