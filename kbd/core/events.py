@@ -181,6 +181,16 @@ class Event:
             out[name] = self.workflow_id if name == "workflow_id" else self.fields[name]
         return out
 
+    def __hash__(self) -> int:  # ``fields`` is a dict; an id names one event
+        return hash(self.id)
+
+    def sse(self) -> bytes:
+        """One Server-Sent Events frame: ``id:``, ``event:`` and one ``data:``
+        line (JSON never holds a raw newline, and no field may hold a control
+        character), ended by a blank line."""
+        data = json.dumps(self.public(), ensure_ascii=False, separators=(",", ":"))
+        return f"id: {self.id}\nevent: {self.type}\ndata: {data}\n\n".encode()
+
     def line(self) -> bytes:
         """The stored JSON line (public fields plus ``_wf``), newline-terminated."""
         record = {**self.public(), "_wf": self.workflow_id}
@@ -196,6 +206,17 @@ def make_event(
         raise EventRefused(f"bad id parts: epoch {epoch!r}, seq {seq}")
     values = {k: v for k, v in fields.items() if isinstance(v, str | int)}
     return Event(format_id(epoch, seq), event_type, format_at(ns), workflow_id, values)
+
+
+def resync_event(last_id: str, reason: str, *, ns: int) -> Event:
+    """The ``resync`` one subscriber gets when :meth:`since` answers Resync or
+    its queue overflowed: not appended to the log (no one else lost anything),
+    and carrying the log's current ``last_id``, so a subscriber that reloads
+    its state and reconnects with it as ``Last-Event-ID`` misses nothing."""
+    if parse_id(last_id) is None:
+        raise EventRefused(f"resync_event needs a log id, got {last_id!r}")
+    check_event(RESYNC, None, {"reason": reason})
+    return Event(last_id, RESYNC, format_at(ns), None, {"reason": reason})
 
 
 def parse_line(line: bytes) -> Event | None:

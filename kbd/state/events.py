@@ -38,7 +38,7 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from kbd.core.events import (
@@ -119,6 +119,18 @@ def _last_seq(fd: int, *, epoch: str, start: int, end: int) -> int | None:
             if event is not None and parse_id(event.id) == (epoch, event.seq):
                 return event.seq
     return None
+
+
+def _after_last_newline(fd: int, *, start: int, end: int) -> int:
+    """The offset just past the last newline in ``[start, end)``, or ``start``."""
+    pos = end
+    while pos > start:
+        step = min(_CHUNK, pos - start)
+        pos -= step
+        at = os.pread(fd, step, pos).rfind(b"\n")
+        if at >= 0:
+            return pos + at + 1
+    return start
 
 
 class _Syncer:
@@ -221,32 +233,45 @@ class EventLog:
         :class:`kbd.core.events.EventRefused` for anything off the allow-list
         (nothing is written), Busy when the lock is not had in time, and the
         tree's error for an OSError (a full disk is NoSpace)."""
-        check_event(event_type, workflow_id, fields)
+        return self.append_many([(event_type, workflow_id, fields)])[0]
+
+    def append_many(self, items: Sequence[tuple[str, str | None, Mapping[str, FieldValue]]]) -> list[Event]:
+        """Persist several events ``(type, workflow_id, fields)`` under one lock,
+        in order, with consecutive ids (a watcher batch: the lock costs more than
+        the write). All are checked first: one off the allow-list and none is
+        written. Raises as :meth:`append`; on an error after a write began, the
+        events written so far stay (each line is whole)."""
+        for event_type, workflow_id, fields in items:
+            check_event(event_type, workflow_id, fields)
         if self._closed:
             raise ValueError("append to a closed EventLog")
         try:
             with self._locked():
                 self._follow(locked=True)
-                event, data = self._next(event_type, workflow_id, fields)
-                if self._offset + len(data) > self.max_bytes and self._offset > self._header_len:
-                    self._rotate()
-                    self._follow(locked=True)
-                    event, data = self._next(event_type, workflow_id, fields)
-                assert self._fd is not None
-                written = os.write(self._fd, data)
-                self._offset += written
-                if written != len(data):  # only a full disk shortens a write to a regular file
-                    self._torn = True
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-                self._seq, self._torn = event.seq, False
-                self._ring.append(event)
-                if self._syncer is None:
-                    os.fsync(self._fd)
-                else:
-                    self._syncer.mark()
-                return event
+                return [self._write_one(*item) for item in items]
         except OSError as exc:
             raise from_oserror(exc, what="append to the event log") from exc
+
+    def _write_one(self, event_type: str, workflow_id: str | None, fields: Mapping[str, FieldValue]) -> Event:
+        """One event, with the lock held and the log followed to its end."""
+        event, data = self._next(event_type, workflow_id, fields)
+        if self._offset + len(data) > self.max_bytes and self._offset > self._header_len:
+            self._rotate()
+            self._follow(locked=True)
+            event, data = self._next(event_type, workflow_id, fields)
+        assert self._fd is not None
+        written = os.write(self._fd, data)
+        self._offset += written
+        if written != len(data):  # only a full disk shortens a write to a regular file
+            self._torn = True
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self._seq, self._torn = event.seq, False
+        self._ring.append(event)
+        if self._syncer is None:
+            os.fsync(self._fd)
+        else:
+            self._syncer.mark()
+        return event
 
     def since(self, last_id: str) -> Replay | Resync:
         """The events issued after ``last_id``, in order, or Resync: a malformed
@@ -263,13 +288,6 @@ class EventLog:
             if self._ring and self._ring[0].seq <= first:
                 return Replay(tuple(e for e in self._ring if e.seq >= first))
         return contiguous_from(self._scan_files(epoch), first, last)
-
-    def refresh(self) -> list[Event]:
-        """Events other processes appended since this one last looked, in order
-        (they join the ring too). A daemon that shares the log with other
-        appenders calls this to pick them up."""
-        with self._mutex:
-            return self._follow(locked=False)
 
     def sync(self) -> None:
         with self._mutex:
@@ -304,7 +322,7 @@ class EventLog:
             yield
 
     def _next(
-        self, event_type: str, workflow_id: str | None, fields: dict[str, FieldValue]
+        self, event_type: str, workflow_id: str | None, fields: Mapping[str, FieldValue]
     ) -> tuple[Event, bytes]:
         event = make_event(
             event_type,
@@ -372,8 +390,7 @@ class EventLog:
         self._ring.clear()
         self._epoch, self._torn = epoch, False
         self._seq = max(base, last or 0)
-        tail = _read_at(fd, header_len, size - header_len)
-        self._offset = header_len + tail.rfind(b"\n") + 1
+        self._offset = _after_last_newline(fd, start=header_len, end=size)
         return True
 
     def _read_new(self, *, locked: bool) -> list[Event]:

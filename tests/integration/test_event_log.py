@@ -297,8 +297,9 @@ def test_concurrent_processes_never_interleave_or_reuse_ids(state: Path) -> None
             mine = [e for e in events if e and e.workflow_id == f"wf_{tag}"]
             assert [e.id for e in mine] == out  # each process's events in its own order
             assert [e.fields["session_id"] for e in mine] == [f"s_{tag}_{i}" for i in range(150)]
-        # A process that shares the log picks the others' events up, in order.
-        assert [e.seq for e in reader.refresh()] == list(range(1, 451))
+        # A process that shares the log (opened before they wrote) sees their events, in order.
+        got = reader.since(f"{reader.epoch}-0")
+        assert isinstance(got, Replay) and [e.seq for e in got.events] == list(range(1, 451))
         got = reader.since(f"{reader.epoch}-400")
         assert isinstance(got, Replay) and [e.seq for e in got.events] == list(range(401, 451))
 
@@ -379,3 +380,19 @@ def test_every_cut_of_the_last_line_is_torn_never_half_read(state: Path) -> None
         raw = lines(state / LOG_NAME)
         assert [s for _, s in stored_events(state / LOG_NAME)] == [1, 2, 3, 4, 5], cut
         assert raw[-1] == b"" and parse_line(raw[-2]) is not None and raw[-3].endswith(b" (torn)")
+
+
+def test_a_batch_is_checked_whole_and_written_in_order(log: EventLog, state: Path) -> None:
+    before = (state / LOG_NAME).read_bytes()
+    with pytest.raises(EventRefused, match="field 'body' is not allowed"):
+        log.append_many([("workflow.changed", "wf_a", {}), ("workflow.changed", "wf_b", {"body": "x"})])
+    assert (state / LOG_NAME).read_bytes() == before
+    batch = log.append_many(
+        [
+            ("workflow.changed", "wf_a", {}),
+            ("sources.changed", "wf_a", {}),
+            ("resync", None, {"reason": "overflow"}),
+        ]
+    )
+    assert [e.id for e in batch] == [f"{log.epoch}-{s}" for s in (1, 2, 3)]
+    assert [parse_line(line) for line in lines(state / LOG_NAME)[1:-1]] == batch

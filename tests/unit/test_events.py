@@ -226,3 +226,23 @@ def test_fsync_batching_is_bounded(tmp_path: Path) -> None:
         assert synced.wait(5) and len(calls) == 2
     finally:
         syncer.stop()
+
+
+def test_sse_frames_and_the_per_subscriber_resync() -> None:
+    event = _event("note.written", seq=7, relpath="notes/ü x.md", by_workflow="wf_con")
+    frame = event.sse().decode()
+    assert frame.startswith(f"id: {EPOCH}-7\nevent: note.written\ndata: {{")
+    assert frame.endswith("\n\n") and frame.count("\n") == 4
+    assert json.loads(frame.split("data: ", 1)[1]) == event.public()
+    resync = ev.resync_event(f"{EPOCH}-7", "overflow", ns=0)
+    assert resync.public() == {
+        "id": f"{EPOCH}-7",
+        "type": "resync",
+        "at": "1970-01-01T00:00:00.000Z",
+        "reason": "overflow",
+    }
+    assert {event, resync} and hash(event) == hash(event.id)
+    with pytest.raises(EventRefused, match="needs a log id"):
+        ev.resync_event("", "overflow", ns=0)
+    with pytest.raises(EventRefused, match="reason must be a short token"):
+        ev.resync_event(f"{EPOCH}-7", "queue overflowed", ns=0)
