@@ -459,11 +459,13 @@ class FrameReader:
         frames: list[tuple[int, bytes]] = []
         pos = 0
         try:
-            while len(self._buf) - pos >= _FRAME_HEAD:
+            while len(self._buf) > pos:
                 kind = self._buf[pos]
-                if kind not in self._accept:
+                if kind not in self._accept:  # refused on its first byte, not after five
                     name = KIND_NAMES.get(kind, f"0x{kind:02x}")
                     raise WireError(f"frame kind {name} is not expected in this direction")
+                if len(self._buf) - pos < _FRAME_HEAD:
+                    break
                 size = int.from_bytes(self._buf[pos + 1 : pos + 5], "big")
                 _check_size(kind, size)
                 if len(self._buf) - pos - _FRAME_HEAD < size:

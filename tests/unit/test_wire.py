@@ -349,6 +349,11 @@ def test_encoders_refuse_what_decoders_would() -> None:
         wire.frame(2, b"")
 
 
+def test_a_bad_kind_is_refused_on_its_first_byte() -> None:
+    with pytest.raises(WireError, match="frame kind 0x7f is not expected"):
+        FrameReader(wire.TO_CLIENT).feed(b"\x7f")
+
+
 def test_a_stream_that_ends_inside_a_frame_is_truncated() -> None:
     reader = FrameReader(wire.TO_CLIENT)
     assert reader.feed(wire.exit_frame(3)[:-1]) == []
