@@ -22,6 +22,7 @@ API turn any of them into the same answer without knowing the class::
     │   ├── RequestTimeout          65  408  timeout                  API request headers too slow
     │   ├── UnsafeSocketFolder      65  400  unsafe-socket-folder
     │   ├── RootExists              65  400  root-exists              init over an existing root
+    │   ├── WireError               65  400  protocol-error           malformed exec-broker bytes
     │   └── RootError               65  400  root-error               kbd root missing or unsafe
     ├── NotFound                    66  404  not-found                (also: what an outsider may not see)
     │   ├── WorkflowNotFound        66  404  workflow-not-found
@@ -227,6 +228,16 @@ class UnsafeSocketFolder(InvalidInput):
 class RootExists(InvalidInput):
     code = "root-exists"
     default_hint = "pass --force to rewrite kbd.yaml and principals.yaml, or choose another --root"
+
+
+class WireError(InvalidInput):
+    """Bytes on the exec broker's socket that break its wire format
+    (:mod:`kbd.core.wire`): a truncated or oversized request, an unknown tag or
+    frame kind, a repeated singleton, text that is not UTF-8. The peer's fault,
+    so 65 / HTTP 400; the connection is closed after it."""
+
+    code = "protocol-error"
+    default_hint = "the client and the daemon must speak kbd-exec/1; use the kbd that runs the daemon"
 
 
 class RootError(InvalidInput):
