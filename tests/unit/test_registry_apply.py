@@ -10,6 +10,7 @@ after each step only what a non-recursive watch of the parent folder would see.
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import tempfile
@@ -268,22 +269,26 @@ def test_apply_and_verify_now_match_a_full_rescan(steps: list[Op], max_depth: in
 
 @given(steps=st.lists(ops, min_size=1, max_size=25), lost=st.lists(st.booleans(), min_size=25, max_size=25))
 def test_lost_events_are_absorbed_by_verify_now(steps: list[Op], lost: list[bool], bases: Any) -> None:
-    """A watcher that drops events (overflow, a dead thread): apply() of what did
-    arrive, then the verifier's verify_now(), ends exactly at a full rescan."""
+    """A watcher that drops events (overflow, a dead thread): after apply() of
+    what did arrive, the verifier's verify_now() ends exactly where a full rescan
+    from the same index ends. (Not where a registry that rescanned at every step
+    ends: nesting is remembered only for folders the index once knew, so a
+    workflow created and hidden between two looks is as unknown as it is today
+    between two periodic sweeps.)"""
     world = World(bases())
-    ref = Registry([world.root], cache_path=None)
     inc = Registry([world.root], cache_path=None, sweep_interval=3600)
-    ref.rescan()
     inc.rescan()
-    for op, drop in zip(steps, lost, strict=False):
+    for index, (op, drop) in enumerate(zip(steps, lost, strict=False)):
         changes = world.run(op)
-        if changes is None:
-            continue
-        ref.rescan()
-        inc.apply([] if drop else changes)
-    inc.verify_now()
-    assert snapshot(inc) == snapshot(ref)
-    assert_children_consistent(inc)
+        if changes is not None:
+            inc.apply([] if drop else changes)
+        if drop and index < len(steps) - 1:
+            continue  # losses accumulate until the verifier's next pass
+        twin = copy.deepcopy(inc)
+        twin.rescan()
+        inc.verify_now()
+        assert snapshot(inc) == snapshot(twin), (op, drop)
+        assert_children_consistent(inc)
 
 
 def test_delta_reports_manifests_before_and_after(tmp_path: Path) -> None:
