@@ -19,6 +19,15 @@ from the previous index (in memory or the cache file) are checked, so this costs
 nothing per walk; a nested manifest that was never discovered is reported by
 ``kbd doctor`` (:func:`kbd.fs.lint.nested_manifests`).
 
+Incremental maintenance (DESIGN §9): a long-lived process that watches the
+folders (the daemon, :mod:`kbd.fs.watch`) hands each reported change to
+:meth:`Registry.apply`, which re-derives only what that path can affect with the
+same walk and reuse rules as a rescan, and runs :meth:`Registry.verify_now`
+periodically (and whenever the watcher may have lost events) to absorb what no
+event reported. Both end exactly where a full rescan from the same index ends
+(a property test drives real folders to check it), and neither is ever needed
+for correctness: lookups verify their answers as described below.
+
 Caching: the index is kept in memory and in ``state/cache/registry.json``.
 It is revalidated by ``lstat`` of every walked non-workflow folder (a new,
 removed or renamed child changes a folder's mtime/ctime) and of every manifest
@@ -374,9 +383,8 @@ class Registry:
         Unreported changes elsewhere stay as they were until :meth:`verify_now`
         (or the periodic re-check every lookup path already does)."""
         batch = list(changes)
-        if not self._loaded:
-            self._load_cache()
         if not self._loaded or self._roots_overlap:
+            # Nothing verified to build on (a cache file is not: it may be old).
             return self._full(_Tracker(self))
         targets: list[tuple[Path, str, Path]] = []
         for change in batch:
@@ -409,8 +417,6 @@ class Registry:
         (lstat each; re-list or re-read only what changed) and absorb whatever no
         event reported. The result equals a full rescan; the cost is a stat per
         folder and manifest plus the work for what actually changed."""
-        if not self._loaded:
-            self._load_cache()
         if not self._loaded or self._roots_overlap:
             return self._full(_Tracker(self))
         if any(str(root) not in self._dirs and root.is_dir() for root in self.roots):

@@ -34,9 +34,13 @@ watchfiles 1.3 hides, and how each is caught here:
 
 Every failure makes the segment unhealthy and schedules a rebuild with backoff
 (1 s doubling to 30 s, reset after a minute of health). Callbacks run on the
-watcher's threads: ``on_batch`` on the segment threads (concurrently for
-different segments), ``on_health`` on whichever thread saw the change. The
+watcher's threads, never under the watcher's lock: ``on_batch`` on the segment
+threads (concurrently for different segments; it may call :meth:`Watcher.set_segment`),
+``on_health`` on the supervisor thread, in order, within ~50 ms of the change
+(and, for reports left at :meth:`Watcher.stop`, on the caller's thread). The
 daemon's adapter hands both to its event loop (``loop.call_soon_threadsafe``).
+Every unhealthy report means "events may have been lost": the consumer runs
+its verifier (``Registry.verify_now``) then, and again when health returns.
 """
 
 from __future__ import annotations
@@ -201,6 +205,10 @@ class Watcher:
         self._closing = threading.Event()
         self._supervisor: threading.Thread | None = None
         self._last_health: WatchHealth | None = None
+        # Health reports wait here and are handed to on_health by the supervisor
+        # thread only, outside the lock: a consumer may call back into the
+        # watcher, or take its own locks, without any risk of deadlock.
+        self._pending: deque[WatchHealth] = deque()
         self._next_check = 0.0
 
     # -- public API --------------------------------------------------------
@@ -247,7 +255,8 @@ class Watcher:
         supervisor = self._supervisor
         if supervisor is not None and supervisor is not threading.current_thread():
             supervisor.join(timeout)
-        with self._lock:  # the supervisor is gone: no rebuild can start a thread now
+        self._deliver_health()  # the supervisor is gone: nobody else delivers now
+        with self._lock:  # and no rebuild can start a thread
             threads = []
             for segment in self._segments.values():
                 segment.stop.set()
@@ -363,6 +372,7 @@ class Watcher:
     def _supervise(self) -> None:
         last = time.monotonic()
         while not self._closing.wait(_TICK):
+            self._deliver_health()
             with self._lock:
                 if not self._running:
                     return
@@ -455,8 +465,16 @@ class Watcher:
         key = (health.ok, health.reason, health.segment)
         if last is None or key != (last.ok, last.reason, last.segment):
             self._last_health = health
+            self._pending.append(health)
+        return health
+
+    def _deliver_health(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending:
+                    return
+                health = self._pending.popleft()
             try:
                 self._on_health(health)
             except Exception:  # a consumer's bug must not stop supervision
                 log.exception("watch: on_health callback failed")
-        return health

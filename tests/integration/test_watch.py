@@ -33,6 +33,7 @@ from kbd.core.watching import (
     WatchBatch,
     WatchHealth,
 )
+from kbd.fs.registry import Found, Missing, Registry, RegistryDelta
 from kbd.fs.watch import Watcher
 
 WAIT = 15.0  # generous: the machine is shared and loaded
@@ -184,7 +185,7 @@ def test_a_stuck_consumer_is_reported_as_stalled_and_replaced(tmp_path: Path) ->
         if len(recorder.batches) == 1:
             release.wait(WAIT)  # the first consumer call never returns in time
 
-    watcher = Watcher(on_batch=on_batch, on_health=recorder.on_health, stall_after=0.5, **FAST)
+    watcher = Watcher(on_batch=on_batch, on_health=recorder.on_health, stall_after=1.0, **FAST)
     try:
         watcher.set_segment("workflows", [folder])
         watcher.start()
@@ -195,6 +196,83 @@ def test_a_stuck_consumer_is_reported_as_stalled_and_replaced(tmp_path: Path) ->
         recorder.wait_batch(lambda bt: str(folder / "two") in names(bt))
     finally:
         release.set()
+        watcher.stop()
+
+
+class Vanish(BaseException):
+    """Not an Exception: escapes every handler, so the thread just ends."""
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_thread_that_ends_silently_is_noticed(tmp_path: Path) -> None:
+    folder = tmp_path / "wf"
+    folder.mkdir()
+    recorder = Recorder()
+
+    def on_batch(batch: WatchBatch) -> None:
+        recorder.on_batch(batch)
+        if len(recorder.batches) == 1:
+            raise Vanish
+
+    watcher = Watcher(on_batch=on_batch, on_health=recorder.on_health, **FAST)
+    try:
+        watcher.set_segment("workflows", [folder])
+        watcher.start()
+        (folder / "one").write_text("1")
+        gone = recorder.wait_health(lambda h: not h.ok and h.reason == WATCHER_DIED)
+        assert recorder.health[gone].detail == "the watcher thread is gone"
+        recorder.wait_health(lambda h: h.ok, after=gone)
+        (folder / "two").write_text("1")
+        recorder.wait_batch(lambda bt: str(folder / "two") in names(bt))
+    finally:
+        watcher.stop()
+
+
+def test_a_watched_registry_follows_the_disk(tmp_path: Path) -> None:
+    """The loop the daemon runs: segments from Registry.watch_paths(), each batch
+    applied to the registry, folders the delta adds watched in a ``delta``
+    segment. A new workflow folder, an ID changed in place inside it (seen only
+    through the delta segment) and a removed team folder all reach lookups
+    without any rescan."""
+    root = (tmp_path / "workflows").resolve()
+    (root / "team" / "a").mkdir(parents=True)
+    (root / "team" / "a" / "workflow.json").write_text('{"id": "a"}')
+    registry = Registry([root], cache_path=None, sweep_interval=3600)
+    cond = threading.Condition()
+    added: set[Path] = set()
+    watcher: Watcher
+
+    def on_batch(batch: WatchBatch) -> None:
+        with cond:
+            delta: RegistryDelta = registry.apply(batch.changes)
+            assert not delta.full
+            if delta.folders_added - added:
+                added.update(delta.folders_added)
+                watcher.set_segment("delta", sorted(added))
+            cond.notify_all()
+
+    def settled(pred: Callable[[], bool]) -> None:
+        with cond:
+            assert cond.wait_for(pred, WAIT), registry.watch_paths()
+
+    watcher = Watcher(on_batch=on_batch, on_health=lambda h: None)
+    try:
+        with cond:
+            for name, paths in registry.watch_paths().items():
+                watcher.set_segment(name, paths)
+        watcher.start()
+        (root / "team" / "b").mkdir()
+        (root / "team" / "b" / "workflow.json").write_text('{"id": "b"}')
+        settled(lambda: isinstance(registry.find("b"), Found))
+        settled(lambda: watcher.health().expected == 4)  # root, team, a, and now b
+        (root / "team" / "b" / "workflow.json").write_text('{"id": "b2"}')
+        settled(lambda: isinstance(registry.find("b2"), Found) and isinstance(registry.find("b"), Missing))
+        for path in sorted((root / "team").rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+        (root / "team").rmdir()
+        settled(lambda: isinstance(registry.find("a"), Missing) and isinstance(registry.find("b2"), Missing))
+        assert registry.scans == 1
+    finally:
         watcher.stop()
 
 

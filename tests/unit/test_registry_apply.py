@@ -324,6 +324,10 @@ def test_a_root_itself_changing_falls_back_to_a_full_rescan(tmp_path: Path) -> N
     assert delta.full and set(delta.changed) == {"w1", "w2"}
     assert isinstance(inc.find("w1"), Missing) and isinstance(inc.find("w2"), Found)
     assert inc.apply([PathChange("added", "relative/path")]).full
+    # A registry that has not verified its index yet has nothing to build on.
+    fresh = Registry([world.root], cache_path=None, sweep_interval=3600)
+    assert fresh.apply([PathChange("modified", str(world.root / "b" / "workflow.json"))]).full
+    assert fresh.scans == 1 and isinstance(fresh.find("w2"), Found)
 
 
 class SyscallCounter:
@@ -374,3 +378,26 @@ def test_one_change_costs_work_for_that_change_only(tmp_path: Path, monkeypatch:
     assert len(delta.changed) == 30 and counter.calls <= 10, counter.calls
     assert isinstance(inc.find("w4"), Missing)
     assert inc.scans == 1
+
+
+def test_watch_paths_name_walked_folders_workflows_and_attached_kbs(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    for rel, doc in {
+        "team/src": {"id": "src"},
+        "team/other": {"id": "other"},
+        "team/consumer": {"id": "consumer", "knowledgebase_sources": [{"workflow_id": "src", "alias": "s"}]},
+        "solo/dup1": {"id": "dup"},
+        "solo/dup2": {"id": "dup"},
+        "solo/wants_dup": {"id": "wants", "knowledgebase_sources": [{"workflow_id": "dup", "alias": "d"}]},
+    }.items():
+        (world.root / rel).mkdir(parents=True)
+        (world.root / rel / "workflow.json").write_bytes(orjson.dumps(doc))
+    paths = Registry([world.root], cache_path=None).watch_paths()
+    root = world.root
+    assert paths["discovery"] == [root, root / "solo", root / "team"]
+    assert paths["workflows"] == sorted(
+        root / p
+        for p in ("team/src", "team/other", "team/consumer", "solo/dup1", "solo/dup2", "solo/wants_dup")
+    )
+    # An ambiguous source has no knowledgebase to watch: it resolves to nothing.
+    assert paths["kbs"] == [root / "team" / "src" / "knowledgebase"]
