@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kbd.core.ids import id_problem
+from kbd.core.identifiers import id_problem
 
 FieldValue = str | int
 

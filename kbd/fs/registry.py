@@ -19,6 +19,15 @@ from the previous index (in memory or the cache file) are checked, so this costs
 nothing per walk; a nested manifest that was never discovered is reported by
 ``kbd doctor`` (:func:`kbd.fs.lint.nested_manifests`).
 
+Incremental maintenance (DESIGN §9): a long-lived process that watches the
+folders (the daemon, :mod:`kbd.fs.watch`) hands each reported change to
+:meth:`Registry.apply`, which re-derives only what that path can affect with the
+same walk and reuse rules as a rescan, and runs :meth:`Registry.verify_now`
+periodically (and whenever the watcher may have lost events) to absorb what no
+event reported. Both end exactly where a full rescan from the same index ends
+(a property test drives real folders to check it), and neither is ever needed
+for correctness: lookups verify their answers as described below.
+
 Caching: the index is kept in memory and in ``state/cache/registry.json``.
 It is revalidated by ``lstat`` of every walked non-workflow folder (a new,
 removed or renamed child changes a folder's mtime/ctime) and of every manifest
@@ -42,7 +51,7 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kbd.core.layout import INDEX_NAME, KB_DIR, MANIFEST, NOTES_DIR, racy
@@ -55,7 +64,8 @@ from kbd.core.lookup import Lookup as Lookup
 from kbd.core.lookup import Missing as Missing
 from kbd.core.lookup import Sig as Sig
 from kbd.core.lookup import Unreadable as Unreadable
-from kbd.core.manifest import MAX_MANIFEST_BYTES, extract_id, parse_manifest
+from kbd.core.manifest import MAX_MANIFEST_BYTES, Manifest, extract_id, parse_manifest
+from kbd.core.watching import PathChange
 from kbd.errors import KbdError, ManifestUnreadable
 from kbd.fs.atomic import ensure_private_dir, write_atomic
 from kbd.fs.confined import open_beneath, pin_dir, read_file_stat
@@ -99,6 +109,67 @@ def _gone(path: Path) -> bool:
     except OSError:
         return False  # e.g. no search permission: still there, just unreadable
     return False
+
+
+DirRec = tuple[int, int, int]  # st_ino, st_mtime_ns, st_ctime_ns of a walked folder; -1s: re-check
+
+
+def _walk_from(
+    stack: list[tuple[Path, int]],
+    found: list[Path],
+    dirs: dict[str, DirRec],
+    truncated: list[Path],
+    now_ns: int,
+) -> None:
+    """Discovery below the folders on ``stack`` (path, depth): every walked
+    folder into ``dirs``, every workflow folder into ``found``. One walk for the
+    full scan and for :meth:`Registry.apply`'s bounded re-walks, so both find
+    exactly the same folders."""
+    while stack:
+        path, depth = stack.pop()
+        try:
+            st = os.lstat(path)
+        except OSError:
+            # A missing root is recorded so its creation invalidates the cache.
+            dirs[str(path)] = (-1, -1, -1)
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            continue
+        dirs[str(path)] = _dir_rec(st, now_ns)
+        if depth >= MAX_DEPTH:
+            truncated.append(path)
+            continue
+        for name in sorted(_child_dirs(path), reverse=True):
+            child = path / name
+            if _holds_manifest(child):
+                found.append(child)
+            else:
+                stack.append((child, depth + 1))
+
+
+def _dir_rec(st: os.stat_result, now_ns: int) -> DirRec:
+    return (-1, -1, -1) if racy(st, now_ns) else (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _child_dirs(path: Path) -> list[str]:
+    """Names of the real (not symlinked) folders in ``path``; none if unlistable."""
+    try:
+        with os.scandir(path) as it:
+            return [e.name for e in it if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _holds_manifest(folder: Path) -> bool:
+    """Discovery's test: anything named workflow.json (even unreadable) makes a
+    workflow folder; only its certain absence makes a folder to walk into."""
+    try:
+        os.lstat(folder / MANIFEST)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def hidden_beneath(found: Iterable[Path], previous: Iterable[Path]) -> dict[Path, Path]:
@@ -150,6 +221,12 @@ class Registry:
         self._dirs: dict[str, tuple[int, int, int]] = {}
         # Workflow folder -> the known workflow folders nested beneath it.
         self._containers: dict[Path, list[Path]] = {}
+        # Walked folder (depth < MAX_DEPTH) -> names of its children that discovery
+        # classified (walked folders and workflow folders). Built lazily for
+        # apply() and verify_now(), then kept current by them.
+        self._kids: dict[Path, set[str]] | None = None
+        self._roots_overlap = any(a != b and a.is_relative_to(b) for a in self.roots for b in self.roots)
+        self._tracker: _Tracker | None = None
         self._loaded = False
         self.scans = 0  # for tests and benchmarks: how many full walks happened
         self.verifications = 0  # full re-checks (walk or sweep of every manifest)
@@ -159,41 +236,11 @@ class Registry:
     def _walk(self) -> tuple[list[Path], dict[str, tuple[int, int, int]]]:
         found: list[Path] = []
         dirs: dict[str, tuple[int, int, int]] = {}
-        self.truncated = []
+        truncated: list[Path] = []
         now_ns = time.time_ns()
         for root in self.roots:
-            stack: list[tuple[Path, int]] = [(root, 0)]
-            while stack:
-                path, depth = stack.pop()
-                try:
-                    st = os.lstat(path)
-                except OSError:
-                    # A missing root is recorded so its creation invalidates the cache.
-                    dirs[str(path)] = (-1, -1, -1)
-                    continue
-                if not stat.S_ISDIR(st.st_mode):
-                    continue
-                dirs[str(path)] = (
-                    (-1, -1, -1) if racy(st, now_ns) else (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
-                )
-                if depth >= MAX_DEPTH:
-                    self.truncated.append(path)
-                    continue
-                try:
-                    with os.scandir(path) as it:
-                        children = [e.name for e in it if e.is_dir(follow_symlinks=False)]
-                except OSError:
-                    continue
-                for name in sorted(children, reverse=True):
-                    child = path / name
-                    try:
-                        os.lstat(child / MANIFEST)
-                    except FileNotFoundError:
-                        stack.append((child, depth + 1))
-                        continue
-                    except OSError:
-                        pass
-                    found.append(child)
+            _walk_from([(root, 0)], found, dirs, truncated, now_ns)
+        self.truncated = truncated
         return found, dirs
 
     def rescan(self) -> None:
@@ -216,11 +263,13 @@ class Registry:
         self._swept_at = self._clock()
         self._save_cache()
 
-    def _hidden(self, path: Path, container: Path, *, previous_id: str | None, now_ns: int) -> Folder | None:
+    def _hidden(
+        self, path: Path, container: Path, *, previous_id: str | None, now_ns: int, old: Folder | None = None
+    ) -> Folder | None:
         """The known workflow at ``path`` that discovery no longer reaches because
         ``container`` (above it) now holds a workflow.json; None once its own
         manifest is gone (then nothing is hidden: the workflow was removed)."""
-        old = self._folders.get(path)
+        old = old if old is not None else self._folders.get(path)
         if old is not None and old.sig is not None and old.nested_in == container and self._still(old):
             return old
         try:
@@ -258,6 +307,8 @@ class Registry:
             self._save_cache()
 
     def _set(self, folders: dict[Path, Folder], dirs: dict[str, tuple[int, int, int]]) -> None:
+        if dirs is not self._dirs:
+            self._kids = None  # new walk results: rebuilt when apply() next needs it
         self._folders = folders
         self._dirs = dirs
         by_id: dict[str, list[Path]] = {}
@@ -311,6 +362,429 @@ class Registry:
         else:
             self._sweep()
         return True
+
+    # -- incremental maintenance (DESIGN §9) ----------------------------------
+    # The daemon's watcher reports paths; apply() re-derives only what those
+    # paths can change, with the same walk and the same reuse rules as rescan(),
+    # so the index ends exactly where a full rescan would put it. The watcher is
+    # never trusted for *what* changed: every re-derivation reads the disk. What
+    # cannot be placed (a root itself, a relative path, overlapping roots) costs
+    # a full rescan, reported as ``full``.
+
+    def apply(self, changes: Iterable[PathChange]) -> RegistryDelta:
+        """Bring the index up to date with the reported ``changes``; returns what
+        changed. Cost O(changes x depth) plus one listing of each touched folder's
+        parent; never a walk of all folders unless ``delta.full`` is set.
+
+        Unreported changes elsewhere stay as they were until :meth:`verify_now`
+        (or the periodic re-check every lookup path already does)."""
+        batch = list(changes)
+        if not self._loaded or self._roots_overlap:
+            # Nothing verified to build on (a cache file is not: it may be old).
+            return self._full(_Tracker(self))
+        targets: list[tuple[Path, str, Path]] = []
+        for change in batch:
+            path = Path(change.path)
+            if not path.is_absolute() or ".." in path.parts:
+                return self._full(_Tracker(self))
+            root = self._root_of(path)
+            if root is None:
+                if any(r.is_relative_to(path) for r in self.roots):
+                    return self._full(_Tracker(self))  # a folder above a root moved
+                continue  # outside every root: nothing discovery could see
+            if path == root and (change.kind != "modified" or not self._root_intact(root)):
+                return self._full(_Tracker(self))
+            targets.append((path, change.kind, root))
+        tracker = self._begin()
+        try:
+            touched: set[Path] = set()
+            for path, kind, root in targets:
+                self._place(path, kind, root, touched)
+            for parent in sorted(touched, key=lambda p: len(p.parts)):
+                self._reconcile(parent)
+        except _NeedFull:
+            return self._full(tracker)
+        finally:
+            self._tracker = None
+        return tracker.delta(full=False)
+
+    def verify_now(self) -> RegistryDelta:
+        """Re-check every walked folder and every manifest against the disk now
+        (lstat each; re-list or re-read only what changed) and absorb whatever no
+        event reported. The result equals a full rescan; the cost is a stat per
+        folder and manifest plus the work for what actually changed."""
+        if not self._loaded or self._roots_overlap:
+            return self._full(_Tracker(self))
+        if any(str(root) not in self._dirs and root.is_dir() for root in self.roots):
+            return self._full(_Tracker(self))  # a root that was not a folder now is one
+        tracker = self._begin()
+        try:
+            for path in self._stale_dirs():
+                if str(path) in self._dirs:  # not already re-derived with its parent
+                    self._recheck_dir(path)
+            for path, folder in list(self._folders.items()):
+                if self._folders.get(path) is not folder:
+                    continue
+                if folder.sig is None or not self._still(folder):
+                    self._manifest_changed(path, set())
+        except _NeedFull:
+            return self._full(tracker)
+        finally:
+            self._tracker = None
+        delta = tracker.delta(full=False)
+        self.verifications += 1
+        self._swept_at = self._clock()
+        if delta:
+            self._save_cache()
+        return delta
+
+    def watch_paths(self) -> dict[str, list[Path]]:
+        """The folders a watcher should watch, non-recursively, by segment:
+        ``discovery`` (every walked folder: children appearing and vanishing),
+        ``workflows`` (every workflow folder: its workflow.json and knowledgebase
+        entries) and ``kbs`` (the knowledgebase/ folder of every workflow some
+        manifest attaches: its notes entry). Loads every manifest."""
+        self._ensure()
+        self._ensure_kids()
+        assert self._kids is not None
+        discovery = sorted(self._kids)
+        workflows = sorted(self._folders)
+        attached: set[str] = set()
+        for path in workflows:
+            folder = self._current(path)
+            if folder.manifest is not None:
+                attached.update(e.workflow_id for e in folder.manifest.entries)
+        kbs: list[Path] = []
+        for wid in sorted(attached):
+            paths = self._by_id.get(wid, [])
+            if len(paths) == 1:
+                kbs.append(paths[0] / KB_DIR)
+        return {"discovery": discovery, "workflows": workflows, "kbs": kbs}
+
+    # Placement of one reported path.
+    def _place(self, path: Path, kind: str, root: Path, touched: set[Path]) -> None:
+        assert self._kids is not None
+        parent = path.parent
+        if path.name == MANIFEST and parent in self._folders:
+            self._manifest_changed(parent, touched)
+            return
+        if path.name == MANIFEST and str(parent) in self._dirs:  # walked, or recorded at MAX_DEPTH
+            if parent != root:  # a root's own workflow.json means nothing
+                self._rederive(parent)
+                touched.add(parent.parent)
+            return
+        if path == root or (parent in self._kids and path in self._kids and kind == "modified"):
+            touched.add(path)  # its entries (maybe) changed: re-list it
+            return
+        if parent in self._kids:
+            self._rederive(path)
+            touched.add(parent)
+            return
+        child = path
+        for ancestor in path.parents:
+            folder = self._folders.get(ancestor)
+            if folder is not None and folder.nested_in is None:
+                self._recheck_hidden_under(ancestor, path)
+                return
+            if folder is None and ancestor in self._kids:
+                self._rederive(child)
+                touched.add(ancestor)
+                return
+            if folder is None and str(ancestor) in self._dirs:
+                return  # below MAX_DEPTH: discovery never looks there
+            if ancestor == root:
+                raise _NeedFull  # a root that was never walked (it was missing)
+            child = ancestor
+
+    def _manifest_changed(self, folder: Path, touched: set[Path]) -> None:
+        old = self._folders[folder]
+        if old.nested_in is not None:
+            self._recheck_hidden(folder)
+            return
+        self._rederive(folder)
+        touched.add(folder.parent)
+
+    def _recheck_hidden_under(self, container: Path, path: Path) -> None:
+        for hidden in list(self._containers.get(container, ())):
+            if hidden == path or hidden.is_relative_to(path):
+                self._recheck_hidden(hidden)
+
+    def _recheck_hidden(self, path: Path) -> None:
+        old = self._folders[path]
+        assert old.nested_in is not None
+        new = self._hidden(path, old.nested_in, previous_id=old.known_id, now_ns=time.time_ns(), old=old)
+        if new is not old:
+            self._remove_folder(path)
+            if new is not None:
+                self._add_folder(new)
+
+    def _rederive(self, child: Path) -> None:
+        """Discovery of ``child`` (a child of a walked folder) and everything
+        beneath it, as rescan() would find it now: the old entries below it are
+        replaced; folders and manifests whose signatures still hold are reused."""
+        assert self._kids is not None
+        now_ns = time.time_ns()
+        old_dirs, old_folders = self._subtree(child)
+        for path in old_dirs:
+            self._remove_dir(path)
+        for path in old_folders:
+            self._remove_folder(path)
+        found: list[Path] = []
+        dirs: dict[str, DirRec] = {}
+        truncated: list[Path] = []
+        try:
+            st: os.stat_result | None = os.lstat(child)
+        except OSError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            if _holds_manifest(child):
+                found.append(child)
+            else:
+                _walk_from([(child, self._depth(child))], found, dirs, truncated, now_ns)
+        for key, rec in dirs.items():
+            self._add_dir(Path(key), rec)
+        self.truncated.extend(truncated)
+        for path in found:
+            old = old_folders.get(path)
+            if old is not None and old.sig is not None and old.nested_in is None and self._still(old):
+                self._add_folder(old)
+            else:
+                previous_id = old.known_id if old is not None else None
+                self._add_folder(_load_folder(path, previous_id=previous_id, now_ns=now_ns))
+        for path, container in hidden_beneath(found, old_folders).items():
+            previous = old_folders[path]
+            hidden = self._hidden(path, container, previous_id=previous.known_id, now_ns=now_ns, old=previous)
+            if hidden is not None:
+                self._add_folder(hidden)
+
+    def _reconcile(self, folder: Path) -> None:
+        """Re-list a walked folder whose entries changed: re-derive the children
+        that appeared or vanished, then record its new signature. A folder that is
+        gone, was replaced or gained a workflow.json is re-derived whole."""
+        assert self._kids is not None
+        if folder not in self._kids:
+            return  # re-derived away meanwhile
+        is_root = folder in self.roots
+        rec = self._dirs.get(str(folder), (-1, -1, -1))
+        try:
+            st = os.lstat(folder)
+        except OSError:
+            st = None
+        if st is None or not stat.S_ISDIR(st.st_mode) or (rec[0] != -1 and rec[0] != st.st_ino):
+            if is_root:
+                raise _NeedFull
+            self._rederive(folder)
+            return
+        if not is_root and _holds_manifest(folder):
+            self._rederive(folder)
+            return
+        now_ns = time.time_ns()
+        names = set(_child_dirs(folder))
+        for name in sorted(names ^ self._kids[folder]):
+            self._rederive(folder / name)
+        self._dirs[str(folder)] = _dir_rec(st, now_ns)
+
+    def _stale_dirs(self) -> list[Path]:
+        """Walked folders whose signature no longer holds, parents first."""
+        stale: list[Path] = []
+        for key, rec in self._dirs.items():
+            try:
+                st = os.lstat(key)
+            except OSError:
+                if rec != (-1, -1, -1):
+                    stale.append(Path(key))
+                continue  # missing then, missing now
+            if (
+                rec[0] == -1
+                or (st.st_ino, st.st_mtime_ns, st.st_ctime_ns) != rec
+                or not stat.S_ISDIR(st.st_mode)
+            ):
+                stale.append(Path(key))
+        return sorted(stale, key=lambda p: len(p.parts))
+
+    def _recheck_dir(self, path: Path) -> None:
+        assert self._kids is not None
+        if path in self.roots:
+            try:
+                is_dir = stat.S_ISDIR(os.lstat(path).st_mode)
+            except OSError:
+                is_dir = False
+            if not is_dir:
+                raise _NeedFull  # a root vanished or turned into something else: rescan
+            self._reconcile(path)  # listing a root is walking it, one level at a time
+        elif path in self._kids:
+            self._reconcile(path)
+        else:  # below MAX_DEPTH: recorded, never listed
+            self._rederive(path)
+
+    # Index primitives: every change to the index goes through these, so the ID
+    # index, the containers and the children stay consistent and the tracker
+    # sees the state before each change.
+    def _begin(self) -> _Tracker:
+        self._ensure_kids()
+        tracker = _Tracker(self)
+        self._tracker = tracker
+        return tracker
+
+    def _ensure_kids(self) -> None:
+        if self._kids is not None:
+            return
+        kids: dict[Path, set[str]] = {}
+        for key in self._dirs:
+            path = Path(key)
+            if self._depth(path) < MAX_DEPTH:
+                kids[path] = set()
+        for key in self._dirs:
+            path = Path(key)
+            if path not in self.roots and path.parent in kids:
+                kids[path.parent].add(path.name)
+        for path, folder in self._folders.items():
+            if folder.nested_in is None and path.parent in kids:
+                kids[path.parent].add(path.name)
+        self._kids = kids
+
+    def _subtree(self, top: Path) -> tuple[list[Path], dict[Path, Folder]]:
+        assert self._kids is not None
+        dirs: list[Path] = []
+        folders: dict[Path, Folder] = {}
+
+        def take(path: Path) -> None:
+            folders[path] = self._folders[path]
+            for hidden in self._containers.get(path, ()):
+                folders[hidden] = self._folders[hidden]
+
+        if top in self._folders and self._folders[top].nested_in is None:
+            take(top)
+        stack = [top] if str(top) in self._dirs else []
+        while stack:
+            path = stack.pop()
+            dirs.append(path)
+            for name in self._kids.get(path, ()):
+                child = path / name
+                if str(child) in self._dirs:
+                    stack.append(child)
+                elif child in self._folders:
+                    take(child)
+        return dirs, folders
+
+    def _add_dir(self, path: Path, rec: DirRec) -> None:
+        assert self._kids is not None
+        self._dirs[str(path)] = rec
+        if self._tracker is not None:
+            self._tracker.added(path)
+        if self._depth(path) < MAX_DEPTH:
+            self._kids.setdefault(path, set())
+        if path not in self.roots and path.parent in self._kids:
+            self._kids[path.parent].add(path.name)
+
+    def _remove_dir(self, path: Path) -> None:
+        assert self._kids is not None
+        del self._dirs[str(path)]
+        if self._tracker is not None:
+            self._tracker.removed(path)
+        self._kids.pop(path, None)
+        if path.parent in self._kids:
+            self._kids[path.parent].discard(path.name)
+        if path in self.truncated:
+            self.truncated.remove(path)
+
+    def _add_folder(self, folder: Folder) -> None:
+        assert self._kids is not None
+        path = folder.path
+        if self._tracker is not None:
+            self._tracker.touch(folder.known_id)
+            self._tracker.added(path)
+            if folder.nested_in is not None and folder.nested_in in self._folders:
+                self._tracker.touch(self._folders[folder.nested_in].known_id)
+        self._folders[path] = folder
+        self._index_id(folder.known_id, path)
+        if folder.nested_in is not None:
+            self._containers[folder.nested_in] = [*self._containers.get(folder.nested_in, ()), path]
+        elif path.parent in self._kids:
+            self._kids[path.parent].add(path.name)
+
+    def _remove_folder(self, path: Path) -> None:
+        assert self._kids is not None
+        folder = self._folders[path]
+        if self._tracker is not None:
+            self._tracker.touch(folder.known_id)
+            self._tracker.removed(path)
+            if folder.nested_in is not None and folder.nested_in in self._folders:
+                self._tracker.touch(self._folders[folder.nested_in].known_id)
+        del self._folders[path]
+        self._unindex_id(folder.known_id, path)
+        if folder.nested_in is not None:
+            rest = [p for p in self._containers.get(folder.nested_in, ()) if p != path]
+            if rest:
+                self._containers[folder.nested_in] = rest
+            else:
+                self._containers.pop(folder.nested_in, None)
+        elif path.parent in self._kids:
+            self._kids[path.parent].discard(path.name)
+
+    def _index_id(self, workflow_id: str | None, path: Path) -> None:
+        if workflow_id is not None:
+            self._by_id[workflow_id] = [*self._by_id.get(workflow_id, ()), path]
+
+    def _unindex_id(self, workflow_id: str | None, path: Path) -> None:
+        if workflow_id is None or workflow_id not in self._by_id:
+            return
+        rest = [p for p in self._by_id[workflow_id] if p != path]
+        if rest:
+            self._by_id[workflow_id] = rest
+        else:
+            del self._by_id[workflow_id]
+
+    def _view(self, workflow_id: str) -> _View:
+        return tuple(
+            sorted(
+                ((p, self._folders[p], p in self._containers) for p in self._by_id.get(workflow_id, ())),
+                key=lambda item: item[0],
+            )
+        )
+
+    def _full(self, tracker: _Tracker) -> RegistryDelta:
+        """A full rescan, reported as a delta against the index as it was before
+        the current operation began (``tracker`` holds what that operation had
+        already changed)."""
+        self._tracker = None
+        before = {wid: self._view(wid) for wid in self._by_id}
+        before.update(tracker.before)
+        paths_before = (self._index_paths() - tracker.added_paths) | tracker.removed_paths
+        self.rescan()
+        self._ensure_kids()
+        delta = RegistryDelta(full=True)
+        for wid in set(before) | set(self._by_id):
+            old, new = before.get(wid, ()), self._view(wid)
+            if old != new:
+                delta.changed[wid] = (_single(old), _single(new))
+        paths_after = self._index_paths()
+        delta.folders_added = paths_after - paths_before
+        delta.folders_removed = paths_before - paths_after
+        return delta
+
+    def _index_paths(self) -> set[Path]:
+        return {Path(k) for k in self._dirs} | set(self._folders)
+
+    def _root_of(self, path: Path) -> Path | None:
+        text = str(path)
+        for root in self.roots:
+            prefix = str(root)
+            if text == prefix or text.startswith(prefix.rstrip("/") + "/"):
+                return root
+        return None
+
+    def _root_intact(self, root: Path) -> bool:
+        rec = self._dirs.get(str(root))
+        try:
+            st = os.lstat(root)
+        except OSError:
+            return False
+        return rec is not None and stat.S_ISDIR(st.st_mode) and rec[0] in (-1, st.st_ino)
+
+    def _depth(self, path: Path) -> int:
+        root = self._root_of(path)
+        return len(path.parts) - len(root.parts) if root is not None else 0
 
     # -- persistent cache -------------------------------------------------
     def _load_cache(self) -> None:
@@ -386,6 +860,10 @@ class Registry:
         if folder.nested_in is not None:
             fresh = replace(fresh, nested_in=folder.nested_in)
         self._folders[path] = fresh
+        if fresh.known_id != folder.known_id:
+            # Copy-on-write: find() may be iterating the old list right now.
+            self._unindex_id(folder.known_id, path)
+            self._index_id(fresh.known_id, path)
         return fresh
 
     def folders(self) -> list[Folder]:
@@ -444,6 +922,79 @@ class Registry:
     def ids(self) -> Iterable[str]:
         self._ensure()
         return list(self._by_id)
+
+
+@dataclass
+class RegistryDelta:
+    """What :meth:`Registry.apply` or :meth:`Registry.verify_now` changed.
+
+    ``changed``: every workflow ID whose folders, manifests or nesting changed,
+    as (manifest before, manifest after); a side is None unless the ID resolved
+    to exactly one readable, un-nested folder (missing, ambiguous, unreadable
+    or not yet loaded). ``folders_added`` / ``folders_removed``: walked and
+    workflow folders that entered or left the index (what a watcher should start
+    or stop watching). ``full``: the change could not be placed and the whole
+    registry was rescanned; every consumer of the registry should re-check.
+    """
+
+    changed: dict[str, tuple[Manifest | None, Manifest | None]] = field(default_factory=dict)
+    folders_added: set[Path] = field(default_factory=set)
+    folders_removed: set[Path] = field(default_factory=set)
+    full: bool = False
+
+    def __bool__(self) -> bool:
+        return self.full or bool(self.changed or self.folders_added or self.folders_removed)
+
+
+# One ID's entries: (folder path, folder, holds hidden folders), sorted by path.
+_View = tuple[tuple[Path, Folder, bool], ...]
+
+
+def _single(view: _View) -> Manifest | None:
+    if len(view) == 1 and view[0][1].nested_in is None and not view[0][2]:
+        return view[0][1].manifest
+    return None
+
+
+class _NeedFull(Exception):
+    """apply()/verify_now() met something only a full rescan can settle."""
+
+
+class _Tracker:
+    """The index as it was before one apply()/verify_now(), for the delta:
+    the entries of every ID touched, and the paths that came and went."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+        self.before: dict[str, _View] = {}
+        self.added_paths: set[Path] = set()
+        self.removed_paths: set[Path] = set()
+
+    def touch(self, workflow_id: str | None) -> None:
+        if workflow_id is not None and workflow_id not in self.before:
+            self.before[workflow_id] = self._registry._view(workflow_id)
+
+    def added(self, path: Path) -> None:
+        if path in self.removed_paths:
+            self.removed_paths.discard(path)
+        else:
+            self.added_paths.add(path)
+
+    def removed(self, path: Path) -> None:
+        if path in self.added_paths:
+            self.added_paths.discard(path)
+        else:
+            self.removed_paths.add(path)
+
+    def delta(self, *, full: bool) -> RegistryDelta:
+        out = RegistryDelta(full=full)
+        for wid, old in self.before.items():
+            new = self._registry._view(wid)
+            if new != old:
+                out.changed[wid] = (_single(old), _single(new))
+        out.folders_added = set(self.added_paths)
+        out.folders_removed = set(self.removed_paths)
+        return out
 
 
 def probe_kb(workflow_folder: Path, *, notes: bool = False) -> KbProbe:
