@@ -84,13 +84,18 @@ def one_line(text: str, *, limit: int = 120) -> str:
     terminal or an agent's context: control and format characters become
     ``\\xNN``-style escapes, so a newline or carriage return cannot forge a
     second line or overwrite the first; long text is cut with an ellipsis."""
-    import unicodedata
+    if text.isprintable():
+        # No Cc/Cf/Zl/Zp character can be present (isprintable is False for all
+        # of them): the common case skips the per-character walk (plan lookups
+        # render every label this way).
+        shown = text
+    else:
+        import unicodedata
 
-    out = []
-    for ch in text:
-        if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
-            out.append(ch.encode("unicode_escape").decode("ascii"))
-        else:
-            out.append(ch)
-    shown = "".join(out)
+        shown = "".join(
+            ch.encode("unicode_escape").decode("ascii")
+            if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")
+            else ch
+            for ch in text
+        )
     return shown if len(shown) <= limit else shown[: limit - 1] + "…"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import struct
 from dataclasses import dataclass
 
 AT_FDCWD = -100
@@ -66,6 +67,13 @@ class MountInfo:
     mount_root: bool | None
 
 
+# struct statx (linux/stat.h), little-endian: stx_mask u32 @0, stx_attributes u64 @8,
+# stx_mode u16 @28, stx_ino u64 @32, stx_attributes_mask u64 @56; stx_dev_major,
+# stx_dev_minor u32 @136 and @140, stx_mnt_id u64 @144.
+_STATX_HEAD = struct.Struct("<I4xQ12xH2xQ16xQ")
+_STATX_DEV = struct.Struct("<IIQ")
+
+
 def mount_info(path: str | os.PathLike[str], *, dir_fd: int | None = None, flags: int = 0) -> MountInfo:
     """Identity and mount of ``path`` without following a final symlink.
 
@@ -82,16 +90,13 @@ def mount_info(path: str | os.PathLike[str], *, dir_fd: int | None = None, flags
             buf,
         )
         if rc == 0:
-            raw = buf.raw
-            mask = int.from_bytes(raw[0:4], "little")
-            attrs = int.from_bytes(raw[8:16], "little")
-            attrs_mask = int.from_bytes(raw[56:64], "little")
-            ino = int.from_bytes(raw[32:40], "little")
-            dev = os.makedev(int.from_bytes(raw[136:140], "little"), int.from_bytes(raw[140:144], "little"))
-            mnt = int.from_bytes(raw[144:152], "little") if mask & STATX_MNT_ID else None
+            mask, attrs, mode, ino, attrs_mask = _STATX_HEAD.unpack_from(buf)
+            dev_major, dev_minor, mnt_id = _STATX_DEV.unpack_from(buf, 136)
+            mnt = mnt_id if mask & STATX_MNT_ID else None
             root = bool(attrs & STATX_ATTR_MOUNT_ROOT) if attrs_mask & STATX_ATTR_MOUNT_ROOT else None
-            mode = int.from_bytes(raw[28:30], "little")
-            return MountInfo(mode=mode, dev=dev, ino=ino, mnt_id=mnt, mount_root=root)
+            return MountInfo(
+                mode=mode, dev=os.makedev(dev_major, dev_minor), ino=ino, mnt_id=mnt, mount_root=root
+            )
         err = ctypes.get_errno()
         if err != errno.ENOSYS:  # no statx: fall through to lstat
             raise OSError(err, os.strerror(err), os.fspath(path))

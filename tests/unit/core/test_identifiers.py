@@ -160,3 +160,21 @@ def test_doctor_shows_an_unplain_folder_escaped(world: KbRoot) -> None:
     (line,) = [ln for ln in r.out.splitlines() if "registry:" in ln]
     assert "manifest_unreadable" in line and "\\u2028FAKE" in line, r.out
     assert not {"\u2028", "\u200b"} & set(r.out), repr(r.out)
+
+
+def test_one_line_escapes_exactly_control_format_and_line_separators() -> None:
+    """The fast path (str.isprintable) and the per-character rule agree on every
+    code point: Cc, Cf, Zl and Zp are escaped, everything else is shown as is."""
+    import unicodedata
+
+    from kbd.core.identifiers import one_line
+
+    # The BMP and the supplementary multilingual plane, plus the tag characters
+    # (format characters far up in plane 14) and the last code points.
+    for cp in [*range(0x20000), *range(0xE0000, 0xE0080), *range(0x10FFF0, 0x110000)]:
+        if 0xD800 <= cp <= 0xDFFF:
+            continue
+        ch = chr(cp)
+        escaped = unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")
+        expected = "a" + (ch.encode("unicode_escape").decode("ascii") if escaped else ch) + "b"
+        assert one_line("a" + ch + "b") == expected, hex(cp)
