@@ -72,6 +72,7 @@ from kbd.state.events import EventLog
 
 log = logging.getLogger("kbd.api")
 PEER_UID = "kbd.peer_uid"
+EVENTS_PATH = "/v1/events"
 # Normally the state lock is held for well under a millisecond; a request that
 # waited this long is behind something pathological and is better told to retry.
 STATE_LOCK_WAIT = 2.0
@@ -520,7 +521,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
             state.notes_in_flight -= 1
 
     @app.get(
-        "/v1/events",
+        EVENTS_PATH,
         response_class=StreamingResponse,
         responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}},
     )

@@ -140,6 +140,7 @@ class Client:
         self.socket_path = Path(socket_path) if socket_path is not None else default_socket(root)
         self._token = token if token is not None else os.environ.get("KBD_TOKEN") or None
         self.timeout = timeout
+        self._reached = False
         self._http = httpx.Client(
             transport=httpx.HTTPTransport(uds=str(self.socket_path)),
             base_url="http://kbd",
@@ -172,10 +173,29 @@ class Client:
             hint="start one with `kbd serve`, or point KBD_SOCKET at its socket",
         )
 
+    def _probe(self) -> None:
+        """Raise Unavailable unless the socket accepts a connection. Checked
+        before the first call and before each event-stream (re)connection:
+        httpcore leaks its socket when a Unix-socket connect fails (closed
+        only when collected), and a host that retries must not pile them up."""
+        import socket
+
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.settimeout(self.timeout)
+            probe.connect(str(self.socket_path))
+        except OSError as exc:
+            raise self._unreachable(exc) from None
+        finally:
+            probe.close()
+        self._reached = True
+
     def request(
         self, method: str, path: str, *, json: Any = None, params: dict[str, str] | None = None
     ) -> Any:
         """One API call: its JSON answer, or the error it stands for."""
+        if not self._reached:
+            self._probe()
         try:
             r = self._http.request(method, path, json=json, params=params)
         except httpx.TransportError as exc:
@@ -264,6 +284,7 @@ class Client:
             failures += 1
 
     def _stream(self, since: str | None, follow: bool) -> Iterator[dict[str, Any]]:
+        self._probe()
         params = {"follow": "true" if follow else "false"}
         headers = {"Last-Event-ID": since} if since is not None else {}
         timeout = httpx.Timeout(self.timeout, read=None if follow else self.timeout)
