@@ -29,7 +29,8 @@ loses the event rather than failing the operation; the daemon answers what it
 cannot deliver with ``resync``.
 
 This module is imported by :mod:`kbd.service.root`, so by ``kbd exec``: it
-imports only the standard library's typing and threading, and the log on first use.
+imports only the standard library's typing and threading at import, and the
+event rules (regular expressions: milliseconds) and the log on first use.
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from kbd.core.events import RESYNC, FieldValue, ManifestFacts, manifest_change_types, manifest_facts
 from kbd.errors import KbdError
 
-if TYPE_CHECKING:  # types only: nothing here needs the manifest parser or the log at import
+if TYPE_CHECKING:  # types only: nothing here needs the event rules, the manifest parser or the log at import
+    from kbd.core.events import FieldValue, ManifestFacts
     from kbd.core.manifest import Manifest
     from kbd.core.principals import Principal
     from kbd.state.events import EventLog
@@ -111,7 +112,7 @@ class LogSink:
             return
 
     def resync(self, reason: str) -> None:
-        self.emit(RESYNC, workflow_id=None, reason=reason)
+        self.emit("resync", workflow_id=None, reason=reason)
 
     def manifest_saved(
         self, workflow_id: str, old: Manifest | None, new: Manifest | None, *, folder: Path | None = None
@@ -143,6 +144,8 @@ class ManifestTracker:
         """The event types for ``workflow_id`` now being ``new`` (None: gone).
         ``old`` is the caller's idea of the state before; the tracker's own
         memory wins when it has one (it may already have seen this change)."""
+        from kbd.core.events import ManifestFacts, manifest_change_types, manifest_facts
+
         where = str(folder) if folder is not None else None
         after = manifest_facts(new, folder=where) if new is not None else None
         with self._mutex:
