@@ -27,6 +27,7 @@ ran is not in the log.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
     from kbd.core.principals import Principal
     from kbd.service.root import Root
     from kbd.state.events import EventLog
+
+log = logging.getLogger("kbd.events")
 
 #: Events a subscriber may have waiting; beyond, its queue is dropped for one ``resync``.
 QUEUE_SIZE = 1024
@@ -133,6 +136,7 @@ class Feed:
         self._starting = asyncio.Lock()
         self._cursor = ""
         self._file_sig: tuple[int, int, int] | None = None
+        self._failing = False
 
     @property
     def subscribers(self) -> int:
@@ -223,7 +227,19 @@ class Feed:
                     continue  # nobody else appended
             self._wakeup.clear()
             self._file_sig = self._stat()
-            await self._pump_once()
+            try:
+                await self._pump_once()
+            except (KbdError, OSError):
+                # The log cannot be read now (a failing disk, a lock held too
+                # long): the pump tries again; subscribers hear it once per streak.
+                if not self._failing:
+                    log.warning("the event log cannot be read now; retrying", exc_info=True)
+                    self._broadcast_resync("event-log-error")
+                self._failing = True
+                self._wakeup.set()
+                await asyncio.sleep(self.poll_interval)
+            else:
+                self._failing = False
 
     async def _pump_once(self) -> None:
         result = await anyio.to_thread.run_sync(self.log.since, self._cursor)

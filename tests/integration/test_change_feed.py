@@ -559,3 +559,29 @@ def test_client_sessions_env_and_typed_errors(world: World) -> None:
     with Client(world.daemon.sock.parent / "nothing.sock") as gone, pytest.raises(Unavailable) as unreachable:
         gone.whoami()
     assert unreachable.value.exit_code == 69 and "kbd serve" in unreachable.value.hint
+
+
+def test_a_principal_disabled_mid_stream_gets_nothing_more(kb: KbRoot, tmp_path: Path) -> None:
+    import yaml
+
+    kb.workflow("w", access={"owners": ["alice"], "readers": ["bob"]})
+    tokens = issue_tokens(kb.root, ["alice", "bob"])
+    with (
+        serving(kb.root, home=tmp_path / "home") as daemon,
+        Client(daemon.sock, token=tokens["alice"]) as alice,
+    ):
+        bob = Sse(daemon.sock, tokens["bob"])
+        try:
+            sid = alice.open_session("w", kind="builder")["session_id"]
+            assert bob.until(lambda e: e.get("session_id") == sid)
+            path = kb.root / "principals.yaml"
+            doc = yaml.safe_load(path.read_text())
+            for entry in doc["principals"]:
+                if entry["id"] == "bob":
+                    entry["disabled"] = True
+            path.write_text(yaml.safe_dump(doc, sort_keys=False))
+            hidden = alice.open_session("w", kind="builder")["session_id"]
+            rest = bob.rest()
+            assert hidden not in {e.get("session_id") for e in rest} and bob.ended, rest
+        finally:
+            bob.close()
