@@ -91,12 +91,15 @@ class LogSink:
     def _opened(self) -> EventLog:
         with self._mutex:
             if self._log is None:
-                import atexit
+                import weakref
 
                 from kbd.state.events import EventLog
 
                 self._log = EventLog(self.state_dir, sync_interval=0.05)
-                atexit.register(self._log.close)  # the batched fsync of the last events
+                # Closed (its descriptor, its fsync thread, the last batched
+                # fsync) with this sink or at exit: a process that makes many
+                # roots (tests, tools) keeps one open log per live root only.
+                weakref.finalize(self, self._log.close)
             return self._log
 
     def emit(self, event_type: str, /, *, workflow_id: str | None, **fields: FieldValue) -> None:
