@@ -179,6 +179,11 @@ class Feed:
             return
         self._call_soon(self._wake)
 
+    def poke(self) -> None:
+        """Another process may have appended (a watcher saw ``state/events.log``
+        change): look now rather than at the next poll. Any thread."""
+        self._call_soon(self._wake)
+
     def _call_soon(self, fn: Callable[..., None], *args: object) -> None:
         loop = self._loop
         if loop is not None and not loop.is_closed():
