@@ -16,6 +16,12 @@ listings, retries or notes-mutex waits, and a request that cannot get it within
 wait for their source's notes mutex in their own small pool (``NOTE_WORKERS``)
 behind a bounded queue, beyond which they are answered 503 at once; health and
 whoami never need a worker thread.
+
+``GET /v1/events`` is the change feed (DESIGN §9): Server-Sent Events from the
+root's event log through :class:`kbd.service.subscriptions.Feed`, which the
+operations report to (``State.feed`` is put in ``Root.events``). The event log
+is one per daemon: :attr:`State.event_log`, created here unless the daemon
+passes its own to :func:`create_app`.
 """
 
 from __future__ import annotations
@@ -34,11 +40,12 @@ import orjson
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kbd.core.events import parse_id
 from kbd.core.principals import Principal
 from kbd.errors import (
     NO_SPACE_ERRNOS,
@@ -60,9 +67,12 @@ from kbd.service import sessions as session_ops
 from kbd.service import workflows as workflow_ops
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
+from kbd.service.subscriptions import Feed
+from kbd.state.events import EventLog
 
 log = logging.getLogger("kbd.api")
 PEER_UID = "kbd.peer_uid"
+EVENTS_PATH = "/v1/events"
 # Normally the state lock is held for well under a millisecond; a request that
 # waited this long is behind something pathological and is better told to retry.
 STATE_LOCK_WAIT = 2.0
@@ -186,12 +196,19 @@ class ErrorResponse(BaseModel):
 
 
 class State:
-    """Shared by all requests. Root and registry are not thread-safe: one lock."""
+    """Shared by all requests. Root and registry are not thread-safe: one lock.
 
-    def __init__(self, host: Root) -> None:
+    ``event_log`` is the daemon's one :class:`kbd.state.events.EventLog` (the
+    given one, else opened here) and ``feed`` the change feed built on it,
+    installed as ``host.events`` so every operation reports to it."""
+
+    def __init__(self, host: Root, *, event_log: EventLog | None = None) -> None:
         self.host = host
         self.sessions = RootSessions(host)
         self.lock = threading.RLock()
+        self.event_log = event_log if event_log is not None else EventLog(host.config.state_dir)
+        self.feed = Feed(host, self.event_log, lock=self.lock)
+        host.events = self.feed
         self.started = time.time()
         self.requests: Counter[str] = Counter()
         # Used on the event loop thread only.
@@ -274,8 +291,13 @@ def _error(err: KbdError) -> JSONResponse:
     return JSONResponse(envelope, status_code=status, headers=headers)
 
 
-def create_app(host: Root) -> FastAPI:
-    state = State(host)
+def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
+    """The API over ``host``. ``event_log``: the daemon's event log, when it
+    opened one itself (else :class:`State` opens it). Appends ``resync``
+    (``restart``) for subscribers: whatever happened while no daemon watched
+    is not in the log."""
+    state = State(host, event_log=event_log)
+    state.feed.resync("restart")
     app = FastAPI(
         title="kbd",
         version="1",
@@ -497,6 +519,46 @@ def create_app(host: Root) -> FastAPI:
             return written.to_json()
         finally:
             state.notes_in_flight -= 1
+
+    @app.get(
+        EVENTS_PATH,
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}},
+    )
+    async def events(
+        request: Request, since: str | None = None, follow: bool = True, actor: Principal = Actor
+    ) -> StreamingResponse:
+        """The change feed: content-free notices (DESIGN §9), each with ``id:``.
+        Resumes after ``Last-Event-ID`` (or ``since``; the header wins); without
+        either, live from now, or with ``follow=false`` the recent events. Each
+        event is shown only if the caller may see its workflow when it is sent."""
+        last = request.headers.get("last-event-id") or since
+        if last is not None and parse_id(last) is None:
+            field = "Last-Event-ID" if request.headers.get("last-event-id") else "since"
+            raise InvalidInput(
+                f"{field} must be an event id such as 0a1b2c3d-42 (8 hex digits, '-', a number), not {last[:80]!r}",
+                hint="pass the id: of the last event you received",
+            )
+        authorization = request.headers.get("authorization")
+        uid = request.scope.get(PEER_UID)
+
+        def who() -> Principal | None:
+            # Called under the state lock for every batch: a disabled principal
+            # or a withdrawn token ends the stream at its next event.
+            try:
+                state.host.refresh()
+                found = auth.authenticate(state.host.principals, authorization=authorization,
+                                          peer_uid=uid if isinstance(uid, int) else None)  # fmt: skip
+            except KbdError:
+                return None
+            return found if isinstance(found, Principal) else None
+
+        del actor  # authenticated by the dependency; who() re-checks at every delivery
+        return StreamingResponse(
+            state.feed.stream(who, since=last, follow=follow),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
     @app.post("/v1/sessions/{sid}/check", response_model=CheckResponse)
     def check(sid: str, body: CheckBody, actor: Principal = Actor) -> JsonObject:

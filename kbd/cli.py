@@ -884,6 +884,48 @@ def audit_cmd(c: Ctx, since: str | None, wf: str | None, follow: bool, as_json: 
         )
 
 
+@main.command("events")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new events until Ctrl-C or SIGTERM.")
+@click.option("--since", metavar="ID", help="Only events after this id (the last one you saw); "
+              "without it: the recent events, or with --follow the new ones.")  # fmt: skip
+@json_option
+@pass_ctx
+def events_cmd(c: Ctx, follow: bool, since: str | None, as_json: bool) -> None:
+    """Show the change feed of the running daemon (DESIGN §9): content-free
+    notices of what changed (workflows, sources, writers, sessions, notes).
+
+    Needs `kbd serve` ($KBD_SOCKET, else the root's socket); authenticated as
+    your uid's principal, or by the token in $KBD_TOKEN. Shows only events
+    about workflows you may see. A `resync` event means continuity was lost:
+    reload what you keep. With --json: one JSON object a line."""
+    import signal
+
+    from kbd.client import Client
+
+    class _Stop(Exception):
+        pass
+
+    def stop(*_: object) -> None:
+        raise _Stop
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)} if follow else {}
+    try:
+        with Client(root=c.root) as client:
+            for event in client.events(since=since, follow=follow):
+                line = orjson.dumps(event).decode() if as_json else _event_line(event)
+                _write_stdout(line.encode() + b"\n")
+    except _Stop:
+        return  # stopping a follow is how it is meant to end
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _event_line(event: JsonObject) -> str:
+    fields = " ".join(f"{k}={one_line(str(v))}" for k, v in event.items() if k not in ("id", "type", "at"))
+    return f"{event['at']} {event['id']} {event['type']}" + (f" {fields}" if fields else "")
+
+
 def _print_audit(events: list[JsonObject], as_json: bool) -> None:
     for e in events:
         click.echo(orjson.dumps(e).decode() if as_json else audit_log.format_record(e))

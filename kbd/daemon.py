@@ -38,7 +38,7 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from kbd.api import PEER_UID, create_app
+from kbd.api import EVENTS_PATH, PEER_UID, create_app
 from kbd.errors import (
     HeadersTooLarge,
     InvalidInput,
@@ -299,6 +299,16 @@ class PeerCredProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._disarm_body_timer()
         super().on_message_complete()
+
+    def shutdown(self) -> None:
+        # A graceful stop waits for in-flight responses, and an event stream
+        # (GET /v1/events) never completes by itself: close its connection, so
+        # the stream sees the disconnect and ends now. Its subscriber resumes
+        # from its last id at the next daemon.
+        super().shutdown()
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and cycle.scope.get("path") == EVENTS_PATH:
+            self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn's own answer is plain text; the API answers in its envelope.

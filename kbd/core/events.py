@@ -25,9 +25,12 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kbd.core.identifiers import id_problem
+
+if TYPE_CHECKING:  # the type only
+    from kbd.core.manifest import Manifest
 
 FieldValue = str | int
 
@@ -321,3 +324,56 @@ def contiguous_from(events: list[Event], first: int, last: int) -> Replay | Resy
     if wanted[-1].seq != last:
         return Resync("gap")
     return Replay(tuple(wanted))
+
+
+# -- manifest changes --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ManifestFacts:
+    """What the change feed compares between two states of one workflow's
+    manifest: its bytes (``version``), where it lives, its attachment entries
+    and its write grants. Built from a parsed manifest (:func:`manifest_facts`)
+    whoever changed the file (kbd, a builder's editor, a restore from backup),
+    so the same change always gives the same events."""
+
+    version: str
+    folder: str | None
+    sources: tuple[tuple[str, str, str, str | None], ...]
+    sources_problem: str | None
+    writers: tuple[str, ...]
+
+
+def manifest_facts(m: Manifest, *, folder: str | None = None) -> ManifestFacts:
+    return ManifestFacts(
+        version=m.version,
+        folder=folder,
+        sources=tuple((e.alias, e.workflow_id, e.access, e.problem) for e in m.entries),
+        sources_problem=m.sources_problem,
+        writers=tuple(m.access.allowed_kb_writers),
+    )
+
+
+def manifest_change_types(old: ManifestFacts | None, new: ManifestFacts | None) -> tuple[str, ...]:
+    """The event types one manifest change gives, in the order they are
+    emitted: ``workflow.changed`` for any difference (added, changed, moved,
+    removed), then ``sources.changed`` when the attachment entries differ and
+    ``writers.changed`` when ``allowed_kb_writers`` does. A missing side counts
+    as a manifest without sources or writers; a folder of None (not known)
+    never counts as a move."""
+    if old == new:
+        return ()
+    out = ["workflow.changed"]
+    before = (old.sources, old.sources_problem) if old else ((), None)
+    after = (new.sources, new.sources_problem) if new else ((), None)
+    if before != after:
+        out.append("sources.changed")
+    if (old.writers if old else ()) != (new.writers if new else ()):
+        out.append("writers.changed")
+    same_bytes = len(out) == 1 and old is not None and new is not None and old.version == new.version
+    # Same bytes: only the folder may differ, and an unknown folder is no move.
+    if same_bytes and (
+        old is None or new is None or None in (old.folder, new.folder) or old.folder == new.folder
+    ):
+        return ()
+    return tuple(out)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kbd.core.events import EventRefused
 from kbd.core.notes import MAX_AUDIT_READ_BYTES, MAX_NOTE_BYTES, MAX_SCAN_FILES, NotesScan
 from kbd.core.plan import Plan
 from kbd.errors import InjectionRefused, KbdError, QuotaExceeded
@@ -146,6 +147,13 @@ def audit_command_changes(host: Root, plan: Plan, sid: str, changes: list[Comman
         if files or truncated:
             host.audit("notes_changed_by_command", session=sid, workflow_id=plan.workflow_id, source=ch.source,
                        files=files[:200], flagged=flagged, truncated=truncated)  # fmt: skip
+        for rel in files[:200]:  # the same names the audit record lists
+            # A name the feed's allow-list refuses (a control character: the
+            # command chose it) is in the audit record, never in an event.
+            with contextlib.suppress(EventRefused):
+                host.events.emit(
+                    "note.written", workflow_id=ch.source, relpath=rel, by_workflow=plan.workflow_id
+                )
         if ch.scan.over(quota):
             host.audit("notes_quota_exceeded", session=sid, workflow_id=plan.workflow_id, source=ch.source,
                        entries=ch.scan.entries, bytes=ch.scan.bytes, truncated=ch.scan.truncated,

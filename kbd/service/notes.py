@@ -16,12 +16,14 @@ source's notes mutex (outside it). :func:`write` does both for the CLI.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kbd.core import notes as rules
+from kbd.core.events import EventRefused
 from kbd.core.plan import Plan
 from kbd.core.principals import Actor, actor_fields
 from kbd.errors import KbdError, NotFound, PermissionDenied, from_oserror
@@ -152,6 +154,10 @@ def commit(note: PreparedNote) -> NoteWritten:
     path = "/".join(note.parts)
     host.audit("note_written", session=note.sid, workflow_id=note.consumer, source=note.source, alias=note.alias,
                path=path, bytes=len(note.data), **note.who)  # fmt: skip
+    with contextlib.suppress(EventRefused):  # a name the feed cannot carry is in the audit record only
+        host.events.emit(
+            "note.written", workflow_id=note.source, relpath="notes/" + path, by_workflow=note.consumer
+        )
     return NoteWritten(note.source, note.alias, "notes/" + path, len(note.data))
 
 

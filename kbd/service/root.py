@@ -23,18 +23,23 @@ from kbd.core.resolve import Attachment, resolve_all
 from kbd.errors import AmbiguousWorkflow, KbdError, ManifestUnreadable, workflow_not_found
 from kbd.fs.registry import Ambiguous, Found, KbProbe, Lookup, Missing, Registry, probe_kb
 from kbd.fs.rootconfig import load_config, load_principals
+from kbd.service.feed import EventSink, LogSink
 from kbd.state import audit
 
 
 class Root:
     """One kbd root: config, principals, the workflow registry (which it lends
-    the resolver as its :class:`kbd.core.resolve.SourceView`) and the audit log."""
+    the resolver as its :class:`kbd.core.resolve.SourceView`), the audit log,
+    and ``events``, where operations report what changed (the change feed,
+    :mod:`kbd.service.feed`): by default the root's shared event log; the
+    daemon puts its own feed there."""
 
-    def __init__(self, root: Path, *, sweep_interval: float = 1.0) -> None:
+    def __init__(self, root: Path, *, sweep_interval: float = 1.0, events: EventSink | None = None) -> None:
         self._root = root
         self._sweep_interval = sweep_interval
         self._signature = self._config_signature()
         self.config: Config = load_config(root)
+        self.events: EventSink = events if events is not None else LogSink(self.config.state_dir)
         self.principals: Principals = load_principals(self.config.root)
         self.registry = self._registry()
         self._reloading = threading.Lock()

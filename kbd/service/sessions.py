@@ -324,6 +324,7 @@ def _open(
     sessions.host.audit("session_opened", session=row.id, workflow_id=wid, kind=kind, kb_access=requested,
                         actor=actor.id, parent=parent)  # fmt: skip
     store.insert(row)
+    sessions.host.events.emit("session.opened", workflow_id=wid, session_id=row.id)
     return sessions._build(row)
 
 
@@ -348,7 +349,7 @@ def list_sessions(
 
 def close(sessions: RootSessions, sid: str, *, actor: Actor) -> Closed:
     """Close ``sid`` and its child sessions; what they left running ends now."""
-    sessions._usable(sid, actor, action="close")
+    row = sessions._usable(sid, actor, action="close")
     closed = sessions.store.close(sid)
     # A closed session grants nothing: whatever its commands left running —
     # background trees included — ends now, without a grace period.
@@ -361,6 +362,8 @@ def close(sessions: RootSessions, sid: str, *, actor: Actor) -> Closed:
     sessions.host.audit("session_closed", session=sid, closed=closed, terminated=terminated,
                         **({"terminated_unrecorded": unrecorded} if unrecorded else {}),
                         **actor_fields(actor))  # fmt: skip
+    for s in closed:  # a copied child stays in its parent's workflow
+        sessions.host.events.emit("session.closed", workflow_id=row.workflow_id, session_id=s)
     return Closed(sid, tuple(closed))
 
 

@@ -404,8 +404,10 @@ def _update_sources(
     expected_version: str | None,
 ) -> Manifest:
     folder = root.workflow(wid).folder
+    before: list[Manifest] = []
 
     def change(current: Manifest) -> JsonObject:
+        before.append(current)
         _require_manage(actor, current)
         if current.sources_problem is not None and action != "set":
             raise InvalidManifest(f"{current.sources_problem}; replace the whole list with `kbd sources set`")
@@ -419,13 +421,15 @@ def _update_sources(
 
     from kbd.fs import manifest_store  # filelock: only for writers, never on the exec path
 
-    return manifest_store.update(
+    saved = manifest_store.update(
         folder.path,
         change,
         state_dir=root.config.state_dir,
         timeout=root.config.lock_timeout,
         expected_version=expected_version,
     )
+    root.events.manifest_saved(wid, before[0] if before else None, saved, folder=folder.path)
+    return saved
 
 
 # -- writer grants ----------------------------------------------------------------------
@@ -458,9 +462,11 @@ def _update_writers(root: Root, source_id: str, consumer_id: str, *, actor: Prin
     folder = root.workflow(source_id).folder
     event = "writer_granted" if grant else "writer_revoked"
     changed = False
+    before: list[Manifest] = []
 
     def change(current: Manifest) -> JsonObject:
         nonlocal changed
+        before.append(current)
         if not audience.can_grant_writers(actor, current):
             audience.require_inspectable(actor, current, source_id)
             raise _because(
@@ -491,9 +497,10 @@ def _update_writers(root: Root, source_id: str, consumer_id: str, *, actor: Prin
 
     from kbd.fs import manifest_store
 
-    manifest_store.update(
+    saved = manifest_store.update(
         folder.path, change, state_dir=root.config.state_dir, timeout=root.config.lock_timeout
     )
+    root.events.manifest_saved(source_id, before[0] if before else None, saved, folder=folder.path)
     return changed
 
 

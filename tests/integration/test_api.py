@@ -10,6 +10,7 @@ shape and for the absence of the root's host path.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import time
@@ -55,6 +56,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("DELETE", "/v1/sessions/{sid}"): "test_closed_session_is_gone",
     ("POST", "/v1/sessions/{sid}/check"): "test_session_check",
     ("POST", "/v1/sessions/{sid}/notes"): "test_session_notes_write",
+    ("GET", "/v1/events"): "test_events_finite_replay",  # the feed itself: test_change_feed.py
 }
 
 # A syntactically valid request for every authenticated route (placeholders filled in).
@@ -272,6 +274,18 @@ def test_whoami(world: World) -> None:
     assert world.as_("alice").get("/v1/whoami").json() == {"id": "alice", "kind": "user", "admin": False}
     assert world.as_("ops").get("/v1/whoami").json() == {"id": "ops", "kind": "user", "admin": True}
     assert world.as_("svc").get("/v1/whoami").json() == {"id": "svc", "kind": "service", "admin": False}
+
+
+def test_events_finite_replay(world: World, s: Scenario) -> None:
+    sid = s.open()["session_id"]
+    r = world.as_("alice").get("/v1/events", params={"follow": "false"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.text
+    events = [json.loads(line[len("data: ") :]) for line in r.text.splitlines() if line.startswith("data: ")]
+    opened = [e for e in events if e.get("session_id") == sid]
+    assert opened == [{"id": opened[0]["id"], "type": "session.opened", "at": opened[0]["at"],
+                       "session_id": sid, "workflow_id": s.con_id}]  # fmt: skip
+    # An outsider's replay never names the session.
+    assert sid not in world.as_("dave").get("/v1/events", params={"follow": "false"}).text
 
 
 def test_metrics(world: World, s: Scenario) -> None:

@@ -1,0 +1,306 @@
+"""The host-side client library: a long-running execution host talks to the
+kbd daemon over its Unix socket (DESIGN §6, §9) without a Python start per call.
+
+    from kbd.client import Client
+
+    with Client() as kbd:                    # $KBD_SOCKET, else the root's default socket
+        plan = kbd.open_session("my-workflow", kind="execution", kb_access="read")
+        env = kbd.env(plan["session_id"])    # WORKFLOW_KB_* for the agent's shell
+        for event in kbd.events(follow=True):  # resumes by itself after a dropped connection
+            ...
+
+Authentication is the daemon's: the peer uid (mapped in principals.yaml), or a
+bearer token (``token=``, else ``$KBD_TOKEN``; never put one in argv). Every
+error the daemon answers arrives as the :mod:`kbd.errors` class of its code
+(:func:`error_from`), with its message and hint; a daemon that cannot be
+reached is :class:`kbd.errors.Unavailable` (exit code 69).
+
+Running a command through the exec broker is added to this class by the broker
+(one socket, one protocol, DESIGN §9): the socket path, the authorization
+header and the typed-error mapping it needs are :attr:`Client.socket_path`,
+:meth:`Client.authorization` and :func:`error_from`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from kbd import errors
+from kbd.errors import KbdError, Unavailable
+
+#: Where a root's daemon listens unless kbd.yaml or $KBD_SOCKET says otherwise.
+DEFAULT_SOCKET = Path("state") / "run" / "kbd.sock"
+#: Reconnection waits of :meth:`Client.events` (seconds), growing to the last one.
+RECONNECT_BACKOFF = (0.1, 0.25, 0.5, 1.0, 2.0)
+
+
+def _leaf_classes() -> dict[tuple[str, int], type[KbdError]]:
+    """(code, HTTP status) → the most specific error class that answers so."""
+    table: dict[tuple[str, int], type[KbdError]] = {}
+    todo: list[type[KbdError]] = [KbdError]
+    while todo:
+        cls = todo.pop(0)
+        table.setdefault((cls.code, cls.http_status), cls)
+        todo.extend(cls.__subclasses__())
+    return table
+
+
+_BY_CODE_STATUS = _leaf_classes()
+_BY_CODE = {code: cls for (code, _), cls in reversed(list(_BY_CODE_STATUS.items()))}
+_REASON_EXIT = {cls.http_status: cls.exit_code for cls in errors.REASON_ERRORS.values()}
+
+
+def error_from(status: int, body: bytes) -> KbdError:
+    """The :mod:`kbd.errors` error the daemon's answer ``{"error": {"code",
+    "message", "hint"}}`` with HTTP ``status`` stands for: the class of that
+    code (and status, where one code has several classes), with the daemon's
+    message and hint and its exit code and status. An answer without the
+    envelope is an internal error naming the status."""
+    try:
+        envelope = orjson.loads(body)
+        err = envelope["error"]
+        code, message, hint = str(err["code"]), str(err["message"]), str(err["hint"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return KbdError(f"the kbd daemon answered HTTP {status} without an error body")
+    cls = _BY_CODE_STATUS.get((code, status)) or _BY_CODE.get(code, KbdError)
+    out = cls.__new__(cls)  # some classes take more arguments; the daemon's text is all there is
+    KbdError.__init__(out, message, hint=hint)
+    out.http_status = status
+    if cls.code != code:
+        out.code = code  # a code this kbd does not know: keep the daemon's
+    if cls.http_status != status and status in _REASON_EXIT:
+        # An error that answers by its reason (errors.REASON_ERRORS): a source
+        # not found is 404/66, an audience refusal 403/77.
+        out.exit_code = _REASON_EXIT[status]
+    return out
+
+
+def default_socket(root: Path | None = None) -> Path:
+    """``$KBD_SOCKET``, else the root's socket (kbd.yaml ``socket``, else
+    ``<root>/state/run/kbd.sock``; the root: ``root``, ``$KBD_ROOT`` or the default)."""
+    named = os.environ.get("KBD_SOCKET")
+    if named:
+        return Path(named)
+    from kbd.core.config import default_root
+    from kbd.fs.rootconfig import load_config
+
+    where = root if root is not None else default_root()
+    try:
+        return load_config(where).socket_path
+    except KbdError:
+        return where / DEFAULT_SOCKET
+
+
+def parse_sse(lines: Iterator[str]) -> Iterator[tuple[str | None, str, str]]:
+    """(id, event type, data) of each Server-Sent Event in ``lines`` (comments
+    and frames without data are skipped)."""
+    event_id: str | None = None
+    event_type = "message"
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield event_id, event_type, "\n".join(data)
+            event_id, event_type = None, "message"
+            data = []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "id":
+            event_id = value
+        elif name == "event":
+            event_type = value
+        elif name == "data":
+            data.append(value)
+
+
+class Client:
+    """A connection to one kbd daemon (thread-safe like an ``httpx.Client``).
+
+    Every method returns the daemon's JSON (the DESIGN §6 shapes) or raises
+    the :mod:`kbd.errors` class of its answer."""
+
+    def __init__(
+        self,
+        socket_path: str | Path | None = None,
+        *,
+        token: str | None = None,
+        root: Path | None = None,
+        timeout: float = 15.0,
+    ) -> None:
+        self.socket_path = Path(socket_path) if socket_path is not None else default_socket(root)
+        self._token = token if token is not None else os.environ.get("KBD_TOKEN") or None
+        self.timeout = timeout
+        self._reached = False
+        self._http = httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(self.socket_path)),
+            base_url="http://kbd",
+            headers=self._headers(),
+            timeout=timeout,
+        )
+
+    def authorization(self) -> str | None:
+        """The ``Authorization`` header value this client sends (None: the peer uid authenticates)."""
+        return f"Bearer {self._token.strip()}" if self._token else None
+
+    def _headers(self) -> dict[str, str]:
+        auth = self.authorization()
+        return {"Authorization": auth} if auth else {}
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def _unreachable(self, exc: Exception) -> Unavailable:
+        return Unavailable(
+            f"no kbd daemon is reachable at {self.socket_path} ({type(exc).__name__}: {exc})",
+            hint="start one with `kbd serve`, or point KBD_SOCKET at its socket",
+        )
+
+    def _probe(self) -> None:
+        """Raise Unavailable unless the socket accepts a connection. Checked
+        before the first call and before each event-stream (re)connection:
+        httpcore leaks its socket when a Unix-socket connect fails (closed
+        only when collected), and a host that retries must not pile them up."""
+        import socket
+
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.settimeout(self.timeout)
+            probe.connect(str(self.socket_path))
+        except OSError as exc:
+            raise self._unreachable(exc) from None
+        finally:
+            probe.close()
+        self._reached = True
+
+    def request(
+        self, method: str, path: str, *, json: Any = None, params: dict[str, str] | None = None
+    ) -> Any:
+        """One API call: its JSON answer, or the error it stands for."""
+        if not self._reached:
+            self._probe()
+        try:
+            r = self._http.request(method, path, json=json, params=params)
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from None
+        if r.status_code >= 400:
+            raise error_from(r.status_code, r.content)
+        return orjson.loads(r.content)
+
+    def whoami(self) -> dict[str, Any]:
+        out: dict[str, Any] = self.request("GET", "/v1/whoami")
+        return out
+
+    def health(self) -> dict[str, Any]:
+        out: dict[str, Any] = self.request("GET", "/v1/health")
+        return out
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    def open_session(
+        self,
+        workflow_id: str,
+        *,
+        kind: str | None = None,
+        kb_access: str | None = None,
+        item_kb_write: bool | None = None,
+        parent: str | None = None,
+    ) -> dict[str, Any]:
+        """Open a session (a copied child of ``parent`` when given); its plan."""
+        body: dict[str, Any] = {"workflow_id": workflow_id}
+        for name, value in (("kind", kind), ("kb_access", kb_access), ("item_kb_write", item_kb_write),
+                            ("parent", parent)):  # fmt: skip
+            if value is not None:
+                body[name] = value
+        out: dict[str, Any] = self.request("POST", "/v1/sessions", json=body)
+        return out
+
+    def show_session(self, sid: str) -> dict[str, Any]:
+        """The session's plan rebuilt now, with the commands running in it."""
+        out: dict[str, Any] = self.request("GET", f"/v1/sessions/{_segment(sid)}")
+        return out
+
+    plan = show_session
+
+    def env(self, sid: str) -> dict[str, str]:
+        """The variables a command of the session gets now (``WORKFLOW_KB_*`` …)."""
+        return dict(self.show_session(sid)["env"])
+
+    def close_session(self, sid: str) -> dict[str, Any]:
+        """Close the session and its children; what they left running ends."""
+        out: dict[str, Any] = self.request("DELETE", f"/v1/sessions/{_segment(sid)}")
+        return out
+
+    # -- events ------------------------------------------------------------------------------
+
+    def events(
+        self, *, since: str | None = None, follow: bool = True, reconnect: bool = True
+    ) -> Iterator[dict[str, Any]]:
+        """The change feed (DESIGN §9): each event as ``{"id", "type", "at", ...}``.
+
+        With ``follow`` it never ends by itself: a dropped connection (a daemon
+        restart) is resumed from the last id received, so nothing is missed or
+        repeated; when the daemon cannot promise that, a ``resync`` event says
+        to reload state. ``since``: the id to resume after. Without ``follow``:
+        the events after ``since`` (or the recent ones), then it ends. Errors
+        the daemon answers (401, 403, a malformed id) are raised, not retried,
+        and so is a daemon that is not reachable at the first connection."""
+        last = since
+        failures = 0
+        connected = False
+        while True:
+            try:
+                for event in self._stream(last, follow):
+                    connected = True
+                    last = str(event["id"])
+                    failures = 0
+                    yield event
+                connected = True
+                if not follow:
+                    return
+            except Unavailable:
+                if not (follow and reconnect and connected):
+                    raise
+            if not follow:
+                return
+            time.sleep(RECONNECT_BACKOFF[min(failures, len(RECONNECT_BACKOFF) - 1)])
+            failures += 1
+
+    def _stream(self, since: str | None, follow: bool) -> Iterator[dict[str, Any]]:
+        self._probe()
+        params = {"follow": "true" if follow else "false"}
+        headers = {"Last-Event-ID": since} if since is not None else {}
+        timeout = httpx.Timeout(self.timeout, read=None if follow else self.timeout)
+        try:
+            with self._http.stream("GET", "/v1/events", params=params, headers=headers, timeout=timeout) as r:
+                if r.status_code >= 400:
+                    raise error_from(r.status_code, r.read())
+                for _, _, data in parse_sse(r.iter_lines()):
+                    event: dict[str, Any] = orjson.loads(data)
+                    yield event
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from None
+
+
+def _segment(value: str) -> str:
+    """One path segment: a session ID never contains '/', but a typo must not reach another route."""
+    if "/" in value or value in ("", ".", ".."):
+        raise errors.InvalidInput(f"session ID {value!r} is not a valid path segment")
+    return value

@@ -1,0 +1,366 @@
+"""The daemon's change feed (DESIGN §9): its :class:`kbd.service.feed.EventSink`,
+and delivery to subscribers of ``GET /v1/events``.
+
+One shared :class:`kbd.state.events.EventLog` holds every event, whoever
+appended it: the daemon (its own operations, its manifest diffs) or a CLI
+process on the root. A single pump task follows the log (woken at once by the
+daemon's own appends, and by a stat of the file every ``poll_interval`` for
+the others) and hands each new event to every subscriber's bounded queue.
+
+Delivery decides visibility *when an event is delivered*, replays included:
+the subscriber's credentials are authenticated again against the current
+principals, and each event's workflow is looked up in the registry now
+(:func:`kbd.service.feed.may_see`). A reader removed from a source's audience
+stops receiving its events at the next event, and a replay never shows what
+the subscriber may no longer see. The state lock is taken only for those
+lookups, never while waiting for events.
+
+Continuity: a subscriber that presents a ``Last-Event-ID`` gets exactly the
+events after it, in order, then the live ones; where that cannot be promised
+(an id of another epoch, older than the log reaches, a queue that overflowed
+because the subscriber did not read) it gets ``resync`` carrying the id to
+resume from after reloading its state. A daemon start appends ``resync``
+(``restart``) for everyone: what the watcher would have seen while no daemon
+ran is not in the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio.to_thread
+
+from kbd.core.events import RESYNC, Event, FieldValue, Resync, check_event, format_id, parse_id, resync_event
+from kbd.errors import KbdError
+from kbd.fs.registry import Ambiguous, Found
+from kbd.service.feed import ManifestTracker, may_see
+
+if TYPE_CHECKING:
+    from kbd.core.manifest import Manifest
+    from kbd.core.principals import Principal
+    from kbd.service.root import Root
+    from kbd.state.events import EventLog
+
+log = logging.getLogger("kbd.events")
+
+#: Events a subscriber may have waiting; beyond, its queue is dropped for one ``resync``.
+QUEUE_SIZE = 1024
+#: How soon an event appended by another process (the CLI) is noticed.
+POLL_INTERVAL = 0.25
+#: A keep-alive comment this often on an idle stream: under the daemon's
+#: write-stall timeout, and it tells a subscriber the daemon is still there.
+PING_INTERVAL = 15.0
+#: Events handled in one go: the pump yields to the subscribers between chunks.
+CHUNK = 256
+#: A finite replay without an id (``kbd events``): at most this many recent events.
+RECENT = 1000
+#: How long a delivery waits for the state lock before it ends the stream (the
+#: subscriber resumes from its last id: nothing is lost).
+LOCK_WAIT = 2.0
+PING = b": ping\n\n"
+
+#: Re-authenticates the subscriber now: its principal, or None to end the stream.
+Who = Callable[[], "Principal | None"]
+
+
+class Subscriber:
+    """One subscriber's bounded queue (used on the event loop only)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.queue: deque[Event] = deque()
+        self.ready = asyncio.Event()
+        self.overflows = 0
+
+    def push(self, event: Event) -> None:
+        if len(self.queue) >= self.size:
+            # It did not read: drop what waits, and tell it to reload. The
+            # resync carries this event's id, which a reload covers.
+            self.queue.clear()
+            self.queue.append(resync_event(event.id, "overflow", ns=time.time_ns()))
+            self.overflows += 1
+        else:
+            self.queue.append(event)
+        self.ready.set()
+
+    def take(self, n: int) -> list[Event]:
+        out: list[Event] = []
+        while self.queue and len(out) < n:
+            out.append(self.queue.popleft())
+        return out
+
+
+def _after(last: tuple[str, int] | None, event: Event) -> bool:
+    """Is ``event`` news for a subscriber that has seen up to ``last``? An
+    event of another epoch always is (the log was recreated)."""
+    if last is None:
+        return True
+    parsed = parse_id(event.id)
+    return parsed is None or parsed[0] != last[0] or parsed[1] > last[1]
+
+
+class Feed:
+    """The daemon's event sink and its subscribers (see the module docstring).
+
+    ``lock`` is the daemon's state lock: the registry and principals are read
+    under it when deciding who sees an event."""
+
+    def __init__(
+        self,
+        host: Root,
+        log: EventLog,
+        *,
+        lock: threading.RLock,
+        queue_size: int = QUEUE_SIZE,
+        poll_interval: float = POLL_INTERVAL,
+    ) -> None:
+        self.host = host
+        self.log = log
+        self.lock = lock
+        self.queue_size = queue_size
+        self.poll_interval = poll_interval
+        self.tracker = ManifestTracker()
+        self.lost = 0  # events that could not be appended (each answered with a resync)
+        self._subs: set[Subscriber] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._pump: asyncio.Task[None] | None = None
+        self._starting = asyncio.Lock()
+        self._cursor = ""
+        self._file_sig: tuple[int, int, int] | None = None
+        self._failing = False
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subs)
+
+    # -- EventSink: called by the operations, on any thread ----------------------------------
+
+    def emit(self, event_type: str, /, *, workflow_id: str | None, **fields: FieldValue) -> None:
+        check_event(event_type, workflow_id, fields)  # a producer bug is never swallowed
+        self._append([(event_type, workflow_id, fields)])
+
+    def resync(self, reason: str) -> None:
+        self.emit(RESYNC, workflow_id=None, reason=reason)
+
+    def manifest_saved(
+        self, workflow_id: str, old: Manifest | None, new: Manifest | None, *, folder: Path | None = None
+    ) -> None:
+        self.observe(workflow_id, old, new, folder=folder)
+
+    def observe(
+        self, workflow_id: str, old: Manifest | None, new: Manifest | None, *, folder: Path | None = None
+    ) -> tuple[str, ...]:
+        """The one producer of manifest events: the daemon's own saves and the
+        watcher (for every workflow whose manifest it saw change, and every
+        entry of a ``RegistryDelta.changed``) report here; a change already
+        reported gives nothing. Returns the event types appended."""
+        types = self.tracker.observe(workflow_id, old, new, folder=folder)
+        if types:
+            self._append([(t, workflow_id, {}) for t in types])
+        return types
+
+    def _append(self, items: Sequence[tuple[str, str | None, dict[str, FieldValue]]]) -> None:
+        try:
+            self.log.append_many(items)
+        except (KbdError, OSError):
+            # The operation happened; its notice did not make it into the log.
+            # Subscribers cannot be told which, so they all reload.
+            self.lost += len(items)
+            self._call_soon(self._broadcast_resync, "event-lost")
+            return
+        self._call_soon(self._wake)
+
+    def poke(self) -> None:
+        """Another process may have appended (a watcher saw ``state/events.log``
+        change): look now rather than at the next poll. Any thread."""
+        self._call_soon(self._wake)
+
+    def _call_soon(self, fn: Callable[..., None], *args: object) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(fn, *args)
+            except RuntimeError:  # the loop closed in between: the daemon is stopping
+                return
+
+    # -- the pump: on the event loop ---------------------------------------------------------
+
+    def _wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def _broadcast_resync(self, reason: str) -> None:
+        event = resync_event(self._cursor, reason, ns=time.time_ns()) if self._cursor else None
+        if event is not None:
+            for sub in list(self._subs):
+                sub.push(event)
+
+    async def _ensure_pump(self) -> None:
+        async with self._starting:
+            if self._pump is not None and not self._pump.done():
+                return
+            self._loop = asyncio.get_running_loop()
+            self._wakeup = asyncio.Event()
+            self._cursor = await anyio.to_thread.run_sync(lambda: self.log.last_id)
+            self._file_sig = self._stat()
+            self._pump = self._loop.create_task(self._run(), name="kbd-events-pump")
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.log.path, follow_symlinks=False)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    async def _run(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), self.poll_interval)
+            except TimeoutError:
+                sig = self._stat()
+                if sig == self._file_sig:
+                    continue  # nobody else appended
+            self._wakeup.clear()
+            self._file_sig = self._stat()
+            try:
+                await self._pump_once()
+            except (KbdError, OSError):
+                # The log cannot be read now (a failing disk, a lock held too
+                # long): the pump tries again; subscribers hear it once per streak.
+                if not self._failing:
+                    log.warning("the event log cannot be read now; retrying", exc_info=True)
+                    self._broadcast_resync("event-log-error")
+                self._failing = True
+                self._wakeup.set()
+                await asyncio.sleep(self.poll_interval)
+            else:
+                self._failing = False
+
+    async def _pump_once(self) -> None:
+        result = await anyio.to_thread.run_sync(self.log.since, self._cursor)
+        if isinstance(result, Resync):
+            # The log cannot continue from where the pump was (recreated,
+            # another epoch): everyone reloads and continues from its end.
+            self._cursor = await anyio.to_thread.run_sync(lambda: self.log.last_id)
+            self._broadcast_resync(result.reason)
+            return
+        for i, event in enumerate(result.events, start=1):
+            for sub in list(self._subs):
+                sub.push(event)
+            self._cursor = event.id
+            if i % CHUNK == 0:
+                await asyncio.sleep(0)  # let subscribers drain between chunks
+
+    # -- subscribing ----------------------------------------------------------------------------
+
+    def _replay(self, last_id: str) -> list[Event]:
+        """The events after ``last_id``, or one ``resync`` carrying the id to resume from."""
+        result = self.log.since(last_id)
+        if isinstance(result, Resync):
+            return [resync_event(self.log.last_id, result.reason, ns=time.time_ns())]
+        return list(result.events)
+
+    def _recent(self) -> list[Event]:
+        parsed = parse_id(self.log.last_id)
+        assert parsed is not None
+        epoch, seq = parsed
+        return self._replay(format_id(epoch, max(0, seq - RECENT)))
+
+    async def stream(
+        self, who: Who, *, since: str | None, follow: bool, ping: float = PING_INTERVAL
+    ) -> AsyncIterator[bytes]:
+        """Server-Sent Events frames for one subscriber: the events after
+        ``since`` (without it: live from now, or with ``follow=False`` the
+        recent ones), then, with ``follow``, the live ones and a keep-alive
+        comment every ``ping`` seconds. Ends when the subscriber may no longer
+        authenticate, or the state lock stays busy (it resumes from its id)."""
+        await self._ensure_pump()
+        sub = Subscriber(self.queue_size)
+        self._subs.add(sub)  # before the replay is read: nothing falls between the two
+        last: tuple[str, int] | None = None
+        try:
+            yield b": kbd events\n\n"  # the stream is open (headers and a first byte now)
+            backlog: list[Event] = []
+            if since is not None:
+                backlog = await anyio.to_thread.run_sync(self._replay, since)
+            elif not follow:
+                backlog = await anyio.to_thread.run_sync(self._recent)
+            while True:
+                while backlog:
+                    batch, backlog = backlog[:CHUNK], backlog[CHUNK:]
+                    fresh = [e for e in batch if _after(last, e)]
+                    if not fresh:
+                        continue
+                    last = parse_id(fresh[-1].id)
+                    shown = await self._visible(who, fresh)
+                    if shown is None:
+                        return
+                    for event in shown:
+                        yield event.sse()
+                if not follow:
+                    return
+                if not sub.queue:
+                    sub.ready.clear()
+                    try:
+                        await asyncio.wait_for(sub.ready.wait(), ping)
+                    except TimeoutError:
+                        yield PING
+                        continue
+                backlog = sub.take(CHUNK)
+        finally:
+            self._subs.discard(sub)
+
+    async def _visible(self, who: Who, events: list[Event]) -> list[Event] | None:
+        """The events the subscriber may see now (None: it may see nothing any more)."""
+        if self.lock.acquire(blocking=False):  # the usual case: no thread-pool hop
+            try:
+                return self._decide(who, events)
+            finally:
+                self.lock.release()
+        return await anyio.to_thread.run_sync(self._decide_locked, who, events)
+
+    def _decide_locked(self, who: Who, events: list[Event]) -> list[Event] | None:
+        if not self.lock.acquire(timeout=LOCK_WAIT):
+            return None
+        try:
+            return self._decide(who, events)
+        finally:
+            self.lock.release()
+
+    def _decide(self, who: Who, events: list[Event]) -> list[Event] | None:
+        actor = who()
+        if actor is None:
+            return None
+        seen: dict[str | None, bool] = {}
+        out = []
+        for event in events:
+            wid = event.workflow_id
+            if wid not in seen:
+                seen[wid] = may_see(actor, wid, self._manifest(wid) if wid is not None else None)
+            if seen[wid]:
+                out.append(event)
+        return out
+
+    def _manifest(self, workflow_id: str) -> Manifest | None:
+        """The workflow's manifest now; the last one seen when it was removed or
+        cannot be read now; None (hidden) when two folders claim the ID."""
+        try:
+            found = self.host.registry.find(workflow_id)
+        except (KbdError, OSError):
+            found = None
+        if isinstance(found, Found):
+            self.tracker.remember(found.manifest)
+            return found.manifest
+        if isinstance(found, Ambiguous):
+            return None  # fail closed, as every lookup of an ambiguous ID does
+        return self.tracker.last_manifest(workflow_id)
