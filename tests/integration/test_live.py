@@ -9,6 +9,7 @@ by an in-process ``kbd exec`` (``KBD_NO_DAEMON=1``) as real processes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -105,7 +106,8 @@ class Runner:
             self.proc.kill()
         self.proc.wait(timeout=30)
         for pid in loop_pids(self.sid):
-            os.kill(pid, 9)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
 
 
 @pytest.fixture
