@@ -505,8 +505,15 @@ def serve(host: Root, *, socket_path: Path | None = None, fd: int | None = None,
     if sock is None:
         path = socket_path or host.config.socket_path
         sock = bind_socket(path)
-    app = create_app(host)
-    events, live = start_live(host, app)
+    try:
+        app = create_app(host)
+        events, live = start_live(host, app)
+    except BaseException:
+        sock.close()
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        raise
     config = uvicorn.Config(app, http=PeerCredProtocol, log_level="warning", lifespan="off",
                             timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
                             backlog=BACKLOG, access_log=False)  # fmt: skip

@@ -225,6 +225,11 @@ class LiveState:
         for worker in list(self._workers):
             worker.join(max(0.0, deadline - time.monotonic()))
 
+    @property
+    def running(self) -> bool:
+        """The live thread runs (between :meth:`start` and :meth:`stop`)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def status(self) -> dict[str, object]:
         """For metrics: the watcher's health and the verifier's last run."""
         h = self.health

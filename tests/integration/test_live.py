@@ -334,3 +334,112 @@ def test_sigterm_stops_the_daemon_promptly_while_the_watcher_runs(world: KbRoot)
         start = time.monotonic()
     assert time.monotonic() - start < 5.0
     assert not daemon.sock.exists()
+
+
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_landlock(abi=2)
+def test_a_revocation_setting_changed_while_the_daemon_runs_applies_to_the_next_push(world: KbRoot) -> None:
+    kb = world
+    set_revocation(kb.root, immediate=False)
+    sid = _open(kb)
+    with serving(kb.root):
+        runner = Runner(kb, sid)
+        try:
+            set_revocation(kb.root, immediate=True, grace=0)
+            # Every pass re-reads kbd.yaml when it changed, before it acts: the
+            # push of the detach below sees the new setting, whichever comes first.
+            assert kb.cli("sources", "detach", "con", "src", "--as", "alice").code == 0
+            wait_for(runner.gone, 1.0, "terminated under the new setting")
+            assert of_type(kb.root, "command.stale") == []
+        finally:
+            runner.close()
+
+
+# -- in process: the live state and the shutdown order ----------------------------------------------
+
+
+def test_the_registry_sweeps_rarely_only_while_the_watcher_is_healthy(world: KbRoot) -> None:
+    import threading
+
+    from kbd.service.live import HEALTHY_SWEEP, LiveState
+    from kbd.service.root import Root
+    from kbd.service.sessions import RootSessions
+    from kbd.state.events import EventLog
+
+    kb = world
+    host = Root(kb.root, sweep_interval=1.0)
+    log = EventLog(kb.root / "state")
+    live = LiveState(host, RootSessions(host), lock=threading.RLock(), events=log)
+    live.start()
+    poison = os.fsencode(kb.workflows / "con") + b"/\xff"
+    try:
+        wait_for(lambda: live.healthy, 10, "healthy")
+        assert host.registry.sweep_interval == HEALTHY_SWEEP
+        with open(poison, "wb"):
+            pass
+        wait_for(lambda: not live.healthy, 10, "the poisoned watcher reported")
+        assert host.registry.sweep_interval == 1.0
+        assert of_type(kb.root, "resync", reason="watcher_died")
+        os.unlink(poison)
+        wait_for(lambda: live.healthy, 15, "rebuilt after its backoff")
+        assert host.registry.sweep_interval == HEALTHY_SWEEP
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(poison)
+        live.stop()
+        log.close()
+    assert not live.running
+
+
+def test_shutdown_stops_accepting_and_watching_before_it_drains_with_the_grace(
+    world: KbRoot, tmp_path: Path
+) -> None:
+    import asyncio
+    import socket
+
+    import uvicorn
+
+    from kbd.api import create_app
+    from kbd.daemon import KbdServer, PeerCredProtocol, bind_socket, start_live
+    from kbd.service.root import Root
+
+    kb = world
+    set_revocation(kb.root, immediate=False, grace=2.5)
+    host = Root(kb.root)
+    app = create_app(host)
+    events_log, live = start_live(host, app)
+    path = tmp_path / "run" / "kbd.sock"
+    sock = bind_socket(path)
+    seen: dict[str, object] = {}
+
+    async def hook(grace: float) -> None:
+        seen["grace"] = grace
+        seen["watching"] = live.running
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            seen["accepting"] = False
+        else:
+            seen["accepting"] = True
+        finally:
+            probe.close()
+
+    app.state.drain.append(hook)
+    config = uvicorn.Config(app, http=PeerCredProtocol, lifespan="off", log_level="warning")
+    server = KbdServer(config, live=live, drain=app.state.drain, grace=lambda: host.config.revoke_grace)
+
+    async def run() -> None:
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started:
+            await asyncio.sleep(0.01)
+        server.should_exit = True
+        await task
+
+    try:
+        asyncio.run(run())
+    finally:
+        live.stop()
+        events_log.close()
+        sock.close()
+    assert seen == {"grace": 2.5, "watching": False, "accepting": False}
