@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -268,6 +269,37 @@ def test_revocation_reaches_running_commands_through_the_verifier_when_the_watch
         finally:
             runner.close()
             os.unlink(poison)
+        assert daemon.proc.poll() is None
+
+
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_landlock(abi=2)
+def test_after_a_queue_overflow_the_change_is_still_pushed_with_a_resync(world: KbRoot) -> None:
+    kb = world
+    set_revocation(kb.root, immediate=True, grace=0)
+    sid = _open(kb)
+    with serving(kb.root) as daemon:
+        runner = Runner(kb, sid)
+        flood = kb.workflows / "con"  # watched itself (watches are not recursive)
+        try:
+            # Stopped, the daemon reads nothing: more changes than the kernel's
+            # inotify queue holds (16,384 events), then the one that matters.
+            daemon.proc.send_signal(signal.SIGSTOP)
+            try:
+                for i in range(20_000):
+                    (flood / f"f{i}").touch()
+                _replace_manifest(kb.workflows / "src", access={"owners": ["bob"]})
+                # Lookups never needed the daemon: the very next exec sees it.
+                env = {"KBD_NO_DAEMON": "1"}
+                r = kb.cli("exec", sid, "--", "sh", "-c", 'echo "${WORKFLOW_KB_SRC:-none}"', env=env)
+                assert r.code == 0 and r.out == "none\n", r
+            finally:
+                daemon.proc.send_signal(signal.SIGCONT)
+            wait_for(runner.gone, 3.0, "the older-generation command was terminated")
+            wait_for(lambda: of_type(kb.root, "resync", reason="queue_overflow"), 2, "resync")
+            wait_for(lambda: of_type(kb.root, "workflow.changed", workflow_id="src"), 2, "workflow.changed")
+        finally:
+            runner.close()
         assert daemon.proc.poll() is None
 
 
