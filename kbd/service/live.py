@@ -289,8 +289,6 @@ class LiveState:
                 return work
 
     def _health_changed(self, health: WatchHealth) -> None:
-        self.health = health
-        self.healthy = health.ok
         self._registry.sweep_interval = (
             max(self._base_sweep, HEALTHY_SWEEP) if health.ok else self._base_sweep
         )
@@ -299,6 +297,8 @@ class LiveState:
                 "live: watcher unhealthy (%s): verifying every %gs", health.reason, self._degraded_verify
             )
             self._resync(health.reason or "watcher")
+        self.health = health
+        self.healthy = health.ok  # last: whoever sees the flag sees everything above done
 
     # -- one pass ------------------------------------------------------------------------------------------
     def _pass(self, work: _Work) -> None:
@@ -566,12 +566,15 @@ class LiveState:
 
     # -- watch segments ---------------------------------------------------------------------------------------
     def _set_segments(self, paths: dict[str, list[Path]]) -> None:
-        config = [self.host.config.root, datafiles.policy_path(datafiles.KINDS_NAME).parent]
+        # The root folder (kbd.yaml and principals.yaml are replaced by rename),
+        # the policy tables, and the running-command records (a session's folder
+        # appears with its first command: its plan is cached before any change).
+        # One segment: every segment costs an inotify instance (128 per user).
         procs = self.sessions.commands.path
         with contextlib.suppress(OSError):
             procs.mkdir(parents=True, exist_ok=True, mode=0o750)
+        config = [self.host.config.root, datafiles.policy_path(datafiles.KINDS_NAME).parent, procs]
         self.watcher.set_segment("config", config)
-        self.watcher.set_segment("procs", [procs])
         for name, folders in paths.items():
             self.watcher.set_segment(name, folders)
         self._delta.clear()
