@@ -156,7 +156,7 @@ class _Work:
     changes: list[PathChange] = field(default_factory=list)
     lossy: bool = False
     verify: bool = False
-    health: WatchHealth | None = None
+    health: list[WatchHealth] = field(default_factory=list)  # in the order reported
     stop: bool = False
 
 
@@ -208,7 +208,7 @@ class LiveState:
             self._reindex(self._registry.index())
             self._set_segments(paths)
             for row in self._open_rows():
-                if self._procs_dir(row.id):
+                if self._has_commands(row.id):
                     self._replan(row, trigger="restart")
         self.watcher.start()
         self._thread = threading.Thread(target=self._run, name="kbd-live", daemon=True)
@@ -250,8 +250,8 @@ class LiveState:
             work = self._collect(max(0.0, next_verify - time.monotonic()))
             if work.stop:
                 return
-            if work.health is not None:
-                self._health_changed(work.health)
+            for health in work.health:
+                self._health_changed(health)
                 work.verify = True  # "events may have been lost": verify now, and when health returns
             if time.monotonic() >= next_verify:
                 work.verify = True
@@ -279,7 +279,7 @@ class LiveState:
             if kind == "stop":
                 work.stop = True
             elif kind == "health" and isinstance(value, WatchHealth):
-                work.health = value
+                work.health.append(value)
             elif kind == "batch" and isinstance(value, WatchBatch):
                 work.changes.extend(value.changes)
                 work.lossy = work.lossy or value.lossy
@@ -305,7 +305,7 @@ class LiveState:
         trigger = "verify" if work.verify else "watch"
         with self.lock:
             self.passes += 1
-            config_changed = self._refresh_config(work.changes)
+            config_changed = self._refresh_config()
             registry = self.host.registry
             rebuild = registry is not self._registry
             if rebuild:  # workflow_roots changed: a new registry, new watches
@@ -334,6 +334,7 @@ class LiveState:
                 self._emit(event_type, workflow_id=wid)
             touched |= self._touched_by_paths(work.changes, registry.index())
             rows = self._open_rows()
+            self._forget(rows)
             for row in self._affected(rows, touched, everything=config_changed, procs=work.verify,
                                       new_sessions=self._new_procs(work.changes)):  # fmt: skip
                 self._replan(row, trigger=trigger)
@@ -360,7 +361,7 @@ class LiveState:
             out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
         return tuple(out)
 
-    def _refresh_config(self, changes: list[PathChange]) -> bool:
+    def _refresh_config(self) -> bool:
         """Re-read the root's config files and the policy tables when they
         changed; True when anything a plan depends on did."""
         before = (self.host.config, self.host.principals)
@@ -443,8 +444,21 @@ class LiveState:
             log.warning("live: sessions unreadable: %s", err.message)
             return []
 
-    def _procs_dir(self, sid: str) -> bool:
-        return (self.sessions.commands.path / sid).is_dir()
+    def _has_commands(self, sid: str) -> bool:
+        """Records of running commands exist (cheap: one listing; the records
+        themselves are checked by the re-plan)."""
+        try:
+            return bool(os.listdir(self.sessions.commands.path / sid))
+        except OSError:
+            return False
+
+    def _forget(self, rows: list[SessionRow]) -> None:
+        """Drop what is kept for sessions no longer open."""
+        open_ids = {row.id for row in rows}
+        for sid in [s for s in self._plans if s not in open_ids]:
+            del self._plans[sid]
+        for sid in [s for s in self._acted if s not in open_ids]:
+            del self._acted[sid]
 
     def _new_procs(self, changes: list[PathChange]) -> set[str]:
         """Sessions whose first command just started (their records folder appeared)."""
@@ -471,7 +485,7 @@ class LiveState:
                 or row.id in new_sessions
                 or row.workflow_id in touched
                 or (touched and self._consumer_sources(row.workflow_id) & touched)
-                or (procs and self._procs_dir(row.id))
+                or (procs and self._has_commands(row.id))
             ):
                 out.append(row)
         return out
