@@ -194,6 +194,9 @@ class LiveState:
         self._delta: set[Path] = set()
         self._plans: dict[str, dict[int, Plan]] = {}
         self._acted: dict[str, set[tuple[int, int]]] = {}
+        # The generation of every open session as this state last saw it: a
+        # session first seen by a pass is recorded as the store had it then.
+        self._generations: dict[str, int] = {}
         self._policy_sig = self._policy_signature()
         self._last_resync: tuple[str, float] = ("", 0.0)
 
@@ -208,6 +211,7 @@ class LiveState:
             self._reindex(self._registry.index())
             self._set_segments(paths)
             for row in self._open_rows():
+                self._generations[row.id] = row.generation
                 if self._has_commands(row.id):
                     self._replan(row, trigger="restart")
         self.watcher.start()
@@ -335,6 +339,8 @@ class LiveState:
             touched |= self._touched_by_paths(work.changes, registry.index())
             rows = self._open_rows()
             self._forget(rows)
+            for row in rows:
+                self._generations.setdefault(row.id, row.generation)
             for row in self._affected(rows, touched, everything=config_changed, procs=work.verify,
                                       new_sessions=self._new_procs(work.changes)):  # fmt: skip
                 self._replan(row, trigger=trigger)
@@ -459,6 +465,8 @@ class LiveState:
             del self._plans[sid]
         for sid in [s for s in self._acted if s not in open_ids]:
             del self._acted[sid]
+        for sid in [s for s in self._generations if s not in open_ids]:
+            del self._generations[sid]
 
     def _new_procs(self, changes: list[PathChange]) -> set[str]:
         """Sessions whose first command just started (their records folder appeared)."""
@@ -496,9 +504,10 @@ class LiveState:
             new: Plan | None = self.sessions.rebuild(row)
         except KbdError:
             new = None  # the session has no plan now (workflow gone, unreadable): it grants nothing
-        known = max(history) if history else None
+        known = self._generations.get(row.id, row.generation)
         if new is not None:
-            if known is not None and new.generation > known:
+            self._generations[row.id] = max(known, new.generation)
+            if new.generation > known:
                 self._emit("session.plan_changed", workflow_id=row.workflow_id, session_id=row.id,
                            generation=new.generation)  # fmt: skip
             history[new.generation] = new

@@ -332,6 +332,21 @@ def test_a_hand_edit_and_a_cli_edit_give_the_same_events(world: KbRoot) -> None:
                           "relpath", "by_workflow"}  # fmt: skip
 
 
+def test_a_session_opened_while_the_daemon_runs_gets_plan_changed_without_running_commands(
+    world: KbRoot,
+) -> None:
+    kb = world
+    with serving(kb.root):
+        sid = _open(kb)
+        generation = kb.cli("session", "show", sid, "--json").json()["generation"]
+        # First seen by the pass of this change: recorded as the store had it then.
+        assert kb.cli("writers", "revoke", "src", "con", "--as", "bob").code == 0
+        wait_for(lambda: of_type(kb.root, "session.plan_changed", session_id=sid), 2, "session.plan_changed")
+        (changed,) = of_type(kb.root, "session.plan_changed", session_id=sid)
+        assert changed["generation"] == generation + 1
+        assert kb.cli("session", "show", sid, "--json").json()["generation"] == generation + 1
+
+
 # -- lifecycle ------------------------------------------------------------------------------------
 
 
