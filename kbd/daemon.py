@@ -6,8 +6,22 @@ has to create for the socket is 0750 with the same group, and a folder that
 already exists is never chmod-ed — or takes one from systemd socket activation
 (``LISTEN_FDS``) or ``--fd``, and serves the API with uvicorn. Each
 connection's peer uid (``SO_PEERCRED``) is attached to every request on it, for
-uid-mapped authentication. SIGTERM and SIGINT stop the server gracefully:
-uvicorn stops accepting, finishes in-flight requests, and returns.
+uid-mapped authentication.
+
+Live state (DESIGN §9): at start the daemon opens the root's event log
+(``state/events.log``), appends ``resync`` with reason ``restart`` (subscribers
+cannot know what they missed while no daemon ran), and starts
+:class:`kbd.service.live.LiveState` (the watcher, the verifier, pushed
+revocation). Both are on the app's shared state for the routes:
+``app.state.events`` (the :class:`~kbd.state.events.EventLog`) and
+``app.state.live`` (the LiveState).
+
+Lifecycle: SIGTERM and SIGINT stop the server gracefully: it stops accepting,
+stops the watcher, gives the commands the daemon runs itself (the drain hooks
+in ``app.state.drain``, each awaited with ``revocation.grace_seconds``) that
+long to finish before they are terminated, finishes in-flight requests, removes
+its socket and exits 0. Commands started by an in-process ``kbd exec`` are not
+the daemon's: they keep running, and sessions survive restarts.
 
 No client can starve the others (issue 9, item 7): the open-file limit is
 raised to its hard limit at start; connections are capped per peer uid and in
@@ -23,6 +37,7 @@ import asyncio
 import contextlib
 import grp
 import http
+import logging
 import os
 import resource
 import signal
@@ -31,10 +46,12 @@ import stat
 import struct
 import sys
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import orjson
 import uvicorn
+from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -49,7 +66,9 @@ from kbd.errors import (
     UnsafeSocketFolder,
     http_answer,
 )
+from kbd.service.live import LiveState
 from kbd.service.root import Root
+from kbd.state.events import EventLog
 
 SD_LISTEN_FDS_START = 3
 SOCKET_GROUP = "kbd"
@@ -444,6 +463,49 @@ def inherited_socket(fd: int | None) -> socket.socket | None:
     return socket.socket(fileno=fd)
 
 
+DrainHook = Callable[[float], Awaitable[None]]
+
+
+class KbdServer(uvicorn.Server):
+    """uvicorn's server with kbd's shutdown order: stop accepting, stop the
+    watcher, drain the daemon's own commands (``grace`` seconds, then
+    terminated), then uvicorn's own shutdown (in-flight requests)."""
+
+    def __init__(self, config: uvicorn.Config, *, live: LiveState | None, drain: list[DrainHook],
+                 grace: Callable[[], float]) -> None:  # fmt: skip
+        super().__init__(config)
+        self.live = live
+        self.drain = drain
+        self.grace = grace
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()  # no new connection from here on (uvicorn's shutdown repeats it harmlessly)
+        if self.live is not None:
+            await asyncio.to_thread(self.live.stop)
+        grace = self.grace()
+        for hook in self.drain:
+            try:
+                await hook(grace)
+            except Exception:  # one hook's failure must not keep the daemon from stopping
+                logging.getLogger("kbd.daemon").exception("drain hook failed")
+        await super().shutdown(sockets)
+
+
+def start_live(host: Root, app: FastAPI) -> tuple[EventLog, LiveState]:
+    """Open the event log (appending ``resync``: continuity across a restart is
+    not guaranteed) and start the live state under the API's state lock."""
+    state = app.state.kbd
+    events = EventLog(host.config.state_dir)
+    events.append("resync", workflow_id=None, reason="restart")
+    live = LiveState(host, state.sessions, lock=state.lock, events=events)
+    app.state.events = events
+    app.state.live = live
+    app.state.drain = []
+    live.start()
+    return events, live
+
+
 def serve(host: Root, *, socket_path: Path | None = None, fd: int | None = None, ready: bool = True) -> None:
     nofile = raise_nofile_limit()
     total, per_uid = connection_caps(nofile)
@@ -453,11 +515,19 @@ def serve(host: Root, *, socket_path: Path | None = None, fd: int | None = None,
     if sock is None:
         path = socket_path or host.config.socket_path
         sock = bind_socket(path)
-    app = create_app(host)
+    try:
+        app = create_app(host)
+        events, live = start_live(host, app)
+    except BaseException:
+        sock.close()
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        raise
     config = uvicorn.Config(app, http=PeerCredProtocol, log_level="warning", lifespan="off",
                             timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
                             backlog=BACKLOG, access_log=False)  # fmt: skip
-    server = uvicorn.Server(config)
+    server = KbdServer(config, live=live, drain=app.state.drain, grace=lambda: host.config.revoke_grace)
     # uvicorn.Server.serve captures SIGTERM/SIGINT (stop accepting, finish
     # in-flight requests) and re-raises the signal once it has stopped. These
     # handlers cover the moments outside that capture — from the readiness
@@ -479,6 +549,8 @@ def serve(host: Root, *, socket_path: Path | None = None, fd: int | None = None,
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        live.stop()  # idempotent: already stopped by a graceful shutdown
+        events.close()
         sock.close()
         if path is not None:
             with contextlib.suppress(FileNotFoundError):

@@ -290,3 +290,45 @@ def context_block(
             mode += f" (write: {a.write.reason})"
         lines.append(f"{head}, available, {mode}. ${a.env}; index: ${a.env}/{NOTES_DIR}/{INDEX_NAME}")
     return "\n".join(lines) + "\n"
+
+
+# -- pushed revocation (DESIGN §9) ------------------------------------------------------------
+
+_LEVEL = {"read": 1, "write": 2}
+_PUSHED_ENV = ("WORKFLOW_KB_", "WORKFLOW_FOLDER_")
+
+
+def _access_at(grants: tuple[Grant, ...], path: Path) -> int:
+    """What ``grants`` allow at ``path``: 0 nothing, 1 read, 2 write. The widest
+    read/write grant at or above it, then the overlays at or above it: hidden
+    removes everything, read_only removes writing (as the sandbox applies them,
+    overlays after their parents)."""
+    level, read_only, hidden = 0, False, False
+    for g in grants:
+        if g.path != path and g.path not in path.parents:
+            continue
+        if g.mode == "hidden":
+            hidden = True
+        elif g.mode == "read_only":
+            read_only = True
+        else:
+            level = max(level, _LEVEL[g.mode])
+    if hidden:
+        return 0
+    return min(level, 1) if read_only else level
+
+
+def grants_shrunk(old: Plan, new: Plan) -> bool:
+    """True when ``new`` allows less than ``old`` anywhere: some path ``old``
+    could read (or write) that ``new`` cannot, or a ``WORKFLOW_KB_*`` /
+    ``WORKFLOW_FOLDER_*`` variable of ``old`` is gone or names another folder.
+
+    Access is piecewise constant between grant paths (a path's access depends
+    only on which grant paths lie at or above it), so comparing at every grant
+    path of either plan compares everywhere. A grant that moves to a parent
+    folder is not a shrink; a new overlay over something ``old`` granted is."""
+    probes = {g.path for g in old.grants} | {g.path for g in new.grants}
+    for path in probes:
+        if _access_at(new.grants, path) < _access_at(old.grants, path):
+            return True
+    return any(name.startswith(_PUSHED_ENV) and new.env.get(name) != value for name, value in old.env.items())

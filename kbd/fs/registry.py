@@ -866,6 +866,12 @@ class Registry:
             self._index_id(fresh.known_id, path)
         return fresh
 
+    def index(self) -> dict[Path, Folder]:
+        """A copy of the index as it stands, verifying nothing: for a consumer
+        that diffs it against an earlier copy (the daemon's change events). A
+        folder object is replaced, never changed, when its entry changes."""
+        return dict(self._folders)
+
     def folders(self) -> list[Folder]:
         """Every discovered folder, manifests verified now, sorted by path."""
         self._ensure()

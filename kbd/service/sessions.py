@@ -73,6 +73,12 @@ class RootSessions:
             generation = self.store.record_generation(row.id, seen_digest=row.digest, new_digest=digest)
         return plan.with_generation(generation, session_id=row.id, parent=row.parent, opened_by=row.opened_by)
 
+    def rebuild(self, row: SessionRow) -> Plan:
+        """The session's plan rebuilt from saved configuration now, recording a
+        new generation when it changed; for the daemon's live state, which acts
+        for nobody (no actor, nothing authorized or audited here)."""
+        return self._build(row)
+
     def plan(self, sid: str, *, actor: Actor) -> Plan:
         """The session's current plan as ``actor`` may use it (a LocalOperator is
         the trusted CLI on the root). Closed sessions grant nothing."""
