@@ -493,12 +493,12 @@ class KbdServer(uvicorn.Server):
 
 
 def start_live(host: Root, app: FastAPI) -> tuple[EventLog, LiveState]:
-    """Open the event log (appending ``resync``: continuity across a restart is
-    not guaranteed) and start the live state under the API's state lock."""
+    """Start the live state under the API's state lock, reporting to the API's
+    change feed (one event log per daemon; :func:`kbd.api.create_app` opened it
+    and appended ``resync`` with reason ``restart``)."""
     state = app.state.kbd
-    events = EventLog(host.config.state_dir)
-    events.append("resync", workflow_id=None, reason="restart")
-    live = LiveState(host, state.sessions, lock=state.lock, events=events)
+    events: EventLog = state.event_log
+    live = LiveState(host, state.sessions, lock=state.lock, events=state.feed)
     app.state.events = events
     app.state.live = live
     app.state.drain = []

@@ -12,9 +12,12 @@ lock (the one the API takes for registry and session-store work):
    re-checks everything (:meth:`Registry.verify_now`) on a lossy batch and on
    every verifier pass;
 3. diffs the registry's index against the copy taken by the previous pass and
-   appends ``workflow.changed`` / ``sources.changed`` / ``writers.changed``
-   (so a hand edit of ``workflow.json`` and a CLI edit give the same events,
-   and a change absorbed by some lookup in between is not missed);
+   reports each changed ID to the change feed's one manifest-event producer
+   (:meth:`kbd.service.subscriptions.Feed.observe`, which the daemon's own
+   saves report to as well, so nothing is announced twice): a hand edit of
+   ``workflow.json`` and a CLI edit give the same ``workflow.changed`` /
+   ``sources.changed`` / ``writers.changed``, and a change absorbed by some
+   lookup in between is not missed;
 4. re-plans the open sessions the change can affect (their workflow or one of
    its sources changed; every session after a config change; every session
    with running commands on each verifier pass), appends
@@ -48,6 +51,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from kbd.core.layout import KB_DIR
 from kbd.core.lookup import Folder
@@ -60,7 +64,6 @@ from kbd.fs.registry import RegistryDelta
 from kbd.fs.watch import Watcher
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
-from kbd.state.events import EventLog
 from kbd.state.processes import ProcessRow
 from kbd.state.store import SessionRow
 
@@ -80,20 +83,8 @@ STOP_TIMEOUT = 5.0
 
 # -- pure helpers ------------------------------------------------------------------------------
 
-# One ID's entries in an index copy: (path, manifest version or problem, nested in).
-View = tuple[tuple[str, str, str], ...]
-
-
-def _state_of(folder: Folder) -> str:
-    if folder.manifest is not None:
-        return folder.manifest.version
-    return f"!{folder.problem}"
-
-
-def view_of(index: dict[Path, Folder], paths: Iterable[Path]) -> View:
-    return tuple(
-        sorted((str(p), _state_of(index[p]), str(index[p].nested_in or "")) for p in paths if p in index)
-    )
+# One changed ID: (workflow ID, manifest before, manifest after, its one folder now).
+Changed = tuple[str, Manifest | None, Manifest | None, Path | None]
 
 
 def single(index: dict[Path, Folder], paths: Iterable[Path]) -> Manifest | None:
@@ -108,25 +99,6 @@ def sources_key(m: Manifest | None) -> object:
     if m is None:
         return None
     return (m.sources_problem, tuple((e.workflow_id, e.alias, e.access, e.problem) for e in m.entries))
-
-
-def writers_key(m: Manifest | None) -> object:
-    return None if m is None else m.access.allowed_kb_writers
-
-
-def manifest_events(
-    wid: str, before: tuple[View, Manifest | None], after: tuple[View, Manifest | None]
-) -> list[str]:
-    """The event types one ID's change gives (DESIGN §9), from its folders and
-    manifests before and after."""
-    out: list[str] = []
-    if before[0] != after[0]:
-        out.append("workflow.changed")
-    if sources_key(before[1]) != sources_key(after[1]):
-        out.append("sources.changed")
-    if writers_key(before[1]) != writers_key(after[1]):
-        out.append("writers.changed")
-    return out
 
 
 def commands_to_act(
@@ -146,6 +118,17 @@ def commands_to_act(
         if new is None or base is None or grants_shrunk(base, new):
             out.append(p)
     return out
+
+
+class LiveSink(Protocol):
+    """Where the live state's events go: the daemon's change feed
+    (:class:`kbd.service.subscriptions.Feed`)."""
+
+    def emit(self, event_type: str, /, *, workflow_id: str | None, **fields: str | int) -> None: ...
+
+    def observe(
+        self, workflow_id: str, old: Manifest | None, new: Manifest | None, *, folder: Path | None = None
+    ) -> tuple[str, ...]: ...
 
 
 # -- the live state --------------------------------------------------------------------------
@@ -169,7 +152,7 @@ class LiveState:
         sessions: RootSessions,
         *,
         lock: threading.RLock,
-        events: EventLog,
+        events: LiveSink,
         healthy_verify: float = HEALTHY_VERIFY,
         degraded_verify: float = DEGRADED_VERIFY,
     ) -> None:
@@ -322,7 +305,7 @@ class LiveState:
                 self.last_verify = time.time()
             if delta.full:
                 self._resync("rescan")
-            found: list[tuple[str, str]] = []
+            found: list[Changed] = []
             touched, new_sources = self._diff(registry.index(), found)
             grown = self._grow_segments(delta, new_sources, rebuild=rebuild or delta.full)
             if grown:
@@ -334,8 +317,8 @@ class LiveState:
                 touched |= more
                 if sources_more - new_sources:
                     self._grow_segments(RegistryDelta(), sources_more - new_sources, rebuild=False)
-            for event_type, wid in found:
-                self._emit(event_type, workflow_id=wid)
+            for wid, m_old, m_new, folder in found:
+                self._observe(wid, m_old, m_new, folder)
             touched |= self._touched_by_paths(work.changes, registry.index())
             rows = self._open_rows()
             self._forget(rows)
@@ -393,10 +376,10 @@ class LiveState:
             if folder.known_id is not None:
                 self._paths_by_id.setdefault(folder.known_id, set()).add(path)
 
-    def _diff(self, index: dict[Path, Folder], found: list[tuple[str, str]]) -> tuple[set[str], set[str]]:
-        """The events for what changed since the last copy (added to ``found``
-        as (type, workflow ID)); the IDs touched, and the source IDs newly
-        attached somewhere."""
+    def _diff(self, index: dict[Path, Folder], found: list[Changed]) -> tuple[set[str], set[str]]:
+        """What changed since the last copy (added to ``found`` as (workflow ID,
+        manifest before, manifest after, its one folder now)); the IDs touched,
+        and the source IDs newly attached somewhere."""
         old = self._seen
         changed = [p for p, f in index.items() if old.get(p) is not f]
         changed += [p for p in old if p not in index]
@@ -421,10 +404,7 @@ class LiveState:
             if not after:
                 self._paths_by_id.pop(wid, None)
             m_old, m_new = single(old, before[wid]), single(index, after)
-            for event_type in manifest_events(
-                wid, (view_of(old, before[wid]), m_old), (view_of(index, after), m_new)
-            ):
-                found.append((event_type, wid))
+            found.append((wid, m_old, m_new, next(iter(after)) if len(after) == 1 else None))
             if m_new is not None and sources_key(m_old) != sources_key(m_new):
                 new_sources |= {e.workflow_id for e in m_new.entries if e.ref is not None}
         return ids, new_sources
@@ -575,9 +555,15 @@ class LiveState:
     # -- events --------------------------------------------------------------------------------------------------
     def _emit(self, event_type: str, *, workflow_id: str | None, **fields: str | int) -> None:
         try:
-            self.events.append(event_type, workflow_id=workflow_id, **fields)
+            self.events.emit(event_type, workflow_id=workflow_id, **fields)
         except (KbdError, OSError, ValueError) as err:  # a full disk must not stop revocation
             log.error("live: event %s not appended: %s", event_type, err)
+
+    def _observe(self, wid: str, old: Manifest | None, new: Manifest | None, folder: Path | None) -> None:
+        try:
+            self.events.observe(wid, old, new, folder=folder)
+        except (KbdError, OSError, ValueError) as err:
+            log.error("live: manifest events of %s not appended: %s", wid, err)
 
     def _resync(self, reason: str) -> None:
         now = time.monotonic()

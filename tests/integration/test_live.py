@@ -411,12 +411,14 @@ def test_the_registry_sweeps_rarely_only_while_the_watcher_is_healthy(world: KbR
     from kbd.service.live import HEALTHY_SWEEP, LiveState
     from kbd.service.root import Root
     from kbd.service.sessions import RootSessions
+    from kbd.service.subscriptions import Feed
     from kbd.state.events import EventLog
 
     kb = world
     host = Root(kb.root, sweep_interval=1.0)
     log = EventLog(kb.root / "state")
-    live = LiveState(host, RootSessions(host), lock=threading.RLock(), events=log)
+    lock = threading.RLock()
+    live = LiveState(host, RootSessions(host), lock=lock, events=Feed(host, log, lock=lock))
     live.start()
     poison = os.fsencode(kb.workflows / "con") + b"/\xff"
     try:

@@ -1,13 +1,13 @@
 """The live state's decisions (kbd/service/live.py): which running commands a
-re-plan acts on, and which events one workflow's change gives."""
+re-plan acts on. (Which events a manifest change gives is the change feed's one
+producer, tested in tests/unit/service/test_feed.py.)"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from kbd.core.manifest import parse_manifest
 from kbd.core.plan import Grant, Origin, Plan
-from kbd.service.live import commands_to_act, manifest_events
+from kbd.service.live import commands_to_act
 from kbd.state.processes import ProcessRow
 
 OWN = Origin("own")
@@ -35,23 +35,3 @@ def test_only_commands_of_older_generations_whose_grants_shrank_are_acted_on() -
     assert commands_to_act(procs[:1], new=plan(2, "/a", "/b", "/c"), history={}, acted=set()) == procs[:1]
     # The session has no plan now (its workflow is gone): every command.
     assert commands_to_act(procs, new=None, history={1: wide}, acted=set()) == procs
-
-
-def test_events_of_one_workflow_change() -> None:
-    a = parse_manifest(b'{"id": "w", "access": {"owners": ["x"]}}')
-    with_source = parse_manifest(
-        b'{"id": "w", "access": {"owners": ["x"]}, "knowledgebase_sources": [{"workflow_id": "s", "alias": "s"}]}'
-    )
-    writers = parse_manifest(b'{"id": "w", "access": {"owners": ["x"], "allowed_kb_writers": ["c"]}}')
-    v = ((("/w", "1", ""),), (("/w", "2", ""),))
-    assert manifest_events("w", (v[0], a), (v[0], a)) == []
-    assert manifest_events("w", (v[0], a), (v[1], with_source)) == ["workflow.changed", "sources.changed"]
-    assert manifest_events("w", (v[0], a), (v[1], writers)) == ["workflow.changed", "writers.changed"]
-    # Moved: same manifest, another folder.
-    assert manifest_events("w", (v[0], a), (((("/w2", "1", ""),)), a)) == ["workflow.changed"]
-    # Removed.
-    assert manifest_events("w", (v[0], with_source), ((), None)) == [
-        "workflow.changed",
-        "sources.changed",
-        "writers.changed",
-    ]
