@@ -394,6 +394,14 @@ class Box:
             self.leave()
             raise
 
+    def adopt(self, pid: int) -> None:
+        """Move another process (the broker's stopped command, never the daemon:
+        a ``cgroup.kill`` must not take it along) into the cgroup, v2 then every
+        v1 sibling."""
+        _write(f"{self.path}/cgroup.procs", str(pid))
+        for _, path in self.v1:
+            _write(f"{path}/cgroup.procs", str(pid))
+
     def leave(self) -> None:
         me = str(os.getpid())
         for h, _ in self.v1:
