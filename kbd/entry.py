@@ -19,10 +19,10 @@ from pathlib import Path
 from kbd.boundary import guarded
 from kbd.errors import UsageError
 
-EXEC_USAGE = "kbd exec SID [--cwd DIR] [--as P] -- CMD [ARG...]"
+EXEC_USAGE = "kbd exec SID [--cwd DIR] [--as P] [--socket PATH] -- CMD [ARG...]"
 HELP_FLAGS = ("-h", "--help")
 # exec's own options; each takes a value (``--cwd DIR`` or ``--cwd=DIR``).
-EXEC_OPTIONS = ("--cwd", "--as")
+EXEC_OPTIONS = ("--cwd", "--as", "--socket")
 _SEE_HELP = "see `kbd exec --help`"
 
 
@@ -34,6 +34,9 @@ class ExecArgs:
     command: tuple[str, ...]
     cwd: str | None = None
     as_: str | None = None
+    socket: str | None = (
+        None  # the daemon to run it through (else KBD_SOCKET, else the root's default socket)
+    )
 
 
 def _take_options(args: Sequence[str], i: int, values: dict[str, str]) -> int | None:
@@ -84,7 +87,11 @@ def parse_exec(args: Sequence[str]) -> ExecArgs | None:
         return None
     if j >= len(args):
         raise UsageError("no command given", hint=EXEC_USAGE)
-    return ExecArgs(sid, tuple(args[j:]), cwd=values.get("--cwd"), as_=values.get("--as"))
+    if values.get("--socket") == "":
+        raise UsageError("--socket was given an empty path", hint="pass --socket PATH, or leave --socket out")
+    return ExecArgs(
+        sid, tuple(args[j:]), cwd=values.get("--cwd"), as_=values.get("--as"), socket=values.get("--socket")
+    )
 
 
 def wants_help(args: Sequence[str]) -> bool:
@@ -96,7 +103,11 @@ def wants_help(args: Sequence[str]) -> bool:
 
 def run_exec(root: Path | None, request: ExecArgs) -> int:
     """Run a parsed ``kbd exec`` in ``root`` (None: the default root); the
-    command's exit status."""
+    command's exit status. Through the daemon when one is reachable (DESIGN
+    §9), else in this process."""
+    code = _through_daemon(root, request)
+    if code is not None:
+        return code
     from kbd.core.principals import LocalOperator, named_principal
 
     # An empty --as / KBD_AS is a usage error before anything starts.
@@ -114,6 +125,33 @@ def run_exec(root: Path | None, request: ExecArgs) -> int:
     actor = named if named is not None else LocalOperator.current()
     return run(root if root is not None else default_root(), request.sid, list(request.command), actor=actor,
                cwd=request.cwd, prepared=prepared)  # fmt: skip
+
+
+def _through_daemon(root: Path | None, request: ExecArgs) -> int | None:
+    """Run ``request`` through the daemon's exec broker: the one named by
+    ``--socket`` or ``KBD_SOCKET`` (which must answer: else 69, or 77 when it
+    refuses this user), else the root's default socket when a daemon listens
+    there. None: run in-process (no daemon there, ``KBD_NO_DAEMON=1``, a
+    closed stdio descriptor, or an empty ``--as``/``KBD_AS``, which the
+    in-process path refuses as a usage error)."""
+    if os.environ.get("KBD_NO_DAEMON") == "1":
+        return None
+    as_ = request.as_ if request.as_ is not None else os.environ.get("KBD_AS")
+    if as_ is not None and not as_.strip():
+        return None
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            return None
+    from kbd import thin
+
+    explicit = request.socket if request.socket is not None else os.environ.get("KBD_SOCKET") or None
+    where = str(root) if root is not None else thin.default_root(os.environ)
+    env = {name: os.environ[name] for name in ("LANG", "TERM") if name in os.environ}
+    return thin.run(explicit or thin.default_socket(where), request.sid, request.command,
+                    explicit=explicit is not None, cwd=request.cwd, as_principal=as_,
+                    root=os.path.abspath(where), env=env, token=os.environ.get("KBD_TOKEN") or None)  # fmt: skip
 
 
 def _split_root(argv: list[str]) -> tuple[Path | None, list[str]] | None:
