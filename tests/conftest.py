@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from tests import features
-from tests.helpers import KbRoot
+from tests.helpers import EXEC_MODES, KbRoot, exec_mode_for
 
 settings.register_profile(
     "ci",
@@ -65,8 +65,22 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
         monkeypatch.delenv(var, raising=False)
 
 
+@pytest.fixture(scope="module", params=EXEC_MODES)
+def exec_mode(request: pytest.FixtureRequest) -> str:
+    """How `kbd exec` runs: in-process, or brokered by a real daemon (DESIGN §9).
+    A module that uses it runs every test on both paths; its module-scoped
+    worlds wrap themselves in :func:`tests.helpers.exec_mode_for`."""
+    return str(request.param)
+
+
 @pytest.fixture
-def kb(tmp_path: Path) -> Iterator[KbRoot]:
+def kb(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[KbRoot]:
     """An initialised root with principals alice, bob, carol, dave (users), root-admin
-    ``ops`` (admin), ``svc`` (service) and disabled ``mallory``; no workflows."""
-    yield KbRoot.create(tmp_path / "root")
+    ``ops`` (admin), ``svc`` (service) and disabled ``mallory``; no workflows.
+    In a test that uses ``exec_mode``, its `kbd exec` calls run in that mode."""
+    root = KbRoot.create(tmp_path / "root")
+    if "exec_mode" not in request.fixturenames:
+        yield root
+        return
+    with exec_mode_for(root, request.getfixturevalue("exec_mode")):
+        yield root

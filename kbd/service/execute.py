@@ -360,19 +360,13 @@ def spawn(argv: list[str], box: cgroup.Box | None, **popen: Any) -> subprocess.P
 
 
 # The brokered command's first step, already as the caller: stop until the
-# daemon has moved it into its cgroup and lowered its rlimits to the caller's,
-# then enter the working folder *as the caller* (Popen's cwd= would chdir while
-# still root: a folder the caller cannot reach must stay unreachable) and exec.
-GATE = 'kill -STOP $$ || exit 69; cd -- "$1" || exit 69; shift; exec "$@"'
-
-
-def _lower(a: int, b: int) -> int:
-    inf = resource.RLIM_INFINITY
-    if a == inf:
-        return b
-    if b == inf:
-        return a
-    return min(a, b)
+# daemon has moved it into its cgroup, lower its rlimits to the caller's, then
+# exec. (A folder to enter is entered here *as the caller*: Popen's cwd= would
+# chdir while still root. bubblewrap changes folder itself, so its gate has no
+# cd, which would leave OLDPWD behind in the command's environment.)
+GATE = 'kill -STOP $$ || exit 69; {limits}exec "$@"'
+GATE_CD = 'kill -STOP $$ || exit 69; {limits}cd -- "$1" || exit 69; unset OLDPWD; shift; exec "$@"'
+_LIMITS_FAILED = '|| { echo "kbd: cannot set resource limits" >&2; exit 69; }; '
 
 
 def _stopped(pid: int) -> bool:
@@ -381,17 +375,12 @@ def _stopped(pid: int) -> bool:
     return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] == b"T"
 
 
-def _place(pid: int, box: cgroup.Box | None, caller: Caller) -> None:
-    """Move the stopped command into ``box`` and give it the caller's rlimits
-    (never above the daemon's own: no daemon privilege, such as its raised
-    open-file limit, reaches the command)."""
+def _place(pid: int, box: cgroup.Box | None) -> None:
+    """Move the stopped command into ``box``; refuse if it was continued by
+    someone else before that (it must never run outside its cgroup)."""
     if box is not None:
         box.adopt(pid)
-    for res, (soft, hard) in caller.rlimits.items():
-        cur_soft, cur_hard = resource.prlimit(pid, res)
-        new_hard = _lower(hard, cur_hard)
-        resource.prlimit(pid, res, (_lower(_lower(soft, cur_soft), new_hard), new_hard))
-    if not _stopped(pid):  # continued by someone before it was placed: never run it uncontained
+    if not _stopped(pid):
         raise ContainmentUnavailable("the command was continued before the daemon placed it in its cgroup")
 
 
@@ -401,9 +390,14 @@ def spawn_as(
 ) -> subprocess.Popen[bytes]:  # fmt: skip
     """Start ``argv`` for a broker client: exactly the caller's uid, gid,
     supplementary groups and umask (from the kernel, set by Popen between fork
-    and exec: no capability survives setuid to a non-root uid), the caller's
-    own stdio, a new session; stopped until :func:`_place` put it in ``box``."""
-    gate = [rlimits.SHELL, "-c", GATE, "kbd-broker", str(cwd) if cwd is not None else "/"]
+    and exec: no capability survives setuid to a non-root uid), its rlimits
+    (lowered by the gate), its own stdio, a new session; stopped until
+    :func:`_place` put it in ``box``."""
+    steps = rlimits.lowering_steps(caller.rlimits)
+    limits = " && ".join(steps) + " " + _LIMITS_FAILED if steps else ""
+    gate = [rlimits.SHELL, "-c", GATE.format(limits=limits), "kbd-broker"]
+    if cwd is not None:
+        gate = [rlimits.SHELL, "-c", GATE_CD.format(limits=limits), "kbd-broker", str(cwd)]
     proc = subprocess.Popen(  # noqa: S603
         [*gate, *argv], start_new_session=True, stdin=caller.stdio[0], stdout=caller.stdio[1],
         stderr=caller.stdio[2], user=caller.uid, group=caller.gid, extra_groups=list(caller.groups),
@@ -412,7 +406,7 @@ def spawn_as(
     try:
         info = os.waitid(os.P_PID, proc.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
         if info is not None and info.si_code == os.CLD_STOPPED:
-            _place(proc.pid, box, caller)
+            _place(proc.pid, box)
             os.kill(proc.pid, signal.SIGCONT)
     except BaseException:
         with contextlib.suppress(ProcessLookupError):
@@ -420,6 +414,17 @@ def spawn_as(
         proc.wait()
         raise
     return proc
+
+
+def _hard_limits(launch: Launch) -> dict[int, int] | None:
+    """The hard rlimits a brokered command starts with (its caller's, never
+    above the daemon's: :func:`_place`); None in-process (this process's)."""
+    if launch.caller is None:
+        return None
+    return {
+        res: rlimits.lower(hard, resource.getrlimit(res)[1])
+        for res, (_, hard) in launch.caller.rlimits.items()
+    }
 
 
 def _start(
@@ -573,7 +578,8 @@ def _run_direct(
     else:
         launch.notice("unsafe_no_sandbox: running WITHOUT any sandbox; the plan is not enforced")
         argv = command
-    proc = _start([*rlimits.shell_prefix(host.config.limits), *argv], box, launch, env=env, cwd=workdir)
+    prefix = rlimits.shell_prefix(host.config.limits, _hard_limits(launch))
+    proc = _start([*prefix, *argv], box, launch, env=env, cwd=workdir)
     launch.forward.arm(proc.pid)
     try:
         _record(sessions, sid, proc, plan, command, box, launch)
@@ -591,7 +597,8 @@ def _run_bwrap(
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     try:
         argv = bwrap.build_argv(plan, command, cwd=workdir, network=host.config.sandbox.network,
-                                status_fd=status_w, fds=fds, limits=host.config.limits)  # fmt: skip
+                                status_fd=status_w, fds=fds, limits=host.config.limits,
+                                hard=_hard_limits(launch))  # fmt: skip
         proc = _start(argv, box, launch, env=env, pass_fds=[*fds.handed, status_w])
     finally:
         os.close(status_w)

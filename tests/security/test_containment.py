@@ -22,6 +22,9 @@ from tests.helpers import KbRoot
 
 BACKENDS = backends("bwrap", "landlock")
 
+# Every test runs on both exec paths: in-process and through the daemon's broker.
+pytestmark = pytest.mark.usefixtures("exec_mode")
+
 
 def world(kb: KbRoot, backend: str) -> str:
     cfg = kb.root / "kbd.yaml"
