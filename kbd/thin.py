@@ -21,10 +21,13 @@ import _socket
 import errno
 import os
 import sys
-from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from kbd.core import wire
 from kbd.errors import WireError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
 
 UNAVAILABLE = 69
 PERMISSION_DENIED = 77
@@ -51,15 +54,15 @@ def default_socket(root: str) -> str:
 
 
 def print_error(code: str, message: str, hint: str) -> None:
-    """Byte for byte what :func:`kbd.boundary.print_error` prints."""
-    lines = f"error[{code}]: {message}\n"
-    if hint:
-        lines += f"hint: {hint}\n"
-    try:
-        sys.stderr.write(lines)
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
+    """Print kbd's error lines through :func:`kbd.boundary.print_error`, the one
+    printer of ``error[code]:`` lines (imported only on this rare path: its
+    ``signal`` import costs start-up time)."""
+    from kbd.boundary import print_error as boundary_print
+    from kbd.errors import KbdError
+
+    err = KbdError(message, hint=hint)
+    err.code = code
+    boundary_print(err)
 
 
 def _write_stderr(text: str) -> None:
@@ -199,33 +202,53 @@ def request_bytes(
     return wire.request_head(len(body), token=token) + body
 
 
-def run(
+def call(
     socket_path: str,
     sid: str,
     argv: Sequence[str | bytes],
     *,
-    explicit: bool,
+    explicit: bool = True,
     stdio: Sequence[int] = (0, 1, 2),
     cwd: str | bytes | None = None,
     as_principal: str | None = None,
     root: str | bytes | None = None,
     env: dict[str, str] | None = None,
     token: str | None = None,
-    forward_signals: bool = True,
+    forward_signals: bool = False,
     notice: Callable[[str], None] = _write_stderr,
 ) -> int | None:
     """Run one command through the daemon at ``socket_path`` with ``stdio`` as
-    its fds 0-2; its exit status, or kbd's refusal code after printing the
-    error. None: ``socket_path`` is the default socket and no daemon is there
-    (run in-process). Also the entry point for :mod:`kbd.client`
-    (``forward_signals=False`` outside a main thread; ``notice`` receives kbd's
-    WARNING lines)."""
+    its fds 0-2 and return its exit status (128+N for signal N). kbd's own
+    refusals raise :class:`Refused` (its ``exit_code``, ``code``, ``message``,
+    ``hint``); a malformed request raises WireError. None: ``explicit`` is
+    False and no daemon listens at ``socket_path``. The entry point for
+    :mod:`kbd.client` (``forward_signals`` only from the main thread;
+    ``notice`` receives kbd's WARNING lines)."""
+    data = request_bytes(sid, argv, cwd=cwd, as_principal=as_principal, root=root, env=env, token=token)
+    sock = connect(socket_path, explicit=explicit)
+    if sock is None:
+        return None
+    return _exchange(sock, data, stdio, forward_signals=forward_signals, notice=notice)
+
+
+def run(
+    socket_path: str,
+    sid: str,
+    argv: Sequence[str],
+    *,
+    explicit: bool,
+    cwd: str | None = None,
+    as_principal: str | None = None,
+    root: str | None = None,
+    env: dict[str, str] | None = None,
+    token: str | None = None,
+) -> int | None:
+    """``kbd exec`` through the daemon: :func:`call` with this process's fds
+    0-2 and signals, and kbd's refusals printed as the boundary prints them
+    (their exit code returned)."""
     try:
-        data = request_bytes(sid, argv, cwd=cwd, as_principal=as_principal, root=root, env=env, token=token)
-        sock = connect(socket_path, explicit=explicit)
-        if sock is None:
-            return None
-        return _exchange(sock, data, stdio, forward_signals=forward_signals, notice=notice)
+        return call(socket_path, sid, argv, explicit=explicit, cwd=cwd, as_principal=as_principal, root=root,
+                    env=env, token=token, forward_signals=True)  # fmt: skip
     except Refused as r:
         print_error(r.code, r.message, r.hint)
         return r.exit_code

@@ -38,6 +38,25 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 def pytest_configure(config: pytest.Config) -> None:
     for marker, needs in features.PROBES.items():
         config.addinivalue_line("markers", f"{marker}: {needs}; skipped only where the host lacks it")
+    config.addinivalue_line(
+        "markers",
+        "in_process_only(why): a test of the in-process exec's own mechanics (its cgroup preparation, a "
+        "killed recorder); in a module parametrized over exec_mode it runs in_process only",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Drop the brokered variant of ``in_process_only`` tests (never a skip: the
+    test does not exist on a path whose mechanics it does not describe)."""
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        brokered = callspec is not None and callspec.params.get("exec_mode") == "brokered"
+        (dropped if brokered and item.get_closest_marker("in_process_only") else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

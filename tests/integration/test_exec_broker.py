@@ -328,6 +328,7 @@ def test_a_dead_daemon_ends_the_client_with_69_and_takes_the_tree(tmp_path: Path
         try:
             _wait_line(proc, b"ready\n")
             served.proc.kill()
+            served.proc.wait(timeout=10)  # reaped, as its supervisor would: no zombie keeps its pid
             _out, err = proc.communicate(timeout=10)
         finally:
             if proc.poll() is None:
@@ -339,8 +340,23 @@ def test_a_dead_daemon_ends_the_client_with_69_and_takes_the_tree(tmp_path: Path
             "hint: check the daemon's log; KBD_NO_DAEMON=1 runs the command in-process\n"
         )
         assert _gone_within(marker, 1.0) == []
+        # Its empty cgroup is left behind, named after the dead daemon; the next daemon sweeps it.
+        left = _cgroups_of(read_sid, served.proc.pid)
+        assert left, "the brokered command had a cgroup named after its daemon"
+        with daemon.serving(kb.root):
+            assert [p for p in left if os.path.exists(p)] == []
     finally:
         served.kill()
+
+
+def _cgroups_of(sid: str, pid: int) -> list[str]:
+    from kbd.sandbox import cgroup
+
+    hierarchy = cgroup.detect()
+    subtrees = [hierarchy.v2, *(h.subtree for h in hierarchy.v1)]
+    return [
+        f"{s}/{n}" for s in subtrees if s is not None for n in os.listdir(s) if n.startswith(f"{sid}.{pid}.")
+    ]
 
 
 def test_sigterm_lets_a_short_command_finish_and_the_daemon_exits_0(tmp_path: Path) -> None:
@@ -492,3 +508,35 @@ def test_an_unmapped_uid_is_refused_not_run_as_the_operator(user: User) -> None:
     finally:
         with contextlib.suppress(OSError):
             shutil.rmtree(base)
+
+
+# -- the library entry (for kbd.client): caller-provided descriptors --------------------------------
+
+
+def test_a_running_process_runs_commands_with_its_own_pipes(broker: Broker) -> None:
+    """`thin.call` from a long-running process: the command's stdio are the
+    pipes the caller passes, its status comes back, and a refusal is raised."""
+    from kbd import thin
+
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        os.write(in_w, b"piped\n")
+        os.close(in_w)
+        notices: list[str] = []
+        status = thin.call(str(broker.daemon.sock), broker.read_sid, ["sh", "-c", "cat; echo e >&2; exit 4"],
+                           stdio=(in_r, out_w, err_w), notice=notices.append)  # fmt: skip
+        os.close(out_w)
+        os.close(err_w)
+        assert status == 4
+        assert os.read(out_r, 100) == b"piped\n"
+        assert os.read(err_r, 100) == b"e\n"
+        assert notices == []
+        with pytest.raises(thin.Refused) as refused:
+            thin.call(str(broker.daemon.sock), "s_00000000000000000000", ["true"], stdio=(in_r, out_r, err_r))
+        assert (refused.value.exit_code, refused.value.code) == (66, "not-found")
+    finally:
+        for fd in (in_r, out_r, err_r, out_w, err_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
