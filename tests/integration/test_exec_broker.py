@@ -40,6 +40,7 @@ class Broker:
     daemon: daemon.Daemon
     read_sid: str
     write_sid: str
+    tokens: dict[str, str]
 
     def both(
         self, *args: str, input: bytes | None = None, env: dict[str, str] | None = None
@@ -75,8 +76,9 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     read_sid, write_sid = _build(kb)
     daemon.map_uid(kb.root, "ops", os.getuid())
     kb.exec_env = {}  # each test says which path it takes
+    tokens = daemon.issue_tokens(kb.root, ["alice", "bob"])
     with daemon.serving(kb.root) as served:
-        yield Broker(kb, served, read_sid, write_sid)
+        yield Broker(kb, served, read_sid, write_sid, tokens)
 
 
 # -- the same answers on both paths -----------------------------------------------------------
@@ -201,6 +203,22 @@ def test_a_socket_of_another_root_is_refused(broker: Broker, tmp_path: Path) -> 
     assert f"serves {broker.kb.root}, not {other.root}" in r.err
 
 
+def test_a_token_authenticates_and_the_session_rules_authorize(broker: Broker) -> None:
+    """As through the API: KBD_TOKEN names the principal (over the uid's
+    mapping), and only a principal who may use the session runs in it; bob is
+    answered as for a session that does not exist."""
+    env = {"KBD_SOCKET": str(broker.daemon.sock)}
+    r = broker.kb.cli("exec", broker.read_sid, "--", "true", env={**env, "KBD_TOKEN": broker.tokens["alice"]})
+    assert r.code == 0, r
+    r = broker.kb.cli("exec", broker.read_sid, "--", "true", env={**env, "KBD_TOKEN": broker.tokens["bob"]})
+    assert (r.code, r.err) == (
+        66,
+        f"error[not-found]: no session '{broker.read_sid}'\nhint: `kbd session list` shows the sessions you may use\n",
+    )
+    r = broker.kb.cli("exec", broker.read_sid, "--", "true", env={**env, "KBD_TOKEN": "not-a-token"})
+    assert (r.code, r.err.splitlines()[0]) == (77, "error[unauthenticated]: unknown token")
+
+
 # -- the front door -----------------------------------------------------------------------------
 
 
@@ -287,6 +305,22 @@ def _tree(marker: str) -> list[int]:
     return [pid for pid, cmdline in live_processes() if cmdline[-1:] == [marker] and "sleep" in cmdline[0]]
 
 
+def _ancestors(pid: int) -> list[int]:
+    out = []
+    while pid > 1:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        pid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        out.append(pid)
+    return out
+
+
+def _assert_brokered(marker: str, *, daemon_pid: int, client_pid: int) -> None:
+    """The command runs under the daemon, not under its client."""
+    for pid in _tree(marker):
+        line = _ancestors(pid)
+        assert daemon_pid in line and client_pid not in line, (pid, line)
+
+
 def _gone_within(marker: str, seconds: float) -> list[int]:
     deadline = time.monotonic() + seconds
     while (left := _tree(marker)) and time.monotonic() < deadline:
@@ -304,6 +338,7 @@ def test_killing_the_client_kills_the_whole_tree_within_a_second(broker: Broker)
         while len(_tree(marker)) < 2:  # the shell execs its sleep right after "ready"
             assert time.monotonic() < deadline, "the command and its setsid child never both ran"
             time.sleep(0.02)
+        _assert_brokered(marker, daemon_pid=broker.daemon.proc.pid, client_pid=proc.pid)
         proc.kill()
         proc.communicate(timeout=10)
         assert _gone_within(marker, 1.0) == [], "the command's tree outlived its client"
@@ -327,6 +362,7 @@ def test_a_dead_daemon_ends_the_client_with_69_and_takes_the_tree(tmp_path: Path
         proc = _client(kb, read_sid, script, {"KBD_SOCKET": str(served.sock)})
         try:
             _wait_line(proc, b"ready\n")
+            _assert_brokered(marker, daemon_pid=served.proc.pid, client_pid=proc.pid)
             served.proc.kill()
             served.proc.wait(timeout=10)  # reaped, as its supervisor would: no zombie keeps its pid
             _out, err = proc.communicate(timeout=10)
