@@ -410,6 +410,27 @@ def test_sigterm_lets_a_short_command_finish_and_the_daemon_exits_0(tmp_path: Pa
         served.kill()
 
 
+def test_sigterm_terminates_a_long_command_after_the_grace_period(tmp_path: Path) -> None:
+    kb = KbRoot.create(tmp_path / "root")
+    cfg = kb.root / "kbd.yaml"
+    cfg.write_text(cfg.read_text().replace("  grace_seconds: 5", "  grace_seconds: 0.5"))
+    read_sid, _ = _build(kb)
+    daemon.map_uid(kb.root, "ops", os.getuid())
+    served = daemon.start(kb.root)
+    marker = f"300.{uuid.uuid4().int % 10**9:09d}"
+    try:
+        proc = _client(kb, read_sid, f"echo ready; exec sleep {marker}", {"KBD_SOCKET": str(served.sock)})
+        _wait_line(proc, b"ready\n")
+        started = time.monotonic()
+        served.stop()  # SIGTERM; asserts exit 0 and the socket removed
+        assert time.monotonic() - started < 5.0, "the daemon waited longer than the grace period"
+        _out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 128 + signal.SIGKILL, err  # its tree killed when the grace ran out
+        assert _tree(marker) == []
+    finally:
+        served.kill()
+
+
 # -- the identity invariant -------------------------------------------------------------------------
 
 IDENTITY = (
