@@ -1,6 +1,9 @@
 """`kbd exec` cost (DESIGN §8): bare /bin/true, the same bwrap command run
-directly, and `kbd exec SID -- /bin/true` for a read plan and for a write plan
-(with the inner Landlock helper), with their ratios. Medians of N runs."""
+directly, the §8 anchor bwrap command, `python3 -S -c pass`, and
+`kbd exec SID -- /bin/true` for a read plan and for a write plan (with the
+inner Landlock helper), in-process and through the daemon's exec broker
+(DESIGN §9), with their ratios. Medians (and minimums: on this shared host the
+minimum is the floor) of N runs, interleaved so that load hits every row alike."""
 
 from __future__ import annotations
 
@@ -24,6 +27,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.helpers import KbRoot  # noqa: E402
+from tests.integration.daemon import map_uid  # noqa: E402
+from tests.integration.daemon import start as daemon_start  # noqa: E402
+
+ANCHOR_BWRAP = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all",
+                "--die-with-parent", "--new-session", "/bin/true"]  # fmt: skip
 
 
 def median_ms(argv: list[str], *, env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> float:
@@ -33,6 +41,17 @@ def median_ms(argv: list[str], *, env: dict[str, str] | None = None, pass_fds: t
         subprocess.run(argv, env=env, pass_fds=pass_fds, check=True, stdout=subprocess.DEVNULL)
         samples.append((time.perf_counter() - t0) * 1000)
     return statistics.median(samples)
+
+
+def interleaved(rows: dict[str, tuple[list[str], dict[str, str] | None]]) -> dict[str, list[float]]:
+    """Each row once per round, RUNS rounds: every row sees the same load."""
+    samples: dict[str, list[float]] = {name: [] for name in rows}
+    for _ in range(RUNS):
+        for name, (argv, env) in rows.items():
+            t0 = time.perf_counter()
+            subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+            samples[name].append((time.perf_counter() - t0) * 1000)
+    return samples
 
 
 def main() -> None:
@@ -76,21 +95,43 @@ def main() -> None:
 
         bare = median_ms(["/bin/true"])
         direct = bwrap_direct()
-        read = median_ms([*kbd, "exec", opened["read"], "--", "/bin/true"], env=env)
-        write = median_ms([*kbd, "exec", opened["read-write"], "--", "/bin/true"], env=env)
-        py = median_ms(["/usr/bin/python3", "-S", "-c", "pass"])
-    print(f"kbd exec wall time, median of {RUNS} runs (ms)")
+        inproc = {**env, "KBD_NO_DAEMON": "1"}
+        map_uid(kb.root, "ops", os.getuid())  # the daemon authenticates this uid as ops (admin)
+        served = daemon_start(kb.root)
+        try:
+            brokered = {**env, "KBD_SOCKET": str(served.sock)}
+            subprocess.run([*kbd, "exec", opened["read"], "--", "/bin/true"], env=brokered, check=True)
+            got = interleaved({
+                "python": (["/usr/bin/python3", "-S", "-c", "pass"], None),
+                "anchor": (ANCHOR_BWRAP, None),
+                "read": ([*kbd, "exec", opened["read"], "--", "/bin/true"], inproc),
+                "write": ([*kbd, "exec", opened["read-write"], "--", "/bin/true"], inproc),
+                "b_read": ([*kbd, "exec", opened["read"], "--", "/bin/true"], brokered),
+                "b_write": ([*kbd, "exec", opened["read-write"], "--", "/bin/true"], brokered),
+            })  # fmt: skip
+        finally:
+            served.stop()
+    p50 = {name: statistics.median(v) for name, v in got.items()}
+    low = {name: min(v) for name, v in got.items()}
+    print(f"kbd exec wall time over {RUNS} interleaved runs (ms): p50, min")
     rows = [
-        ("bare /bin/true", bare, ""),
-        ("/usr/bin/python3 -S -c pass", py, ""),
-        ("same bwrap command, run directly", direct, ""),
-        ("kbd exec SID -- /bin/true (read plan)", read, "<= 25 (<= 20 above bwrap)"),
-        ("kbd exec SID -- /bin/true (write plan, inner Landlock)", write, "<= 35"),
+        ("bare /bin/true", bare, None, ""),
+        ("/usr/bin/python3 -S -c pass", p50["python"], low["python"], ""),
+        ("same bwrap command, run directly", direct, None, ""),
+        ("§8 anchor: bwrap --ro-bind / / ... /bin/true", p50["anchor"], low["anchor"], ""),
+        ("kbd exec SID -- /bin/true (read plan, in-process)", p50["read"], low["read"], ""),
+        ("kbd exec SID -- /bin/true (write plan, in-process)", p50["write"], low["write"], ""),
+        ("kbd exec via the daemon (read plan)", p50["b_read"], low["b_read"], "<= 25"),
+        ("kbd exec via the daemon (write plan, inner Landlock)", p50["b_write"], low["b_write"], "<= 35"),
     ]
-    for name, ms, budget in rows:
-        print(f"{name:<56} {ms:8.1f}  {budget}")
+    for name, ms, floor, budget in rows:
+        lowest = f"{floor:8.1f}" if floor is not None else " " * 8
+        print(f"{name:<56} {ms:8.1f} {lowest}  {budget}")
     print(
-        f"ratios: read/bwrap {read / direct:.1f}x, read - bwrap {read - direct:.1f} ms, write/read {write / read:.2f}x"
+        f"ratios (p50): brokered read/anchor bwrap {p50['b_read'] / p50['anchor']:.1f}x, "
+        f"brokered read/python {p50['b_read'] / p50['python']:.1f}x, "
+        f"brokered write/anchor bwrap {p50['b_write'] / p50['anchor']:.1f}x, "
+        f"in-process read/brokered read {p50['read'] / p50['b_read']:.1f}x"
     )
 
 

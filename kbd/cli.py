@@ -663,6 +663,12 @@ class ExecCommand(click.Command):
 @click.argument("sid")
 @click.option("--cwd", metavar="DIR", help="Run in DIR (inside the session's workflow folder).")
 @as_option
+@click.option(
+    "--socket",
+    metavar="PATH",
+    help="Run it through the kbd daemon at PATH (default: $KBD_SOCKET, else the root's socket when a daemon "
+    "listens there; KBD_NO_DAEMON=1 runs in-process).",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_ctx
 def exec_cmd(c: Ctx, request: ExecArgs) -> None:

@@ -56,6 +56,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from kbd.api import EVENTS_PATH, PEER_UID, create_app
+from kbd.broker import Broker
+from kbd.core import wire
 from kbd.errors import (
     HeadersTooLarge,
     InvalidInput,
@@ -151,17 +153,19 @@ class ConnectionLimits:
             del self.open[uid]
 
 
-def error_response(err: KbdError) -> bytes:
+def error_response(err: KbdError, *, extra: dict[str, str] | None = None) -> bytes:
     """A complete HTTP/1.1 response with the API's answer to ``err`` (the one
     mapping, :func:`kbd.errors.http_answer`), closing the connection: for
-    answers given before (or without) the application."""
+    answers given before (or without) the application. ``extra``: more
+    headers (the broker's ``x-kbd-exit``)."""
     code, envelope, headers = http_answer(err)
+    headers = {**headers, **(extra or {})}
     body = orjson.dumps(envelope)
     status = http.HTTPStatus(code)
-    extra = "".join(f"{name.lower()}: {value}\r\n" for name, value in headers.items())
+    lines = "".join(f"{name.lower()}: {value}\r\n" for name, value in headers.items())
     head = (
         f"HTTP/1.1 {status.value} {status.phrase}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n{extra}\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n{lines}\r\n"
     )
     return head.encode("ascii") + body
 
@@ -212,7 +216,9 @@ class PeerCredProtocol(HttpToolsProtocol):
     request the parser rejects."""
 
     limits: ConnectionLimits = ConnectionLimits(total=MAX_CONNECTIONS, per_uid=MAX_CONNECTIONS_PER_UID)
+    broker: Broker | None = None  # set by serve(): where exec connections go
     _uid: int | None = None
+    _sniff: socket.socket | None = None  # a dup of the connection while its first bytes are peeked
     _admitted = False
     _header_timer: asyncio.TimerHandle | None = None
     _body_timer: asyncio.TimerHandle | None = None
@@ -232,8 +238,74 @@ class PeerCredProtocol(HttpToolsProtocol):
             return
         self._admitted = True
         self._arm_header_timer()
+        self._start_sniff(transport)
+
+    # -- the front door: exec requests go to the broker ---------------------------------------
+    # asyncio adds the transport's reader in the callback right after
+    # connection_made, paused or not (Python 3.11), and nothing can have been
+    # read before it: the read is stopped again in the next callback
+    # (_hold_paused), before the loop polls, and the first bytes are peeked
+    # (MSG_PEEK) on a dup of the socket. An exec request (wire.SNIFF) goes to
+    # the broker with its socket — and the SCM_RIGHTS descriptors still queued
+    # with its first bytes, which uvicorn's recv() would have dropped; anything
+    # else resumes and uvicorn parses it as before. The header timer covers the
+    # peek.
+    def _start_sniff(self, transport: asyncio.Transport) -> None:
+        sock = transport.get_extra_info("socket")
+        if self.broker is None or sock is None or sock.family != socket.AF_UNIX:
+            return
+        transport.pause_reading()
+        self.loop.call_soon(self._hold_paused)
+        self._sniff = socket.socket(fileno=os.dup(sock.fileno()))
+        self._sniff.setblocking(False)
+        self.loop.add_reader(self._sniff.fileno(), self._peek)
+
+    def _hold_paused(self) -> None:
+        if self._sniff is not None and not self.transport.is_closing():
+            # Resume-then-pause removes the reader asyncio added after
+            # connection_made (and cancels a read already queued).
+            self.transport.resume_reading()
+            self.transport.pause_reading()
+
+    def _stop_sniff(self) -> socket.socket | None:
+        sock, self._sniff = self._sniff, None
+        if sock is not None:
+            self.loop.remove_reader(sock.fileno())
+        return sock
+
+    def _peek(self) -> None:
+        if self._sniff is None:
+            return
+        try:
+            first = self._sniff.recv(len(wire.SNIFF), socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            first = b""
+        if first and len(first) < len(wire.SNIFF) and wire.SNIFF.startswith(first):
+            # A partial prefix: look again shortly (the readiness stays level).
+            self.loop.remove_reader(self._sniff.fileno())
+            self.loop.call_later(0.01, self._resume_peek)
+            return
+        sock = self._stop_sniff()
+        assert sock is not None
+        if first == wire.SNIFF and self.broker is not None:
+            self._disarm_header_timer()
+            self.broker.adopt(sock)
+            self.transport.abort()  # the broker holds its own descriptor
+            return
+        sock.close()
+        if not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def _resume_peek(self) -> None:
+        if self._sniff is not None and not self.transport.is_closing():
+            self.loop.add_reader(self._sniff.fileno(), self._peek)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        sniff = self._stop_sniff()
+        if sniff is not None:
+            sniff.close()
         self._disarm_header_timer()
         self._disarm_body_timer()
         self._disarm_write_timer()
@@ -518,12 +590,20 @@ def serve(host: Root, *, socket_path: Path | None = None, fd: int | None = None,
     try:
         app = create_app(host)
         events, live = start_live(host, app)
+        state = app.state.kbd
+        # One root view for the API, the live state and the broker: the plan a
+        # brokered command runs under is the one pushed revocation re-checks.
+        broker = Broker(host.config.root, host=host, sessions=state.sessions, lock=state.lock)
     except BaseException:
         sock.close()
         if path is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         raise
+    PeerCredProtocol.broker = broker
+    # Brokered commands get revocation.grace_seconds once accepting and watching
+    # have stopped, then their trees are killed (KbdServer.shutdown's drain hooks).
+    app.state.drain.append(lambda grace: asyncio.to_thread(broker.drain, grace))
     config = uvicorn.Config(app, http=PeerCredProtocol, log_level="warning", lifespan="off",
                             timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
                             backlog=BACKLOG, access_log=False)  # fmt: skip
@@ -546,7 +626,11 @@ def serve(host: Root, *, socket_path: Path | None = None, fd: int | None = None,
             # scripts and tests.
             print(f"kbd: serving on {path or f'fd {sock.fileno()}'}", flush=True)
         asyncio.run(server.serve(sockets=[sock]))
+        # Idempotent: the graceful shutdown drained already; a shutdown that
+        # never ran its hooks still must not leave brokered commands behind.
+        broker.drain(host.config.revoke_grace)
     finally:
+        PeerCredProtocol.broker = None
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         live.stop()  # idempotent: already stopped by a graceful shutdown

@@ -12,28 +12,52 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kbd.boundary import guarded
 from kbd.errors import UsageError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from pathlib import Path
+
+# Through the daemon, ``kbd exec`` is a thin client whose start-up is most of
+# its cost: dataclasses, pathlib and the boundary's signal module (≈ 20 ms
+# under load) are imported only on the paths that need them.
 
 EXEC_USAGE = "kbd exec SID [--cwd DIR] [--as P] -- CMD [ARG...]"
 HELP_FLAGS = ("-h", "--help")
 # exec's own options; each takes a value (``--cwd DIR`` or ``--cwd=DIR``).
-EXEC_OPTIONS = ("--cwd", "--as")
+EXEC_OPTIONS = ("--cwd", "--as", "--socket")
 _SEE_HELP = "see `kbd exec --help`"
 
 
-@dataclass(frozen=True)
 class ExecArgs:
-    """One ``kbd exec`` invocation: the session, the command and exec's options."""
+    """One ``kbd exec`` invocation: the session, the command and exec's options
+    (plain data, compared by value; not a dataclass, for import time)."""
 
-    sid: str
-    command: tuple[str, ...]
-    cwd: str | None = None
-    as_: str | None = None
+    __slots__ = ("as_", "command", "cwd", "sid", "socket")
+
+    def __init__(
+        self,
+        sid: str,
+        command: tuple[str, ...],
+        cwd: str | None = None,
+        as_: str | None = None,
+        socket: str | None = None,  # the daemon to run it through (else KBD_SOCKET, else the root's socket)
+    ) -> None:
+        self.sid, self.command, self.cwd, self.as_, self.socket = sid, command, cwd, as_, socket
+
+    def _key(self) -> tuple[object, ...]:
+        return (self.sid, self.command, self.cwd, self.as_, self.socket)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ExecArgs) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"ExecArgs(sid={self.sid!r}, command={self.command!r}, cwd={self.cwd!r}, as_={self.as_!r}, socket={self.socket!r})"
 
 
 def _take_options(args: Sequence[str], i: int, values: dict[str, str]) -> int | None:
@@ -84,7 +108,11 @@ def parse_exec(args: Sequence[str]) -> ExecArgs | None:
         return None
     if j >= len(args):
         raise UsageError("no command given", hint=EXEC_USAGE)
-    return ExecArgs(sid, tuple(args[j:]), cwd=values.get("--cwd"), as_=values.get("--as"))
+    if values.get("--socket") == "":
+        raise UsageError("--socket was given an empty path", hint="pass --socket PATH, or leave --socket out")
+    return ExecArgs(
+        sid, tuple(args[j:]), cwd=values.get("--cwd"), as_=values.get("--as"), socket=values.get("--socket")
+    )
 
 
 def wants_help(args: Sequence[str]) -> bool:
@@ -94,9 +122,16 @@ def wants_help(args: Sequence[str]) -> bool:
         return False
 
 
-def run_exec(root: Path | None, request: ExecArgs) -> int:
+def run_exec(root: Path | str | None, request: ExecArgs, *, daemon: bool = True) -> int:
     """Run a parsed ``kbd exec`` in ``root`` (None: the default root); the
-    command's exit status."""
+    command's exit status. Through the daemon when one is reachable (DESIGN
+    §9; ``daemon=False``: already found unreachable), else in this process."""
+    if daemon:
+        code = _through_daemon(root, request)
+        if code is not None:
+            return code
+    from pathlib import Path
+
     from kbd.core.principals import LocalOperator, named_principal
 
     # An empty --as / KBD_AS is a usage error before anything starts.
@@ -112,11 +147,38 @@ def run_exec(root: Path | None, request: ExecArgs) -> int:
 
     # Without --as / KBD_AS the caller is the trusted local operator of the root.
     actor = named if named is not None else LocalOperator.current()
-    return run(root if root is not None else default_root(), request.sid, list(request.command), actor=actor,
+    return run(Path(root) if root is not None else default_root(), request.sid, list(request.command), actor=actor,
                cwd=request.cwd, prepared=prepared)  # fmt: skip
 
 
-def _split_root(argv: list[str]) -> tuple[Path | None, list[str]] | None:
+def _through_daemon(root: Path | str | None, request: ExecArgs) -> int | None:
+    """Run ``request`` through the daemon's exec broker: the one named by
+    ``--socket`` or ``KBD_SOCKET`` (which must answer: else 69, or 77 when it
+    refuses this user), else the root's default socket when a daemon listens
+    there. None: run in-process (no daemon there, ``KBD_NO_DAEMON=1``, a
+    closed stdio descriptor, or an empty ``--as``/``KBD_AS``, which the
+    in-process path refuses as a usage error)."""
+    if os.environ.get("KBD_NO_DAEMON") == "1":
+        return None
+    as_ = request.as_ if request.as_ is not None else os.environ.get("KBD_AS")
+    if as_ is not None and not as_.strip():
+        return None
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            return None
+    from kbd import thin
+
+    explicit = request.socket if request.socket is not None else os.environ.get("KBD_SOCKET") or None
+    where = str(root) if root is not None else thin.default_root(os.environ)
+    env = {name: os.environ[name] for name in ("LANG", "TERM") if name in os.environ}
+    return thin.run(explicit or thin.default_socket(where), request.sid, request.command,
+                    explicit=explicit is not None, cwd=request.cwd, as_principal=as_,
+                    root=os.path.abspath(where), env=env, token=os.environ.get("KBD_TOKEN") or None)  # fmt: skip
+
+
+def _split_root(argv: list[str]) -> tuple[str | None, list[str]] | None:
     """``[--root DIR] exec ARGS`` → (the root, ARGS); None when argv is another
     command, or a root click refuses (empty, or not a folder: its answer is the
     one both paths give)."""
@@ -131,23 +193,45 @@ def _split_root(argv: list[str]) -> tuple[Path | None, list[str]] | None:
     given = root if root is not None else os.environ.get("KBD_ROOT") or None
     if given is not None and (given == "" or (os.path.exists(given) and not os.path.isdir(given))):
         return None
-    return (Path(root) if root else None), argv[i + 1 :]
+    return (root or None), argv[i + 1 :]
 
 
 def _lean_exec(argv: list[str]) -> int | None:
     """Handle ``[--root DIR] exec ...``; None when argv is anything else (or asks
-    for help, which click renders from the exec command's parameters)."""
+    for help, which click renders from the exec command's parameters). A
+    reachable daemon runs it before the boundary (and its imports) is loaded;
+    the thin client prints its own errors exactly as the boundary would."""
     split = _split_root(argv)
     if split is None or wants_help(split[1]):
         return None
     root, args = split
+    try:
+        request = parse_exec(args)
+    except UsageError:
+        request = None  # the boundary below prints it
+    if request is not None:
+        try:
+            code = _through_daemon(root, request)
+        except BaseException as exc:  # answered by the boundary, as every error is
+            from kbd.boundary import guarded
+
+            error = exc
+
+            def reraise() -> int:
+                raise error
+
+            return guarded(reraise)
+        if code is not None:
+            return code
+    from kbd.boundary import guarded
+
     return guarded(lambda: _parse_and_run(root, args))
 
 
-def _parse_and_run(root: Path | None, args: list[str]) -> int:
+def _parse_and_run(root: str | None, args: list[str]) -> int:
     request = parse_exec(args)
     assert request is not None  # help never comes here (see _lean_exec)
-    return run_exec(root, request)
+    return run_exec(root, request, daemon=False)
 
 
 def main() -> None:

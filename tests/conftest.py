@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from tests import features
-from tests.helpers import KbRoot
+from tests.helpers import EXEC_MODES, KbRoot, exec_mode_for
 
 settings.register_profile(
     "ci",
@@ -38,6 +38,25 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 def pytest_configure(config: pytest.Config) -> None:
     for marker, needs in features.PROBES.items():
         config.addinivalue_line("markers", f"{marker}: {needs}; skipped only where the host lacks it")
+    config.addinivalue_line(
+        "markers",
+        "in_process_only(why): a test of the in-process exec's own mechanics (its cgroup preparation, a "
+        "killed recorder); in a module parametrized over exec_mode it runs in_process only",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Drop the brokered variant of ``in_process_only`` tests (never a skip: the
+    test does not exist on a path whose mechanics it does not describe)."""
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        brokered = callspec is not None and callspec.params.get("exec_mode") == "brokered"
+        (dropped if brokered and item.get_closest_marker("in_process_only") else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -65,8 +84,22 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
         monkeypatch.delenv(var, raising=False)
 
 
+@pytest.fixture(scope="module", params=EXEC_MODES)
+def exec_mode(request: pytest.FixtureRequest) -> str:
+    """How `kbd exec` runs: in-process, or brokered by a real daemon (DESIGN §9).
+    A module that uses it runs every test on both paths; its module-scoped
+    worlds wrap themselves in :func:`tests.helpers.exec_mode_for`."""
+    return str(request.param)
+
+
 @pytest.fixture
-def kb(tmp_path: Path) -> Iterator[KbRoot]:
+def kb(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[KbRoot]:
     """An initialised root with principals alice, bob, carol, dave (users), root-admin
-    ``ops`` (admin), ``svc`` (service) and disabled ``mallory``; no workflows."""
-    yield KbRoot.create(tmp_path / "root")
+    ``ops`` (admin), ``svc`` (service) and disabled ``mallory``; no workflows.
+    In a test that uses ``exec_mode``, its `kbd exec` calls run in that mode."""
+    root = KbRoot.create(tmp_path / "root")
+    if "exec_mode" not in request.fixturenames:
+        yield root
+        return
+    with exec_mode_for(root, request.getfixturevalue("exec_mode")):
+        yield root

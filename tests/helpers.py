@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +45,18 @@ class CliResult:
         return orjson.loads(self.out)
 
 
+# How `kbd exec` runs in a test (DESIGN §9): in this process's child as it
+# always did, or as a thin client of a real daemon serving the root.
+EXEC_MODES = ("in_process", "brokered")
+IN_PROCESS_ENV = {"KBD_NO_DAEMON": "1"}
+
+
 @dataclass
 class KbRoot:
     root: Path
+    # Added to the environment of every `kbd exec` that :meth:`cli` runs: a
+    # test only reaches a daemon through its exec_mode (exec_mode_for).
+    exec_env: dict[str, str] = field(default_factory=lambda: dict(IN_PROCESS_ENV))
 
     @classmethod
     def create(
@@ -111,6 +120,8 @@ class KbRoot:
     def cli(self, *args: str, input: bytes | None = None, env: dict[str, str] | None = None) -> CliResult:
         """Run the real `kbd` command in a subprocess against this root."""
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("KBD_")}
+        if args[:1] == ("exec",):
+            full_env.update(self.exec_env)
         full_env.update(env or {})
         proc = subprocess.run(
             [sys.executable, "-m", "kbd", "--root", str(self.root), *args],
@@ -133,6 +144,27 @@ class KbRoot:
         )
         assert r.code == 0, r.err
         return str(r.json()["session_id"])
+
+
+@contextlib.contextmanager
+def exec_mode_for(kb: KbRoot, mode: str) -> Iterator[None]:
+    """Run ``kb``'s `kbd exec` calls in ``mode`` for the block: ``brokered``
+    serves the root with the real daemon on its default socket (uid 0 mapped to
+    the admin ``ops``, as a root operator's uid would be) and points
+    ``KBD_SOCKET`` at it; the daemon is stopped and checked afterwards."""
+    assert mode in EXEC_MODES, mode
+    if mode == "in_process":
+        yield
+        return
+    from tests.integration import daemon
+
+    daemon.map_uid(kb.root, "ops", os.getuid())
+    with daemon.serving(kb.root) as served:
+        kb.exec_env = {"KBD_SOCKET": str(served.sock)}
+        try:
+            yield
+        finally:
+            kb.exec_env = dict(IN_PROCESS_ENV)
 
 
 def run_in_process(argv: list[str], *, input: bytes | None, env: dict[str, str] | None) -> CliResult:

@@ -46,6 +46,8 @@ from kbd.sandbox.spec import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from kbd.core.config import LimitsConfig
 
 HELPER_SOURCE = Path(__file__).with_name("landlock_helper.py")
@@ -189,10 +191,12 @@ def build_argv(
     status_fd: int,
     fds: Fds,
     limits: LimitsConfig | None = None,
+    hard: Mapping[int, int] | None = None,
 ) -> list[str]:
     """The complete bwrap argv for ``command`` under ``plan``; opens (and records in
     ``fds``) every grant's descriptor. ``limits`` bounds the private tmpfs mounts
-    and sets the command's rlimits (``kbd.yaml`` ``limits:``)."""
+    and sets the command's rlimits (``kbd.yaml`` ``limits:``), never above the
+    ``hard`` limits the command starts with (default: this process's)."""
     bwrap = bwrap_path()
     if bwrap is None:
         raise Unavailable(
@@ -265,7 +269,7 @@ def build_argv(
     # bwrap reports a failed execvp as exit 1; a POSIX shell's `exec` gives the
     # conventional 127 (not found) / 126 (not executable) instead. The same
     # step sets the rlimits, inside the sandbox, before anything untrusted runs.
-    argv = [bwrap, *spec.argv_of(opts), "--", *rlimits.shell_prefix(limits)]
+    argv = [bwrap, *spec.argv_of(opts), "--", *rlimits.shell_prefix(limits, hard)]
     if inner is not None:
         # The helper applies Landlock, then execs the command (127/126 on failure).
         argv += [PYTHON, "-I", "-S", HELPER_DEST, json.dumps(inner), "--"]

@@ -394,6 +394,14 @@ class Box:
             self.leave()
             raise
 
+    def adopt(self, pid: int) -> None:
+        """Move another process (the broker's stopped command, never the daemon:
+        a ``cgroup.kill`` must not take it along) into the cgroup, v2 then every
+        v1 sibling."""
+        _write(f"{self.path}/cgroup.procs", str(pid))
+        for _, path in self.v1:
+            _write(f"{path}/cgroup.procs", str(pid))
+
     def leave(self) -> None:
         me = str(os.getpid())
         for h, _ in self.v1:
@@ -495,11 +503,14 @@ def kill_tree(path: str, *, timeout: float = 5.0) -> bool:
         if exc.errno in _GONE:
             return True
         raise
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
     while populated(path):
-        if time.monotonic() > deadline:
+        waited = time.monotonic() - start
+        if waited > timeout:
             return False
-        time.sleep(0.005)
+        # A finished command's tree is usually gone within a millisecond or two
+        # (it is on every command's path): look often at first, then back off.
+        time.sleep(0.001 if waited < 0.05 else 0.005)
     return True
 
 

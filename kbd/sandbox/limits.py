@@ -13,6 +13,8 @@ import resource
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from kbd.core.config import LimitsConfig
 
 SHELL = "/bin/sh"
@@ -42,9 +44,61 @@ def ulimit_script(limits: LimitsConfig, hard: dict[int, int]) -> str:
     return " && ".join(steps) + ' || { echo "kbd: cannot set resource limits" >&2; exit 69; }; exec "$@"'
 
 
-def shell_prefix(limits: LimitsConfig | None) -> list[str]:
-    """``sh -c SCRIPT kbd-exec``: put it in front of the command's argv."""
+def shell_prefix(limits: LimitsConfig | None, hard: Mapping[int, int] | None = None) -> list[str]:
+    """``sh -c SCRIPT kbd-exec``: put it in front of the command's argv.
+    ``hard``: the hard limits the command starts with (default: this
+    process's; the broker passes its caller's)."""
     if limits is None:
         return [SHELL, "-c", 'exec "$@"', "kbd-exec"]
-    hard = {res: resource.getrlimit(res)[1] for _, _, res, _ in _RLIMITS}
-    return [SHELL, "-c", ulimit_script(limits, hard), "kbd-exec"]
+    own = {res: resource.getrlimit(res)[1] for _, _, res, _ in _RLIMITS}
+    return [SHELL, "-c", ulimit_script(limits, {**own, **(hard or {})}), "kbd-exec"]
+
+
+# Every limit a POSIX shell's ulimit (dash, bash, busybox) can lower, with its
+# flag and the unit that flag counts in.
+_LOWERABLE = {
+    resource.RLIMIT_NOFILE: ("-n", 1),
+    resource.RLIMIT_FSIZE: ("-f", 512),
+    resource.RLIMIT_AS: ("-v", 1024),
+    resource.RLIMIT_CPU: ("-t", 1),
+    resource.RLIMIT_STACK: ("-s", 1024),
+    resource.RLIMIT_CORE: ("-c", 512),
+    resource.RLIMIT_DATA: ("-d", 1024),
+    resource.RLIMIT_MEMLOCK: ("-l", 1024),
+    resource.RLIMIT_NPROC: ("-p", 1),
+}
+
+
+def lower(a: int, b: int) -> int:
+    """The lower of two rlimit values (RLIM_INFINITY is the highest)."""
+    inf = resource.RLIM_INFINITY
+    if a == inf:
+        return b
+    if b == inf:
+        return a
+    return min(a, b)
+
+
+def _count(value: int, unit: int) -> str:
+    return "unlimited" if value == resource.RLIM_INFINITY else str(value // unit)
+
+
+def lowering_steps(wanted: Mapping[int, tuple[int, int]]) -> list[str]:
+    """The ``ulimit`` steps that bring this process's limits (which a child
+    inherits) down to ``wanted`` (soft, hard) — never up: a process may lower
+    its own limits without privilege, which is how the broker gives a command
+    its caller's limits (the daemon has no CAP_SYS_RESOURCE to prlimit
+    another user's process, and must not lend its own raised ones)."""
+    steps: list[str] = []
+    for res, (soft, hard) in sorted(wanted.items()):
+        if res not in _LOWERABLE:
+            continue
+        flag, unit = _LOWERABLE[res]
+        own_soft, own_hard = resource.getrlimit(res)
+        new_hard = lower(hard, own_hard)
+        new_soft = lower(lower(soft, own_soft), new_hard)
+        if new_soft != own_soft:
+            steps.append(f"ulimit -S {flag} {_count(new_soft, unit)}")
+        if new_hard != own_hard:
+            steps.append(f"ulimit -H {flag} {_count(new_hard, unit)}")
+    return steps

@@ -21,16 +21,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kbd.core.config import LimitsConfig
 from kbd.core.plan import Plan
-from kbd.core.principals import LocalOperator
+from kbd.core.principals import Actor, LocalOperator
 from kbd.errors import ContainmentUnavailable, InvalidInput, Unavailable
 from kbd.fs.confined import pin_dir
 from kbd.sandbox import bwrap, cgroup, reaper, seccomp, spec
@@ -43,8 +47,91 @@ SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 INHERITED = ("LANG", "TERM")
 
 
+# What a forwarded signal may be: the ones a terminal or a supervisor sends to
+# stop, hang up or resize a command (DESIGN §9), on both paths alike.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGWINCH)
+
+
+def warning_line(message: str) -> str:
+    return f"kbd: WARNING: {message}"
+
+
 def warn(message: str) -> None:
-    print(f"kbd: WARNING: {message}", file=sys.stderr, flush=True)
+    print(warning_line(message), file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a brokered command runs as, and with what: the identity comes from
+    the kernel (``SO_PEERCRED``/``SO_PEERGROUPS`` and the peer's /proc entry),
+    never from the client; ``stdio`` are the client's own fds 0-2 (received
+    with ``SCM_RIGHTS``); ``env`` holds only what the client may pass (LANG,
+    TERM)."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    umask: int
+    rlimits: Mapping[int, tuple[int, int]]
+    env: Mapping[str, str]
+    stdio: tuple[int, int, int]
+
+
+class Forwarder:
+    """Deliver signals to the command's process group while its leader is ours
+    and unreaped (see :func:`wait_child`). A signal that arrives before the
+    command starts (say, while a notes lock is awaited) is kept and delivered
+    the moment it starts: never swallowed, so the command does not run in full
+    after the caller asked it to stop. Thread-safe: the broker delivers from
+    the connection's reader thread while the command's thread arms and
+    disarms (a re-entrant lock, since a signal handler may run inside
+    :meth:`arm` on the same thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.pgid: int | None = None
+        self.pending: list[int] = []
+        self.finished = False
+        self.aborted = False
+        self.box: cgroup.Box | None = None
+
+    def deliver(self, signum: int) -> None:
+        with self._lock:
+            if self.pgid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.pgid, signum)
+            elif not self.finished:
+                self.pending.append(signum)
+
+    def arm(self, pgid: int) -> None:
+        """The command's leader ``pgid`` is started (and ours, unreaped)."""
+        with self._lock:
+            self.pgid = pgid
+            pending, self.pending = self.pending, []
+            if self.aborted:
+                pending.append(signal.SIGKILL)
+            for signum in pending:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signum)
+
+    def disarm(self) -> None:
+        with self._lock:
+            self.finished = True
+            self.pgid = None
+
+    def abort(self) -> None:
+        """The caller is gone (the broker's client died): kill the command's
+        whole tree now — its cgroup, setsid'd processes included — or the
+        moment it starts."""
+        with self._lock:
+            self.aborted = True
+            box = self.box
+            if self.pgid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.pgid, signal.SIGKILL)
+        if box is not None:
+            with contextlib.suppress(OSError):
+                box.kill(timeout=1.0)
 
 
 def session_env(plan: Plan, sid: str, caller: dict[str, str] | None = None) -> dict[str, str]:
@@ -96,7 +183,9 @@ def private_tmp(host: Root, sid: str) -> Path:
     return path
 
 
-def _landlock_argv(host: Root, plan: Plan, command: list[str], *, scratch: Path) -> list[str]:
+def _landlock_argv(
+    host: Root, plan: Plan, command: list[str], *, scratch: Path, notice: Callable[[str], None]
+) -> list[str]:
     overlays = plan.overlays()
     if overlays:
         if not host.config.sandbox.unsafe_landlock_writes:
@@ -105,7 +194,7 @@ def _landlock_argv(host: Root, plan: Plan, command: list[str], *, scratch: Path)
                 f"({', '.join(sorted({str(g.origin) for g in overlays}))}), which Landlock alone cannot enforce",
                 hint="install bubblewrap, use a read-only session kind, or set sandbox.unsafe_landlock_writes",
             )
-        warn("unsafe_landlock_writes: read-only overlays inside writable folders are NOT enforced")
+        notice("unsafe_landlock_writes: read-only overlays inside writable folders are NOT enforced")
     rules = system_rules()
     rules.append({"path": str(scratch), "access": list(LANDLOCK_ALL)})
     read = ["read_file", "read_dir", "execute"]
@@ -130,39 +219,17 @@ def _landlock_argv(host: Root, plan: Plan, command: list[str], *, scratch: Path)
     return [bwrap.PYTHON, "-I", "-S", str(bwrap.HELPER_SOURCE), json.dumps(helper_spec), "--", *command]
 
 
-class _Forward:
-    """Forward SIGINT/SIGTERM/SIGHUP from ``kbd exec`` to the command's process group
-    while its leader is ours and unreaped (see :func:`wait_child`). A signal that
-    arrives before the command starts (say, while a notes lock is awaited) is
-    kept and delivered the moment it starts: never swallowed, so the command
-    does not run in full after the caller asked it to stop."""
+class _Forward(Forwarder):
+    """The in-process forwarder: ``kbd exec``'s own INT, TERM, HUP, QUIT and
+    WINCH go to the command (the broker forwards the same signals from its
+    client's SIGNAL frames)."""
 
     def __init__(self) -> None:
-        self.pgid: int | None = None
-        self.pending: int | None = None
-        self.finished = False
-        self.previous = {
-            s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-        }
+        super().__init__()
+        self.previous = {s: signal.signal(s, self._handle) for s in FORWARDED}
 
     def _handle(self, signum: int, frame: object) -> None:
-        if self.pgid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pgid, signum)
-        elif not self.finished:
-            self.pending = signum
-
-    def arm(self, pgid: int) -> None:
-        """The command's leader ``pgid`` is started (and ours, unreaped)."""
-        self.pgid = pgid
-        pending, self.pending = self.pending, None
-        if pending is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, pending)
-
-    def disarm(self) -> None:
-        self.finished = True
-        self.pgid = None
+        self.deliver(signum)
 
     def restore(self) -> None:
         self.disarm()
@@ -170,7 +237,22 @@ class _Forward:
             signal.signal(s, h)
 
 
-def wait_child(proc: subprocess.Popen[bytes], forward: _Forward) -> int:
+@dataclass
+class Launch:
+    """How one command is started and reported, by ``kbd exec`` itself
+    (``caller`` None: this process's identity, stdio and signals) or by the
+    daemon's broker for a client (``caller`` set: that client's identity and
+    stdio; its warnings go back as NOTICE lines; ``lock`` guards the daemon's
+    shared root while the plan is looked up)."""
+
+    forward: Forwarder
+    caller: Caller | None = None
+    notice: Callable[[str], None] = warn
+    started: Callable[[int, int], None] | None = None
+    lock: contextlib.AbstractContextManager[Any] = field(default_factory=contextlib.nullcontext)
+
+
+def wait_child(proc: subprocess.Popen[bytes], forward: Forwarder) -> int:
     """Wait for the command, disarm the forwarder, and only then reap it.
 
     ``waitid(WNOWAIT)`` leaves the exited leader a zombie: until it is reaped its
@@ -182,22 +264,28 @@ def wait_child(proc: subprocess.Popen[bytes], forward: _Forward) -> int:
     return proc.wait()
 
 
-def contain(prepared: cgroup.Preparation, backend: str, limits: LimitsConfig) -> cgroup.Box | None:
+def _limited(box: cgroup.Box, limits: LimitsConfig) -> cgroup.Box:
+    problem = cgroup.v1_problem(limits, box.hierarchy)
+    if problem is not None:  # the controller is there but unusable: fail closed
+        raise ContainmentUnavailable(problem)
+    try:
+        box.limit(limits)
+    except OSError as exc:
+        where = exc.filename or box.path
+        raise ContainmentUnavailable(
+            f"cannot set the limits of the command's cgroup ({where}): {exc.strerror or exc}"
+        ) from None
+    return box
+
+
+def contain(
+    prepared: cgroup.Preparation, backend: str, limits: LimitsConfig, notice: Callable[[str], None] = warn
+) -> cgroup.Box | None:
     """The command's cgroup (its whole tree, its limits), or None where this host
     has none and the backend still holds the tree (bubblewrap's PID namespace)."""
     box, error = prepared.result()
     if box is not None:
-        problem = cgroup.v1_problem(limits, box.hierarchy)
-        if problem is not None:  # the controller is there but unusable: fail closed
-            raise ContainmentUnavailable(problem)
-        try:
-            box.limit(limits)
-        except OSError as exc:
-            where = exc.filename or box.path
-            raise ContainmentUnavailable(
-                f"cannot set the limits of the command's cgroup ({where}): {exc.strerror or exc}"
-            ) from None
-        return box
+        return _limited(box, limits)
     hierarchy = cgroup.detect()
     if hierarchy.v2 is not None:
         raise ContainmentUnavailable(f"cannot create the command's cgroup under {hierarchy.v2}: {error}")
@@ -207,21 +295,49 @@ def contain(prepared: cgroup.Preparation, backend: str, limits: LimitsConfig) ->
     if problem is not None:
         raise ContainmentUnavailable(problem)
     if backend == "none" and not reaper.active():
-        warn(f"no per-command cgroup ({hierarchy.problem}): background processes may outlive the command")
+        notice(f"no per-command cgroup ({hierarchy.problem}): background processes may outlive the command")
     return None
 
 
-def _end_tree(box: cgroup.Box | None) -> None:
+def contain_brokered(sid: str, backend: str, limits: LimitsConfig) -> cgroup.Box | None:
+    """The cgroup of a command the daemon runs for a client. The daemon never
+    enters it (a ``cgroup.kill`` would take the daemon along): the command is
+    moved in before it may run (:func:`spawn_as`). Without cgroups only
+    bubblewrap's PID namespace (``--die-with-parent``) can hold a tree: other
+    backends are refused here (``KBD_NO_DAEMON=1`` runs them in-process)."""
+    hierarchy = cgroup.detect()
+    if hierarchy.v2 is None:
+        if backend == "bwrap":
+            return None
+        raise ContainmentUnavailable(
+            f"the daemon cannot hold a {backend} command's process tree without a cgroup ({hierarchy.problem})",
+            hint="run it in-process with KBD_NO_DAEMON=1, or give the daemon a writable cgroup v2 subtree",
+        )
+    try:
+        box = cgroup.Box.create(hierarchy, sid)
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise ContainmentUnavailable(
+            f"cannot create the command's cgroup under {hierarchy.v2}: {why}"
+        ) from None
+    try:
+        return _limited(box, limits)
+    except BaseException:
+        box.remove()
+        raise
+
+
+def _end_tree(box: cgroup.Box | None, notice: Callable[[str], None] = warn) -> None:
     """Kill whatever the command left running (setsid'd background loops too),
     before the post-command audit reads what it wrote and before the locks go."""
     if box is not None:
         box.settle()  # out of the cgroup first: cgroup.kill must not take kbd exec along
         if not box.kill():
-            warn(
+            notice(
                 f"processes of this command are still alive in cgroup {box.path}; revoke it with --immediate"
             )
     if box is None and reaper.active() and not reaper.kill_descendants():
-        warn("processes of this command are still alive after SIGKILL")
+        notice("processes of this command are still alive after SIGKILL")
 
 
 def spawn(argv: list[str], box: cgroup.Box | None, **popen: Any) -> subprocess.Popen[bytes]:
@@ -243,6 +359,83 @@ def spawn(argv: list[str], box: cgroup.Box | None, **popen: Any) -> subprocess.P
     return proc
 
 
+# The brokered command's first step, already as the caller: stop until the
+# daemon has moved it into its cgroup, lower its rlimits to the caller's, then
+# exec. (A folder to enter is entered here *as the caller*: Popen's cwd= would
+# chdir while still root. bubblewrap changes folder itself, so its gate has no
+# cd, which would leave OLDPWD behind in the command's environment.)
+GATE = 'kill -STOP $$ || exit 69; {limits}exec "$@"'
+GATE_CD = 'kill -STOP $$ || exit 69; {limits}cd -- "$1" || exit 69; unset OLDPWD; shift; exec "$@"'
+_LIMITS_FAILED = '|| { echo "kbd: cannot set resource limits" >&2; exit 69; }; '
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        stat = fh.read()
+    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] == b"T"
+
+
+def _place(pid: int, box: cgroup.Box | None) -> None:
+    """Move the stopped command into ``box``; refuse if it was continued by
+    someone else before that (it must never run outside its cgroup)."""
+    if box is not None:
+        box.adopt(pid)
+    if not _stopped(pid):
+        raise ContainmentUnavailable("the command was continued before the daemon placed it in its cgroup")
+
+
+def spawn_as(
+    argv: list[str], box: cgroup.Box | None, caller: Caller, *, env: dict[str, str],
+    pass_fds: list[int] | tuple[int, ...] = (), cwd: Path | None = None,
+) -> subprocess.Popen[bytes]:  # fmt: skip
+    """Start ``argv`` for a broker client: exactly the caller's uid, gid,
+    supplementary groups and umask (from the kernel, set by Popen between fork
+    and exec: no capability survives setuid to a non-root uid), its rlimits
+    (lowered by the gate), its own stdio, a new session; stopped until
+    :func:`_place` put it in ``box``."""
+    steps = rlimits.lowering_steps(caller.rlimits)
+    limits = " && ".join(steps) + " " + _LIMITS_FAILED if steps else ""
+    gate = [rlimits.SHELL, "-c", GATE.format(limits=limits), "kbd-broker"]
+    if cwd is not None:
+        gate = [rlimits.SHELL, "-c", GATE_CD.format(limits=limits), "kbd-broker", str(cwd)]
+    proc = subprocess.Popen(  # noqa: S603
+        [*gate, *argv], start_new_session=True, stdin=caller.stdio[0], stdout=caller.stdio[1],
+        stderr=caller.stdio[2], user=caller.uid, group=caller.gid, extra_groups=list(caller.groups),
+        umask=caller.umask, env=env, cwd="/", pass_fds=pass_fds,
+    )  # fmt: skip
+    try:
+        info = os.waitid(os.P_PID, proc.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
+        if info is not None and info.si_code == os.CLD_STOPPED:
+            _place(proc.pid, box)
+            os.kill(proc.pid, signal.SIGCONT)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    return proc
+
+
+def _hard_limits(launch: Launch) -> dict[int, int] | None:
+    """The hard rlimits a brokered command starts with (its caller's, never
+    above the daemon's: :func:`_place`); None in-process (this process's)."""
+    if launch.caller is None:
+        return None
+    return {
+        res: rlimits.lower(hard, resource.getrlimit(res)[1])
+        for res, (_, hard) in launch.caller.rlimits.items()
+    }
+
+
+def _start(
+    argv: list[str], box: cgroup.Box | None, launch: Launch, *, env: dict[str, str],
+    pass_fds: list[int] | tuple[int, ...] = (), cwd: Path | None = None,
+) -> subprocess.Popen[bytes]:  # fmt: skip
+    if launch.caller is None:
+        return spawn(argv, box, env=env, pass_fds=pass_fds, cwd=cwd)
+    return spawn_as(argv, box, launch.caller, env=env, pass_fds=pass_fds, cwd=cwd)
+
+
 def run(
     root: Path,
     sid: str,
@@ -252,8 +445,9 @@ def run(
     cwd: str | None = None,
     prepared: cgroup.Preparation | None = None,
 ) -> int:
-    """Run ``command`` in session ``sid``; return its exit status (69 when the
-    sandbox could not be set up, 77 when the session is closed). ``actor`` is the
+    """Run ``command`` in session ``sid`` as ``kbd exec`` itself (this process's
+    identity, stdio and signals); return its exit status (69 when the sandbox
+    could not be set up, 77 when the session is closed). ``actor`` is the
     trusted local operator, or the ID of the principal named with ``--as``
     (resolved against the current principals; an empty ID is a usage error).
     ``prepared``: the command's cgroup, when the caller started preparing it
@@ -262,17 +456,62 @@ def run(
         raise InvalidInput("no command given", hint="kbd exec SID -- CMD [ARG...]")
     if prepared is None:
         prepared = cgroup.Preparation.start_for(sid)
-    box: cgroup.Box | None = None
     forward: _Forward | None = None
     try:
         host = Root(root)
         sessions = RootSessions(host)
-        plan = sessions.plan(sid, actor=actor if isinstance(actor, LocalOperator) else host.actor(actor))
-        workdir = resolve_cwd(plan, cwd)
-        env = session_env(plan, sid)
-        backend = choose_backend(host)
-        box = contain(prepared, backend, host.config.limits)
         forward = _Forward()
+        return execute(host, sessions, sid, command, actor=actor, cwd=cwd, launch=Launch(forward),
+                       prepared=prepared)  # fmt: skip
+    finally:
+        if forward is not None:
+            forward.restore()
+        _release(prepared.result()[0])  # refused or done: undo the preparation
+
+
+def _release(box: cgroup.Box | None) -> None:
+    if box is not None:
+        with contextlib.suppress(OSError):  # a failed leave was already reported
+            box.settle()
+            if box.inside:
+                box.leave()
+        box.remove()
+
+
+def execute(
+    host: Root,
+    sessions: RootSessions,
+    sid: str,
+    command: list[str],
+    *,
+    actor: Actor | str,
+    cwd: str | None,
+    launch: Launch,
+    prepared: cgroup.Preparation | None = None,
+) -> int:
+    """The one path of ``kbd exec``, in-process and brokered alike: a fresh plan
+    lookup as ``actor``, the backend, the cgroup, the notes locks of a write
+    plan, the sandboxed command (started as ``launch`` says), then the
+    post-command scan and audit and the release of everything. ``prepared``:
+    the in-process cgroup preparation (None for a brokered command, whose
+    cgroup :func:`contain_brokered` makes). The command's exit status (128+N
+    for signal N), or a KbdError before it ran."""
+    if not command:
+        raise InvalidInput("no command given", hint="kbd exec SID -- CMD [ARG...]")
+    box: cgroup.Box | None = None
+    try:
+        with launch.lock:  # the daemon's root and registry are shared by its threads
+            who = host.actor(actor) if isinstance(actor, str) else actor
+            plan = sessions.plan(sid, actor=who)
+            workdir = resolve_cwd(plan, cwd)
+            env = session_env(plan, sid, dict(launch.caller.env) if launch.caller is not None else None)
+            backend = choose_backend(host)
+            limits = host.config.limits
+        if prepared is not None:
+            box = contain(prepared, backend, limits, launch.notice)
+        else:
+            box = contain_brokered(sid, backend, limits)
+        launch.forward.box = box
         with contextlib.ExitStack() as stack:
             writes = bool(spec.contributed_notes(plan))
             if writes:
@@ -280,13 +519,13 @@ def run(
 
                 # Two workflows' write turns into one notes/ never interleave,
                 # whatever the backend.
-                who = {"session": sid, "workflow": plan.workflow_id}
-                stack.enter_context(command_locks(host, plan, who=who))
+                holder = {"session": sid, "workflow": plan.workflow_id}
+                stack.enter_context(command_locks(host, plan, who=holder))
             started = time.time_ns()
             if backend == "bwrap":
-                rc = _run_bwrap(host, sessions, plan, sid, command, workdir, env, forward, box)
+                rc = _run_bwrap(host, sessions, plan, sid, command, workdir, env, launch, box)
             else:
-                rc = _run_direct(host, sessions, plan, sid, command, workdir, env, forward, backend, box)
+                rc = _run_direct(host, sessions, plan, sid, command, workdir, env, launch, backend, box)
             if writes:
                 from kbd.service.command_notes import scan_command_changes
 
@@ -296,81 +535,83 @@ def run(
         if writes:
             from kbd.service.command_notes import audit_command_changes
 
-            audit_command_changes(host, plan, sid, changes)
+            with launch.lock:
+                audit_command_changes(host, plan, sid, changes)
         return 128 - rc if rc < 0 else rc  # killed by signal N: 128+N, as a shell says (DESIGN §8)
     finally:
-        if forward is not None:
-            forward.restore()
-        if box is None:  # refused before the command ran: undo the preparation
-            box = prepared.result()[0]
-        if box is not None:
-            with contextlib.suppress(OSError):  # a failed leave was already reported
-                box.settle()
-                if box.inside:
-                    box.leave()
-            box.remove()
+        if prepared is None:
+            _release(box)
 
 
 def _finish(
-    proc: subprocess.Popen[bytes], forward: _Forward, box: cgroup.Box | None, sessions: RootSessions, sid: str
+    proc: subprocess.Popen[bytes], launch: Launch, box: cgroup.Box | None, sessions: RootSessions, sid: str
 ) -> None:
     """After the command (or a failure to record it): never let it run on
     unrecorded, kill what it left behind, and drop its record."""
     if proc.returncode is None:  # recording failed: the command must not run on
-        forward.disarm()
+        launch.forward.disarm()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    _end_tree(box)
+    _end_tree(box, launch.notice)
     sessions.commands.remove(sid, proc.pid)
+
+
+def _record(
+    sessions: RootSessions, sid: str, proc: subprocess.Popen[bytes], plan: Plan, command: list[str],
+    box: cgroup.Box | None, launch: Launch, *, started_at: float | None = None,
+) -> None:  # fmt: skip
+    sessions.commands.add(sid, pid=proc.pid, generation=plan.generation, argv=command,
+                          started_at=started_at, cgroup=box.name if box else None)  # fmt: skip
+    if launch.started is not None:
+        launch.started(proc.pid, plan.generation)
 
 
 def _run_direct(
     host: Root, sessions: RootSessions, plan: Plan, sid: str, command: list[str], workdir: Path,
-    env: dict[str, str], forward: _Forward, backend: str, box: cgroup.Box | None,
+    env: dict[str, str], launch: Launch, backend: str, box: cgroup.Box | None,
 ) -> int:  # fmt: skip
     if backend == "landlock":
         scratch = private_tmp(host, sid)
         env.update(HOME=str(scratch), TMPDIR=str(scratch))
-        argv = _landlock_argv(host, plan, command, scratch=scratch)
+        argv = _landlock_argv(host, plan, command, scratch=scratch, notice=launch.notice)
     else:
-        warn("unsafe_no_sandbox: running WITHOUT any sandbox; the plan is not enforced")
+        launch.notice("unsafe_no_sandbox: running WITHOUT any sandbox; the plan is not enforced")
         argv = command
-    proc = spawn([*rlimits.shell_prefix(host.config.limits), *argv], box, env=env, cwd=workdir)
-    forward.arm(proc.pid)
+    prefix = rlimits.shell_prefix(host.config.limits, _hard_limits(launch))
+    proc = _start([*prefix, *argv], box, launch, env=env, cwd=workdir)
+    launch.forward.arm(proc.pid)
     try:
-        sessions.commands.add(
-            sid, pid=proc.pid, generation=plan.generation, argv=command, cgroup=box.name if box else None
-        )
-        return wait_child(proc, forward)
+        _record(sessions, sid, proc, plan, command, box, launch)
+        return wait_child(proc, launch.forward)
     finally:
-        _finish(proc, forward, box, sessions, sid)
+        _finish(proc, launch, box, sessions, sid)
 
 
 def _run_bwrap(
     host: Root, sessions: RootSessions, plan: Plan, sid: str, command: list[str], workdir: Path,
-    env: dict[str, str], forward: _Forward, box: cgroup.Box | None,
+    env: dict[str, str], launch: Launch, box: cgroup.Box | None,
 ) -> int:  # fmt: skip
     bwrap.prepare(plan)
     fds = bwrap.Fds()
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     try:
         argv = bwrap.build_argv(plan, command, cwd=workdir, network=host.config.sandbox.network,
-                                status_fd=status_w, fds=fds, limits=host.config.limits)  # fmt: skip
-        proc = spawn(argv, box, env=env, pass_fds=[*fds.handed, status_w])
+                                status_fd=status_w, fds=fds, limits=host.config.limits,
+                                hard=_hard_limits(launch))  # fmt: skip
+        proc = _start(argv, box, launch, env=env, pass_fds=[*fds.handed, status_w])
     finally:
         os.close(status_w)
         fds.close()
-    forward.arm(proc.pid)
+    launch.forward.arm(proc.pid)
     started = time.time()
     try:
-        sessions.commands.add(sid, pid=proc.pid, generation=plan.generation, argv=command,
-                                   started_at=started, cgroup=box.name if box else None)  # fmt: skip
+        _record(sessions, sid, proc, plan, command, box, launch, started_at=started)
         child, code = bwrap.read_status(status_r)
-        rc = wait_child(proc, forward)
+        rc = wait_child(proc, launch.forward)
     finally:
         os.close(status_r)
-        _finish(proc, forward, box, sessions, sid)
+        _finish(proc, launch, box, sessions, sid)
     if child is None:
         raise Unavailable(
             f"bubblewrap could not set up the sandbox (exit {rc}); nothing was run",

@@ -25,7 +25,7 @@ import yaml
 
 from kbd.core.events import parse_line
 from tests.helpers import KbRoot, alive
-from tests.integration.daemon import Daemon, clean_env, serving
+from tests.integration.daemon import Daemon, clean_env, map_uid, serving
 
 # A background loop that leaves the command's process group (setsid): only the
 # command's cgroup still holds it.
@@ -87,11 +87,15 @@ def loop_pids(sid: str) -> list[int]:
 
 
 class Runner:
-    """``kbd exec SID -- sh -c SETSID_LOOP`` in process (no broker), as a real process."""
+    """``kbd exec SID -- sh -c SETSID_LOOP`` as a real process: in process (no
+    broker), or brokered by the daemon listening on ``socket``."""
 
-    def __init__(self, kb: KbRoot, sid: str) -> None:
+    def __init__(self, kb: KbRoot, sid: str, *, socket: Path | None = None) -> None:
         env = clean_env()
-        env["KBD_NO_DAEMON"] = "1"
+        if socket is None:
+            env["KBD_NO_DAEMON"] = "1"
+        else:
+            env["KBD_SOCKET"] = str(socket)
         self.sid = sid
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kbd", "--root", str(kb.root), "exec", sid, "--", "sh", "-c", SETSID_LOOP],
@@ -161,14 +165,19 @@ def _revoked(kb: KbRoot, sid: str) -> list[dict[str, Any]]:
         ),
     ],
 )
+@pytest.mark.parametrize("via", ["in_process", "brokered"])
 def test_a_shrinking_change_terminates_the_running_tree_within_a_second(
-    world: KbRoot, change: Callable[[KbRoot], object]
+    world: KbRoot, change: Callable[[KbRoot], object], via: str
 ) -> None:
+    """Commands run by an in-process `kbd exec` and commands the daemon's broker
+    runs are recorded alike, and pushed revocation ends both."""
     kb = world
     set_revocation(kb.root, immediate=True, grace=0)
     sid = _open(kb)
+    if via == "brokered":
+        map_uid(kb.root, "alice", os.getuid())  # the broker authenticates the caller's uid, as the API does
     with serving(kb.root) as daemon:
-        runner = Runner(kb, sid)
+        runner = Runner(kb, sid, socket=daemon.sock if via == "brokered" else None)
         try:
             (running,) = kb.cli("session", "show", sid, "--json").json()["running"]
             generation, pid = running["generation"], running["pid"]

@@ -21,10 +21,15 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import CliResult, KbRoot, live_processes, snapshot
+from tests.helpers import CliResult, KbRoot, exec_mode_for, live_processes, snapshot
 
 # Real commands under bubblewrap; the write session adds the inner Landlock helper.
-pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_landlock(abi=2)]
+# Every test runs on both exec paths: in-process and through the daemon's broker.
+pytestmark = [
+    pytest.mark.requires_bwrap,
+    pytest.mark.requires_landlock(abi=2),
+    pytest.mark.usefixtures("exec_mode"),
+]
 
 MODES = {"read": "read", "write": "read-write"}
 # DESIGN §4 / kbd.service.execute: the environment is built, never inherited (PWD is set by
@@ -75,12 +80,13 @@ class ProcWorld:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcWorld]:
+def world(tmp_path_factory: pytest.TempPathFactory, exec_mode: str) -> Iterator[ProcWorld]:
     kb = KbRoot.create(tmp_path_factory.mktemp("sandbox-process") / "root")
     src, con = build(kb)
     (con / "escape").symlink_to(src / "knowledgebase")  # a folder link leaving the workflow
     sids = {name: open_session(kb, mode)["session_id"] for name, mode in MODES.items()}
-    yield ProcWorld(kb, src, con, sids)
+    with exec_mode_for(kb, exec_mode):
+        yield ProcWorld(kb, src, con, sids)
 
 
 # -- background processes die with the command -------------------------------------------------

@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import CliResult, Entry, KbRoot, snapshot
+from tests.helpers import CliResult, Entry, KbRoot, exec_mode_for, snapshot
 
 # Real commands under bubblewrap.
-pytestmark = pytest.mark.requires_bwrap
+# Every test runs on both exec paths: in-process and through the daemon's broker.
+pytestmark = [pytest.mark.requires_bwrap, pytest.mark.usefixtures("exec_mode")]
 
 KINDS = ("execution", "reviewer_strategic")
 PRIVATE_NAMES = ("workflow.json", "soul", "learnings", "runs", "credentials")
@@ -96,7 +97,7 @@ def build(kb: KbRoot) -> tuple[Path, Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReadWorld]:
+def world(tmp_path_factory: pytest.TempPathFactory, exec_mode: str) -> Iterator[ReadWorld]:
     """One root for the checks that change no configuration. Each test compares the
     host before and after its own command, so a leak in one test cannot hide in another."""
     kb = KbRoot.create(tmp_path_factory.mktemp("sandbox-read") / "root")
@@ -109,7 +110,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReadWorld]:
         assert doc["env"]["WORKFLOW_KB_ACCESS"] == "read"
         kb_path = Path(doc["env"]["WORKFLOW_KB_SRC"])
     assert kb_path is not None and kb_path == (src / "knowledgebase").resolve()
-    yield ReadWorld(kb, src, con, other, kb_path, sids)
+    with exec_mode_for(kb, exec_mode):
+        yield ReadWorld(kb, src, con, other, kb_path, sids)
 
 
 # -- the source KB is readable ------------------------------------------------------------

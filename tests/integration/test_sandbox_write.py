@@ -20,10 +20,15 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import CliResult, Entry, KbRoot, snapshot
+from tests.helpers import CliResult, Entry, KbRoot, exec_mode_for, snapshot
 
 # Real commands under bubblewrap with the inner Landlock helper.
-pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_landlock(abi=2)]
+# Every test runs on both exec paths: in-process and through the daemon's broker.
+pytestmark = [
+    pytest.mark.requires_bwrap,
+    pytest.mark.requires_landlock(abi=2),
+    pytest.mark.usefixtures("exec_mode"),
+]
 
 KERNEL_REFUSALS = (
     "Read-only file system",
@@ -99,7 +104,7 @@ class WriteWorld:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WriteWorld]:
+def world(tmp_path_factory: pytest.TempPathFactory, exec_mode: str) -> Iterator[WriteWorld]:
     """One granted write session for the refusal checks. Each test compares the host
     before and after its own command, so nothing one test does can hide in another."""
     kb = KbRoot.create(tmp_path_factory.mktemp("sandbox-write") / "root")
@@ -116,7 +121,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WriteWorld]:
     doc = open_session(kb, "con")
     assert doc["env"]["WORKFLOW_KB_SRC"] == str((src / "knowledgebase").resolve())
     assert str((notes / "_index.json").resolve()) in doc["read_only"]
-    yield WriteWorld(kb, src, con, doc["session_id"])
+    with exec_mode_for(kb, exec_mode):
+        yield WriteWorld(kb, src, con, doc["session_id"])
 
 
 # -- contributions land on the host -------------------------------------------------------

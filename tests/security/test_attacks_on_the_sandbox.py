@@ -21,6 +21,9 @@ from tests.security.test_limits import world
 
 BACKENDS = ["bwrap", "landlock"]
 
+# Every test runs on both exec paths: in-process and through the daemon's broker.
+pytestmark = pytest.mark.usefixtures("exec_mode")
+
 
 @pytest.fixture
 def host_dgram() -> Iterator[tuple[socket.socket, str]]:

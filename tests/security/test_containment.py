@@ -22,6 +22,9 @@ from tests.helpers import KbRoot
 
 BACKENDS = backends("bwrap", "landlock")
 
+# Every test runs on both exec paths: in-process and through the daemon's broker.
+pytestmark = pytest.mark.usefixtures("exec_mode")
+
 
 def world(kb: KbRoot, backend: str) -> str:
     cfg = kb.root / "kbd.yaml"
@@ -137,6 +140,9 @@ def test_revoke_immediate_kills_the_whole_tree_and_lists_it(kb: KbRoot, backend:
             proc.wait(timeout=30)
 
 
+@pytest.mark.in_process_only(
+    "a killed in-process recorder; a brokered client's death kills the tree at once (test_exec_broker)"
+)
 @pytest.mark.requires_landlock
 @pytest.mark.requires_cgroup
 def test_revoke_finds_a_tree_whose_kbd_exec_was_killed(kb: KbRoot, token: str) -> None:
@@ -245,6 +251,9 @@ def test_a_killed_kbd_exec_leaves_no_cgroup_behind(kb: KbRoot, token: str) -> No
             proc.wait(timeout=30)
 
 
+@pytest.mark.in_process_only(
+    "the in-process exec sweeps as it prepares its cgroup; the daemon sweeps at start"
+)
 @pytest.mark.requires_landlock
 @pytest.mark.requires_cgroup
 def test_kbd_exec_sweeps_the_empty_cgroups_of_killed_execs(kb: KbRoot) -> None:
@@ -265,6 +274,9 @@ def test_kbd_exec_sweeps_the_empty_cgroups_of_killed_execs(kb: KbRoot) -> None:
             Path(stale).rmdir()
 
 
+@pytest.mark.in_process_only(
+    "the in-process exec sweeps as it prepares its cgroup; the daemon sweeps at start"
+)
 @pytest.mark.requires_landlock
 @pytest.mark.requires_cgroup
 def test_the_v1_cgroups_of_a_command_are_removed_on_exit_and_swept(kb: KbRoot) -> None:

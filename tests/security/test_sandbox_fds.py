@@ -11,7 +11,12 @@ import pytest
 from tests.helpers import KbRoot
 
 # Real commands under bubblewrap (the read-write plan adds the inner Landlock helper).
-pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_landlock(abi=2)]
+# Every test runs on both exec paths: in-process and through the daemon's broker.
+pytestmark = [
+    pytest.mark.requires_bwrap,
+    pytest.mark.requires_landlock(abi=2),
+    pytest.mark.usefixtures("exec_mode"),
+]
 
 
 @pytest.fixture

@@ -1,0 +1,46 @@
+"""The thin ``kbd exec`` client's pure parts (kbd/thin.py): its copy of the
+default root and of the boundary's error lines must never drift from the
+originals, and the request it sends is the wire codec's."""
+
+from __future__ import annotations
+
+import pytest
+
+from kbd import boundary, thin
+from kbd.core import wire
+from kbd.core.config import default_root
+from kbd.errors import PermissionDenied
+
+ENVS = [
+    {"KBD_ROOT": "/srv/kbd", "HOME": "/home/a"},
+    {"XDG_DATA_HOME": "/data", "HOME": "/home/a"},
+    {"XDG_DATA_HOME": "relative", "HOME": "/home/a"},
+    {"KBD_ROOT": "", "HOME": "/home/b"},
+    {"HOME": "/home/c"},
+]
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_default_root_is_the_configs(env: dict[str, str]) -> None:
+    assert thin.default_root(env) == str(default_root(env))
+
+
+@pytest.mark.parametrize("hint", ["", "ask an owner"])
+def test_errors_print_exactly_as_the_boundary_prints_them(
+    capsys: pytest.CaptureFixture[str], hint: str
+) -> None:
+    err = PermissionDenied("no way", hint=hint or None)
+    boundary.print_error(err)
+    expected = capsys.readouterr().err
+    thin.print_error(err.code, err.message, err.hint or "")
+    assert capsys.readouterr().err == expected
+
+
+def test_the_request_is_the_wire_codecs() -> None:
+    data = thin.request_bytes("s_1", ["sh", b"-c\xff", "x"], cwd="sub", as_principal="ops", root="/r",
+                              env={"LANG": "C", "HOME": "/x"}, token="t0k")  # fmt: skip
+    head = wire.parse_request_head(data)
+    assert head is not None and head.headers["authorization"] == "Bearer t0k"
+    assert wire.decode_request(data[head.size :]) == wire.Request(
+        "s_1", [b"sh", b"-c\xff", b"x"], cwd=b"sub", env={"LANG": "C"}, as_principal="ops", root=b"/r"
+    )
