@@ -10,7 +10,9 @@ DEMO_ROOT ?= .demo
 $(BIN)/kbd: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	# compat: a .pth path entry instead of an import-hook finder, which costs every
+	# Python start ~4 ms (kbd exec's thin client is one; DESIGN §8 budgets it).
+	$(BIN)/pip install --quiet -e '.[dev]' --config-settings editable_mode=compat
 	@touch $@
 
 venv: $(BIN)/kbd
