@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: build a fresh demo root and walk through what kbd does with it:
-# resolution with reasons, consent, a session plan, and real sandboxed commands.
+# resolution with reasons, consent, a session plan, real sandboxed commands, and the
+# live daemon (a brokered command, a pushed revocation, the change feed).
 set -euo pipefail
 kbd=$1
 root=$2
@@ -54,5 +55,38 @@ printf '\n# bob revokes the grant; the very next command of the same session can
 step "$kbd" writers revoke wf_security wf_perf --as bob
 try "$kbd" exec "$sid" -- sh -c 'echo again > "$WORKFLOW_KB_SECURITY/notes/from-perf.md"'
 step "$kbd" session show "$sid"
+
+printf '\n# The live daemon (kbd serve): kbd exec becomes a thin client of its exec broker, and a\n'
+printf '# change on disk is pushed to running commands. revocation.immediate is switched on first:\n'
+sed -i 's/^  immediate: false /  immediate: true  /; s/^  grace_seconds: 5/  grace_seconds: 0/' "$root/kbd.yaml"
+grep -A2 '^revocation:' "$root/kbd.yaml"
+"$kbd" serve >"$root/serve.log" 2>&1 &
+serve_pid=$!
+trap 'kill "$serve_pid" 2>/dev/null || true' EXIT
+for _ in $(seq 100); do [ -S "$root/state/run/kbd.sock" ] && break; sleep 0.1; done
+step "$kbd" exec --socket "$root/state/run/kbd.sock" "$sid" -- sh -c 'echo "run by the daemon'"'"'s broker as uid $(id -u); rts notes: $(ls "$WORKFLOW_KB_RTS/notes" | wc -l)"'
+per_run() {  # mean wall time of 10 `kbd exec SID -- /bin/true`, in ms
+  local t0 t1; t0=$(date +%s%N)
+  for _ in $(seq 10); do "$@" exec "$sid" -- /bin/true; done
+  t1=$(date +%s%N); echo $(( (t1 - t0) / 10000000 ))
+}
+printf '# kbd exec SID -- /bin/true, mean of 10: brokered %s ms, in-process (KBD_NO_DAEMON=1) %s ms\n' \
+  "$(per_run "$kbd")" "$(KBD_NO_DAEMON=1 per_run "$kbd")"
+printf '\n# A background loop (setsid: it leaves its process group) keeps running in the session...\n'
+show "$kbd" exec "$sid" -- sh -c 'setsid sh -c "while :; do sleep 0.2; done" & wait'; printf ' &\n'
+"$kbd" exec "$sid" -- sh -c 'setsid sh -c "while :; do sleep 0.2; done" & wait' &
+loop_client=$!
+sleep 1
+step "$kbd" session show "$sid"
+printf '\n# ...until alice detaches rts: the daemon sees the change and ends the whole tree.\n'
+since=$("$kbd" events --json | tail -1 | python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["id"])')
+step "$kbd" sources detach wf_perf rts --as alice
+start=$(date +%s%N)
+while kill -0 "$loop_client" 2>/dev/null; do sleep 0.05; done
+wait "$loop_client" || printf '# the loop'"'"'s kbd exec ended with status %s after %s ms\n' "$?" $(( ($(date +%s%N) - start) / 1000000 ))
+show "$kbd" events --since "$since" --json; printf '\n'
+"$kbd" events --since "$since" --json
+kill "$serve_pid"; wait "$serve_pid" || true
+trap - EXIT
 step "$kbd" audit
 printf '\ndemo root left at %s (KBD_ROOT=%s kbd --help)\n' "$root" "$root"
