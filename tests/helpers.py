@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,11 @@ class KbRoot:
     # Added to the environment of every `kbd exec` that :meth:`cli` runs: a
     # test only reaches a daemon through its exec_mode (exec_mode_for).
     exec_env: dict[str, str] = field(default_factory=lambda: dict(IN_PROCESS_ENV))
+    # Called with a workflow ID after :meth:`workflow` created it. A daemon sees a
+    # workflow created behind its back once its watcher reports the new folder
+    # (a registry miss never walks, DESIGN §9): brokered tests wait for that
+    # here, as an execution host would wait for the workflow.changed event.
+    settle: Callable[[str], None] | None = None
 
     @classmethod
     def create(
@@ -96,6 +102,8 @@ class KbRoot:
         for private in ("soul", "learnings", "runs", "credentials"):
             (path / private).mkdir()
         (path / "credentials" / "token").write_text(f"secret-{wid}\n")
+        if self.settle is not None:
+            self.settle(wid)
         return path
 
     @staticmethod
@@ -160,11 +168,21 @@ def exec_mode_for(kb: KbRoot, mode: str) -> Iterator[None]:
 
     daemon.map_uid(kb.root, "ops", os.getuid())
     with daemon.serving(kb.root) as served:
+        client = served.client()
+
+        def settle(wid: str) -> None:
+            deadline = time.monotonic() + 10
+            while client.get(f"/v1/workflows/{wid}").status_code == 404:  # unknown to the daemon yet
+                assert time.monotonic() < deadline, f"the daemon never saw workflow {wid!r}"
+                time.sleep(0.02)
+
         kb.exec_env = {"KBD_SOCKET": str(served.sock)}
+        kb.settle = settle
         try:
             yield
         finally:
             kb.exec_env = dict(IN_PROCESS_ENV)
+            kb.settle = None
 
 
 def run_in_process(argv: list[str], *, input: bytes | None, env: dict[str, str] | None) -> CliResult:
