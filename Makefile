@@ -10,9 +10,7 @@ DEMO_ROOT ?= .demo
 $(BIN)/kbd: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# compat: a .pth path entry instead of an import-hook finder, which costs every
-	# Python start ~4 ms (kbd exec's thin client is one; DESIGN §8 budgets it).
-	$(BIN)/pip install --quiet -e '.[dev]' --config-settings editable_mode=compat
+	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $@
 
 venv: $(BIN)/kbd
