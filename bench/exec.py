@@ -54,6 +54,30 @@ def interleaved(rows: dict[str, tuple[list[str], dict[str, str] | None]]) -> dic
     return samples
 
 
+def library_runs(sock: Path, sid: str) -> dict[str, list[float]]:
+    """`kbd.client.Client.exec` of /bin/true from this (running) process, each
+    run interleaved with one anchor bwrap run: an execution host's cost per
+    command, beside its floor."""
+    from kbd.client import Client
+
+    devnull = os.open(os.devnull, os.O_RDWR)
+    out: dict[str, list[float]] = {"lib": [], "lib_anchor": []}
+    try:
+        with Client(sock) as client:
+            client.exec(sid, ["/bin/true"], stdin=devnull, stdout=devnull, stderr=devnull)  # warm
+            for _ in range(RUNS):
+                t0 = time.perf_counter()
+                assert client.exec(sid, ["/bin/true"], stdin=devnull, stdout=devnull, stderr=devnull) == 0
+                t1 = time.perf_counter()
+                subprocess.run(ANCHOR_BWRAP, check=True, stdout=devnull, stderr=devnull)
+                t2 = time.perf_counter()
+                out["lib"].append((t1 - t0) * 1000)
+                out["lib_anchor"].append((t2 - t1) * 1000)
+    finally:
+        os.close(devnull)
+    return out
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         kb = KbRoot.create(Path(tmp) / "root")
@@ -109,6 +133,7 @@ def main() -> None:
                 "b_read": ([*kbd, "exec", opened["read"], "--", "/bin/true"], brokered),
                 "b_write": ([*kbd, "exec", opened["read-write"], "--", "/bin/true"], brokered),
             })  # fmt: skip
+            got.update(library_runs(served.sock, opened["read"]))
         finally:
             served.stop()
     p50 = {name: statistics.median(v) for name, v in got.items()}
@@ -123,7 +148,10 @@ def main() -> None:
         ("kbd exec SID -- /bin/true (write plan, in-process)", p50["write"], low["write"], ""),
         ("kbd exec via the daemon (read plan)", p50["b_read"], low["b_read"], "<= 25"),
         ("kbd exec via the daemon (write plan, inner Landlock)", p50["b_write"], low["b_write"], "<= 35"),
-    ]
+        ("kbd.client exec from a running process (read plan)", p50["lib"], low["lib"],
+         f"<= anchor + 5 = {p50['lib_anchor'] + 5:.1f}"),
+        ("  its anchor bwrap, interleaved with it", p50["lib_anchor"], low["lib_anchor"], ""),
+    ]  # fmt: skip
     for name, ms, floor, budget in rows:
         lowest = f"{floor:8.1f}" if floor is not None else " " * 8
         print(f"{name:<56} {ms:8.1f} {lowest}  {budget}")
