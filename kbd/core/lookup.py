@@ -9,8 +9,10 @@ every name.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
+from kbd.core.layout import KB_DIR
 from kbd.core.manifest import Manifest
 
 Sig = tuple[int, int, int, int, int]  # dev, ino, size, mtime_ns, ctime_ns
@@ -32,6 +34,11 @@ class Folder:
     @property
     def readable(self) -> bool:
         return self.manifest is not None
+
+    @cached_property
+    def kb_path(self) -> Path:
+        """``<folder>/knowledgebase``, built once per folder (every plan lookup names it)."""
+        return self.path / KB_DIR
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kbd.core import audience
 from kbd.core.identifiers import env_name
-from kbd.core.layout import KB_DIR
 from kbd.core.lookup import Ambiguous, Found, KbProbe, Lookup, Missing, Unreadable
 
 if TYPE_CHECKING:  # types only: principals.yaml loading stays out of the pure core
@@ -159,11 +158,12 @@ def resolve_entry(
         return _unavailable(entry, probe.problem.reason, probe.problem.message, label=source.label)
     write: WriteStatus | None = None
     if ref.access == "write":
-        if audience.can_write(consumer, source, principals) and probe.notes_problem is not None:
+        granted = audience.can_write(consumer, source, principals)
+        if granted and probe.notes_problem is not None:
             # Granted, but there is no usable notes/ to write into: the write grant
             # is withheld (the read stays), instead of breaking every command.
             write = WriteStatus(False, NOTES_UNAVAILABLE, probe.notes_problem)
-        elif audience.can_write(consumer, source, principals):
+        elif granted:
             write = WriteStatus(True, None)
         elif source.is_legacy:
             write = WriteStatus(
@@ -185,7 +185,7 @@ def resolve_entry(
         reason=None,
         message=None,
         write=write,
-        path=found.folder.path / KB_DIR,
+        path=found.folder.kb_path,
         source_folder=found.folder.path,
         kb_identity=probe.identity,
     )
