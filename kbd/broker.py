@@ -428,17 +428,33 @@ def read_request(sock: socket.socket) -> tuple[wire.Request, list[int], str | No
     header. On any refusal the descriptors received so far are closed here."""
     buf = bytearray()
     fds: list[int] = []
+    # One deadline for the whole request, not a timeout per recv: a client that
+    # drips a byte at a time must not hold a broker thread and a cap slot.
+    deadline = time.monotonic() + REQUEST_TIMEOUT
     try:
         while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RequestTimeout(f"the exec request did not arrive within {REQUEST_TIMEOUT:g}s")
+            sock.settimeout(left)
             try:
                 data, anc, flags, _ = sock.recvmsg(65536, socket.CMSG_SPACE(4 * 4))
             except TimeoutError:
                 raise RequestTimeout(f"the exec request did not arrive within {REQUEST_TIMEOUT:g}s") from None
+            first = not buf
             for level, kind, cdata in anc:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     got = array.array("i")
                     got.frombytes(cdata[: len(cdata) - len(cdata) % got.itemsize])
                     fds.extend(got)
+                    # The client sends its three descriptors with the request's
+                    # first bytes. Descriptors on any later message, or more than
+                    # three in all, are refused at once (they are closed below):
+                    # otherwise one connection could fill the daemon's fd table.
+                    if not first:
+                        raise WireError("descriptors may only come with the first bytes of the exec request")
+                    if len(fds) > 3:
+                        raise WireError("the request carried more descriptors than 3")
             if flags & socket.MSG_CTRUNC:
                 raise WireError(
                     "the request carried more descriptors than 3 (or a truncated control message)"

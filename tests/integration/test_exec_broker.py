@@ -9,6 +9,7 @@ and the identity invariant with a real non-root user.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import grp
 import os
@@ -243,6 +244,77 @@ def test_http_still_works_beside_exec_and_an_exec_request_without_fds_is_400(bro
         s.sendall(b"nothing HTTP/1.1\r\nHost: kbd\r\nContent-Length: 0\r\n\r\n")
         answer = _read_all(s, until=b"\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 404 "), answer
+
+
+def _daemon_fds(broker: Broker) -> int:
+    return len(os.listdir(f"/proc/{broker.daemon.proc.pid}/fd"))
+
+
+def test_descriptors_after_the_first_bytes_are_refused_at_once(broker: Broker) -> None:
+    """One connection must not fill the daemon's descriptor table: descriptors
+    come with the request's first bytes, three at most, and anything else is
+    refused (and closed) as soon as it arrives, not when the body is complete."""
+    head = wire.request_head(4_000_000)  # a body that would take long to arrive
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        before = _daemon_fds(broker)
+        for first in ([null] * 3, []):  # with a legitimate first message, and without
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(10)
+                s.connect(str(broker.daemon.sock))
+                anc = (
+                    [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", first).tobytes())]
+                    if first
+                    else []
+                )
+                s.sendmsg([head], anc)
+                sent = 0
+                with contextlib.suppress(OSError):  # the daemon closes the connection when it refuses
+                    for _ in range(200):
+                        s.sendmsg(
+                            [b"\x01"],
+                            [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [null] * 4).tobytes())],
+                        )
+                        sent += 4
+                answer = b""
+                with contextlib.suppress(ConnectionResetError):  # unread bytes make the close a reset
+                    answer = _read_all(s)
+            # The refusal, when the reset did not eat it, names the descriptors.
+            assert answer == b"" or (answer.startswith(b"HTTP/1.1 400 ") and b"descriptors" in answer), answer
+            assert sent < 200 * 4  # refused long before the client was done
+        deadline = time.monotonic() + 5
+        while _daemon_fds(broker) > before + 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _daemon_fds(broker) <= before + 2  # every received descriptor was closed
+    finally:
+        os.close(null)
+
+
+def test_a_request_dripped_a_byte_at_a_time_is_refused_at_the_overall_deadline(broker: Broker) -> None:
+    """REQUEST_TIMEOUT bounds the whole request, not each read: a client that
+    sends one byte every second cannot hold a broker thread and a cap slot."""
+    from kbd.broker import REQUEST_TIMEOUT
+
+    head = wire.request_head(1_000)
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(REQUEST_TIMEOUT + 10)
+            s.connect(str(broker.daemon.sock))
+            s.sendmsg(
+                [head], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [null] * 3).tobytes())]
+            )
+            started = time.monotonic()
+            with contextlib.suppress(OSError):
+                while time.monotonic() - started < REQUEST_TIMEOUT + 5:
+                    s.send(b"\x01")
+                    time.sleep(1.0)
+            took = time.monotonic() - started
+            answer = _read_all(s)
+        assert took < REQUEST_TIMEOUT + 2.5, took
+        assert answer.startswith(b"HTTP/1.1 408 ") or b"did not arrive" in answer, answer
+    finally:
+        os.close(null)
 
 
 def _read_all(s: socket.socket, until: bytes | None = None) -> bytes:
