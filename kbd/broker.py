@@ -29,6 +29,7 @@ from __future__ import annotations
 import array
 import contextlib
 import errno
+import logging
 import os
 import signal
 import socket
@@ -38,7 +39,6 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from kbd.boundary import internal_error
 from kbd.core import wire
@@ -66,6 +66,7 @@ SO_PEERGROUPS = 59
 _GROUPS_BUFLEN = 1024
 # The whole request arrives in one sendmsg from kbd's clients; the bound keeps a
 # silent connection from holding a thread and a slot.
+log = logging.getLogger("kbd.broker")
 REQUEST_TIMEOUT = 5.0
 # A client that stops reading its socket cannot hold the command thread forever.
 SEND_TIMEOUT = 10.0
@@ -205,24 +206,25 @@ class _Conn:
 
 
 class Broker:
-    """Runs ``kbd exec`` for the daemon's clients. ``root`` is the daemon's root.
-    ``host``, ``sessions`` and ``lock`` are the daemon's shared root view and its
-    state lock (held only while a plan is looked up or a command's notes are
-    audited); without them the broker keeps its own."""
+    """Runs ``kbd exec`` for the daemon's clients, over the daemon's one view of
+    its root: ``host``, ``sessions`` and the state ``lock`` the API and the live
+    state share (held only while a plan is looked up or a command's notes are
+    audited), so the plan a brokered command runs under is the one pushed
+    revocation re-checks."""
 
     def __init__(
         self,
-        root: Path,
+        host: Root,
+        sessions: RootSessions,
         *,
-        host: Root | None = None,
-        sessions: RootSessions | None = None,
-        lock: threading.Lock | threading.RLock | None = None,
+        lock: threading.Lock | threading.RLock,
         per_uid: int = 64,
         total: int = 1024,
     ) -> None:
-        self.host = host if host is not None else Root(root)
-        self.sessions = sessions if sessions is not None else RootSessions(self.host)
-        self.lock: threading.Lock | threading.RLock = lock if lock is not None else threading.Lock()
+        self.host = host
+        self.sessions = sessions
+        self.lock = lock
+        root = host.config.root
         st = os.stat(root)
         self.root_id = (st.st_dev, st.st_ino)
         self.per_uid = per_uid
@@ -388,6 +390,7 @@ class Broker:
         except KbdError as err:
             answer = error_frame(err)
         except Exception as exc:  # the boundary of this connection: never a traceback to the client
+            log.exception("broker: command of session %s failed unexpectedly", request.sid)
             answer = error_frame(internal_error(exc))
         finally:
             cmd.done.set()

@@ -593,7 +593,7 @@ def serve(host: Root, *, socket_path: Path | None = None, fd: int | None = None,
         state = app.state.kbd
         # One root view for the API, the live state and the broker: the plan a
         # brokered command runs under is the one pushed revocation re-checks.
-        broker = Broker(host.config.root, host=host, sessions=state.sessions, lock=state.lock)
+        broker = Broker(host, state.sessions, lock=state.lock)
     except BaseException:
         sock.close()
         if path is not None:
