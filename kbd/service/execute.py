@@ -250,6 +250,9 @@ class Launch:
     notice: Callable[[str], None] = warn
     started: Callable[[int, int], None] | None = None
     lock: contextlib.AbstractContextManager[Any] = field(default_factory=contextlib.nullcontext)
+    # Who the command is authorized as, once :func:`execute` looked it up (None:
+    # the local operator); recorded so that disabling that principal ends it.
+    principal: str | None = None
 
 
 def wait_child(proc: subprocess.Popen[bytes], forward: Forwarder) -> int:
@@ -502,6 +505,7 @@ def execute(
     try:
         with launch.lock:  # the daemon's root and registry are shared by its threads
             who = host.actor(actor) if isinstance(actor, str) else actor
+            launch.principal = None if isinstance(who, LocalOperator) else who.id
             plan = sessions.plan(sid, actor=who)
             workdir = resolve_cwd(plan, cwd)
             env = session_env(plan, sid, dict(launch.caller.env) if launch.caller is not None else None)
@@ -562,7 +566,8 @@ def _record(
     box: cgroup.Box | None, launch: Launch, *, started_at: float | None = None,
 ) -> None:  # fmt: skip
     sessions.commands.add(sid, pid=proc.pid, generation=plan.generation, argv=command,
-                          started_at=started_at, cgroup=box.name if box else None)  # fmt: skip
+                          started_at=started_at, cgroup=box.name if box else None,
+                          principal=launch.principal)  # fmt: skip
     if launch.started is not None:
         launch.started(proc.pid, plan.generation)
 

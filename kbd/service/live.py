@@ -48,7 +48,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -102,17 +102,27 @@ def sources_key(m: Manifest | None) -> object:
 
 
 def commands_to_act(
-    procs: Iterable[ProcessRow], *, new: Plan | None, history: dict[int, Plan], acted: set[tuple[int, int]]
+    procs: Iterable[ProcessRow],
+    *,
+    new: Plan | None,
+    history: dict[int, Plan],
+    acted: set[tuple[int, int]],
+    lost: Callable[[str], bool] = lambda principal: False,
 ) -> list[ProcessRow]:
-    """The running commands whose grants shrank: started under an older
-    generation than ``new`` (every one when the session has no plan now), not
-    acted on yet, and either with no known plan for their generation (fail
-    safe) or with grants ``new`` narrows."""
+    """The running commands to end, not acted on yet: those whose principal
+    ``lost`` the right to use the session (disabled, removed, or no longer in
+    a role that may use it), and those whose grants shrank — started under an
+    older generation than ``new`` (every one when the session has no plan now)
+    and either with no known plan for their generation (fail safe) or with
+    grants ``new`` narrows."""
     out = []
     for p in procs:
-        if new is not None and p.generation >= new.generation:
-            continue
         if (p.pid, p.generation) in acted:
+            continue
+        if p.principal is not None and lost(p.principal):
+            out.append(p)
+            continue
+        if new is not None and p.generation >= new.generation:
             continue
         base = history.get(p.generation)
         if new is None or base is None or grants_shrunk(base, new):
@@ -493,7 +503,8 @@ class LiveState:
             history[new.generation] = new
         procs = self.sessions.commands.of_session(row.id)
         acted = self._acted.setdefault(row.id, set())
-        act = commands_to_act(procs, new=new, history=history, acted=acted)
+        act = commands_to_act(procs, new=new, history=history, acted=acted,
+                              lost=lambda principal: not self.sessions.may_use(row, principal))  # fmt: skip
         acted.intersection_update({(p.pid, p.generation) for p in procs})
         acted.update((p.pid, p.generation) for p in act)
         keep = {p.generation for p in procs} | ({new.generation} if new is not None else set())

@@ -85,6 +85,16 @@ class RootSessions:
         row = self._usable(sid, actor, action="plan", need_open=True)
         return self._build(row)
 
+    def may_use(self, row: SessionRow, principal: str) -> bool:
+        """Whether ``principal`` may still use the session (enabled, and in a
+        role :meth:`_authorize` accepts); for the daemon's live state, which
+        ends the commands of a principal that lost it (nothing audited here)."""
+        try:
+            self._authorize(row, self.host.actor(principal))
+        except KbdError:
+            return False
+        return True
+
     def _usable(self, sid: str, actor: Actor, *, action: str, need_open: bool = False) -> SessionRow:
         """The session ``sid`` if ``actor`` may use it for ``action`` (and it is
         open, with ``need_open``); every refusal is audited before it is raised."""

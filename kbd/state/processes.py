@@ -29,6 +29,9 @@ class ProcessRow:
     argv: list[str]
     cgroup: str | None = None  # the per-command cgroup's name (kbd.sandbox.cgroup)
     alive: bool = True  # False: the main process is gone, its cgroup still holds processes
+    # The principal the command was authorized as (None: the trusted local
+    # operator): when it is disabled or loses its role, the daemon ends the command.
+    principal: str | None = None
 
     def to_json(self) -> dict[str, int | float | list[str]]:
         return {"pid": self.pid, "pgid": self.pgid, "generation": self.generation,
@@ -53,14 +56,16 @@ class RunningCommands:
         argv: list[str],
         started_at: float | None = None,
         cgroup: str | None = None,
+        principal: str | None = None,
     ) -> None:
         """Record a running command; ``cgroup`` names the per-command cgroup that
         holds its whole process tree (kbd.sandbox.cgroup), so that close and
-        revoke from another process can kill all of it."""
+        revoke from another process can kill all of it; ``principal`` is who it
+        was authorized as (None: the local operator)."""
         folder = self._folder(sid)
         folder.mkdir(parents=True, exist_ok=True, mode=0o750)
         record = {"pid": pid, "pgid": pid, "generation": generation, "started_at": started_at or time.time(),
-                  "boot_id": _boot_id(), "start_ticks": _start_ticks(pid), "argv": argv, "cgroup": cgroup}  # fmt: skip
+                  "boot_id": _boot_id(), "start_ticks": _start_ticks(pid), "argv": argv, "cgroup": cgroup, "principal": principal}  # fmt: skip
         fd = os.open(
             folder / f"{pid}.json",
             os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -92,8 +97,10 @@ class RunningCommands:
                 cg = r.get("cgroup")
                 if not (isinstance(cg, str) and cg.startswith(f"{sid}.")):
                     cg = None  # only this session's own command cgroups
+                who = r.get("principal")
                 row = ProcessRow(sid, int(r["pid"]), int(r["pgid"]), int(r["generation"]), float(r["started_at"]),
-                                 [str(a) for a in r["argv"]], cgroup=cg)  # fmt: skip
+                                 [str(a) for a in r["argv"]], cgroup=cg,
+                                 principal=who if isinstance(who, str) else None)  # fmt: skip
             except (OSError, ValueError, KeyError, TypeError):
                 continue
             if r.get("boot_id") != _boot_id():

@@ -90,18 +90,22 @@ class Runner:
     """``kbd exec SID -- sh -c SETSID_LOOP`` as a real process: in process (no
     broker), or brokered by the daemon listening on ``socket``."""
 
-    def __init__(self, kb: KbRoot, sid: str, *, socket: Path | None = None) -> None:
+    def __init__(self, kb: KbRoot, sid: str, *, socket: Path | None = None, as_: str | None = None) -> None:
         env = clean_env()
         if socket is None:
             env["KBD_NO_DAEMON"] = "1"
         else:
             env["KBD_SOCKET"] = str(socket)
         self.sid = sid
+        before = set(loop_pids(sid))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kbd", "--root", str(kb.root), "exec", sid, "--", "sh", "-c", SETSID_LOOP],
+            [sys.executable, "-m", "kbd", "--root", str(kb.root), "exec", sid, *(["--as", as_] if as_ else []),
+             "--", "sh", "-c", SETSID_LOOP],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
         )  # fmt: skip
-        wait_for(lambda: loop_pids(sid), 30, "the background loop started")
+        wait_for(lambda: set(loop_pids(sid)) - before, 30, "the background loop started")
+        time.sleep(0.05)  # the outer shell and its setsid child both carry the loop text
+        self.loops = set(loop_pids(sid)) - before
 
     def gone(self) -> bool:
         return not loop_pids(self.sid)
@@ -197,6 +201,68 @@ def test_a_shrinking_change_terminates_the_running_tree_within_a_second(
             assert kb.cli("session", "show", sid, "--json").json()["running"] == []
         finally:
             runner.close()
+        assert daemon.proc.poll() is None
+
+
+def _disable(kb: KbRoot, principal: str) -> None:
+    """An operator's hand edit of principals.yaml (rename over the old file)."""
+    path = kb.root / "principals.yaml"
+    doc = yaml.safe_load(path.read_text())
+    for entry in doc["principals"]:
+        if entry["id"] == principal:
+            entry["disabled"] = True
+    tmp = kb.root / ".principals.yaml.tmp"
+    tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
+    os.rename(tmp, path)
+
+
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_landlock(abi=2)
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda kb: _disable(kb, "alice"), id="principal-disabled"),
+        pytest.param(
+            lambda kb: _replace_manifest(kb.workflows / "con", access={"owners": ["bob"]}), id="role-removed"
+        ),
+    ],
+)
+@pytest.mark.parametrize("via", ["in_process", "brokered"])
+def test_commands_of_a_principal_who_loses_the_session_are_terminated(
+    world: KbRoot, change: Callable[[KbRoot], object], via: str
+) -> None:
+    """Disabling alice, or taking her role on the consumer, leaves the
+    session's grants as they were, but alice may no longer use it: the commands
+    she started (brokered as her uid, or in-process with ``--as alice``) end,
+    as a grant revoke ends them; the local operator's command in the same
+    session runs on."""
+    kb = world
+    set_revocation(kb.root, immediate=True, grace=0)
+    # A read plan: two write commands into one notes/ would take turns (the notes mutex).
+    sid = kb.open_session("con", kind="execution", kb_access="read", actor="alice")
+    map_uid(kb.root, "alice", os.getuid())
+    with serving(kb.root) as daemon:
+        mine = Runner(kb, sid, socket=daemon.sock if via == "brokered" else None,
+                      as_=None if via == "brokered" else "alice")  # fmt: skip
+        operator: Runner | None = None
+        try:
+            (running,) = kb.cli("session", "show", sid, "--json").json()["running"]
+            operator = Runner(kb, sid)  # in-process, as the local operator: no principal to lose
+            change(kb)
+            wait_for(lambda: not mine.loops & set(loop_pids(sid)), 5, "alice's setsid loop was terminated")
+            wait_for(lambda: of_type(kb.root, "command.terminated", session_id=sid, pid=running["pid"]), 5,
+                     "command.terminated")  # fmt: skip
+            mine.proc.wait(timeout=30)
+            time.sleep(0.5)  # a wrong second termination would come with the same pass
+            assert operator.proc.poll() is None and set(loop_pids(sid)) == operator.loops, (
+                "the operator's runs on"
+            )
+            (left,) = kb.cli("session", "show", sid, "--json").json()["running"]
+            assert left["pid"] != running["pid"]
+        finally:
+            mine.close()
+            if operator is not None:
+                operator.close()
         assert daemon.proc.poll() is None
 
 

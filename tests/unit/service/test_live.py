@@ -4,6 +4,7 @@ producer, tested in tests/unit/service/test_feed.py.)"""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from kbd.core.plan import Grant, Origin, Plan
@@ -35,3 +36,19 @@ def test_only_commands_of_older_generations_whose_grants_shrank_are_acted_on() -
     assert commands_to_act(procs[:1], new=plan(2, "/a", "/b", "/c"), history={}, acted=set()) == procs[:1]
     # The session has no plan now (its workflow is gone): every command.
     assert commands_to_act(procs, new=None, history={1: wide}, acted=set()) == procs
+
+
+def test_commands_of_a_principal_who_lost_the_session_are_acted_on_whatever_their_generation() -> None:
+    """Disabling a principal (or taking its role) shrinks *its* grants to
+    nothing even when the session's plan is unchanged: its commands end; the
+    local operator's (principal None) and others' stay."""
+    current = plan(3, "/a")
+    alice, bob = replace(proc(10, 3), principal="alice"), replace(proc(11, 3), principal="bob")
+    operator = proc(12, 3)
+    lost = {"alice"}.__contains__
+    assert commands_to_act([alice, bob, operator], new=current, history={3: current}, acted=set(),
+                           lost=lost) == [alice]  # fmt: skip
+    # Not twice.
+    assert commands_to_act([alice], new=current, history={3: current}, acted={(10, 3)}, lost=lost) == []
+    # Without a lost principal, an unchanged plan acts on nothing.
+    assert commands_to_act([alice, bob, operator], new=current, history={3: current}, acted=set()) == []
