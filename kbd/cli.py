@@ -45,6 +45,8 @@ from kbd.service.sessions import RootSessions
 from kbd.state import audit as audit_log
 
 F = TypeVar("F", bound=Callable[..., object])
+# The system service's root (systemd/kbd.service: StateDirectory=kbd).
+SYSTEM_ROOT = Path("/var/lib/kbd")
 
 
 def run(args: Sequence[str] | None = None) -> NoReturn:
@@ -145,13 +147,34 @@ pass_ctx = click.make_pass_decorator(Ctx)
     "--root",
     type=click.Path(path_type=Path, file_okay=False),
     envvar="KBD_ROOT",
-    help="kbd root (default: $KBD_ROOT, else $XDG_DATA_HOME/kbd, else ~/.local/share/kbd).",
+    help="kbd root (default: $KBD_ROOT, else $XDG_DATA_HOME/kbd, else ~/.local/share/kbd; when that does "
+    f"not exist, the system root {SYSTEM_ROOT} if it does, except for init).",
 )
 @click.version_option(package_name="kbd")
 @click.pass_context
 def main(ctx: click.Context, root: Path | None) -> None:
     """kbd: attach workflow knowledge bases to each other, under kernel-enforced grants."""
-    ctx.obj = Ctx(root if root is not None else default_root())
+    if root is None:
+        personal = default_root()
+        root = choose_root(
+            personal,
+            creating=ctx.invoked_subcommand == "init",
+            personal_exists=os.path.lexists(personal),
+            system_exists=os.path.isdir(SYSTEM_ROOT),
+        )
+    ctx.obj = Ctx(root)
+
+
+def choose_root(personal: Path, *, creating: bool, personal_exists: bool, system_exists: bool) -> Path:
+    """The root when neither --root nor $KBD_ROOT names one (DESIGN §2, §10):
+    the caller's own (``$XDG_DATA_HOME/kbd``, else ``~/.local/share/kbd``) when
+    it exists, else the system service's root when that exists (it may be
+    unreadable to the caller: the daemon then serves them), else the caller's
+    own again, so a missing root gets the usual error. ``init`` always means the
+    caller's own: the system root is created only when named."""
+    if creating or personal_exists or not system_exists:
+        return personal
+    return SYSTEM_ROOT
 
 
 # -- init / doctor / validate ---------------------------------------------------

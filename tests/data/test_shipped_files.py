@@ -220,7 +220,8 @@ def test_service_unit_keeps_bubblewrap_working() -> None:
     assert "RestrictNamespaces" not in svc, "bubblewrap needs namespaces"
     assert "PrivateUsers" not in svc
     for f in svc.get("SystemCallFilter", []):
-        assert "@mount" in f, "a syscall filter without @mount breaks bubblewrap"
+        # An allow-list must name @mount, a deny-list (~…) must not (issue 12 item 4: a deny-list).
+        assert ("@mount" in f) != f.startswith("~"), "a syscall filter without @mount breaks bubblewrap"
     assert svc["NoNewPrivileges"] == ["yes"] and svc["UMask"] == ["0027"]
     # Every directive in the Service section has a comment on its line or just above.
     lines = (SYSTEMD / "kbd.service").read_text().splitlines()
