@@ -38,6 +38,7 @@ from kbd.errors import (
 from kbd.service import JsonObject, admin, auth
 from kbd.service import browse as browse_ops
 from kbd.service import notes as note_ops
+from kbd.service import principals as principal_ops
 from kbd.service import sessions as session_ops
 from kbd.service import workflows as workflow_ops
 from kbd.service.root import Root
@@ -756,6 +757,7 @@ def principals() -> None:
 @json_option
 @pass_ctx
 def principals_list(c: Ctx, as_json: bool) -> None:
+    """List principals: ID, kind, flags (admin, disabled, token) and label."""
     result = admin.list_principals(c.host)
     if as_json:
         _emit(result.to_json())
@@ -767,15 +769,122 @@ def principals_list(c: Ctx, as_json: bool) -> None:
             for f, on in (("admin", p.admin), ("disabled", p.disabled), ("token", p.token_sha256 is not None))
             if on
         ]
-        click.echo(f"{p.id:<20} {p.kind:<8} {' '.join(flags)}")
+        label = f"  {one_line(p.label, limit=200)}" if p.label is not None else ""
+        click.echo(f"{p.id:<20} {p.kind:<8} {' '.join(flags)}{label}")
+
+
+def _force_option(action: str) -> Callable[[F], F]:
+    return click.option(
+        "--force", is_flag=True, help=f"{action.capitalize()} even the last enabled admin (then only a hand edit of "
+        "principals.yaml, or `kbd principals enable` on the root, brings an admin back)."
+    )  # fmt: skip
+
+
+def _changed_line(result: principal_ops.PrincipalChanged, done: str) -> str:
+    return f"{done} principal {one_line(result.principal.id)}" if result.changed else (
+        f"principal {one_line(result.principal.id)} was already {done}")  # fmt: skip
+
+
+@principals.command("add")
+@click.argument("name")
+@click.option("--uid", type=int, metavar="N", help="Map the principal to this uid (peer-uid authentication).")
+@click.option("--user", "login", metavar="LOGIN", help="Map it to LOGIN's uid on this host.")
+@click.option("--admin", is_flag=True, help="An admin: may manage any workflow and read anything.")
+@click.option(
+    "--service", is_flag=True, help="A service (an execution host): may open sessions for any workflow."
+)
+@click.option("--label", metavar="TEXT", help="A name for people (one line).")
+@as_option
+@json_option
+@pass_ctx
+def principals_add(c: Ctx, name: str, uid: int | None, login: str | None, admin: bool, service: bool,
+                   label: str | None, as_: str | None, as_json: bool) -> None:  # fmt: skip
+    """Add principal NAME mapped to a uid (--uid N or --user LOGIN).
+
+    principals.yaml is edited in place: its comments, blank lines and order stay."""
+    if (uid is None) == (login is None):
+        raise UsageError("pass exactly one of --uid N and --user LOGIN",
+                         hint="kbd principals add NAME --uid 1000   (or --user alice)")  # fmt: skip
+    if admin and service:
+        raise UsageError("pass at most one of --admin and --service: a service principal is never an admin",
+                         hint="add the service and an admin as two principals")  # fmt: skip
+    user: str | None = login
+    if login is not None:
+        uid, flag = principal_ops.uid_of_user(login), f"--user {login}"
+    else:
+        assert uid is not None
+        principal_ops.check_uid(uid)
+        flag, user = "--uid", principal_ops.login_of(uid)
+    result = principal_ops.add(c.host, name, uid=uid, kind="service" if service else "user", admin=admin,
+                               label=label, actor=c.session_actor(as_), uid_flag=flag, user=user)  # fmt: skip
+    if as_json:
+        _emit(result.to_json())
+        return
+    p = result.principal
+    role = "admin" if p.admin else p.kind
+    click.echo(f"added principal {one_line(p.id)} ({role}, uid {p.uid}" + (f" = {user})" if user else ")"))
+    if user is None:
+        click.echo(f"kbd: note: uid {p.uid} has no passwd entry on this host", err=True)
+
+
+@principals.command("disable")
+@click.argument("name")
+@_force_option("disable")
+@as_option
+@json_option
+@pass_ctx
+def principals_disable(c: Ctx, name: str, force: bool, as_: str | None, as_json: bool) -> None:
+    """Disable NAME: refused everywhere from the daemon's next request on; the
+    commands it started are ended (or marked stale) by revocation."""
+    result = principal_ops.disable(c.host, name, force=force, actor=c.session_actor(as_))
+    if as_json:
+        _emit(result.to_json())
+    else:
+        click.echo(_changed_line(result, "disabled"))
+
+
+@principals.command("enable")
+@click.argument("name")
+@as_option
+@json_option
+@pass_ctx
+def principals_enable(c: Ctx, name: str, as_: str | None, as_json: bool) -> None:
+    """Enable NAME again."""
+    result = principal_ops.enable(c.host, name, actor=c.session_actor(as_))
+    if as_json:
+        _emit(result.to_json())
+    else:
+        click.echo(_changed_line(result, "enabled"))
+
+
+@principals.command("remove")
+@click.argument("name")
+@_force_option("remove")
+@as_option
+@json_option
+@pass_ctx
+def principals_remove(c: Ctx, name: str, force: bool, as_: str | None, as_json: bool) -> None:
+    """Remove NAME's entry from principals.yaml (other lines stay as they are)."""
+    result = principal_ops.remove(c.host, name, force=force, actor=c.session_actor(as_))
+    if as_json:
+        _emit(result.to_json())
+    else:
+        click.echo(_changed_line(result, "removed"))
 
 
 @principals.command("token")
 @click.argument("name")
+@as_option
+@json_option
 @pass_ctx
-def principals_token(c: Ctx, name: str) -> None:
-    """Issue a new API token for NAME (printed once; only its hash is stored)."""
-    click.echo(admin.new_token(c.host, name))
+def principals_token(c: Ctx, name: str, as_: str | None, as_json: bool) -> None:
+    """Issue a new API token for NAME (printed once; only its hash is stored;
+    the old token stops working)."""
+    result = principal_ops.rotate_token(c.host, name, actor=c.session_actor(as_))
+    if as_json:
+        _emit(result.to_json())
+    else:
+        click.echo(result.token)
 
 
 # -- daemon ------------------------------------------------------------------------------
