@@ -47,7 +47,9 @@ _BREAKS = ("\r", "\x85", "\u2028", "\u2029", "\ufeff", "\x0b", "\x0c", "\x00")
 # A value starting with one of these is not a plain one-line scalar: an anchor,
 # alias, tag, flow collection, block scalar, directive or reserved indicator.
 _NOT_PLAIN_START = "&*!{[|>%@`,#"
-_SIMPLE_PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+-]*")
+# Plain only when no YAML reader could take it for a number (``12e45`` is a
+# string to PyYAML but a float to YAML 1.2 tools): it starts with a letter or _.
+_SIMPLE_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_.@+-]*")
 
 
 @dataclass(frozen=True)
