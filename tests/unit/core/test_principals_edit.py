@@ -193,7 +193,7 @@ LABELS = st.text(
 ).filter(lambda s: s.strip() and not any(c.isspace() and c != " " for c in s))
 
 
-def _scalar_text(value: Any, style: str) -> str:
+def _scalar_text(value: str | int | bool, style: str) -> str:
     if isinstance(value, bool):
         return ("true", "True", "yes")[["plain", "single", "double"].index(style)] if value else "false"
     if isinstance(value, int):
@@ -274,10 +274,11 @@ def edits(draw: st.DrawFn, entries: list[dict[str, Any]]) -> tuple[Edit, list[di
     if kind == "remove":
         del expected[index]
         return RemoveEntry(pid), expected
-    key, value = draw(st.sampled_from([
+    choices: list[tuple[str, str | int | bool]] = [
         ("disabled", True), ("disabled", False), ("admin", True), ("label", draw(LABELS)),
         ("token_sha256", hashlib.sha256(draw(IDS).encode()).hexdigest()),
-    ]))  # fmt: skip
+    ]  # fmt: skip
+    key, value = draw(st.sampled_from(choices))
     expected[index][key] = value
     return SetField(pid, key, value), expected
 
@@ -300,11 +301,12 @@ def _only_the_value_changed(layout: Layout, edit: SetField, old: list[str], new:
     index = layout.index_of(edit.pid)
     assert index is not None
     item = layout.items[index]
-    (key,) = [k for k in item.keys if k.key == edit.key] or [None]
-    if key is None:
+    found = [k for k in item.keys if k.key == edit.key]
+    if not found:
         assert new[item.start : item.end] == old[item.start : item.end]
         assert new[item.end] == " " * item.key_col + f"{edit.key}: {render_scalar(edit.value)}"
         return
+    key = found[0]
     for i in range(item.start, item.end):
         if i != key.index:
             assert new[i] == old[i]
