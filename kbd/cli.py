@@ -952,20 +952,14 @@ def principals_add(c: Ctx, name: str, uid: int | None, login: str | None, admin:
     if admin and service:
         raise UsageError("pass at most one of --admin and --service: a service principal is never an admin",
                          hint="add the service and an admin as two principals")  # fmt: skip
-    user: str | None = login
-    if login is not None:
-        uid, flag = principal_ops.uid_of_user(login), f"--user {login}"
-    else:
-        assert uid is not None
-        principal_ops.check_uid(uid)
-        flag, user = "--uid", principal_ops.login_of(uid)
-    result = principal_ops.add(c.host, name, uid=uid, kind="service" if service else "user", admin=admin,
-                               label=label, actor=c.session_actor(as_), uid_flag=flag, user=user)  # fmt: skip
+    result = principal_ops.add(c.host, name, uid=uid, login=login, kind="service" if service else "user",
+                               admin=admin, label=label, actor=c.session_actor(as_))  # fmt: skip
     if as_json:
         _emit(result.to_json())
         return
     p = result.principal
     role = "admin" if p.admin else p.kind
+    user = result.user
     click.echo(f"added principal {one_line(p.id)} ({role}, uid {p.uid}" + (f" = {user})" if user else ")"))
     if user is None:
         click.echo(f"kbd: note: uid {p.uid} has no passwd entry on this host", err=True)

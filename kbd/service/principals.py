@@ -34,7 +34,7 @@ from kbd.core.principals import (
     label_problem,
 )
 from kbd.core.principals_edit import AddEntry, Edit, RemoveEntry, Scalar, SetField
-from kbd.errors import InvalidInput, KbdError, NotFound, PermissionDenied
+from kbd.errors import InvalidInput, KbdError, NotFound, PermissionDenied, UsageError
 from kbd.service import JsonObject
 from kbd.service.admin import PrincipalRow
 from kbd.service.root import Root
@@ -90,13 +90,13 @@ def check_name(name: str) -> None:
         raise InvalidInput(f"NAME {name!r} {problem}", hint="a principal ID, e.g. alice or exec-host")
 
 
-def check_uid(uid: int, *, flag: str = "--uid") -> None:
+def check_uid(uid: int) -> None:
     if not 0 <= uid <= MAX_UID:
-        raise InvalidInput(f"{flag} {uid} is out of range: a uid is from 0 to {MAX_UID}",
+        raise InvalidInput(f"--uid {uid} is out of range: a uid is from 0 to {MAX_UID}",
                            hint="pass the numeric uid of the account (id -u LOGIN)")  # fmt: skip
 
 
-def _unique(principals: Principals, name: str, uid: int, *, uid_flag: str) -> None:
+def _unique(principals: Principals, name: str, uid: int, *, where: str) -> None:
     if principals.get(name) is not None:
         err = InvalidInput(f"NAME {name!r} is already a principal",
                            hint="choose another ID, or change the existing one (disable, enable, token)")  # fmt: skip
@@ -104,7 +104,7 @@ def _unique(principals: Principals, name: str, uid: int, *, uid_flag: str) -> No
         raise err
     mapped = principals.by_uid(uid)
     if mapped is not None:
-        err = InvalidInput(f"{uid_flag} {uid} is already mapped to principal {mapped.id!r}; a uid maps to one "
+        err = InvalidInput(f"{where} is already mapped to principal {mapped.id!r}; a uid maps to one "
                            "principal", hint=f"remove {mapped.id!r} first, or map another uid")  # fmt: skip
         err.reason = "duplicate_uid"
         raise err
@@ -162,26 +162,31 @@ def add(
     host: Root,
     name: str,
     *,
-    uid: int,
+    uid: int | None = None,
+    login: str | None = None,
     kind: str = "user",
     admin: bool = False,
     label: str | None = None,
     actor: Actor,
-    uid_flag: str = "--uid",
-    user: str | None = None,
 ) -> PrincipalChanged:
-    """Add principal ``name`` mapped to ``uid`` (``uid_flag`` names where the uid
-    came from in errors: ``--uid`` or ``--user LOGIN``)."""
-    fields: list[tuple[str, Scalar]] = [("id", name), ("kind", kind)]
-    if admin:
-        fields.append(("admin", True))
-    fields.append(("uid", uid))
-    if label is not None:
-        fields.append(("label", label))
+    """Add principal ``name`` mapped to ``uid``, or to the uid of ``login`` on
+    this host (exactly one of them)."""
+    audited: JsonObject = {}  # filled once decided: what the audit record says was added
+    user: list[str | None] = []
 
     def decide(current: Current) -> Edit:
         check_name(name)
-        check_uid(uid, flag=uid_flag)
+        if (uid is None) == (login is None):
+            raise UsageError("pass exactly one of --uid N and --user LOGIN")
+        if login is not None:
+            mapped, where = uid_of_user(login), f"--user {login}"
+            where += f" (uid {mapped})"
+            user.append(login)
+        else:
+            assert uid is not None
+            check_uid(uid)
+            mapped, where = uid, f"--uid {uid}"
+            user.append(login_of(uid))
         if kind not in KINDS:
             raise InvalidInput(f"kind {kind!r} is not one of {', '.join(KINDS)}")
         if admin and kind == "service":
@@ -190,11 +195,15 @@ def add(
             )
         if label is not None and (problem := label_problem(label)) is not None:
             raise InvalidInput(f"--label {problem}")
-        _unique(current.principals, name, uid, uid_flag=uid_flag)
+        _unique(current.principals, name, mapped, where=where)
+        fields: list[tuple[str, Scalar]] = [("id", name), ("kind", kind)]
+        fields += [("admin", True)] if admin else []
+        fields += [("uid", mapped)] + ([("label", label)] if label is not None else [])
+        audited.update(fields)
         return AddEntry(tuple(fields))
 
-    after = _run(host, "add", name, actor, decide, fields=dict(fields), event="principal_added")
-    return PrincipalChanged("add", _existing(after, name), True, user)
+    after = _run(host, "add", name, actor, decide, fields=audited, event="principal_added")
+    return PrincipalChanged("add", _existing(after, name), True, user[0])
 
 
 def _set_disabled(host: Root, name: str, *, disabled: bool, force: bool, actor: Actor) -> PrincipalChanged:
