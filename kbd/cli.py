@@ -796,6 +796,10 @@ class ExecCommand(click.Command):
     that the lean path uses too, so both give the same answer to every argv."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if ctx.resilient_parsing:
+            # Shell completion of a half-typed line: click's own lenient parse
+            # of the declared parameters (nothing runs).
+            return super().parse_args(ctx, args)
         request = parse_exec(args)
         if request is None:
             click.echo(ctx.get_help(), color=ctx.color)  # as click's own --help does
