@@ -200,7 +200,7 @@ def _completion_host(ctx: click.Context) -> Root:
 
 
 def _workflow_ids(ctx: click.Context) -> list[tuple[str, str | None]]:
-    return [(wid, None) for wid in _completion_host(ctx).registry.ids()]
+    return [(wid, None) for wid in _completion_host(ctx).registry.known_ids()]
 
 
 def _session_ids(ctx: click.Context) -> list[tuple[str, str | None]]:
