@@ -122,8 +122,9 @@ _DOING = {"disable": "disabling", "remove": "removing"}
 
 def _keeps_an_admin(principals: Principals, target: Principal, *, action: str, force: bool) -> None:
     """Refuse to take away the last enabled admin (unless ``force``): without
-    one nobody may manage other people's workflows or grants through kbd, and
-    only a hand edit of principals.yaml would bring one back."""
+    one, no principal may manage other people's workflows, grants or principals
+    (through the daemon or with ``--as``), and only the root's own operator
+    could bring one back."""
     if force or not target.enabled_admin:
         return
     if any(p.enabled_admin and p.id != target.id for p in principals):
