@@ -17,6 +17,7 @@ from typing import NoReturn, TypeVar
 
 import click
 import orjson
+from click.shell_completion import CompletionItem
 
 from kbd.boundary import die_of_sigpipe, guarded, internal_error
 from kbd.core.config import default_root
@@ -38,6 +39,7 @@ from kbd.errors import (
 from kbd.service import JsonObject, admin, auth
 from kbd.service import browse as browse_ops
 from kbd.service import notes as note_ops
+from kbd.service import principals as principal_ops
 from kbd.service import sessions as session_ops
 from kbd.service import workflows as workflow_ops
 from kbd.service.root import Root
@@ -72,7 +74,19 @@ def run(args: Sequence[str] | None = None) -> NoReturn:
 
 class KbdGroup(click.Group):
     """A closed stdout ends kbd by SIGPIPE, and an OSError a command let out
-    reaches the boundary as an internal error (click would swallow some)."""
+    reaches the boundary as an internal error (click would swallow some).
+    Subgroups are KbdGroups too."""
+
+    group_class = type
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name, cmd, rest = super().resolve_command(ctx, args)
+        obj = ctx.find_object(Ctx)
+        if obj is not None and cmd is not None and not ctx.resilient_parsing:
+            _refuse_global_json(ctx, cmd, obj)
+        return name, cmd, rest
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -98,8 +112,16 @@ def _write_stdout(data: bytes) -> None:
         view = view[os.write(sys.stdout.fileno(), view) :]
 
 
+def _json_wanted(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    """A command's --json, or the global one given before the command (``kbd --json …``)."""
+    obj = ctx.find_object(Ctx)
+    return value or (obj is not None and obj.json)
+
+
 def json_option(f: F) -> F:
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON (the contract's shapes).")(f)
+    return click.option(
+        "--json", "as_json", is_flag=True, callback=_json_wanted, help="Print JSON (the contract's shapes)."
+    )(f)
 
 
 def as_option(f: F) -> F:
@@ -107,14 +129,16 @@ def as_option(f: F) -> F:
         "--as",
         "as_",
         metavar="PRINCIPAL",
+        shell_complete=_complete_principals,
         help="Principal acting (default: $KBD_AS, else the principal mapped to your uid; session commands: "
         "the trusted local operator). An empty value is a usage error.",
     )(f)
 
 
 class Ctx:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, as_json: bool = False) -> None:
         self.root = root
+        self.json = as_json  # the global --json (before the command)
         self._host: Root | None = None
 
     @property
@@ -142,27 +166,149 @@ class Ctx:
 pass_ctx = click.make_pass_decorator(Ctx)
 
 
-@click.group(cls=KbdGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--root",
-    type=click.Path(path_type=Path, file_okay=False),
-    envvar="KBD_ROOT",
-    help="kbd root (default: $KBD_ROOT, else $XDG_DATA_HOME/kbd, else ~/.local/share/kbd; when that does "
-    f"not exist, the system root {SYSTEM_ROOT} if it does, except for init).",
+# -- shell completion ------------------------------------------------------------------
+# Called by the shell on every TAB (`kbd completion SHELL` prints the script):
+# each answers from the root's own indexes (the registry and its cache, the
+# session store), never walks what it need not, and never fails loudly: a
+# root that cannot be read completes nothing.
+
+MAX_COMPLETIONS = 500
+
+
+def _completion_root(ctx: click.Context) -> Path:
+    given = ctx.meta.get(_LATE_ROOT) or ctx.find_root().params.get("root")
+    return Path(given) if given is not None else _default_root(None)
+
+
+def _quietly(
+    find: Callable[[click.Context], list[tuple[str, str | None]]],
+) -> Callable[..., list[CompletionItem]]:
+    """A completion callback from ``find`` (candidates and their help), filtered
+    by what was typed; any error completes nothing."""
+
+    def complete(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+        try:
+            found = find(ctx)
+        except Exception:  # a completion never prints a traceback into a shell prompt
+            return []
+        items = sorted({v: h for v, h in found if v.startswith(incomplete)}.items())[:MAX_COMPLETIONS]
+        return [CompletionItem(v, help=one_line(h, limit=80) if h else None) for v, h in items]
+
+    return complete
+
+
+def _completion_host(ctx: click.Context) -> Root:
+    return Root(_completion_root(ctx))
+
+
+def _workflow_ids(ctx: click.Context) -> list[tuple[str, str | None]]:
+    return [(wid, None) for wid in _completion_host(ctx).registry.known_ids()]
+
+
+def _session_ids(ctx: click.Context) -> list[tuple[str, str | None]]:
+    host = _completion_host(ctx)
+    if not (host.config.state_dir / "sessions.db").is_file():
+        return []  # never create the store just to complete nothing
+    return [(r.id, f"{r.workflow_id} {r.kind}") for r in RootSessions(host).store.rows()]
+
+
+def _aliases(ctx: click.Context) -> list[tuple[str, str | None]]:
+    """The aliases of the workflow named before (WF), or of the session's workflow (SID)."""
+    host = _completion_host(ctx)
+    wid = ctx.params.get("wf")
+    if wid is None and isinstance(ctx.params.get("sid"), str):
+        wid = RootSessions(host).store.get(ctx.params["sid"]).workflow_id
+    if not isinstance(wid, str):
+        return []
+    return [(e.alias, e.workflow_id) for e in host.workflow(wid).manifest.entries if e.alias]
+
+
+def _principal_ids(ctx: click.Context) -> list[tuple[str, str | None]]:
+    return [(p.id, p.label) for p in _completion_host(ctx).principals]
+
+
+_complete_workflows = _quietly(_workflow_ids)
+_complete_sessions = _quietly(_session_ids)
+_complete_aliases = _quietly(_aliases)
+_complete_principals = _quietly(_principal_ids)
+
+# -- global options after the command ------------------------------------------------------
+
+_LATE_ROOT = "kbd.root"
+
+
+def _late_root(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    """``--root`` after the command: as if it had been given before it."""
+    if value is None:
+        return
+    ctx.meta[_LATE_ROOT] = value
+    obj = ctx.find_object(Ctx)
+    if obj is not None:
+        obj.root = value
+
+
+def _accept_global_options(group: click.Group) -> None:
+    """Let every command of ``group`` take ``--root`` after its name too (hidden:
+    the main help shows it once). Not ``exec``: everything after its session is
+    the sandboxed command's, parsed by the one exec grammar."""
+    for cmd in group.commands.values():
+        if isinstance(cmd, click.Group):
+            _accept_global_options(cmd)
+        elif not isinstance(cmd, ExecCommand):
+            cmd.params.append(
+                click.Option(
+                    ["--root", "late_root"],
+                    type=click.Path(path_type=Path, file_okay=False),
+                    expose_value=False,
+                    hidden=True,
+                    callback=_late_root,
+                    help=ROOT_HELP,
+                )
+            )
+
+
+ROOT_HELP = (
+    "kbd root (default: $KBD_ROOT, else $XDG_DATA_HOME/kbd, else ~/.local/share/kbd; when that does "
+    f"not exist, the system root {SYSTEM_ROOT} if it does, except for init)."
 )
+
+
+def _refuse_global_json(ctx: click.Context, cmd: click.Command, obj: Ctx) -> None:
+    """``kbd --json CMD`` for a command that prints no JSON is a usage error,
+    never silently text."""
+    if obj.json and not isinstance(cmd, click.Group) and not any(p.name == "as_json" for p in cmd.params):
+        raise click.UsageError(f"`{ctx.command_path} {cmd.name}` has no --json output", ctx=ctx)
+
+
+@click.group(
+    cls=KbdGroup, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]}
+)
+@click.option("--root", type=click.Path(path_type=Path, file_okay=False), envvar="KBD_ROOT", help=ROOT_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (as each command's own --json).")
 @click.version_option(package_name="kbd")
 @click.pass_context
-def main(ctx: click.Context, root: Path | None) -> None:
-    """kbd: attach workflow knowledge bases to each other, under kernel-enforced grants."""
-    if root is None:
-        personal = default_root()
-        root = choose_root(
-            personal,
-            creating=ctx.invoked_subcommand == "init",
-            personal_exists=os.path.lexists(personal),
-            system_exists=os.path.isdir(SYSTEM_ROOT),
-        )
-    ctx.obj = Ctx(root)
+def main(ctx: click.Context, root: Path | None, as_json: bool) -> None:
+    """kbd: attach workflow knowledge bases to each other, under kernel-enforced grants.
+
+    Global options (--root, --json) may also follow the command: `kbd sources list WF --root DIR`."""
+    ctx.obj = Ctx(root if root is not None else _default_root(ctx.invoked_subcommand), as_json=as_json)
+    if ctx.invoked_subcommand is None:
+        # Bare `kbd` asks what there is: the help, on stdout, and success.
+        click.echo(ctx.get_help())
+        ctx.exit(0)
+    sub = main.commands.get(ctx.invoked_subcommand)
+    if sub is not None:
+        _refuse_global_json(ctx, sub, ctx.obj)
+
+
+def _default_root(subcommand: str | None) -> Path:
+    personal = default_root()
+    return choose_root(
+        personal,
+        creating=subcommand == "init",
+        personal_exists=os.path.lexists(personal),
+        system_exists=os.path.isdir(SYSTEM_ROOT),
+    )
 
 
 def choose_root(personal: Path, *, creating: bool, personal_exists: bool, system_exists: bool) -> Path:
@@ -208,6 +354,7 @@ def init(c: Ctx, demo: bool, host_name: str | None, force: bool, as_json: bool) 
     "--workflow",
     "workflow_id",
     metavar="WF",
+    shell_complete=_complete_workflows,
     help="also check the KBs WF's sessions can read (its own and its sources') for multi-link files",
 )
 @json_option
@@ -301,7 +448,7 @@ def _attachment_line(att: Attachment) -> str:
 
 
 @workflows.command("show")
-@click.argument("wf")
+@click.argument("wf", shell_complete=_complete_workflows)
 @as_option
 @json_option
 @pass_ctx
@@ -334,7 +481,7 @@ def sources() -> None:
 
 
 @sources.command("list")
-@click.argument("wf")
+@click.argument("wf", shell_complete=_complete_workflows)
 @as_option
 @json_option
 @pass_ctx
@@ -349,8 +496,8 @@ def sources_list(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
 
 
 @sources.command("attach")
-@click.argument("wf")
-@click.argument("source_id")
+@click.argument("wf", shell_complete=_complete_workflows)
+@click.argument("source_id", shell_complete=_complete_workflows)
 @click.option("--alias", required=True, help="Local name: ^[a-z][a-z0-9_]{0,47}$, not 'access'.")
 @click.option("--access", type=click.Choice(["read", "write"]), default="read", show_default=True)
 @as_option
@@ -372,8 +519,8 @@ def sources_attach(
 
 
 @sources.command("detach")
-@click.argument("wf")
-@click.argument("alias")
+@click.argument("wf", shell_complete=_complete_workflows)
+@click.argument("alias", shell_complete=_complete_aliases)
 @as_option
 @json_option
 @pass_ctx
@@ -387,7 +534,7 @@ def sources_detach(c: Ctx, wf: str, alias: str, as_: str | None, as_json: bool) 
 
 
 @sources.command("set")
-@click.argument("wf")
+@click.argument("wf", shell_complete=_complete_workflows)
 @click.option(
     "--file",
     "file",
@@ -427,7 +574,7 @@ def sources_set(
 
 
 @sources.command("candidates")
-@click.argument("wf")
+@click.argument("wf", shell_complete=_complete_workflows)
 @as_option
 @json_option
 @pass_ctx
@@ -451,7 +598,7 @@ def writers() -> None:
 
 
 @writers.command("list")
-@click.argument("source_wf")
+@click.argument("source_wf", shell_complete=_complete_workflows)
 @as_option
 @json_option
 @pass_ctx
@@ -466,8 +613,8 @@ def writers_list(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> None
 
 
 @writers.command("grant")
-@click.argument("source_wf")
-@click.argument("consumer_wf")
+@click.argument("source_wf", shell_complete=_complete_workflows)
+@click.argument("consumer_wf", shell_complete=_complete_workflows)
 @as_option
 @json_option
 @pass_ctx
@@ -484,8 +631,8 @@ def writers_grant(c: Ctx, source_wf: str, consumer_wf: str, as_: str | None, as_
 
 
 @writers.command("revoke")
-@click.argument("source_wf")
-@click.argument("consumer_wf")
+@click.argument("source_wf", shell_complete=_complete_workflows)
+@click.argument("consumer_wf", shell_complete=_complete_workflows)
 @as_option
 @json_option
 @pass_ctx
@@ -539,7 +686,7 @@ def session() -> None:
 
 
 @session.command("open")
-@click.argument("wf")
+@click.argument("wf", shell_complete=_complete_workflows)
 @click.option(
     "--kind", type=click.Choice(KINDS), help="Required unless --parent (default: the parent's kind)."
 )
@@ -549,7 +696,9 @@ def session() -> None:
 @click.option(
     "--item-kb-write", is_flag=True, default=None, help="message_sequence: the item asks for KB write."
 )
-@click.option("--parent", metavar="SID", help="Open a copied child of this session.")
+@click.option(
+    "--parent", metavar="SID", shell_complete=_complete_sessions, help="Open a copied child of this session."
+)
 @as_option
 @json_option
 @pass_ctx
@@ -577,7 +726,7 @@ def session_open(
 
 
 @session.command("show")
-@click.argument("sid")
+@click.argument("sid", shell_complete=_complete_sessions)
 @as_option
 @json_option
 @pass_ctx
@@ -595,7 +744,7 @@ def session_show(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
 
 
 @session.command("revoke")
-@click.argument("sid")
+@click.argument("sid", shell_complete=_complete_sessions)
 @click.option(
     "--immediate",
     is_flag=True,
@@ -619,7 +768,7 @@ def session_revoke(c: Ctx, sid: str, immediate: bool, as_: str | None, as_json: 
 
 
 @session.command("env")
-@click.argument("sid")
+@click.argument("sid", shell_complete=_complete_sessions)
 @as_option
 @json_option
 @pass_ctx
@@ -634,7 +783,7 @@ def session_env(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
 
 
 @session.command("list")
-@click.option("--workflow", "wf", metavar="WF")
+@click.option("--workflow", "wf", metavar="WF", shell_complete=_complete_workflows)
 @click.option("--all", "include_closed", is_flag=True, help="Include closed sessions.")
 @as_option
 @json_option
@@ -655,7 +804,7 @@ def session_list(c: Ctx, wf: str | None, include_closed: bool, as_: str | None, 
 
 
 @session.command("close")
-@click.argument("sid")
+@click.argument("sid", shell_complete=_complete_sessions)
 @as_option
 @json_option
 @pass_ctx
@@ -674,6 +823,10 @@ class ExecCommand(click.Command):
     that the lean path uses too, so both give the same answer to every argv."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if ctx.resilient_parsing:
+            # Shell completion of a half-typed line: click's own lenient parse
+            # of the declared parameters (nothing runs).
+            return super().parse_args(ctx, args)
         request = parse_exec(args)
         if request is None:
             click.echo(ctx.get_help(), color=ctx.color)  # as click's own --help does
@@ -683,7 +836,7 @@ class ExecCommand(click.Command):
 
 
 @main.command("exec", cls=ExecCommand)
-@click.argument("sid")
+@click.argument("sid", shell_complete=_complete_sessions)
 @click.option("--cwd", metavar="DIR", help="Run in DIR (inside the session's workflow folder).")
 @as_option
 @click.option(
@@ -700,7 +853,7 @@ def exec_cmd(c: Ctx, request: ExecArgs) -> None:
 
 
 @main.command("check")
-@click.argument("sid")
+@click.argument("sid", shell_complete=_complete_sessions)
 @click.argument("path")
 @click.option("--mode", type=click.Choice(["read", "write"]), required=True)
 @as_option
@@ -730,8 +883,8 @@ def notes() -> None:
 
 
 @notes.command("write")
-@click.argument("sid")
-@click.argument("alias")
+@click.argument("sid", shell_complete=_complete_sessions)
+@click.argument("alias", shell_complete=_complete_aliases)
 @click.argument("relpath")
 @click.option("--file", "file", metavar="F|-", help="Note content; - reads stdin (the default when piped).")
 @as_option
@@ -779,6 +932,7 @@ def principals() -> None:
 @json_option
 @pass_ctx
 def principals_list(c: Ctx, as_json: bool) -> None:
+    """List principals: ID, kind, flags (admin, disabled, token) and label."""
     result = admin.list_principals(c.host)
     if as_json:
         _emit(result.to_json())
@@ -790,15 +944,116 @@ def principals_list(c: Ctx, as_json: bool) -> None:
             for f, on in (("admin", p.admin), ("disabled", p.disabled), ("token", p.token_sha256 is not None))
             if on
         ]
-        click.echo(f"{p.id:<20} {p.kind:<8} {' '.join(flags)}")
+        label = f"  {one_line(p.label, limit=200)}" if p.label is not None else ""
+        click.echo(f"{p.id:<20} {p.kind:<8} {' '.join(flags)}{label}")
+
+
+def _force_option(action: str) -> Callable[[F], F]:
+    return click.option(
+        "--force", is_flag=True, help=f"{action.capitalize()} even the last enabled admin (then only a hand edit of "
+        "principals.yaml, or `kbd principals enable` on the root, brings an admin back)."
+    )  # fmt: skip
+
+
+def _changed_line(result: principal_ops.PrincipalChanged, done: str) -> str:
+    return f"{done} principal {one_line(result.principal.id)}" if result.changed else (
+        f"principal {one_line(result.principal.id)} was already {done}")  # fmt: skip
+
+
+@principals.command("add")
+@click.argument("name")
+@click.option("--uid", type=int, metavar="N", help="Map the principal to this uid (peer-uid authentication).")
+@click.option("--user", "login", metavar="LOGIN", help="Map it to LOGIN's uid on this host.")
+@click.option("--admin", is_flag=True, help="An admin: may manage any workflow and read anything.")
+@click.option(
+    "--service", is_flag=True, help="A service (an execution host): may open sessions for any workflow."
+)
+@click.option("--label", metavar="TEXT", help="A name for people (one line).")
+@as_option
+@json_option
+@pass_ctx
+def principals_add(c: Ctx, name: str, uid: int | None, login: str | None, admin: bool, service: bool,
+                   label: str | None, as_: str | None, as_json: bool) -> None:  # fmt: skip
+    """Add principal NAME mapped to a uid (--uid N or --user LOGIN).
+
+    principals.yaml is edited in place: its comments, blank lines and order stay."""
+    if (uid is None) == (login is None):
+        raise UsageError("pass exactly one of --uid N and --user LOGIN",
+                         hint="kbd principals add NAME --uid 1000   (or --user alice)")  # fmt: skip
+    if admin and service:
+        raise UsageError("pass at most one of --admin and --service: a service principal is never an admin",
+                         hint="add the service and an admin as two principals")  # fmt: skip
+    result = principal_ops.add(c.host, name, uid=uid, login=login, kind="service" if service else "user",
+                               admin=admin, label=label, actor=c.session_actor(as_))  # fmt: skip
+    if as_json:
+        _emit(result.to_json())
+        return
+    p = result.principal
+    role = "admin" if p.admin else p.kind
+    user = result.user
+    click.echo(f"added principal {one_line(p.id)} ({role}, uid {p.uid}" + (f" = {user})" if user else ")"))
+    if user is None:
+        click.echo(f"kbd: note: uid {p.uid} has no passwd entry on this host", err=True)
+
+
+@principals.command("disable")
+@click.argument("name", shell_complete=_complete_principals)
+@_force_option("disable")
+@as_option
+@json_option
+@pass_ctx
+def principals_disable(c: Ctx, name: str, force: bool, as_: str | None, as_json: bool) -> None:
+    """Disable NAME: refused everywhere from the daemon's next request on; the
+    commands it started are ended (or marked stale) by revocation."""
+    result = principal_ops.disable(c.host, name, force=force, actor=c.session_actor(as_))
+    if as_json:
+        _emit(result.to_json())
+    else:
+        click.echo(_changed_line(result, "disabled"))
+
+
+@principals.command("enable")
+@click.argument("name", shell_complete=_complete_principals)
+@as_option
+@json_option
+@pass_ctx
+def principals_enable(c: Ctx, name: str, as_: str | None, as_json: bool) -> None:
+    """Enable NAME again."""
+    result = principal_ops.enable(c.host, name, actor=c.session_actor(as_))
+    if as_json:
+        _emit(result.to_json())
+    else:
+        click.echo(_changed_line(result, "enabled"))
+
+
+@principals.command("remove")
+@click.argument("name", shell_complete=_complete_principals)
+@_force_option("remove")
+@as_option
+@json_option
+@pass_ctx
+def principals_remove(c: Ctx, name: str, force: bool, as_: str | None, as_json: bool) -> None:
+    """Remove NAME's entry from principals.yaml (other lines stay as they are)."""
+    result = principal_ops.remove(c.host, name, force=force, actor=c.session_actor(as_))
+    if as_json:
+        _emit(result.to_json())
+    else:
+        click.echo(_changed_line(result, "removed"))
 
 
 @principals.command("token")
-@click.argument("name")
+@click.argument("name", shell_complete=_complete_principals)
+@as_option
+@json_option
 @pass_ctx
-def principals_token(c: Ctx, name: str) -> None:
-    """Issue a new API token for NAME (printed once; only its hash is stored)."""
-    click.echo(admin.new_token(c.host, name))
+def principals_token(c: Ctx, name: str, as_: str | None, as_json: bool) -> None:
+    """Issue a new API token for NAME (printed once; only its hash is stored;
+    the old token stops working)."""
+    result = principal_ops.rotate_token(c.host, name, actor=c.session_actor(as_))
+    if as_json:
+        _emit(result.to_json())
+    else:
+        click.echo(result.token)
 
 
 # -- daemon ------------------------------------------------------------------------------
@@ -826,8 +1081,8 @@ def serve_cmd(c: Ctx, socket_path: Path | None, fd: int | None) -> None:
 
 
 @main.command("read")
-@click.argument("wf")
-@click.argument("alias")
+@click.argument("wf", shell_complete=_complete_workflows)
+@click.argument("alias", shell_complete=_complete_aliases)
 @click.argument("relpath")
 @as_option
 @json_option
@@ -842,8 +1097,8 @@ def read_cmd(c: Ctx, wf: str, alias: str, relpath: str, as_: str | None, as_json
 
 
 @main.command("ls")
-@click.argument("wf")
-@click.argument("alias")
+@click.argument("wf", shell_complete=_complete_workflows)
+@click.argument("alias", shell_complete=_complete_aliases)
 @click.argument("reldir", required=False, default="")
 @click.option("--limit", type=int, default=None, help=f"At most N entries (default {browse_ops.DEFAULT_LS_LIMIT}, "
               f"at most {browse_ops.MAX_LS_LIMIT}).")  # fmt: skip
@@ -887,7 +1142,13 @@ def ls_cmd(
     metavar="WHEN",
     help="Only records from WHEN on: a duration back from now (10m, 2h, 7d) or an ISO time (UTC if no zone).",
 )
-@click.option("--workflow", "wf", metavar="WF", help="Only records touching WF (or one of its sessions).")
+@click.option(
+    "--workflow",
+    "wf",
+    metavar="WF",
+    shell_complete=_complete_workflows,
+    help="Only records touching WF (or one of its sessions).",
+)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new records until Ctrl-C or SIGTERM.")
 @json_option
 @pass_ctx
@@ -974,3 +1235,26 @@ def _follow_audit(feed: admin.AuditFeed, as_json: bool) -> None:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+# -- shell completion ----------------------------------------------------------------------
+
+
+@main.command("completion")
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion_cmd(shell: str) -> None:
+    """Print the completion script for SHELL: commands, options, workflow IDs,
+    aliases, session IDs and principals complete on TAB.
+
+    \b
+    bash: eval "$(kbd completion bash)"        (e.g. in ~/.bashrc)
+    zsh:  eval "$(kbd completion zsh)"         (e.g. in ~/.zshrc)
+    fish: kbd completion fish | source         (or save it in ~/.config/fish/completions/kbd.fish)"""
+    from click.shell_completion import get_completion_class
+
+    cls = get_completion_class(shell)
+    assert cls is not None  # every choice is one of click's shells
+    _write_stdout(cls(main, {}, "kbd", "_KBD_COMPLETE").source().encode())
+
+
+_accept_global_options(main)

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from kbd.core.identifiers import id_problem
+from kbd.core.identifiers import id_problem, unplain_problem
 from kbd.core.layout import PRINCIPALS_NAME
 from kbd.core.strict import check_keys, expect_bool, expect_choice, expect_mapping, expect_str
 from kbd.errors import InvalidConfig, PermissionDenied, UsageError
@@ -30,6 +30,7 @@ class Principal:
     disabled: bool = False
     token_sha256: str | None = None
     uid: int | None = None
+    label: str | None = None  # for people only (``kbd principals list``); never used to decide
 
     @property
     def enabled_admin(self) -> bool:
@@ -148,7 +149,25 @@ class Principals:
         return None
 
 
-_KEYS = ("id", "kind", "admin", "disabled", "token_sha256", "uid")
+_KEYS = ("id", "kind", "admin", "disabled", "token_sha256", "uid", "label")
+#: A label is shown on one line beside the ID: printable text, spaces allowed.
+MAX_LABEL_LEN = 200
+#: The largest uid a principal may map: (uid_t)-1 means "no uid" to the kernel.
+MAX_UID = 2**32 - 2
+
+
+def label_problem(value: object) -> str | None:
+    """Why ``value`` is not a principal label (a string of 1-200 characters
+    without control, format or line-separator characters), or None if it is."""
+    if not isinstance(value, str):
+        return "must be a string"
+    if not value.strip():
+        return "must not be empty"
+    if len(value) > MAX_LABEL_LEN:
+        return f"must be at most {MAX_LABEL_LEN} characters (got {len(value)})"
+    if (problem := unplain_problem(value.replace(" ", "x"))) is not None:
+        return problem + " (a label is one line of text; spaces are allowed)"
+    return None
 
 
 def parse_principals(data: object, *, source: str = PRINCIPALS_NAME) -> Principals:
@@ -181,6 +200,9 @@ def parse_principals(data: object, *, source: str = PRINCIPALS_NAME) -> Principa
             if uid in uids:
                 raise InvalidConfig(f"{source}: {where}.uid {uid} is already mapped to {uids[uid]!r}")
             uids[uid] = pid
+        label = entry.get("label")
+        if label is not None and (problem := label_problem(label)) is not None:
+            raise InvalidConfig(f"{source}: {where}.label {problem}")
         out[pid] = Principal(
             id=pid,
             kind=kind,
@@ -188,5 +210,6 @@ def parse_principals(data: object, *, source: str = PRINCIPALS_NAME) -> Principa
             disabled=expect_bool(entry.get("disabled", False), where=f"{where}.disabled", source=source),
             token_sha256=token,
             uid=uid,
+            label=label,
         )
     return Principals(by_id=out)

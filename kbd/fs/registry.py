@@ -929,6 +929,16 @@ class Registry:
         self._ensure()
         return list(self._by_id)
 
+    def known_ids(self) -> list[str]:
+        """The IDs of the index as last saved, verifying nothing (one walk when
+        there is no cache yet): for shell completion, where a stale hint costs
+        nothing and verifying 10,000 manifests per TAB would."""
+        if not self._loaded:
+            self._load_cache()
+        if not self._loaded:
+            return list(self.ids())
+        return list(self._by_id)
+
 
 @dataclass
 class RegistryDelta:

@@ -24,6 +24,8 @@ and plans).
   audits in the ``notes/`` it may write.
 * :mod:`kbd.service.admin` — init, doctor, validate, principals and tokens, the
   daemon's health and counters, the audit log.
+* :mod:`kbd.service.principals` — adding, disabling, enabling and removing
+  principals and giving them new tokens (principals.yaml edited in place, audited).
 """
 
 from __future__ import annotations

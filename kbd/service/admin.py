@@ -209,7 +209,7 @@ class PrincipalRow:
     def to_json(self) -> JsonObject:
         p = self.principal
         return {"id": p.id, "kind": p.kind, "admin": p.admin, "disabled": p.disabled, "uid": p.uid,
-                "has_token": p.token_sha256 is not None}  # fmt: skip
+                "has_token": p.token_sha256 is not None, "label": p.label}  # fmt: skip
 
 
 @dataclass(frozen=True)

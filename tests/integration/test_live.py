@@ -10,6 +10,7 @@ by an in-process ``kbd exec`` (``KBD_NO_DAEMON=1``) as real processes."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -70,8 +71,9 @@ def set_revocation(root: Path, *, immediate: bool, grace: float = 0) -> None:
     path.write_text(yaml.safe_dump(doc))
 
 
-def loop_pids(sid: str) -> list[int]:
-    """Live processes of the background loop (its shell carries the loop text)."""
+def loop_pids(sid: str, tag: str = "") -> list[int]:
+    """Live processes of the background loop (its shell carries the loop text;
+    ``tag``: only one Runner's — forked copies of its shell included)."""
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -79,11 +81,21 @@ def loop_pids(sid: str) -> list[int]:
         try:
             raw = Path(f"/proc/{entry}/environ").read_bytes()
             cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            comm = Path(f"/proc/{entry}/comm").read_bytes()
         except OSError:
             continue
-        if f"KBD_SESSION={sid}".encode() in raw.split(b"\0") and b"while :" in cmd and alive(int(entry)):
+        if (
+            comm != b"bwrap\n"  # its argv carries the loop too, before the sandbox is even set up
+            and f"KBD_SESSION={sid}".encode() in raw.split(b"\0")
+            and b"while :" in cmd
+            and tag.encode() in cmd
+            and alive(int(entry))
+        ):
             out.append(int(entry))
     return out
+
+
+_RUNNERS = itertools.count()
 
 
 class Runner:
@@ -97,15 +109,18 @@ class Runner:
         else:
             env["KBD_SOCKET"] = str(socket)
         self.sid = sid
-        before = set(loop_pids(sid))
+        # Its own mark: two Runners in one session are told apart (a bare
+        # before/after diff would also catch the other loop's forked copies).
+        self.tag = f"kbd-runner-{next(_RUNNERS)}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kbd", "--root", str(kb.root), "exec", sid, *(["--as", as_] if as_ else []),
-             "--", "sh", "-c", SETSID_LOOP],
+             "--", "sh", "-c", SETSID_LOOP.replace("done'", f"done # {self.tag}'")],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
         )  # fmt: skip
-        wait_for(lambda: set(loop_pids(sid)) - before, 30, "the background loop started")
-        time.sleep(0.05)  # the outer shell and its setsid child both carry the loop text
-        self.loops = set(loop_pids(sid)) - before
+        wait_for(self.pids, 30, "the background loop started")
+
+    def pids(self) -> list[int]:
+        return loop_pids(self.sid, self.tag)
 
     def gone(self) -> bool:
         return not loop_pids(self.sid)
@@ -249,13 +264,13 @@ def test_commands_of_a_principal_who_loses_the_session_are_terminated(
             (running,) = kb.cli("session", "show", sid, "--json").json()["running"]
             operator = Runner(kb, sid)  # in-process, as the local operator: no principal to lose
             change(kb)
-            wait_for(lambda: not mine.loops & set(loop_pids(sid)), 5, "alice's setsid loop was terminated")
+            wait_for(lambda: not mine.pids(), 5, "alice's setsid loop was terminated")
             wait_for(lambda: of_type(kb.root, "command.terminated", session_id=sid, pid=running["pid"]), 5,
                      "command.terminated")  # fmt: skip
             mine.proc.wait(timeout=30)
             time.sleep(0.5)  # a wrong second termination would come with the same pass
-            assert operator.proc.poll() is None and set(loop_pids(sid)) == operator.loops, (
-                "the operator's runs on"
+            assert operator.proc.poll() is None and operator.pids(), (
+                f"the operator's command runs on (kbd exec exited {operator.proc.poll()})"
             )
             (left,) = kb.cli("session", "show", sid, "--json").json()["running"]
             assert left["pid"] != running["pid"]

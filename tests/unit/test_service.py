@@ -353,6 +353,7 @@ def test_principals_list_never_shows_a_token_hash(kb: KbRoot) -> None:
         "disabled": False,
         "uid": None,
         "has_token": True,
+        "label": None,  # issue 12: principals may carry a label (a field added, none renamed)
     }
     assert auth.token_digest(token) not in str(rows)
     who = auth.authenticate(kb.host().principals, authorization=f"Bearer {token}", peer_uid=None)
