@@ -184,9 +184,11 @@ def _covered(path: str, grants: Sequence[str]) -> bool:
 def _etc_copy(path: str, fds: Fds) -> File | None:
     """A copy of the small regular file ``path`` (links followed, as a bind
     follows them), read by bwrap from a descriptor opened here; None for
-    anything else."""
+    anything else. FileNotFoundError: nothing there (nor at a link's end)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)  # no FIFO wait
+    except FileNotFoundError:
+        raise
     except OSError:
         return None
     st = os.fstat(fd)
@@ -215,10 +217,16 @@ def system_opts(fds: Fds | None = None, grants: Sequence[str] = ()) -> Iterator[
         elif os.path.isdir(link):
             yield RoBind(link, link)
     for f in spec.ETC_FILES:
-        if not os.path.exists(f):  # only what exists: never --ro-bind-try, never an empty stand-in
-            continue
-        copy = _etc_copy(f, fds) if fds is not None and not _covered(f, grants) else None
-        yield copy if copy is not None else RoBind(f, f)
+        if fds is not None and not _covered(f, grants):
+            try:
+                copy = _etc_copy(f, fds)
+            except FileNotFoundError:
+                continue
+            if copy is not None:
+                yield copy
+                continue
+        if os.path.exists(f):  # only what exists: never --ro-bind-try, never an empty stand-in
+            yield RoBind(f, f)
 
 
 def sealed_memfd(name: str, data: bytes) -> int:
@@ -276,14 +284,36 @@ def _same_interpreter() -> bool:
     return os.path.realpath(sys.executable) == os.path.realpath(PYTHON)
 
 
-def _helper_bytecode() -> bytes:
-    """The helper as a .pyc (magic number, 12 header bytes the interpreter
-    skips when it runs a .pyc file, then the code): a per-command compile of
-    its source is about 1.5 ms of the helper's start."""
-    import marshal
+def current_pyc(data: bytes, *, source_size: int, source_mtime: float) -> bool:
+    """``data`` is a .pyc of this interpreter for a source of that size and
+    mtime: the import system's own check of a timestamp pyc (a hash-based
+    one, flags != 0, is not trusted here)."""
     from _frozen_importlib_external import MAGIC_NUMBER  # loaded at startup: no import cost
 
-    code = compile(HELPER_SOURCE.read_bytes(), HELPER_PYC_DEST, "exec", dont_inherit=True)
+    fields = [int.from_bytes(data[i : i + 4], "little") for i in (4, 8, 12)]
+    expected = [0, int(source_mtime) & 0xFFFFFFFF, source_size & 0xFFFFFFFF]
+    return len(data) > 16 and data[:4] == MAGIC_NUMBER and fields == expected
+
+
+def _helper_bytecode() -> bytes:
+    """The helper as a .pyc (magic number, 12 header bytes the interpreter
+    skips when it runs a .pyc file, then the code): compiling its source costs
+    every command 1.5 ms of the helper's start. The .pyc that importing it
+    (kbd.sandbox.landlock does) or installing kbd left in ``__pycache__`` when
+    it is current, else compiled here (once per process)."""
+    import marshal
+    from _frozen_importlib_external import MAGIC_NUMBER, cache_from_source  # loaded at startup
+
+    source = HELPER_SOURCE.read_bytes()
+    try:
+        mtime = os.stat(HELPER_SOURCE).st_mtime
+        with open(cache_from_source(str(HELPER_SOURCE)), "rb") as fh:
+            cached = fh.read()
+    except (OSError, NotImplementedError):  # no cache (PYTHONDONTWRITEBYTECODE, read-only install)
+        cached, mtime = b"", 0.0
+    if current_pyc(cached, source_size=len(source), source_mtime=mtime):
+        return cached
+    code = compile(source, HELPER_PYC_DEST, "exec", dont_inherit=True)
     return MAGIC_NUMBER + bytes(12) + marshal.dumps(code)
 
 

@@ -16,7 +16,9 @@ import errno
 import fcntl
 import hashlib
 import os
+import py_compile
 import stat
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,6 +81,50 @@ def test_a_cached_memfd_is_sealed_and_each_command_gets_a_read_only_fresh_descri
             os.close(again)
     finally:
         os.close(fd)
+
+
+def test_the_helpers_cached_bytecode_is_used_only_when_current(tmp_path: Path) -> None:
+    src = tmp_path / "helper.py"
+    src.write_bytes(bwrap.HELPER_SOURCE.read_bytes())
+    pyc = tmp_path / "helper.pyc"
+    py_compile.compile(str(src), cfile=str(pyc), doraise=True)
+    data, st = pyc.read_bytes(), src.stat()
+    assert bwrap.current_pyc(data, source_size=st.st_size, source_mtime=st.st_mtime)
+    assert not bwrap.current_pyc(data, source_size=st.st_size + 1, source_mtime=st.st_mtime)
+    assert not bwrap.current_pyc(data, source_size=st.st_size, source_mtime=st.st_mtime + 1)
+    assert not bwrap.current_pyc(b"\0\0\0\0" + data[4:], source_size=st.st_size, source_mtime=st.st_mtime)
+    assert not bwrap.current_pyc(data[:16], source_size=st.st_size, source_mtime=st.st_mtime)
+    hashed = py_compile.PycInvalidationMode.CHECKED_HASH
+    py_compile.compile(str(src), cfile=str(pyc), doraise=True, invalidation_mode=hashed)
+    assert not bwrap.current_pyc(pyc.read_bytes(), source_size=st.st_size, source_mtime=st.st_mtime)
+
+
+def test_the_helper_bytecode_kbd_hands_the_sandbox_runs_as_the_helper(tmp_path: Path) -> None:
+    fds = bwrap.Fds()
+    try:
+        helper = bwrap.helper_opt(fds, grants=[])
+        covered = bwrap.helper_opt(fds, grants=["/.kbd"])  # never created through a grant
+    finally:
+        fds.close()
+    assert isinstance(covered, spec.BindFd) and covered.dest == spec.HELPER_DEST
+    if not bwrap._same_interpreter():  # bytecode of another interpreter would not run: the source
+        assert isinstance(helper, spec.BindFd) and helper.dest == spec.HELPER_DEST
+        return
+    assert isinstance(helper, spec.File) and helper.dest == spec.HELPER_PYC_DEST
+    pyc = tmp_path / "landlock_helper.pyc"
+    pyc.write_bytes(bwrap._helper_bytecode())
+    spec_json = '{"handled": ["make_sym"], "rules": [], "mounts": ["/"], "mount_prefixes": []}'
+    r = subprocess.run(
+        [bwrap.PYTHON, "-I", "-S", str(pyc), spec_json, "--", "true"], capture_output=True, check=False
+    )
+    assert r.returncode == 69 and b"unexpected mount point" in r.stderr  # the helper's own check ran
+    ok = '{"handled": ["make_sym"], "rules": [], "rlimits": [[4, 0], [7, 123]]}'
+    r = subprocess.run(
+        [bwrap.PYTHON, "-I", "-S", str(pyc), ok, "--", "sh", "-c", "ulimit -Hn"],
+        capture_output=True,
+        check=False,
+    )
+    assert (r.returncode, r.stdout) == (0, b"123\n"), r.stderr
 
 
 def test_threads_share_one_sealed_filter() -> None:
