@@ -5,6 +5,8 @@ right before the command, inside the sandbox, and then ``exec``s it — the same
 ``sh -c 'exec "$@"'`` step the bubblewrap backend already used to get
 conventional exit codes. ``ulimit`` without ``-H``/``-S`` sets the soft *and*
 hard limit, so the command cannot raise them again; core dumps are always off.
+A write plan's command starts from the inner Landlock helper instead, which
+sets the same limits (:func:`command_rlimits`) with ``setrlimit``: one exec less.
 """
 
 from __future__ import annotations
