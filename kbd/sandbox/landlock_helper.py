@@ -2,8 +2,9 @@
 
 Run as ``python3 -I -S landlock_helper.py SPEC_JSON -- CMD [ARG...]``. It is
 self-contained (stdlib only, no kbd imports) because it runs *inside* the
-bubblewrap sandbox, after the mounts, where only this one file is bound; the
-Landlock-only backend runs the same file directly. Applying Landlock before
+bubblewrap sandbox, after the mounts, where only this one file is present (its
+source bound read-only, or its bytecode copied: kbd.sandbox.bwrap.helper_opt);
+the Landlock-only backend runs the source directly. Applying Landlock before
 bwrap would break bwrap's own mounts, so Landlock is always the last layer.
 
 It runs before every command of a write plan, so it imports only what it
