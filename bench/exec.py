@@ -1,5 +1,5 @@
-"""`kbd exec` cost (DESIGN §8): bare /bin/true, the same bwrap command run
-directly, the §8 anchor bwrap command, `python3 -S -c pass`, and
+"""`kbd exec` cost (DESIGN §8): bare /bin/true, kbd's own bwrap argv for a
+read and a write plan run directly (beside the anchor), the §8 anchor bwrap command, `python3 -S -c pass`, and
 `kbd exec SID -- /bin/true` for a read plan and for a write plan (with the
 inner Landlock helper), in-process and through the daemon's exec broker
 (DESIGN §9), with their ratios. Medians (and minimums: on this shared host the
@@ -17,6 +17,8 @@ from pathlib import Path
 
 import orjson
 
+from kbd.core.config import LimitsConfig
+from kbd.core.plan import Plan
 from kbd.core.principals import LocalOperator
 from kbd.sandbox import bwrap
 from kbd.service.root import Root
@@ -52,6 +54,36 @@ def interleaved(rows: dict[str, tuple[list[str], dict[str, str] | None]]) -> dic
             subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
             samples[name].append((time.perf_counter() - t0) * 1000)
     return samples
+
+
+def bwrap_direct(read: Plan, write: Plan, limits: LimitsConfig) -> dict[str, list[float]]:
+    """kbd's own bwrap argv (kbd.yaml's limits, so with the rlimit step) for a
+    read and a write plan, run directly, interleaved with the anchor bwrap.
+    Rebuilt every run, as kbd does: bwrap consumes the seccomp, /etc copy and
+    bind descriptors."""
+    out: dict[str, list[float]] = {"direct_read": [], "direct_write": [], "direct_anchor": []}
+
+    def once(plan: Plan) -> float:
+        fds = bwrap.Fds()
+        r, w = os.pipe()
+        try:
+            argv = bwrap.build_argv(plan, ["/bin/true"], cwd=plan.workflow_folder, network="none",
+                                    status_fd=w, fds=fds, limits=limits)  # fmt: skip
+            t0 = time.perf_counter()
+            subprocess.run(argv, pass_fds=(*fds.handed, w), check=True, stdout=subprocess.DEVNULL)
+            return (time.perf_counter() - t0) * 1000
+        finally:
+            fds.close()
+            os.close(r)
+            os.close(w)
+
+    for _ in range(RUNS):
+        out["direct_read"].append(once(read))
+        out["direct_write"].append(once(write))
+        t0 = time.perf_counter()
+        subprocess.run(ANCHOR_BWRAP, check=True, stdout=subprocess.DEVNULL)
+        out["direct_anchor"].append((time.perf_counter() - t0) * 1000)
+    return out
 
 
 def library_runs(sock: Path, sid: str) -> dict[str, list[float]]:
@@ -98,27 +130,14 @@ def main() -> None:
             opened[mode] = orjson.loads(out)["session_id"]
         subprocess.run([*kbd, "exec", opened["read"], "--", "/bin/true"], env=env, check=True)
         host = Root(kb.root)
-        plan = RootSessions(host).plan(opened["read"], actor=LocalOperator.current())
 
-        def bwrap_direct() -> float:
-            # Rebuilt every run, as kbd does: bwrap consumes the seccomp memfd and the bind fds.
-            samples = []
-            for _ in range(RUNS):
-                fds = bwrap.Fds()
-                r, w = os.pipe()
-                argv = bwrap.build_argv(
-                    plan, ["/bin/true"], cwd=plan.workflow_folder, network="none", status_fd=w, fds=fds
-                )
-                t0 = time.perf_counter()
-                subprocess.run(argv, pass_fds=(*fds.handed, w), check=True, stdout=subprocess.DEVNULL)
-                samples.append((time.perf_counter() - t0) * 1000)
-                fds.close()
-                os.close(r)
-                os.close(w)
-            return statistics.median(samples)
-
+        plans = {
+            mode: RootSessions(host).plan(sid, actor=LocalOperator.current()) for mode, sid in opened.items()
+        }
+        for each in plans.values():
+            bwrap.prepare(each)
+        direct = bwrap_direct(plans["read"], plans["read-write"], host.config.limits)
         bare = median_ms(["/bin/true"])
-        direct = bwrap_direct()
         inproc = {**env, "KBD_NO_DAEMON": "1"}
         map_uid(kb.root, "ops", os.getuid())  # the daemon authenticates this uid as ops (admin)
         served = daemon_start(kb.root)
@@ -134,6 +153,7 @@ def main() -> None:
                 "b_write": ([*kbd, "exec", opened["read-write"], "--", "/bin/true"], brokered),
             })  # fmt: skip
             got.update(library_runs(served.sock, opened["read"]))
+            got.update(direct)
         finally:
             served.stop()
     p50 = {name: statistics.median(v) for name, v in got.items()}
@@ -142,7 +162,9 @@ def main() -> None:
     rows = [
         ("bare /bin/true", bare, None, ""),
         ("/usr/bin/python3 -S -c pass", p50["python"], low["python"], ""),
-        ("same bwrap command, run directly", direct, None, ""),
+        ("kbd's bwrap argv, read plan, run directly", p50["direct_read"], low["direct_read"],
+         f"anchor interleaved: {p50['direct_anchor']:.1f}"),
+        ("kbd's bwrap argv, write plan (+ Landlock helper), directly", p50["direct_write"], low["direct_write"], ""),
         ("§8 anchor: bwrap --ro-bind / / ... /bin/true", p50["anchor"], low["anchor"], ""),
         ("kbd exec SID -- /bin/true (read plan, in-process)", p50["read"], low["read"], ""),
         ("kbd exec SID -- /bin/true (write plan, in-process)", p50["write"], low["write"], ""),

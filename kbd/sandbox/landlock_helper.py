@@ -2,12 +2,21 @@
 
 Run as ``python3 -I -S landlock_helper.py SPEC_JSON -- CMD [ARG...]``. It is
 self-contained (stdlib only, no kbd imports) because it runs *inside* the
-bubblewrap sandbox, after the mounts, where only this one file is bound; the
-Landlock-only backend runs the same file directly. Applying Landlock before
+bubblewrap sandbox, after the mounts, where only this one file is present (its
+source bound read-only, or its bytecode copied: kbd.sandbox.bwrap.helper_opt);
+the Landlock-only backend runs the source directly. Applying Landlock before
 bwrap would break bwrap's own mounts, so Landlock is always the last layer.
 
+It runs before every command of a write plan, so it imports only what it
+needs, and only modules that cost no further imports: ``_json``'s scanner
+instead of ``json`` (which pulls in ``re`` and ``enum``: about 5 ms of a 15 ms
+start), ``_signal`` instead of ``signal`` (``enum`` again), and ``_ctypes``
+with the C types it uses declared here instead of the ``ctypes`` package
+(whose module body builds every C type and costs 2 ms).
+
 SPEC_JSON: ``{"handled": [right…], "rules": [{"path": p, "access": [right…]}…],
-"min_abi": n, "drop_caps": bool, "scope": bool, "deny_tcp": bool, "seccomp": hex}``:
+"min_abi": n, "drop_caps": bool, "scope": bool, "deny_tcp": bool, "seccomp": hex,
+"rlimits": [[resource, value]…]}``:
 ``drop_caps`` empties the capability sets and bounding set (for the Landlock-only
 backend, which has no bubblewrap to do it); ``scope`` confines signals and
 abstract Unix sockets to the sandbox (ABI >= 6); ``deny_tcp`` handles TCP bind
@@ -16,19 +25,24 @@ program (kbd.sandbox.seccomp) installed last, and required with ``drop_caps``
 (inside bubblewrap, bwrap's ``--seccomp`` has installed it already). Rights
 missing from the running kernel's ABI are dropped from both sides (a right the
 kernel cannot handle cannot be denied either), except that a right named in
-``required`` must be supported or the helper refuses.
+``required`` must be supported or the helper refuses. ``rlimits`` are set
+first, soft and hard alike (so the command cannot raise them again): inside
+bubblewrap the helper is the command's only predecessor, so it replaces the
+``sh -c ulimit …`` step a read plan runs (kbd.sandbox.limits).
 Any failure exits 69 before the command runs: fail closed, never run unconfined.
 """
 
 from __future__ import annotations
 
-import ctypes
+import _ctypes
+import _signal  # type: ignore[import-not-found]  # no stubs: the signal module without its enum import
 import errno
-import json
 import os
-import signal
-import stat
 import sys
+
+TYPE_CHECKING = False  # typing itself is not imported: it costs milliseconds
+if TYPE_CHECKING:
+    from typing import Any
 
 RIGHTS = {
     "execute": 1 << 0,
@@ -64,39 +78,101 @@ CREATE_RULESET_VERSION = 1
 RULE_PATH_BENEATH = 1
 PR_SET_NO_NEW_PRIVS = 38
 EX_UNAVAILABLE = 69
+S_IFMT, S_IFDIR = 0o170000, 0o040000
 
 REASONS = {
     errno.ENOSYS: "the kernel has no Landlock support (ENOSYS: too old or not compiled in)",
     errno.EOPNOTSUPP: "Landlock is supported but disabled at boot (EOPNOTSUPP: add 'landlock' to lsm=)",
 }
 
-# Loaded here, as kbd.fs.libc loads it for the parent (the same two lines).
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
+
+# The C types used below, declared as the ctypes package declares them (so
+# named as there: c_ulong is also size_t on Linux, ILP32 and LP64 alike).
+class c_int(_ctypes._SimpleCData):  # type: ignore[type-arg]
+    _type_ = "i"
 
 
-class RulesetAttr(ctypes.Structure):
-    _fields_ = [
-        ("handled_access_fs", ctypes.c_uint64),
-        ("handled_access_net", ctypes.c_uint64),  # ABI >= 4
-        ("scoped", ctypes.c_uint64),  # ABI >= 6
-    ]
+class c_long(_ctypes._SimpleCData):  # type: ignore[type-arg]
+    _type_ = "l"
 
 
-class SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+class c_ulong(_ctypes._SimpleCData):  # type: ignore[type-arg]
+    _type_ = "L"
 
 
-class CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+class c_uint32(_ctypes._SimpleCData):  # type: ignore[type-arg]
+    _type_ = "I"
 
 
-class CapData(ctypes.Structure):
-    _fields_ = [
-        ("effective", ctypes.c_uint32),
-        ("permitted", ctypes.c_uint32),
-        ("inheritable", ctypes.c_uint32),
-    ]
+class c_uint64(_ctypes._SimpleCData):  # type: ignore[type-arg]
+    _type_ = "Q"
+
+
+class c_ushort(_ctypes._SimpleCData):  # type: ignore[type-arg]
+    _type_ = "H"
+
+
+class c_void_p(_ctypes._SimpleCData):  # type: ignore[type-arg]
+    _type_ = "P"
+
+
+class c_char(_ctypes._SimpleCData):  # type: ignore[type-arg]
+    _type_ = "c"
+
+
+c_size_t, c_int32 = c_ulong, c_int
+
+
+class _Function(_ctypes.CFuncPtr):
+    """A libc function as ``ctypes.CDLL(None, use_errno=True)`` makes it."""
+
+    _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+    _restype_ = c_int
+
+
+class _Libc:
+    """libc, loaded here as kbd.fs.libc loads it for the parent
+    (``ctypes.CDLL(None, use_errno=True)``): the process's own symbols."""
+
+    _handle = _ctypes.dlopen(None, 0)  # type: ignore[arg-type] # None: this process, as CDLL(None)
+
+    def __init__(self) -> None:
+        self.prctl = _Function(("prctl", self))  # type: ignore[arg-type]
+        self.setrlimit = _Function(("setrlimit", self))  # type: ignore[arg-type]
+        self.syscall = _Function(("syscall", self))  # type: ignore[arg-type]
+        self.syscall.restype = c_long
+
+
+_libc = _Libc()
+byref, addressof, get_errno = _ctypes.byref, _ctypes.addressof, _ctypes.get_errno
+
+
+class RulesetAttr(_ctypes.Structure):
+    _fields_ = (
+        ("handled_access_fs", c_uint64),
+        ("handled_access_net", c_uint64),  # ABI >= 4
+        ("scoped", c_uint64),  # ABI >= 6
+    )
+
+
+class Rlimit(_ctypes.Structure):
+    _fields_ = (("cur", c_ulong), ("max", c_ulong))
+
+
+class SockFprog(_ctypes.Structure):
+    _fields_ = (("len", c_ushort), ("filter", c_void_p))
+
+
+class CapHeader(_ctypes.Structure):
+    _fields_ = (("version", c_uint32), ("pid", c_int))
+
+
+class CapData(_ctypes.Structure):
+    _fields_ = (
+        ("effective", c_uint32),
+        ("permitted", c_uint32),
+        ("inheritable", c_uint32),
+    )
 
 
 NET_BIND_TCP, NET_CONNECT_TCP = 1, 2
@@ -111,25 +187,25 @@ def drop_capabilities() -> None:
     """Empty the bounding set (so exec as root regains nothing), the ambient set,
     and the effective, permitted and inheritable sets."""
     for cap in range(64):
-        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == errno.EINVAL:
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and get_errno() == errno.EINVAL:
             break  # EINVAL: past the last capability this kernel knows
     _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = CapHeader(CAP_VERSION_3, 0)
     data = (CapData * 2)()
-    if _libc.syscall(SYS_CAPSET, ctypes.byref(header), data) != 0:
-        fail(f"capset: {os.strerror(ctypes.get_errno())}")
+    if _libc.syscall(SYS_CAPSET, byref(header), data) != 0:
+        fail(f"capset: {os.strerror(get_errno())}")
 
 
 def install_seccomp(program: bytes) -> None:
-    buf = ctypes.create_string_buffer(program, len(program))
-    prog = SockFprog(len(program) // 8, ctypes.addressof(buf))
-    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
-        fail(f"seccomp filter: {os.strerror(ctypes.get_errno())}")
+    buf = (c_char * len(program)).from_buffer_copy(program)
+    prog = SockFprog(len(program) // 8, addressof(buf))
+    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, byref(prog), 0, 0) != 0:
+        fail(f"seccomp filter: {os.strerror(get_errno())}")
 
 
-class PathBeneathAttr(ctypes.Structure):
+class PathBeneathAttr(_ctypes.Structure):
     _pack_ = 1  # the kernel struct is packed
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+    _fields_ = (("allowed_access", c_uint64), ("parent_fd", c_int32))
 
 
 def fail(message: str) -> None:
@@ -138,10 +214,53 @@ def fail(message: str) -> None:
     os._exit(EX_UNAVAILABLE)
 
 
+def set_rlimits(pairs: list[list[int]]) -> None:
+    """Each ``[resource, value]``: soft and hard limit ``value``. The failure
+    message and status are the ``sh -c ulimit`` step's (kbd.sandbox.limits)."""
+    for res, value in pairs:
+        if _libc.setrlimit(int(res), byref(Rlimit(int(value), int(value)))) != 0:
+            sys.stderr.write("kbd: cannot set resource limits\n")
+            sys.stderr.flush()
+            os._exit(EX_UNAVAILABLE)
+
+
+class _Decoding:
+    """What ``_json.make_scanner`` reads from ``json.JSONDecoder``'s defaults."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+
+    @staticmethod
+    def parse_constant(name: str) -> float:
+        raise ValueError(f"{name} is not JSON")
+
+
+def loads(text: str) -> Any:
+    """``json.loads`` without importing ``json`` (its decoder imports ``re``):
+    the same C scanner json.loads uses, over the whole text."""
+    try:
+        from _json import make_scanner
+    except ImportError:  # an interpreter built without the accelerator
+        import json
+
+        return json.loads(text)
+    start = len(text) - len(text.lstrip(" \t\n\r"))
+    try:
+        value, end = make_scanner(_Decoding())(text, start)  # type: ignore[arg-type]
+    except StopIteration:
+        raise ValueError("expecting a JSON value") from None
+    if text[end:].strip(" \t\n\r"):
+        raise ValueError(f"extra data at character {end}")
+    return value
+
+
 def abi_version() -> int:
-    abi = _libc.syscall(SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(CREATE_RULESET_VERSION))
+    abi = _libc.syscall(SYS_CREATE_RULESET, None, c_size_t(0), c_uint32(CREATE_RULESET_VERSION))
     if abi < 0:
-        err = ctypes.get_errno()
+        err = get_errno()
         fail(REASONS.get(err, f"cannot query the ABI: {os.strerror(err)}"))
     return int(abi)
 
@@ -175,9 +294,9 @@ def apply(spec: dict[str, object]) -> None:
     attr = RulesetAttr(handled, net, scoped)
     # The struct grew with the ABI: pass only the part this kernel knows.
     size = 24 if abi >= 6 else 16 if abi >= 4 else 8
-    ruleset = _libc.syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    ruleset = _libc.syscall(SYS_CREATE_RULESET, byref(attr), c_size_t(size), c_uint32(0))
     if ruleset < 0:
-        fail(f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
+        fail(f"landlock_create_ruleset: {os.strerror(get_errno())}")
     for rule in spec["rules"]:  # type: ignore[attr-defined]
         path = str(rule["path"])
         try:
@@ -188,7 +307,7 @@ def apply(spec: dict[str, object]) -> None:
             fail(f"cannot open {path}: {exc.strerror}")
         try:
             allowed = mask_of(list(rule["access"])) & handled
-            if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            if os.fstat(fd).st_mode & S_IFMT != S_IFDIR:
                 allowed &= FILE_RIGHTS
             if not allowed:
                 continue
@@ -196,20 +315,20 @@ def apply(spec: dict[str, object]) -> None:
             if (
                 _libc.syscall(
                     SYS_ADD_RULE,
-                    ctypes.c_int(ruleset),
-                    ctypes.c_int(RULE_PATH_BENEATH),
-                    ctypes.byref(pb),
-                    ctypes.c_uint32(0),
+                    c_int(ruleset),
+                    c_int(RULE_PATH_BENEATH),
+                    byref(pb),
+                    c_uint32(0),
                 )
                 < 0
             ):
-                fail(f"landlock_add_rule {path}: {os.strerror(ctypes.get_errno())}")
+                fail(f"landlock_add_rule {path}: {os.strerror(get_errno())}")
         finally:
             os.close(fd)
     if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        fail(f"prctl(NO_NEW_PRIVS): {os.strerror(ctypes.get_errno())}")
-    if _libc.syscall(SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) < 0:
-        fail(f"landlock_restrict_self: {os.strerror(ctypes.get_errno())}")
+        fail(f"prctl(NO_NEW_PRIVS): {os.strerror(get_errno())}")
+    if _libc.syscall(SYS_RESTRICT_SELF, c_int(ruleset), c_uint32(0)) < 0:
+        fail(f"landlock_restrict_self: {os.strerror(get_errno())}")
     os.close(ruleset)
     if spec.get("seccomp"):
         install_seccomp(bytes.fromhex(str(spec["seccomp"])))
@@ -256,17 +375,20 @@ def main(argv: list[str]) -> None:
     if len(argv) < 4 or argv[2] != "--":
         fail("usage: landlock_helper.py SPEC_JSON -- CMD [ARG...]")
     try:
-        spec = json.loads(argv[1])
+        spec = loads(argv[1])
     except ValueError as exc:
         fail(f"bad spec: {exc}")
+    if not isinstance(spec, dict):
+        fail("bad spec: not a JSON object")
+    set_rlimits(list(spec.get("rlimits", [])))
     if "mounts" in spec:
         check_mounts(list(spec["mounts"]), list(spec.get("mount_prefixes", [])))
     apply(spec)
     # Python starts with SIGPIPE and SIGXFSZ ignored and exec keeps ignored
     # signals: give the command the default actions, so RLIMIT_FSIZE stops a
     # writer (SIGXFSZ) as it would outside kbd.
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+    _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
+    _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
     try:
         os.execvp(argv[3], argv[3:])  # noqa: S606 - argv list, no shell
     except OSError as exc:

@@ -5,6 +5,8 @@ right before the command, inside the sandbox, and then ``exec``s it — the same
 ``sh -c 'exec "$@"'`` step the bubblewrap backend already used to get
 conventional exit codes. ``ulimit`` without ``-H``/``-S`` sets the soft *and*
 hard limit, so the command cannot raise them again; core dumps are always off.
+A write plan's command starts from the inner Landlock helper instead, which
+sets the same limits (:func:`command_rlimits`) with ``setrlimit``: one exec less.
 """
 
 from __future__ import annotations
@@ -42,6 +44,33 @@ def ulimit_script(limits: LimitsConfig, hard: dict[int, int]) -> str:
             value = min(value, cap)
         steps.append(f"ulimit {flag} {max(1, value // unit)}")
     return " && ".join(steps) + ' || { echo "kbd: cannot set resource limits" >&2; exit 69; }; exec "$@"'
+
+
+def command_rlimits(
+    limits: LimitsConfig | None, hard: Mapping[int, int] | None = None
+) -> list[tuple[int, int]]:
+    """``(resource, value)``: what :func:`shell_prefix` sets, for a step that is
+    not a shell — each to be set as soft *and* hard limit, in this order (core
+    dumps off first). The write plan's Landlock helper applies them inside the
+    sandbox; a launcher that ``setrlimit``s them before it execs bubblewrap
+    could drop the shell step of a read plan too, but for that step's exit
+    codes (127/126). Each value is rounded down to the unit ``ulimit`` counts
+    in, so both give the command the same limits. ``hard``: as in
+    :func:`shell_prefix`."""
+    if limits is None:
+        return []
+    caps = {res: resource.getrlimit(res)[1] for _, _, res, _ in _RLIMITS}
+    caps.update(hard or {})
+    out = [(resource.RLIMIT_CORE, 0)]
+    for key, _, res, unit in _RLIMITS:
+        value = getattr(limits, key)
+        if value is None:
+            continue
+        cap = caps.get(res, resource.RLIM_INFINITY)
+        if cap != resource.RLIM_INFINITY:
+            value = min(value, cap)
+        out.append((res, max(1, value // unit) * unit))
+    return out
 
 
 def shell_prefix(limits: LimitsConfig | None, hard: Mapping[int, int] | None = None) -> list[str]:

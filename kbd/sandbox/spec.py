@@ -31,6 +31,7 @@ ETC_FILES = (
     "/etc/bash.bashrc", "/etc/environment", "/etc/os-release", "/etc/debian_version",
 )  # fmt: skip
 HELPER_DEST = "/.kbd/landlock_helper.py"
+HELPER_PYC_DEST = "/.kbd/landlock_helper.pyc"  # its bytecode, when kbd runs the sandbox's python
 # Parts of procfs that reach the host kernel rather than the sandbox's own processes.
 PROC_READ_ONLY = (
     "/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/acpi", "/proc/scsi",
@@ -196,6 +197,27 @@ class Symlink(Opt):
 
     def argv(self) -> tuple[str, ...]:
         return ("--symlink", self.target, self.link)
+
+
+@dataclass(frozen=True)
+class File(Opt):
+    """A file bwrap creates on the sandbox's own root (remounted read-only
+    later) and fills with what ``fd`` reads, with exactly ``perms``: a copy of
+    a small host file where a bind would cost bwrap a mount, a remount and a
+    scan of the whole mount table. No mount point, so not a :class:`MountOpt`."""
+
+    fd: int
+    dest: str
+    perms: int
+
+    def __post_init__(self) -> None:
+        _fd(self.fd)
+        _path(self.dest)
+        if isinstance(self.perms, bool) or not 0 <= self.perms <= 0o777:
+            raise ValueError(f"file permissions must be within 0o777 (no set-id bits): {self.perms!r}")
+
+    def argv(self) -> tuple[str, ...]:
+        return ("--perms", f"{self.perms:04o}", "--file", str(self.fd), self.dest)
 
 
 @dataclass(frozen=True)

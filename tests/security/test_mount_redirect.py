@@ -87,6 +87,7 @@ def test_everything_executable_is_mounted_after_the_grants(kb: KbRoot) -> None:
     import json
 
     from kbd.sandbox import bwrap
+    from kbd.sandbox.spec import HELPER_DEST, HELPER_PYC_DEST
     from kbd.service import sessions as session_ops
     from kbd.service.sessions import RootSessions
 
@@ -115,7 +116,7 @@ def test_everything_executable_is_mounted_after_the_grants(kb: KbRoot) -> None:
     grant_positions = [
         i
         for i, a in enumerate(argv)
-        if a in ("--bind-fd", "--ro-bind-fd") and argv[i + 2] != "/.kbd/landlock_helper.py"
+        if a in ("--bind-fd", "--ro-bind-fd") and argv[i + 2] not in (HELPER_DEST, HELPER_PYC_DEST)
     ]
     system_positions = [
         i
@@ -124,7 +125,9 @@ def test_everything_executable_is_mounted_after_the_grants(kb: KbRoot) -> None:
     ]
     assert grant_positions and system_positions
     assert max(grant_positions) < min(system_positions)
-    spec = json.loads(argv[argv.index("/.kbd/landlock_helper.py", argv.index("--") + 1) + 1])
+    helper_at = argv.index("-S", argv.index("--") + 1) + 1
+    assert argv[helper_at] in (HELPER_DEST, HELPER_PYC_DEST)
+    spec = json.loads(argv[helper_at + 1])
     index = str(plan.workflow_folder.parent / "src" / "knowledgebase" / "notes" / "_index.json")
     assert (
         index in spec["mounts"] and "/usr" in spec["mounts"] and spec["mount_prefixes"] == ["/dev/", "/proc/"]

@@ -52,7 +52,7 @@ def _cdll_sites() -> set[str]:
             if isinstance(node, ast.Call):
                 func = node.func
                 name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-                if name in ("CDLL", "LoadLibrary", "find_library"):
+                if name in ("CDLL", "LoadLibrary", "find_library", "dlopen"):
                     sites.add(path.relative_to(PACKAGE).as_posix())
     return sites
 

@@ -144,3 +144,13 @@ def test_a_malformed_bwrap_option_cannot_be_built(build: Any) -> None:
 
     with pytest.raises(ValueError):
         build(spec)
+
+
+def test_a_file_copy_carries_its_permissions_and_refuses_bad_values() -> None:
+    from kbd.sandbox.spec import File, MountOpt
+
+    assert File(7, "/etc/passwd", 0o644).argv() == ("--perms", "0644", "--file", "7", "/etc/passwd")
+    assert not isinstance(File(7, "/etc/passwd", 0o644), MountOpt)  # no mount point for the helper to expect
+    for bad in ({"fd": -1}, {"dest": "etc/passwd"}, {"perms": 0o4755}, {"perms": True}):
+        with pytest.raises(ValueError):
+            File(**{"fd": 7, "dest": "/etc/passwd", "perms": 0o644, **bad})  # type: ignore[arg-type]
