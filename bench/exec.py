@@ -19,7 +19,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from collections.abc import Callable
@@ -38,6 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.helpers import KbRoot  # noqa: E402
+from tests.integration import hostinstall  # noqa: E402
 from tests.integration.daemon import map_uid  # noqa: E402
 from tests.integration.daemon import start as daemon_start  # noqa: E402
 
@@ -52,27 +52,6 @@ def median_ms(argv: list[str], *, env: dict[str, str] | None = None, pass_fds: t
         subprocess.run(argv, env=env, pass_fds=pass_fds, check=True, stdout=subprocess.DEVNULL)
         samples.append((time.perf_counter() - t0) * 1000)
     return statistics.median(samples)
-
-
-def host_install(where: Path) -> Path:
-    """This checkout installed as a host installs it (DESIGN §9's execution
-    host: a venv, `pip install`, no -e) in a fresh venv under ``where``; its
-    `kbd` console script. The third-party dependencies are not downloaded
-    again: a .pth line appends this venv's site-packages (a plain path line:
-    the .pth files there, the editable install's included, are not read)."""
-    venv = where / "host"
-    base = str(getattr(sys, "_base_executable", sys.executable))  # the interpreter this venv was made from
-    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
-                    "--disable-pip-version-check", str(REPO)], check=True)  # fmt: skip
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                             check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
-    Path(purelib, "kbd-bench-dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    found = subprocess.run([str(python), "-P", "-c", "import kbd; print(kbd.__file__)"], check=True,
-                           capture_output=True, text=True).stdout.strip()  # fmt: skip
-    assert found.startswith(purelib), f"the host venv imports kbd from {found}, not its own install"
-    return venv / "bin" / "kbd"
 
 
 Row = Callable[[], None]
@@ -172,7 +151,7 @@ def main() -> None:
         time.sleep(0.3)
         env = {**os.environ, "KBD_ROOT": str(kb.root)}
         dev_kbd = [str(Path(sys.executable).with_name("kbd"))]
-        kbd = [str(host_install(Path(tmp)))]
+        kbd = [str(hostinstall.install(Path(tmp) / "host"))]
         opened = {}
         for mode in ("read", "read-write"):
             out = subprocess.run([*kbd, "session", "open", "con", "--kind", "execution", "--kb-access", mode,
