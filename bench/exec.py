@@ -6,8 +6,9 @@ inner Landlock helper), in-process and through the daemon's exec broker
 minimum is the floor) of N runs, interleaved so that load hits every row alike.
 
 The `kbd` measured is the one a host runs: this checkout installed without -e
-(`pip install --no-deps .`, bytecode compiled by pip) into a fresh venv, run by
-its console script; its dependencies come from this venv through a .pth line.
+into a fresh venv by its own (upgraded) pip, bytecode compiled by pip, run by
+its console script (tests/integration/hostinstall.py); its dependencies come
+from this venv through a .pth line.
 The development venv's own `kbd` (an editable install) is a row of its own. The
 client's share of a brokered command is `kbd exec` minus a `kbd.client` exec of
 the same command from this process, both in the same round."""
@@ -152,6 +153,7 @@ def main() -> None:
         env = {**os.environ, "KBD_ROOT": str(kb.root)}
         dev_kbd = [str(Path(sys.executable).with_name("kbd"))]
         kbd = [str(hostinstall.install(Path(tmp) / "host"))]
+        pip = hostinstall.pip_version(Path(kbd[0]))
         opened = {}
         for mode in ("read", "read-write"):
             out = subprocess.run([*kbd, "session", "open", "con", "--kind", "execution", "--kb-access", mode,
@@ -203,7 +205,8 @@ def main() -> None:
     got["client"] = [a - b for a, b in zip(got["pair_kbd"], got["pair_lib"], strict=True)]
     p50 = {name: statistics.median(v) for name, v in got.items()}
     low = {name: min(v) for name, v in got.items()}
-    print(f"kbd: {kbd[0]} (this checkout installed without -e into a fresh venv, as a host installs it)")
+    print(f"kbd: {kbd[0]}: this checkout installed as a host installs it (python3 -m venv, pip install --upgrade "
+          f"pip, pip install without -e; its console script written by pip {pip}), dependencies from this venv")  # fmt: skip
     print(f"kbd exec wall time over {RUNS} interleaved runs (ms): p50, min")
     rows = [
         ("bare /bin/true", bare, None, ""),

@@ -1,13 +1,9 @@
-"""kbd as a host installs it (``pip install`` without -e into a venv, see
-tests/integration/hostinstall.py), against this checkout's own `kbd`.
-
-The development venv's editable install puts this whole folder on the path, so
-a subpackage missing from pyproject.toml's package list, or a data file missing
-from the wheel, would go unnoticed in every other test. Here the installed
-console script runs `kbd exec` through the real daemon and in-process, and the
-CLI with its shipped policies, and must answer byte for byte as this checkout
-does: exit code, stdout and stderr.
-"""
+"""`kbd exec` by kbd as a host installs it (``pip install`` without -e into a
+venv, see tests/integration/hostinstall.py) against this checkout's own `kbd`:
+through the real daemon and in-process, commands and refusals answer byte for
+byte alike (exit code, stdout, stderr). The development venv's editable install
+puts this whole folder on the path; the installed thin client runs from its
+own copy, with the console script pip wrote."""
 
 from __future__ import annotations
 
@@ -68,25 +64,6 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
         yield Host(kbd, kb, served, sid)
 
 
-def test_the_console_script_and_the_data_files_are_the_installed_ones(host: Host) -> None:
-    first = host.kbd.read_text().splitlines()[0]
-    assert first == f"#!{host.kbd.parent / 'python'}", first
-    package = Path(
-        subprocess.run(
-            [str(host.kbd.parent / "python"), "-P", "-c", "import kbd; print(kbd.__file__)"],
-            capture_output=True, text=True, timeout=60, check=True,
-        ).stdout.strip()
-    ).parent  # fmt: skip
-    assert not package.is_relative_to(hostinstall.REPO), package
-    for folder, shipped in (("policies", "policies"), ("sandbox_profiles", "sandbox-profiles")):
-        expected = sorted(
-            p.name for p in (hostinstall.REPO / shipped).iterdir() if p.suffix in (".yaml", ".sb")
-        )
-        assert (
-            sorted(p.name for p in (package / folder).iterdir() if p.suffix in (".yaml", ".sb")) == expected
-        )
-
-
 @pytest.mark.parametrize("path", ["brokered", "in_process"])
 def test_the_installed_kbd_execs_as_this_checkout_does(host: Host, path: str) -> None:
     env = {"KBD_SOCKET": str(host.daemon.sock)} if path == "brokered" else dict(IN_PROCESS_ENV)
@@ -110,12 +87,4 @@ def test_the_installed_kbd_refuses_as_this_checkout_does(host: Host, args: list[
     argv = [a.replace("{sid}", host.sid) for a in args]
     installed, checkout = host.both(*argv, env={"KBD_SOCKET": str(host.daemon.sock)})
     assert installed[0] in (0, 2, 66, 77), installed
-    assert installed == checkout
-
-
-def test_the_installed_cli_reads_its_shipped_policies(host: Host) -> None:
-    """``session show`` renders the plan, which needs the consumer-kind policy:
-    the installed package's copy (importlib.resources), never this checkout's."""
-    installed, checkout = host.both("session", "show", host.sid, "--json")
-    assert installed[0] == 0, installed
     assert installed == checkout
