@@ -7,10 +7,20 @@ DEMO_ROOT ?= .demo
 
 .PHONY: venv demo test lint typecheck unit security bench nightly clean
 
-$(BIN)/kbd: pyproject.toml
+# An editable install in setuptools' `compat` mode: one static .pth line (this
+# folder) instead of the import-hook finder of the default mode, whose imports
+# (pathlib, re, importlib.util) cost every Python start in the venv about 8 ms;
+# a brokered `kbd exec` is a Python start. It also puts tests/ and bench/ on the
+# venv's path, which is harmless in a development venv (pytest adds this folder
+# anyway). setuptools calls compat transitional: if a release drops it, the
+# second line installs in the default mode (slower starts, same behaviour).
+# Hosts install kbd without -e (`pip install .`): no finder, no .pth.
+$(BIN)/kbd: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	PYTHONWARNINGS='ignore:Compat editable installs' \
+	  $(BIN)/pip install --quiet -e '.[dev]' --config-settings editable_mode=compat \
+	  || $(BIN)/pip install --quiet -e '.[dev]'
 	@touch $@
 
 venv: $(BIN)/kbd

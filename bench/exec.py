@@ -3,20 +3,31 @@ read and a write plan run directly (beside the anchor), the §8 anchor bwrap com
 `kbd exec SID -- /bin/true` for a read plan and for a write plan (with the
 inner Landlock helper), in-process and through the daemon's exec broker
 (DESIGN §9), with their ratios. Medians (and minimums: on this shared host the
-minimum is the floor) of N runs, interleaved so that load hits every row alike."""
+minimum is the floor) of N runs, interleaved so that load hits every row alike.
+
+The `kbd` measured is the one a host runs: this checkout installed without -e
+into a fresh venv by its own (upgraded) pip, bytecode compiled by pip, run by
+its console script (tests/integration/hostinstall.py); its dependencies come
+from this venv through a .pth line.
+The development venv's own `kbd` (an editable install) is a row of its own. The
+client's share of a brokered command is `kbd exec` minus a `kbd.client` exec of
+the same command from this process, both in the same round."""
 
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 
+from kbd.client import Client
 from kbd.core.config import LimitsConfig
 from kbd.core.plan import Plan
 from kbd.core.principals import LocalOperator
@@ -29,6 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.helpers import KbRoot  # noqa: E402
+from tests.integration import hostinstall  # noqa: E402
 from tests.integration.daemon import map_uid  # noqa: E402
 from tests.integration.daemon import start as daemon_start  # noqa: E402
 
@@ -45,15 +57,34 @@ def median_ms(argv: list[str], *, env: dict[str, str] | None = None, pass_fds: t
     return statistics.median(samples)
 
 
-def interleaved(rows: dict[str, tuple[list[str], dict[str, str] | None]]) -> dict[str, list[float]]:
-    """Each row once per round, RUNS rounds: every row sees the same load."""
+Row = Callable[[], None]
+
+
+def command(argv: list[str], env: dict[str, str] | None) -> Row:
+    def run() -> None:
+        subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+
+    return run
+
+
+def children_cpu_ms() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (used.ru_utime + used.ru_stime) * 1000
+
+
+def interleaved(rows: dict[str, Row]) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Each row once per round, RUNS rounds: every row sees the same load. The
+    wall time of each run, and the CPU time of the process it started (user +
+    system: what waiting for the daemon or for a busy core does not inflate)."""
     samples: dict[str, list[float]] = {name: [] for name in rows}
+    cpu: dict[str, list[float]] = {name: [] for name in rows}
     for _ in range(RUNS):
-        for name, (argv, env) in rows.items():
-            t0 = time.perf_counter()
-            subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+        for name, run in rows.items():
+            c0, t0 = children_cpu_ms(), time.perf_counter()
+            run()
             samples[name].append((time.perf_counter() - t0) * 1000)
-    return samples
+            cpu[name].append(children_cpu_ms() - c0)
+    return samples, cpu
 
 
 def bwrap_direct(read: Plan, write: Plan, limits: LimitsConfig) -> dict[str, list[float]]:
@@ -90,8 +121,6 @@ def library_runs(sock: Path, sid: str) -> dict[str, list[float]]:
     """`kbd.client.Client.exec` of /bin/true from this (running) process, each
     run interleaved with one anchor bwrap run: an execution host's cost per
     command, beside its floor."""
-    from kbd.client import Client
-
     devnull = os.open(os.devnull, os.O_RDWR)
     out: dict[str, list[float]] = {"lib": [], "lib_anchor": []}
     try:
@@ -110,6 +139,38 @@ def library_runs(sock: Path, sid: str) -> dict[str, list[float]]:
     return out
 
 
+def client_share_runs(sock: Path, sid: str, kbd_exec: Row) -> dict[str, list[float]]:
+    """The brokered `kbd exec`'s own cost: RUNS pairs of it and a `kbd.client`
+    exec of the same command from this process, in alternating order, each
+    pair after an unmeasured exec (a daemon that idled pays more for its next
+    command: the cgroup move's RCU grace period; that is not the client's)."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    out: dict[str, list[float]] = {"pair_kbd": [], "pair_lib": []}
+
+    def timed(run: Row) -> float:
+        t0 = time.perf_counter()
+        run()
+        return (time.perf_counter() - t0) * 1000
+
+    try:
+        with Client(sock) as client:
+
+            def library_exec() -> None:
+                assert client.exec(sid, ["/bin/true"], stdin=devnull, stdout=devnull, stderr=devnull) == 0
+
+            for n in range(RUNS):
+                library_exec()  # the unmeasured one
+                if n % 2:
+                    lib, own = timed(library_exec), timed(kbd_exec)
+                else:
+                    own, lib = timed(kbd_exec), timed(library_exec)
+                out["pair_kbd"].append(own)
+                out["pair_lib"].append(lib)
+    finally:
+        os.close(devnull)
+    return out
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         kb = KbRoot.create(Path(tmp) / "root")
@@ -122,7 +183,9 @@ def main() -> None:
         # Let the racy-timestamp window pass so caches are trusted, as on a live host.
         time.sleep(0.3)
         env = {**os.environ, "KBD_ROOT": str(kb.root)}
-        kbd = [str(Path(sys.executable).with_name("kbd"))]
+        dev_kbd = [str(Path(sys.executable).with_name("kbd"))]
+        kbd = [str(hostinstall.install(Path(tmp) / "host"))]
+        pip = hostinstall.pip_version(Path(kbd[0]))
         opened = {}
         for mode in ("read", "read-write"):
             out = subprocess.run([*kbd, "session", "open", "con", "--kind", "execution", "--kb-access", mode,
@@ -144,20 +207,26 @@ def main() -> None:
         try:
             brokered = {**env, "KBD_SOCKET": str(served.sock)}
             subprocess.run([*kbd, "exec", opened["read"], "--", "/bin/true"], env=brokered, check=True)
-            got = interleaved({
-                "python": (["/usr/bin/python3", "-S", "-c", "pass"], None),
-                "anchor": (ANCHOR_BWRAP, None),
-                "read": ([*kbd, "exec", opened["read"], "--", "/bin/true"], inproc),
-                "write": ([*kbd, "exec", opened["read-write"], "--", "/bin/true"], inproc),
-                "b_read": ([*kbd, "exec", opened["read"], "--", "/bin/true"], brokered),
-                "b_write": ([*kbd, "exec", opened["read-write"], "--", "/bin/true"], brokered),
+            got, cpu = interleaved({
+                "python": command(["/usr/bin/python3", "-S", "-c", "pass"], None),
+                "anchor": command(ANCHOR_BWRAP, None),
+                "read": command([*kbd, "exec", opened["read"], "--", "/bin/true"], inproc),
+                "write": command([*kbd, "exec", opened["read-write"], "--", "/bin/true"], inproc),
+                "b_read": command([*kbd, "exec", opened["read"], "--", "/bin/true"], brokered),
+                "b_write": command([*kbd, "exec", opened["read-write"], "--", "/bin/true"], brokered),
+                "b_dev": command([*dev_kbd, "exec", opened["read"], "--", "/bin/true"], brokered),
             })  # fmt: skip
+            brokered_read = command([*kbd, "exec", opened["read"], "--", "/bin/true"], brokered)
+            got.update(client_share_runs(served.sock, opened["read"], brokered_read))
             got.update(library_runs(served.sock, opened["read"]))
             got.update(direct)
         finally:
             served.stop()
+    got["client"] = [a - b for a, b in zip(got["pair_kbd"], got["pair_lib"], strict=True)]
     p50 = {name: statistics.median(v) for name, v in got.items()}
     low = {name: min(v) for name, v in got.items()}
+    print(f"kbd: {kbd[0]}: this checkout installed as a host installs it (python3 -m venv, pip install --upgrade "
+          f"pip, pip install without -e; its console script written by pip {pip}), dependencies from this venv")  # fmt: skip
     print(f"kbd exec wall time over {RUNS} interleaved runs (ms): p50, min")
     rows = [
         ("bare /bin/true", bare, None, ""),
@@ -170,6 +239,14 @@ def main() -> None:
         ("kbd exec SID -- /bin/true (write plan, in-process)", p50["write"], low["write"], ""),
         ("kbd exec via the daemon (read plan)", p50["b_read"], low["b_read"], "<= 25"),
         ("kbd exec via the daemon (write plan, inner Landlock)", p50["b_write"], low["b_write"], "<= 35"),
+        ("  read plan, the development venv's kbd (editable)", p50["b_dev"], low["b_dev"], ""),
+        ("  read plan, kbd exec again, paired with kbd.client exec", p50["pair_kbd"], low["pair_kbd"], ""),
+        ("  read plan, kbd.client exec in the same pairs", p50["pair_lib"], low["pair_lib"], ""),
+        # A difference of two noisy figures: its minimum says nothing, so none is shown.
+        ("  the client's share: kbd exec - kbd.client, per pair", p50["client"], None, "~ 9"),
+        ("  CPU time of the kbd exec process (read plan)", statistics.median(cpu["b_read"]), min(cpu["b_read"]),
+         f"python3 -S: {statistics.median(cpu['python']):.1f}"),
+        ("  CPU time of the development venv's kbd exec", statistics.median(cpu["b_dev"]), min(cpu["b_dev"]), ""),
         ("kbd.client exec from a running process (read plan)", p50["lib"], low["lib"],
          f"<= anchor + 5 = {p50['lib_anchor'] + 5:.1f}"),
         ("  its anchor bwrap, interleaved with it", p50["lib_anchor"], low["lib_anchor"], ""),

@@ -110,6 +110,32 @@ def test_a_write_plan_writes_notes_through_the_daemon(broker: Broker) -> None:
         assert (notes / f"b{i}.md").read_text() == f"{i}\n"
 
 
+# What a brokered `kbd exec` may import once Python has started (site included):
+# kbd's thin client, its wire codec and error tree, and two C modules. Not
+# typing (≈7 ms of re, enum and collections), socket or signal (≈6 ms).
+THIN_CLIENT_MODULES = {"kbd", "kbd.entry", "kbd.errors", "kbd.thin", "kbd.core", "kbd.core.wire",
+                       "__future__", "errno", "_socket", "_signal"}  # fmt: skip
+
+
+def test_a_brokered_exec_imports_only_the_thin_client(broker: Broker) -> None:
+    """The real entry point, run as the console script runs it, through the
+    daemon: every module imported after ``site`` (``-X importtime`` lists them
+    in completion order) belongs to the thin client."""
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "from kbd.entry import main; main()",
+         "--root", str(broker.kb.root), "exec", broker.read_sid, "--", "sh", "-c", "echo ran"],
+        env={**daemon.clean_env(), "KBD_SOCKET": str(broker.daemon.sock)},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (r.returncode, r.stdout) == (0, "ran\n"), r.stderr
+    lines = r.stderr.splitlines()
+    assert all(line.startswith("import time:") for line in lines), r.stderr
+    names = [line.rsplit("|", 1)[1].strip() for line in lines[1:]]  # past the header line
+    after_site = names[len(names) - names[::-1].index("site") :]
+    assert "kbd.thin" in after_site, after_site
+    assert set(after_site) <= THIN_CLIENT_MODULES, sorted(set(after_site) - THIN_CLIENT_MODULES)
+
+
 REFUSALS = {
     "unknown session (66)": (["exec", "s_00000000000000000000", "--", "true"], 66),
     "cwd outside the workflow (65)": (["exec", "{read}", "--cwd", "/etc", "--", "true"], 65),
