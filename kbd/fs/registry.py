@@ -1012,9 +1012,11 @@ def probe_kb(workflow_folder: Path, *, notes: bool = False) -> KbProbe:
     a mount point (e.g. a bind mount of someone else's KB on the same
     filesystem, caught by statx mount IDs). The workflow folder is pinned
     without following links first, so the answer is about the real folder.
+    Every open here is ``O_PATH`` (looking only): it makes no inotify event, so
+    a daemon's lookups never wake its own watcher of these folders.
     """
     try:
-        pinned = pin_dir(workflow_folder)
+        pinned = pin_dir(workflow_folder, path_only=True)
     except KbdError:
         return KbProbe(KbProblem("kb_missing", "the source workflow folder is gone or was replaced"))
     with pinned:
@@ -1062,7 +1064,7 @@ def _notes_problem(workflow_fd: int, kb: MountInfo) -> str | None:
     """Why the KB's notes/ (seen beneath the already pinned workflow folder) cannot
     take contributions, or None. Only asked for write attachments."""
     try:
-        kb_fd = open_beneath(workflow_fd, KB_DIR, os.O_RDONLY | os.O_DIRECTORY)
+        kb_fd = open_beneath(workflow_fd, KB_DIR, os.O_PATH | os.O_DIRECTORY)
     except KbdError:
         return "the source's knowledgebase/ changed while it was inspected"
     try:
