@@ -15,7 +15,6 @@ import orjson
 import pytest
 import yaml
 
-from kbd.api import State, _running_tail
 from kbd.core import layout
 from kbd.fs.registry import probe_kb
 from kbd.service import sessions as session_ops
@@ -131,6 +130,8 @@ def test_a_consumer_detach_and_a_new_principals_file_rebuild(kb: KbRoot) -> None
 
 
 def test_the_policy_answer_is_the_session_views_json_byte_for_byte(kb: KbRoot) -> None:
+    from kbd.api import State, _running_tail  # the API stack only here
+
     host, _, sid = _open(kb)
     state = State(host)
     plan = state.sessions.plan(sid, actor=host.actor("alice"))
