@@ -1027,7 +1027,7 @@ def probe_kb(workflow_folder: Path, *, notes: bool = False) -> KbProbe:
             parent = (
                 mount_info("", dir_fd=pinned.fd, flags=AT_EMPTY_PATH) if info.mount_root is None else None
             )
-            parent_dev = os.fstat(pinned.fd).st_dev
+            parent_dev = pinned.dev  # fstat-ed by pin_dir: the same open folder
             notes_problem = _notes_problem(pinned.fd, info) if notes and stat.S_ISDIR(info.mode) else None
         except FileNotFoundError:
             return KbProbe(KbProblem("kb_missing", "the source has no knowledgebase/ folder"))
