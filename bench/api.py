@@ -119,6 +119,7 @@ def closed_worker(sock: str, token: str, url: str, n: int, threads: int, seconds
         for _ in range(WARMUP):
             c.get(url).raise_for_status()
     start.wait()
+    cpu = time.process_time()
 
     def run(c: httpx.Client) -> None:
         lat: list[float] = []
@@ -137,9 +138,10 @@ def closed_worker(sock: str, token: str, url: str, n: int, threads: int, seconds
         t.start()
     for t in ts:
         t.join()
+    cpu = time.process_time() - cpu
     for c in clients:
         c.close()
-    out.put(results)
+    out.put((results, cpu))
 
 
 def paced_worker(sock: str, token: str, url: str, threads: int, rate: float, seconds: float, start: Barrier,
@@ -152,6 +154,7 @@ def paced_worker(sock: str, token: str, url: str, threads: int, rate: float, sec
         for _ in range(WARMUP):
             c.get(url).raise_for_status()
     start.wait()
+    cpu = time.process_time()
     t_start = time.perf_counter() + 0.05
     period = 1.0 / rate
 
@@ -173,26 +176,30 @@ def paced_worker(sock: str, token: str, url: str, threads: int, rate: float, sec
         t.start()
     for t in ts:
         t.join()
+    cpu = time.process_time() - cpu
     for c in clients:
         c.close()
-    out.put(results)
+    out.put((results, cpu))
 
 
-def drive(procs: int, target: Callable[..., None], args: tuple[object, ...]) -> tuple[list[float], float]:
+def drive(
+    procs: int, target: Callable[..., None], args: tuple[object, ...]
+) -> tuple[list[float], float, float]:
     """Run ``procs`` client processes together: (latencies, requests/s over
-    the common window)."""
+    the common window, the clients' CPU seconds)."""
     ctx = mp.get_context("fork")
     q: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
     start = ctx.Barrier(procs)
     ps = [ctx.Process(target=target, args=(*args, start, q)) for _ in range(procs)]
     for p in ps:
         p.start()
-    results = [r for _ in ps for r in q.get(timeout=300)]
+    answers = [q.get(timeout=300) for _ in ps]
     for p in ps:
         p.join()
+    results = [r for rs, _ in answers for r in rs]
     lat = [x for r in results for x in r.latencies]
     window = max(r.last for r in results) - min(r.first for r in results)
-    return lat, len(lat) / window
+    return lat, len(lat) / window, sum(cpu for _, cpu in answers)
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -209,6 +216,7 @@ class Figures:
     samples: list[float]
     rates: list[float]
     cpu_us: list[float]  # server CPU per answered request
+    client_us: list[float]  # the clients' CPU per answered request
 
     def p(self, q: float) -> float:
         s = sorted(self.samples)
@@ -260,7 +268,7 @@ def main() -> None:
         for name in ("asgi", "fastapi"):
             argv = [sys.executable, __file__, "--floor", name, str(socks[name]), str(base / "body.json")]
             procs.append(start_server(argv, socks[name]))
-        loads: dict[str, Callable[[str], tuple[list[float], float]]] = {
+        loads: dict[str, Callable[[str], tuple[list[float], float, float]]] = {
             "closed8": lambda s: drive(
                 CLOSED_CLIENTS, closed_worker, (s, token, url, CLOSED_REQUESTS, 1, 0.0)
             ),
@@ -272,16 +280,17 @@ def main() -> None:
             ),
         }
         pids = {"kbd": procs[0].pid, "asgi": procs[1].pid, "fastapi": procs[2].pid}
-        figures = {(load, name): Figures([], [], []) for load in loads for name in SERVERS}
+        figures = {(load, name): Figures([], [], [], []) for load in loads for name in SERVERS}
         for _ in range(ROUNDS):
             for load, run in loads.items():
                 for name in SERVERS:
                     cpu = cpu_seconds(pids[name])
-                    lat, rate = run(str(socks[name]))
+                    lat, rate, client_cpu = run(str(socks[name]))
                     used = cpu_seconds(pids[name]) - cpu  # warm-up requests included
                     figures[load, name].samples += lat
                     figures[load, name].rates.append(rate)
                     figures[load, name].cpu_us.append(used / len(lat) * 1e6)
+                    figures[load, name].client_us.append(client_cpu / len(lat) * 1e6)
     finally:
         for proc in procs:
             stop(proc)
@@ -294,8 +303,10 @@ def report(f: dict[tuple[str, str], Figures], size: int) -> None:
         f"API policy lookup: GET /v1/sessions/{{sid}} (20 sources, {size} bytes), {ROUNDS} interleaved rounds"
     )
     print("floors: asgi = bare uvicorn+httptools, trivial app; fastapi = bare FastAPI, one constant route")
-    print("cpu us: the server process's CPU time (every thread) per answered request")
-    head = f"{'load':<34} {'server':<8} {'p50 ms':>7} {'p99 ms':>7} {'min ms':>7} {'req/s':>7} {'cpu us':>7}  budget"
+    print(
+        "cpu us: CPU time per answered request of the server process (every thread) / of all client processes"
+    )
+    head = f"{'load':<34} {'server':<8} {'p50 ms':>7} {'p99 ms':>7} {'min ms':>7} {'req/s':>7} {'cpu us srv/cli':>14}  budget"
     print(head)
     budgets = {
         "closed8": ("8 clients, closed loop", "kbd: p50 <= 3, p99 <= 15"),
@@ -306,7 +317,7 @@ def report(f: dict[tuple[str, str], Figures], size: int) -> None:
         for name in SERVERS:
             x = f[load, name]
             print(f"{what:<34} {name:<8} {x.p(0.5):7.2f} {x.p(0.99):7.2f} {min(x.samples):7.2f} {x.rate:7.0f}"
-                  f" {statistics.median(x.cpu_us):7.0f}"
+                  f" {statistics.median(x.cpu_us):6.0f} /{statistics.median(x.client_us):6.0f}"
                   f"  {budget if name == 'kbd' else ''}")  # fmt: skip
 
 

@@ -284,7 +284,7 @@ class State:
 
 
 # Sessions whose last plan's JSON is kept (least recently answered forgotten first).
-PLAN_JSON_SESSIONS = 4096
+PLAN_JSON_SESSIONS = 1024
 
 
 def _running_tail(view: session_ops.SessionView) -> bytes:

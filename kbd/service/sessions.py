@@ -42,7 +42,7 @@ from kbd.state.store import SessionRow, SessionStore, new_session_id, require_op
 _MODES = {"none": set(), "read": {"r"}, "write": {"w"}, "read-write": {"r", "w"}}
 # Sessions whose last plan is remembered (least recently looked up forgotten
 # first): a few KB each, and a host's open sessions are far fewer.
-MEMO_SESSIONS = 4096
+MEMO_SESSIONS = 1024
 
 
 # -- the verified plan memo ---------------------------------------------------------
