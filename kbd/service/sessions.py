@@ -8,7 +8,9 @@ consumer's and every source's manifest and probes every attached KB's identity
 on disk (DESIGN §9: "every grant is verified at lookup"). Only the pure part —
 resolving those answers into attachments, building the plan, its digest — is
 remembered per session (:class:`_Memo`), and reused only when every answer is
-the same as the one it was built from. Every operation here takes a :class:`RootSessions` and an
+the same as the one it was built from.
+
+Every operation here takes a :class:`RootSessions` and an
 :data:`kbd.core.principals.Actor`: a principal is authorized by its roles; a
 :class:`kbd.core.principals.LocalOperator` (created only by the CLI entry
 points) is the trusted operator of the root. Opening a session always needs a
