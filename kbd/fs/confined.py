@@ -246,18 +246,23 @@ def _root_fd() -> int:
     return _ROOT_FD
 
 
-def pin_dir(path: Path, *, expect: tuple[int, int] | None = None) -> Pinned:
+def pin_dir(path: Path, *, expect: tuple[int, int] | None = None, path_only: bool = False) -> Pinned:
     """Pin the directory at absolute ``path`` without following any symlink on the way.
 
     Walks from ``/`` with ``RESOLVE_NO_SYMLINKS`` (mount crossings are allowed:
     kbd roots often live on another filesystem than ``/``). When ``expect``
     (st_dev, st_ino) is given, the pinned folder must be that same folder, so a
     folder swapped between resolution and use is refused.
+
+    ``path_only``: an ``O_PATH`` pin, for looking only (fstat, statx and opens
+    beneath it; never listing or reading the folder itself). The walk and its
+    refusals are the same; such an open makes no inotify event, so the
+    daemon's per-lookup probes of watched folders never wake its watcher.
     """
     if not path.is_absolute():
         raise InvalidPath("internal: pin_dir needs an absolute path")
     parts = [c for c in str(path).split("/") if c not in ("", ".")]
-    flags = os.O_RDONLY | os.O_DIRECTORY
+    flags = (os.O_PATH if path_only else os.O_RDONLY) | os.O_DIRECTORY
     try:
         if HAVE_OPENAT2:
             fd = _openat2(_root_fd(), parts, flags, 0, resolve=RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)

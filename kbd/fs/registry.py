@@ -1022,9 +1022,11 @@ def probe_kb(workflow_folder: Path, *, notes: bool = False) -> KbProbe:
     a mount point (e.g. a bind mount of someone else's KB on the same
     filesystem, caught by statx mount IDs). The workflow folder is pinned
     without following links first, so the answer is about the real folder.
+    Every open here is ``O_PATH`` (looking only): it makes no inotify event, so
+    a daemon's lookups never wake its own watcher of these folders.
     """
     try:
-        pinned = pin_dir(workflow_folder)
+        pinned = pin_dir(workflow_folder, path_only=True)
     except KbdError:
         return KbProbe(KbProblem("kb_missing", "the source workflow folder is gone or was replaced"))
     with pinned:
@@ -1035,7 +1037,7 @@ def probe_kb(workflow_folder: Path, *, notes: bool = False) -> KbProbe:
             parent = (
                 mount_info("", dir_fd=pinned.fd, flags=AT_EMPTY_PATH) if info.mount_root is None else None
             )
-            parent_dev = os.fstat(pinned.fd).st_dev
+            parent_dev = pinned.dev  # fstat-ed by pin_dir: the same open folder
             notes_problem = _notes_problem(pinned.fd, info) if notes and stat.S_ISDIR(info.mode) else None
         except FileNotFoundError:
             return KbProbe(KbProblem("kb_missing", "the source has no knowledgebase/ folder"))
@@ -1072,7 +1074,7 @@ def _notes_problem(workflow_fd: int, kb: MountInfo) -> str | None:
     """Why the KB's notes/ (seen beneath the already pinned workflow folder) cannot
     take contributions, or None. Only asked for write attachments."""
     try:
-        kb_fd = open_beneath(workflow_fd, KB_DIR, os.O_RDONLY | os.O_DIRECTORY)
+        kb_fd = open_beneath(workflow_fd, KB_DIR, os.O_PATH | os.O_DIRECTORY)
     except KbdError:
         return "the source's knowledgebase/ changed while it was inspected"
     try:

@@ -19,7 +19,7 @@ from kbd.core.config import Config
 from kbd.core.layout import CACHE_DIR, CONFIG_NAME, PRINCIPALS_NAME, racy
 from kbd.core.manifest import Manifest
 from kbd.core.principals import Principal, Principals
-from kbd.core.resolve import Attachment, resolve_all
+from kbd.core.resolve import Attachment, SourceView, resolve_all
 from kbd.errors import AmbiguousWorkflow, KbdError, ManifestUnreadable, workflow_not_found
 from kbd.fs.registry import Ambiguous, Found, KbProbe, Lookup, Missing, Registry, probe_kb
 from kbd.fs.rootconfig import load_config, load_principals
@@ -128,8 +128,9 @@ class Root:
             )
         return found
 
-    def resolve(self, consumer: Manifest) -> list[Attachment]:
-        """Every attachment of ``consumer`` as it resolves now in this root."""
+    def resolve(self, consumer: Manifest, *, view: SourceView | None = None) -> list[Attachment]:
+        """Every attachment of ``consumer`` as it resolves now in this root
+        (``view``: a view over this root's answers, e.g. one that records them)."""
         if consumer.sources_problem is not None:
             raise ManifestUnreadable(f"workflow {consumer.id!r}: {consumer.sources_problem}")
-        return resolve_all(consumer, view=self, principals=self.principals, host=self.config.host)
+        return resolve_all(consumer, view=view or self, principals=self.principals, host=self.config.host)

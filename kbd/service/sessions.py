@@ -3,7 +3,14 @@ revoke, path checks — and the lookup that rebuilds a session's plan.
 
 A lookup (:meth:`RootSessions.plan`) is the only way to get a session's plan,
 and it always rebuilds the plan from saved configuration (DESIGN §4
-"Reconciliation"). Every operation here takes a :class:`RootSessions` and an
+"Reconciliation"): every lookup re-reads the session row, verifies the
+consumer's and every source's manifest and probes every attached KB's identity
+on disk (DESIGN §9: "every grant is verified at lookup"). Only the pure part —
+resolving those answers into attachments, building the plan, its digest — is
+remembered per session (:class:`_Memo`), and reused only when every answer is
+the same as the one it was built from.
+
+Every operation here takes a :class:`RootSessions` and an
 :data:`kbd.core.principals.Actor`: a principal is authorized by its roles; a
 :class:`kbd.core.principals.LocalOperator` (created only by the CLI entry
 points) is the trusted operator of the root. Opening a session always needs a
@@ -14,24 +21,128 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kbd.core import audience, pathguard, policy
+from kbd.core.folders import FolderStatus
+from kbd.core.lookup import Found, KbProbe, Lookup, Unreadable
 from kbd.core.pathguard import PathCheck
 from kbd.core.plan import Plan, build_plan
-from kbd.core.policy import KINDS
-from kbd.core.principals import Actor, LocalOperator, Principal, actor_fields
+from kbd.core.policy import KINDS, KindPolicy
+from kbd.core.principals import Actor, LocalOperator, Principal, Principals, actor_fields
 from kbd.errors import InvalidInput, KbdError, PermissionDenied, session_not_found
 from kbd.fs import datafiles
 from kbd.fs.confined import link_below
 from kbd.fs.folders import resolve_folders
+from kbd.fs.registry import Folder
 from kbd.service import JsonObject
 from kbd.service.root import Root
 from kbd.state.processes import ProcessRow, RunningCommands, kill_unrecorded
 from kbd.state.store import SessionRow, SessionStore, new_session_id, require_open
 
 _MODES = {"none": set(), "read": {"r"}, "write": {"w"}, "read-write": {"r", "w"}}
+# Sessions whose last plan is remembered (least recently looked up forgotten
+# first): a few KB each, and a host's open sessions are far fewer.
+MEMO_SESSIONS = 1024
+
+
+# -- the verified plan memo ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Looked:
+    """A registry lookup the resolver made, and its answer."""
+
+    workflow_id: str
+    answer: Lookup
+
+
+@dataclass(frozen=True)
+class _Probed:
+    """A KB probe the resolver made, and its answer."""
+
+    folder: Path
+    notes: bool
+    answer: KbProbe
+
+
+def _same_lookup(now: Lookup, then: Lookup) -> bool:
+    """The registry gives the same answer: for a folder, the very same Folder
+    object (the registry replaces it, never changes it, when its manifest or
+    place changes, and a memo holds it, so it cannot be recycled)."""
+    if type(now) is not type(then):
+        return False
+    if isinstance(now, Found | Unreadable):
+        assert isinstance(then, Found | Unreadable)
+        return now.folder is then.folder
+    return now == then
+
+
+class _Recorder:
+    """The root's view for the resolver, writing down every answer in order."""
+
+    def __init__(self, host: Root) -> None:
+        self.host = host
+        self.asked: list[_Looked | _Probed] = []
+
+    def find(self, workflow_id: str) -> Lookup:
+        found = self.host.find(workflow_id)
+        self.asked.append(_Looked(workflow_id, found))
+        return found
+
+    def probe_kb(self, workflow_folder: Path, *, notes: bool = False) -> KbProbe:
+        probe = self.host.probe_kb(workflow_folder, notes=notes)
+        self.asked.append(_Probed(workflow_folder, notes, probe))
+        return probe
+
+
+def _answers_hold(host: Root, asked: tuple[_Looked | _Probed, ...]) -> bool:
+    """Ask the root every question again, now, in the same order: True when
+    every answer is the same. Resolution is a pure function of its inputs and
+    of these answers, and each question it asks depends only on the earlier
+    answers, so the same answers mean the same attachments."""
+    for a in asked:
+        if isinstance(a, _Looked):
+            if not _same_lookup(host.find(a.workflow_id), a.answer):
+                return False
+        elif host.probe_kb(a.folder, notes=a.notes) != a.answer:
+            return False
+    return True
+
+
+@dataclass(frozen=True, eq=False)
+class _Memo:
+    """A session's last plan and everything it was built from. ``plan`` is the
+    session's plan at ``plan.generation``; ``bare`` the same before the session
+    fields were set."""
+
+    workflow_id: str
+    kind: str
+    kb_access: str
+    item_kb_write: bool
+    consumer: Folder
+    policy: KindPolicy
+    principals: Principals
+    host_name: str
+    asked: tuple[_Looked | _Probed, ...]
+    folders: tuple[FolderStatus, ...]
+    bare: Plan
+    digest: str
+    plan: Plan
+
+    def built_from(self, row: SessionRow, consumer: Folder, policy: KindPolicy, host: Root) -> bool:
+        """Everything but the disk answers (asked, folders) is what it was."""
+        return (
+            self.consumer is consumer
+            and self.principals is host.principals
+            and (self.policy is policy or self.policy == policy)
+            and self.host_name == host.config.host
+            and self.workflow_id == row.workflow_id
+            and self.kind == row.kind
+            and self.kb_access == row.kb_access
+            and self.item_kb_write == row.item_kb_write
+        )
 
 
 class RootSessions:
@@ -45,6 +156,10 @@ class RootSessions:
         self.store = SessionStore(host.config.state_dir, timeout=host.config.lock_timeout)
         self.commands = RunningCommands(host.config.state_dir)
         self._folder_roots: tuple[tuple[Path, ...], tuple[Path, ...]] = ((), ())
+        # Per session: the last plan and what it was built from (see _build).
+        # Callers serialise lookups (the daemon's state lock); a memo is
+        # replaced whole, never changed.
+        self._memos: dict[str, _Memo] = {}
 
     def folder_roots(self) -> tuple[Path, ...]:
         """The operator-approved roots of the current config (a daemon re-reads
@@ -56,22 +171,52 @@ class RootSessions:
 
     # -- plans -------------------------------------------------------------
     def _build(self, row: SessionRow) -> Plan:
+        """The session's plan from what is on disk now. Every lookup asks the
+        registry and the KB probes again (manifests, KB identities, folder
+        grants); when every answer, the manifests, principals, policy and the
+        row are what the session's memo was built from, the memo's plan is the
+        plan (nothing pure is recomputed), else it is rebuilt."""
         found = self.host.workflow(row.workflow_id)
         m = found.manifest
-        plan = build_plan(
-            workflow_id=m.id,
-            workflow_folder=found.folder.path,
-            policy=datafiles.consumer_kind(row.kind),
-            kb_access=row.kb_access,
-            item_kb_write=row.item_kb_write,
-            attachments=self.host.resolve(m),
-            folders=resolve_folders(m.raw.get("folder_access"), roots=self.folder_roots()),
-        )
-        digest = plan.digest()
+        policy = datafiles.consumer_kind(row.kind)
+        memo = self._memos.pop(row.id, None)
+        if memo is not None and not (
+            memo.built_from(row, found.folder, policy, self.host) and _answers_hold(self.host, memo.asked)
+        ):
+            memo = None
+        recorder = _Recorder(self.host)
+        attachments = None if memo is not None else self.host.resolve(m, view=recorder)
+        folders = tuple(resolve_folders(m.raw.get("folder_access"), roots=self.folder_roots()))
+        if memo is None or folders != memo.folders:
+            bare = build_plan(
+                workflow_id=m.id,
+                workflow_folder=found.folder.path,
+                policy=policy,
+                kb_access=row.kb_access,
+                item_kb_write=row.item_kb_write,
+                attachments=attachments if attachments is not None else self.host.resolve(m, view=recorder),
+                folders=list(folders),
+            )
+            memo = _Memo(row.workflow_id, row.kind, row.kb_access, row.item_kb_write, found.folder, policy,
+                         self.host.principals, self.host.config.host, tuple(recorder.asked), folders, bare,
+                         bare.digest(), bare)  # fmt: skip
         generation = row.generation
-        if digest != row.digest:
-            generation = self.store.record_generation(row.id, seen_digest=row.digest, new_digest=digest)
-        return plan.with_generation(generation, session_id=row.id, parent=row.parent, opened_by=row.opened_by)
+        if memo.digest != row.digest:
+            generation = self.store.record_generation(row.id, seen_digest=row.digest, new_digest=memo.digest)
+        plan = memo.plan
+        if (plan.generation, plan.session_id, plan.parent, plan.opened_by) != (
+            generation, row.id, row.parent, row.opened_by
+        ):  # fmt: skip
+            plan = memo.bare.with_generation(generation, session_id=row.id, parent=row.parent,
+                                             opened_by=row.opened_by)  # fmt: skip
+            memo = replace(memo, plan=plan)
+        self._remember(row.id, memo)
+        return plan
+
+    def _remember(self, sid: str, memo: _Memo) -> None:
+        self._memos[sid] = memo  # popped before: now the most recently used
+        if len(self._memos) > MEMO_SESSIONS:
+            del self._memos[next(iter(self._memos))]
 
     def rebuild(self, row: SessionRow) -> Plan:
         """The session's plan rebuilt from saved configuration now, recording a
