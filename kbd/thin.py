@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 UNAVAILABLE = 69
 PERMISSION_DENIED = 77
 DAEMON_DIED = "the kbd daemon stopped while the command ran; the command was terminated"
+# The daemon answers an exec request (101, or a refusal) once it has read and
+# authenticated it: milliseconds. A daemon that accepts and never answers (hung,
+# stopped, a stray listener on the socket) must not hang every agent command.
+ANSWER_TIMEOUT = 30.0
 # Connecting to the *default* socket: these mean "no daemon here for you";
 # the command then runs in-process, as it always did.
 NO_DAEMON = (errno.ENOENT, errno.ECONNREFUSED, errno.EACCES, errno.ENOTDIR)
@@ -142,8 +146,14 @@ class Exchange:
         """Wait for the daemon's answer; the bytes after its head (the first
         frames). Raises Refused for an HTTP refusal or a daemon that vanished."""
         buf = b""
+        self.sock.settimeout(ANSWER_TIMEOUT)
         while True:
-            more = self.sock.recv(65536)
+            try:
+                more = self.sock.recv(65536)
+            except TimeoutError:
+                raise Refused(UNAVAILABLE, "unavailable",
+                              f"the kbd daemon did not answer within {ANSWER_TIMEOUT:g} s; nothing was run",
+                              "check the daemon's log; KBD_NO_DAEMON=1 runs the command in-process") from None  # fmt: skip
             if not more:
                 raise Refused(UNAVAILABLE, "unavailable", "the kbd daemon closed the connection before answering",
                               "check the daemon's log; KBD_NO_DAEMON=1 runs the command in-process")  # fmt: skip
@@ -151,6 +161,7 @@ class Exchange:
             parsed = wire.parse_response_head(buf)
             if parsed is not None:
                 break
+        self.sock.settimeout(None)  # the command itself may run for as long as it runs
         status, head = parsed
         rest = buf[head.size :]
         if status != 101:

@@ -4,6 +4,11 @@ originals, and the request it sends is the wire codec's."""
 
 from __future__ import annotations
 
+import os
+import socket
+import time
+from pathlib import Path
+
 import pytest
 
 from kbd import boundary, thin
@@ -44,3 +49,25 @@ def test_the_request_is_the_wire_codecs() -> None:
     assert wire.decode_request(data[head.size :]) == wire.Request(
         "s_1", [b"sh", b"-c\xff", b"x"], cwd=b"sub", env={"LANG": "C"}, as_principal="ops", root=b"/r"
     )
+
+
+def test_a_daemon_that_accepts_and_never_answers_is_refused_not_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listener that takes the request and says nothing (hung daemon, a stray
+    program on the socket): the client gives up with 69 and a specific message,
+    instead of hanging the agent's command forever."""
+    monkeypatch.setattr(thin, "ANSWER_TIMEOUT", 0.3)
+    path = str(tmp_path / "kbd.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(path)
+        listener.listen(1)
+        with open(os.devnull, "rb") as null_in, open(os.devnull, "wb") as null_out:
+            stdio = (null_in.fileno(), null_out.fileno(), null_out.fileno())
+            start = time.monotonic()
+            with pytest.raises(thin.Refused) as refused:
+                thin.call(path, "s_1", ["/bin/true"], stdio=stdio)
+        took = time.monotonic() - start
+    assert refused.value.exit_code == 69 and refused.value.code == "unavailable"
+    assert refused.value.message == "the kbd daemon did not answer within 0.3 s; nothing was run"
+    assert took < 5
