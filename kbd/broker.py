@@ -53,6 +53,7 @@ from kbd.errors import (
     WireError,
 )
 from kbd.sandbox import cgroup
+from kbd.sandbox.spawn import Launcher
 from kbd.service import auth
 from kbd.service.execute import Caller, Forwarder, Launch, execute, warning_line
 from kbd.service.root import Root
@@ -220,8 +221,10 @@ class Broker:
         lock: threading.Lock | threading.RLock,
         per_uid: int = 64,
         total: int = 1024,
+        launcher: Launcher | None = None,
     ) -> None:
         self.host = host
+        self.launcher = launcher  # None: every command takes the slower in-daemon start
         self.sessions = sessions
         self.lock = lock
         root = host.config.root
@@ -375,7 +378,8 @@ class Broker:
         def notice(text: str) -> None:
             conn.send(wire.notice_frame(warning_line(text)))
 
-        launch = Launch(forward, caller=caller, notice=notice, started=started, lock=self.lock)
+        launch = Launch(forward, caller=caller, notice=notice, started=started, lock=self.lock,
+                        launcher=self.launcher)  # fmt: skip
         conn.send(wire.SWITCHING)
         with self._guard:
             self._commands.append(cmd)

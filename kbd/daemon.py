@@ -68,6 +68,7 @@ from kbd.errors import (
     UnsafeSocketFolder,
     http_answer,
 )
+from kbd.sandbox import cgroup, spawn
 from kbd.service.live import LiveState
 from kbd.service.root import Root
 from kbd.state.events import EventLog
@@ -593,7 +594,15 @@ def serve(host: Root, *, socket_path: Path | None = None, fd: int | None = None,
         state = app.state.kbd
         # One root view for the API, the live state and the broker: the plan a
         # brokered command runs under is the one pushed revocation re-checks.
+        # The launcher is started here, on the main thread: its parent-death
+        # signal follows the thread that spawned it, and this one lives as long
+        # as the daemon. The broker sweeps a dead daemon's cgroups first.
         broker = Broker(host, state.sessions, lock=state.lock)
+        broker.launcher = spawn.Launcher.start(cgroup.detect(), host.config.limits)
+        if broker.launcher is not None:
+            # Ready means fast: the first commands find their stubs waiting (a
+            # pool that cannot fill only means the slower start).
+            broker.launcher.ready.wait(spawn.START_TIMEOUT)
     except BaseException:
         sock.close()
         if path is not None:
@@ -631,6 +640,8 @@ def serve(host: Root, *, socket_path: Path | None = None, fd: int | None = None,
         broker.drain(host.config.revoke_grace)
     finally:
         PeerCredProtocol.broker = None
+        if broker.launcher is not None:
+            broker.launcher.close()  # unused stubs and their cgroups go with it
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         live.stop()  # idempotent: already stopped by a graceful shutdown

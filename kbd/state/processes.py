@@ -53,14 +53,19 @@ class RunningCommands:
         argv: list[str],
         started_at: float | None = None,
         cgroup: str | None = None,
+        broker: bool = False,
     ) -> None:
         """Record a running command; ``cgroup`` names the per-command cgroup that
         holds its whole process tree (kbd.sandbox.cgroup), so that close and
-        revoke from another process can kill all of it."""
+        revoke from another process can kill all of it. ``broker``: the daemon
+        started it in one of its launcher's stub cgroups (``b_…``), whose name
+        cannot say the session."""
         folder = self._folder(sid)
         folder.mkdir(parents=True, exist_ok=True, mode=0o750)
         record = {"pid": pid, "pgid": pid, "generation": generation, "started_at": started_at or time.time(),
                   "boot_id": _boot_id(), "start_ticks": _start_ticks(pid), "argv": argv, "cgroup": cgroup}  # fmt: skip
+        if broker:
+            record["broker"] = True
         fd = os.open(
             folder / f"{pid}.json",
             os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -90,8 +95,8 @@ class RunningCommands:
                 with open(self._folder(sid) / name, "rb") as fh:
                     r = json.loads(fh.read())
                 cg = r.get("cgroup")
-                if not (isinstance(cg, str) and cg.startswith(f"{sid}.")):
-                    cg = None  # only this session's own command cgroups
+                if not (isinstance(cg, str) and (cg.startswith(f"{sid}.") or _stub_cgroup(r, cg))):
+                    cg = None  # only this session's own command cgroups (or the daemon's stub's)
                 row = ProcessRow(sid, int(r["pid"]), int(r["pgid"]), int(r["generation"]), float(r["started_at"]),
                                  [str(a) for a in r["argv"]], cgroup=cg)  # fmt: skip
             except (OSError, ValueError, KeyError, TypeError):
@@ -170,6 +175,16 @@ def terminate_group(pgid: int, *, grace: float) -> bool:
                 return True
             time.sleep(0.02)
     return False
+
+
+def _stub_cgroup(record: dict[str, object], name: str) -> bool:
+    """A stub cgroup of the daemon's launcher, named in a record the daemon
+    wrote (records are kbd-written; the state folder is 0750)."""
+    if record.get("broker") is not True:
+        return False
+    from kbd.sandbox import cgroup  # not on the exec path
+
+    return cgroup.BROKER_NAME.fullmatch(name) is not None
 
 
 def _tree_left(name: str) -> bool:
