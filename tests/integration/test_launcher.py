@@ -119,14 +119,13 @@ def test_changed_limits_let_the_old_stubs_go(launcher: spawn.Launcher) -> None:
     assert launcher.take(other) is None  # none made with these limits yet: the caller falls back
     _wait(lambda: len(_pool(launcher)) == 2 and all(s.key != old[0].key for s in _pool(launcher)),
           "no stubs with the new limits")  # fmt: skip
-    for stub in old:
-        _wait(lambda s=stub: not alive(s.pid), "an outdated stub lived on")  # type: ignore[misc]
-    stub = launcher.take(other)
-    assert stub is not None
-    for h, path in stub.box().v1:
+    _wait(lambda: not any(alive(s.pid) for s in old), "an outdated stub lived on")
+    fresh = launcher.take(other)
+    assert fresh is not None
+    for h, path in fresh.box().v1:
         if "pids" in h.controllers:
             assert Path(f"{path}/pids.max").read_text().strip() == "77"
-    stub.close()
+    fresh.close()
 
 
 def test_descriptors_land_on_exactly_their_numbers_even_when_they_collide(
