@@ -38,6 +38,7 @@ import struct
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kbd.boundary import internal_error
@@ -378,8 +379,9 @@ class Broker:
         def notice(text: str) -> None:
             conn.send(wire.notice_frame(warning_line(text)))
 
+        later: list[Callable[[], None]] = []
         launch = Launch(forward, caller=caller, notice=notice, started=started, lock=self.lock,
-                        launcher=self.launcher)  # fmt: skip
+                        launcher=self.launcher, later=later)  # fmt: skip
         conn.send(wire.SWITCHING)
         with self._guard:
             self._commands.append(cmd)
@@ -402,6 +404,11 @@ class Broker:
                 self._commands.remove(cmd)
         conn.closing = True
         conn.send(answer)
+        for step in later:  # after the answer: what need not delay it
+            try:
+                step()
+            except Exception:
+                log.exception("broker: cleanup after a command of session %s failed", request.sid)
         with contextlib.suppress(OSError):
             conn.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader
         reader.join(timeout=5.0)

@@ -517,15 +517,41 @@ def kill_tree(path: str, *, timeout: float = 5.0) -> bool:
         if exc.errno in _GONE:
             return True
         raise
-    start = time.monotonic()
-    while populated(path):
-        waited = time.monotonic() - start
-        if waited > timeout:
-            return False
-        # A finished command's tree is usually gone within a millisecond or two
-        # (it is on every command's path): look often at first, then back off.
-        time.sleep(0.001 if waited < 0.05 else 0.005)
-    return True
+    return wait_empty(path, timeout=timeout)
+
+
+def wait_empty(path: str, *, timeout: float) -> bool:
+    """Wait until the cgroup at ``path`` holds no process (True) or ``timeout``
+    seconds passed (False). The kernel wakes a ``poll`` on ``cgroup.events``
+    when ``populated`` changes: no sleep granularity on every command's path
+    (a sandbox's PID 1 is often still exiting when bubblewrap has returned)."""
+    import select
+
+    try:
+        fd = os.open(f"{path}/cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in _GONE:
+            return True
+        raise
+    try:
+        watch = select.poll()
+        watch.register(fd, select.POLLPRI | select.POLLERR)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if b"populated 1" not in os.pread(fd, 256, 0):
+                    return True
+            except OSError as exc:
+                if exc.errno in _GONE:
+                    return True
+                raise
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            # Bounded: a notification is never the only way to see the change.
+            watch.poll(min(left, 0.05) * 1000)
+    finally:
+        os.close(fd)
 
 
 def _rmdir(path: str, *, timeout: float = 1.0) -> None:

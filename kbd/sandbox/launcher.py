@@ -43,8 +43,10 @@ import array
 import contextlib
 import ctypes
 import errno
+import fcntl
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -54,7 +56,7 @@ from typing import Any
 
 PR_SET_PDEATHSIG = 1
 MAX_FDS = 253  # SCM_MAX_FD
-MAX_PACKET = 1 << 20
+MAX_PACKET = 256 << 10  # above the daemon's bound on one request (kbd.sandbox.spawn.MAX_REQUEST)
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -113,7 +115,6 @@ def renumber(fds: list[int], targets: list[int], keep: int) -> int:
     First everything moves above every target (``F_DUPFD_CLOEXEC``), so no
     ``dup2`` can overwrite a descriptor still to be placed; the targets are
     then the only inheritable descriptors."""
-    import fcntl
 
     floor = max([*targets, 2]) + 1
     keep = fcntl.fcntl(keep, fcntl.F_DUPFD_CLOEXEC, floor)
@@ -132,7 +133,6 @@ def renumber(fds: list[int], targets: list[int], keep: int) -> int:
 
 
 def _lower(a: int, b: int) -> int:
-    import resource
 
     inf = resource.RLIM_INFINITY
     if a == inf:
@@ -144,10 +144,8 @@ def _lower(a: int, b: int) -> int:
 
 def take_identity(spec: dict[str, Any], launcher: int) -> None:
     """Exactly the caller's groups, gid, uid, rlimits (never above this
-    process's own: only lowered) and umask, then the default disposition of
-    every signal (Python ignores SIGPIPE and SIGXFSZ; a command must not
-    inherit that) and an empty signal mask."""
-    import resource
+    process's own: only lowered) and umask, and an empty signal mask (every
+    disposition is the default already: :func:`default_signals`)."""
 
     uid, gid = int(spec["uid"]), int(spec["gid"])
     groups = [int(g) for g in spec["groups"]]
@@ -165,11 +163,19 @@ def take_identity(spec: dict[str, Any], launcher: int) -> None:
         if (new_soft, new_hard) != (own_soft, own_hard):
             resource.setrlimit(res, (new_soft, new_hard))
     os.umask(int(spec["umask"]))
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def default_signals() -> None:
+    """Every signal to its default disposition, once, in the launcher: Python
+    ignores SIGPIPE and SIGXFSZ (and the daemon may have inherited more
+    ignored ones, nohup's SIGHUP say); ``execve`` keeps what is ignored, and a
+    command must not inherit that. The stubs inherit the defaults from here.
+    (The launcher's own writes use MSG_NOSIGNAL instead.)"""
     for sig in signal.valid_signals():
-        if sig not in (signal.SIGKILL, signal.SIGSTOP) and signal.getsignal(sig) is not signal.SIG_DFL:
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
             with contextlib.suppress(OSError, ValueError):
                 signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
 def _report(sock: int, where: str, exc: BaseException) -> None:
@@ -188,7 +194,7 @@ def run_stub(sock: socket.socket, cgroups: list[str], launcher: int) -> None:
         me = str(os.getpid())
         for path in cgroups:
             _write(f"{path}/cgroup.procs", me)
-        sock.send(b"ready")
+        sock.send(b"ready", socket.MSG_NOSIGNAL)
         data, anc, flags, _ = sock.recvmsg(MAX_PACKET, socket.CMSG_SPACE(MAX_FDS * 4))
     except BaseException:
         os._exit(71)
@@ -242,9 +248,10 @@ class Launcher:
         data = json.dumps(message).encode()
         with contextlib.suppress(OSError):  # the daemon is gone: the next read says so
             if fds:
-                self.control.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+                rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                self.control.sendmsg([data], rights, socket.MSG_NOSIGNAL)
             else:
-                self.control.send(data)
+                self.control.send(data, socket.MSG_NOSIGNAL)
 
     def spawn(self, dirs: list[Any]) -> None:
         name = f"b_{os.urandom(10).hex()}.{os.getpid()}.{os.urandom(4).hex()}"
@@ -353,6 +360,7 @@ class Launcher:
 def main(argv: list[str]) -> int:
     config = json.loads(argv[1])
     die_with_parent(int(config["parent"]))
+    default_signals()
     control = socket.socket(fileno=int(config["control"]))
     launcher = Launcher(control, int(config["parent"]))
     try:

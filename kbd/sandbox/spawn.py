@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,7 @@ SOURCE = Path(__file__).with_name("launcher.py")
 MAX_FDS = 253  # SCM_MAX_FD: the stub refuses more
 # One request is one SEQPACKET packet: bounded by the socket's send buffer.
 MAX_REQUEST = 160_000
+TAKE_WAIT = 0.02  # how long a command waits for a stub on its way before the slow path
 START_TIMEOUT = 2.0  # how long a starting daemon waits for its pool
 
 
@@ -62,9 +64,28 @@ class Child:
 
     pid: int
     launcher: Launcher
+    sock: socket.socket | None = None  # the stub's socket: close-on-exec in the stub
     returncode: int | None = None
     _rc: int | None = None
     _exited: threading.Event = field(default_factory=threading.Event)
+    _why: str | None = None
+
+    def failure(self) -> str | None:
+        """Why the stub could not exec the command (it reported it before it
+        exited 127), or None: it did (end of file). Call after :meth:`exited`."""
+        if self.sock is None:
+            return self._why
+        try:
+            answer = self.sock.recv(4096, socket.MSG_DONTWAIT)
+        except OSError:  # still open: the stub was killed before it read the request
+            answer = b""
+        finally:
+            self.sock.close()
+            self.sock = None
+        if answer:
+            why = json.loads(answer)
+            self._why = f"{why.get('where')}: {why.get('error')}"
+        return self._why
 
     def exited(self) -> int:
         self._exited.wait()
@@ -72,10 +93,21 @@ class Child:
 
     def wait(self) -> int:
         rc = self.exited()
+        self.failure()  # read (and kept) before the socket is closed
         if self.returncode is None:
             self.launcher.reap(self.pid)
             self.returncode = rc
         return rc
+
+    def release(self, status: int) -> None:
+        """The command's status is known another way (bubblewrap's status
+        pipe) and the signal forwarding is disarmed: let the launcher reap it
+        whenever it exits, without waiting here (the caller's cgroup wait is
+        what proves the tree dead)."""
+        if self.returncode is None:
+            self.returncode = status
+            self.failure()
+            self.launcher.reap(self.pid)
 
     def _exit(self, rc: int) -> None:
         self._rc = rc
@@ -110,28 +142,30 @@ class Stub:
     ) -> Child:  # fmt: skip
         """Exec ``argv`` in the stub with ``fds[i]`` as number ``targets[i]``
         (nothing else open) and exactly the given identity; rlimits are
-        lowered to the caller's, never raised above the daemon's. Returns
-        once the exec happened; raises :class:`Unusable` before sending
-        anything the stub could not carry, OSError when the exec failed."""
-        own = {res: resource.getrlimit(res) for res in rlimits}
-        limits = [[res, lower(lower(s, own[res][0]), lower(h, own[res][1])), lower(h, own[res][1])]
-                  for res, (s, h) in sorted(rlimits.items())]  # fmt: skip
+        lowered to the caller's, never raised above the daemon's (which the
+        stub has). Returns as soon as the stub has the request (it execs
+        while the caller goes on: :meth:`Child.failure` says afterwards
+        whether the exec failed); raises :class:`Unusable` before sending
+        anything the stub could not carry, OSError when it cannot be sent."""
+        limits = []
+        for res, (soft, hard) in sorted(rlimits.items()):
+            own = resource.getrlimit(res)
+            new_hard = lower(hard, own[1])
+            new = (lower(lower(soft, own[0]), new_hard), new_hard)
+            if new != own:  # the stub has the daemon's limits: only what differs
+                limits.append([res, *new])
         request = {"argv": list(argv), "env": dict(env), "targets": list(targets), "uid": uid,
                    "gid": gid, "groups": list(groups), "umask": umask, "rlimits": limits, "cwd": cwd}  # fmt: skip
         data = json.dumps(request).encode()
         if len(data) > MAX_REQUEST or len(fds) > MAX_FDS:
             raise Unusable(f"the request ({len(data)} bytes, {len(fds)} descriptors) is too large for a stub")
         self.used = True
-        child = self.launcher.expect(self.pid)
+        child = self.launcher.expect(self.pid, self.sock)
         try:
             self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-            answer = self.sock.recv(4096)  # end of file: the exec happened (the socket is close-on-exec)
-        finally:
+        except BaseException:
             self.sock.close()
-        if answer:
-            child.wait()  # the stub exits 127: reap it before the caller removes its cgroups
-            why = json.loads(answer)
-            raise OSError(int(why.get("errno") or 0), f"{why.get('where')}: {why.get('error')}")
+            raise
         return child
 
 
@@ -144,7 +178,8 @@ class Launcher:
         self.sock = sock
         self.hierarchy = hierarchy
         self.pool_size = pool_size
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._arrived = threading.Condition(self._lock)  # a stub came, or the launcher died
         self._pool: collections.deque[Stub] = collections.deque()
         self._asked: collections.deque[str] = collections.deque()  # keys of stubs asked for, oldest first
         self._children: dict[int, Child] = {}
@@ -186,24 +221,44 @@ class Launcher:
         return launcher
 
     # -- the pool ---------------------------------------------------------------------
-    def take(self, limits: LimitsConfig) -> Stub | None:
-        """A stub whose cgroups carry ``limits``, or None (the pool is empty or
-        the launcher gone). Stubs made with other limits (``limits`` changed in
-        kbd.yaml) are let go. Asks for a replacement either way."""
+    def take(self, limits: LimitsConfig, *, wait: float = TAKE_WAIT) -> Stub | None:
+        """A stub whose cgroups carry ``limits``, or None (none came within
+        ``wait`` seconds, or the launcher is gone). Stubs made with other limits
+        (``limits`` changed in kbd.yaml) are let go. Asks for replacements."""
         key = self._key_of(limits)
-        stale: list[Stub] = []
-        got: Stub | None = None
-        with self._lock:
-            while self._pool and got is None:
-                stub = self._pool.popleft()
-                if stub.key == key:
-                    got = stub
-                else:
-                    stale.append(stub)
+        got, stale = self._pop(key)
         for stub in stale:
             stub.close()
+        stale = []
         self.refill(limits)
+        if got is None and wait > 0:
+            # A stub on its way (it is paying its grace period) is usually
+            # sooner than the slow path, which pays one too, and more.
+            deadline = time.monotonic() + wait
+            with self._arrived:
+                while self.alive:
+                    got, outdated = self._pop(key)
+                    stale += outdated
+                    left = deadline - time.monotonic()
+                    if got is not None or left <= 0 or not self._arrived.wait(left):
+                        break
+            for stub in stale:
+                stub.close()
+            if got is not None:
+                self.refill(limits)
         return got
+
+    def _pop(self, key: str) -> tuple[Stub | None, list[Stub]]:
+        """The first pooled stub made for ``key`` and the outdated ones before it
+        (taken out of the pool; the caller closes them)."""
+        stale: list[Stub] = []
+        with self._lock:
+            while self._pool:
+                stub = self._pool.popleft()
+                if stub.key == key:
+                    return stub, stale
+                stale.append(stub)
+        return None, stale
 
     def refill(self, limits: LimitsConfig) -> None:
         key = self._key_of(limits)
@@ -226,8 +281,8 @@ class Launcher:
             self._discarded[stub.pid] = stub.name
         stub.sock.close()  # the stub reads end of file and exits
 
-    def expect(self, pid: int) -> Child:
-        child = Child(pid, self)
+    def expect(self, pid: int, sock: socket.socket | None = None) -> Child:
+        child = Child(pid, self, sock)
         with self._lock:
             self._children[pid] = child
             alive = self.alive
@@ -274,6 +329,7 @@ class Launcher:
                 if current:
                     self._pool.append(stub)
                 full = len(self._pool) >= self.pool_size
+                self._arrived.notify_all()
             if not current:
                 stub.close()
             if full:
@@ -304,6 +360,7 @@ class Launcher:
             self.alive = False
             children = list(self._children.values())
             pool, self._pool = list(self._pool), collections.deque()
+            self._arrived.notify_all()
         for stub in pool:
             stub.sock.close()
         for child in children:

@@ -19,6 +19,7 @@ The command's environment is built, never inherited: the plan's variables,
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import resource
@@ -256,6 +257,9 @@ class Launch:
     # The daemon's pre-forked launcher (kbd.sandbox.spawn): a brokered command
     # starts in one of its stubs when it has one, else through spawn_as.
     launcher: Launcher | None = None
+    # Where a brokered command's bookkeeping goes that may wait until its exit
+    # status is sent (the removal of its emptied cgroups); None: done at once.
+    later: list[Callable[[], None]] | None = None
 
 
 class Child(Protocol):
@@ -486,6 +490,13 @@ def _start_in_stub(
         raise
 
 
+def _check_exec(proc: Child) -> None:
+    """A stub that could not exec its command said why (it exited 127)."""
+    why = None if isinstance(proc, subprocess.Popen) else proc.failure()  # type: ignore[attr-defined]
+    if why is not None:
+        raise Unavailable(f"cannot start the command ({why}); nothing was run")
+
+
 def _stub_for(launch: Launch, backend: str, limits: LimitsConfig) -> Stub | None:
     """A launcher stub for a brokered command, or None (then
     :func:`contain_brokered` makes its cgroup and :func:`spawn_as` starts it)."""
@@ -604,7 +615,11 @@ def execute(
     finally:
         if stub is not None:
             stub.close()  # unused (refused before it ran): the stub goes; a used one is gone
-        if prepared is None:
+        if prepared is None and launch.later is not None and box is not None:
+            # The tree is dead already (_end_tree waited for the cgroup to empty):
+            # removing the empty folders need not delay the exit status.
+            launch.later.append(functools.partial(_release, box))
+        elif prepared is None:
             _release(box)
 
 
@@ -670,9 +685,11 @@ def _run_direct(
     launch.forward.arm(proc.pid)
     try:
         _record(record, proc, launch)
-        return wait_child(proc, launch.forward)
+        rc = wait_child(proc, launch.forward)
     finally:
         _finish(proc, launch, box, sessions, sid)
+    _check_exec(proc)
+    return rc
 
 
 def _run_bwrap(
@@ -695,10 +712,18 @@ def _run_bwrap(
     try:
         _record(record, proc, launch)
         child, code = bwrap.read_status(status_r)
-        rc = wait_child(proc, launch.forward)
+        if code is not None and not isinstance(proc, subprocess.Popen):
+            # bubblewrap reported the command's status as it exited: no wait for
+            # the launcher's word. _finish's cgroup wait proves the tree dead.
+            launch.forward.disarm()
+            proc.release(code)  # type: ignore[attr-defined]
+            rc = code
+        else:
+            rc = wait_child(proc, launch.forward)
     finally:
         os.close(status_r)
         _finish(proc, launch, box, sessions, sid)
+    _check_exec(proc)
     if child is None:
         raise Unavailable(
             f"bubblewrap could not set up the sandbox (exit {rc}); nothing was run",

@@ -116,7 +116,7 @@ def test_stubs_wait_in_their_own_limited_cgroups_and_the_pool_refills(launcher: 
 def test_changed_limits_let_the_old_stubs_go(launcher: spawn.Launcher) -> None:
     old = _pool(launcher)
     other = replace(LIMITS, pids_max=77)
-    assert launcher.take(other) is None  # none made with these limits yet: the caller falls back
+    assert launcher.take(other, wait=0) is None  # none made with these limits yet: the caller falls back
     _wait(lambda: len(_pool(launcher)) == 2 and all(s.key != old[0].key for s in _pool(launcher)),
           "no stubs with the new limits")  # fmt: skip
     _wait(lambda: not any(alive(s.pid) for s in old), "an outdated stub lived on")
@@ -165,10 +165,30 @@ def test_descriptors_land_on_exactly_their_numbers_even_when_they_collide(
 def test_a_failed_exec_is_reported_and_the_stub_is_reaped(launcher: spawn.Launcher) -> None:
     stub = launcher.take(LIMITS)
     assert stub is not None
-    with open(os.devnull, "rb") as null, pytest.raises(OSError, match="exec") as info:
-        _run(stub, ["/nonexistent/kbd-test"], fds=[null.fileno()] * 3, targets=[0, 1, 2])
-    assert info.value.errno == 2
-    _wait(lambda: not os.path.exists(f"/proc/{stub.pid}"), "the failed stub was not reaped")
+    with open(os.devnull, "rb") as null:
+        rc = _run(stub, ["/nonexistent/kbd-test"], fds=[null.fileno()] * 3, targets=[0, 1, 2])
+    assert rc == 127
+    stub.box().remove()
+
+
+def test_a_failed_exec_is_an_unavailable_error_through_the_exec_path(launcher: spawn.Launcher) -> None:
+    """The stub's report reaches the exec path: 69 and the reason, never the
+    127 of a command that ran."""
+    from kbd.errors import Unavailable
+    from kbd.service.execute import _check_exec
+
+    stub = launcher.take(LIMITS)
+    assert stub is not None
+    with open(os.devnull, "rb") as null:
+        fds = [null.fileno()] * 3
+        child = stub.launch(["/nonexistent/kbd-test"], env={}, fds=fds, targets=[0, 1, 2], uid=0, gid=0,
+                            groups=os.getgroups(), umask=0o22, rlimits={})  # fmt: skip
+        assert child.wait() == 127
+    with pytest.raises(
+        Unavailable, match=r"cannot start the command \(exec: No such file or directory\)"
+    ) as info:
+        _check_exec(child)
+    assert info.value.exit_code == 69
     stub.box().remove()
 
 
