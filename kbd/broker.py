@@ -240,6 +240,10 @@ class Broker:
         self.stopping = False
         with contextlib.suppress(OSError):
             cgroup.sweep(cgroup.detect())  # what a killed daemon's commands left
+        with contextlib.suppress(OSError):
+            sessions.commands.drop_spares()
+            for _ in range(2):  # record files for the first commands (kbd.state.processes)
+                sessions.commands.make_spare()
 
     # -- the public interface ------------------------------------------------------------------
     def adopt(self, sock: socket.socket) -> None:

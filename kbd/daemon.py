@@ -642,6 +642,8 @@ def serve(host: Root, *, socket_path: Path | None = None, fd: int | None = None,
         PeerCredProtocol.broker = None
         if broker.launcher is not None:
             broker.launcher.close()  # unused stubs and their cgroups go with it
+        with contextlib.suppress(OSError):
+            broker.sessions.commands.drop_spares()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         live.stop()  # idempotent: already stopped by a graceful shutdown

@@ -44,6 +44,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import gc
 import json
 import os
 import resource
@@ -185,6 +186,24 @@ def _report(sock: int, where: str, exc: BaseException) -> None:
         os.write(sock, json.dumps({"where": where, "errno": code, "error": text}).encode())
 
 
+def warm_up(fd: int) -> None:
+    """Run, while nobody waits, what the stub runs once the request came: a
+    forked child copies each page its first touch writes (reference counts,
+    allocator state), and those copies would otherwise land between the
+    daemon's request and the exec (measured ~0.15 ms)."""
+    sample = {"argv": ["/usr/bin/true"], "env": {"PATH": "/usr/bin"}, "targets": [0, 1, 2], "uid": 0,
+              "gid": 0, "groups": [0], "umask": 18, "rlimits": [[7, 1024, 1024]], "cwd": None}  # fmt: skip
+    spec = json.loads(json.dumps(sample).encode())
+    spare = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    names = [int(n) for n in os.listdir("/proc/self/fd")]
+    os.close(spare)
+    _ = (
+        [os.fsencode(a) for a in spec["argv"]],
+        {os.fsencode(k): os.fsencode(v) for k, v in spec["env"].items()},
+    )
+    _ = (names, resource.getrlimit(resource.RLIMIT_NOFILE), os.getgroups(), _lower(1, 2), array.array("i"))
+
+
 def run_stub(sock: socket.socket, cgroups: list[str], launcher: int) -> None:
     """In the forked child: enter the cgroups (the grace period is paid here,
     before anyone waits), say ready, wait for the command, exec it."""
@@ -194,6 +213,8 @@ def run_stub(sock: socket.socket, cgroups: list[str], launcher: int) -> None:
         me = str(os.getpid())
         for path in cgroups:
             _write(f"{path}/cgroup.procs", me)
+        gc.disable()  # nothing to collect before the exec: no pages touched for it
+        warm_up(sock.fileno())
         sock.send(b"ready", socket.MSG_NOSIGNAL)
         data, anc, flags, _ = sock.recvmsg(MAX_PACKET, socket.CMSG_SPACE(MAX_FDS * 4))
     except BaseException:

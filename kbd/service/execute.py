@@ -615,6 +615,9 @@ def execute(
     finally:
         if stub is not None:
             stub.close()  # unused (refused before it ran): the stub goes; a used one is gone
+        if stub is not None and launch.later is not None:
+            # The next command's record file, made where its cost does not count.
+            launch.later.append(sessions.commands.make_spare)
         if prepared is None and launch.later is not None and box is not None:
             # The tree is dead already (_end_tree waited for the cgroup to empty):
             # removing the empty folders need not delay the exit status.
