@@ -146,7 +146,7 @@ class Stub:
         stub has). Returns as soon as the stub has the request (it execs
         while the caller goes on: :meth:`Child.failure` says afterwards
         whether the exec failed); raises :class:`Unusable` before sending
-        anything the stub could not carry, OSError when it cannot be sent."""
+        anything the stub could not carry or when the stub is gone."""
         limits = []
         for res, (soft, hard) in sorted(rlimits.items()):
             own = resource.getrlimit(res)
@@ -163,6 +163,10 @@ class Stub:
         child = self.launcher.expect(self.pid, self.sock)
         try:
             self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        except OSError as exc:  # the stub died waiting (killed, OOM): nothing ran
+            self.sock.close()
+            self.launcher.reap(self.pid)
+            raise Unusable(f"the stub is gone ({exc.strerror or exc})") from None
         except BaseException:
             self.sock.close()
             raise
@@ -267,11 +271,16 @@ class Launcher:
                 return
             self._key = key
             have = sum(s.key == key for s in self._pool) + sum(k == key for k in self._asked)
-            wanted = self.pool_size - have
-            for _ in range(wanted):
-                self._asked.append(key)
-        for _ in range(max(0, wanted)):
+            wanted = max(0, self.pool_size - have)
+            self._asked.extend([key] * wanted)  # counted under the lock: no two refills ask twice
+        for _ in range(wanted):
             self._send({"op": "spawn", "dirs": json.loads(key)})
+
+    def _ask(self, key: str) -> None:
+        """Ask the launcher for one more stub made with ``key``'s cgroup limits."""
+        with self._lock:
+            self._asked.append(key)
+        self._send({"op": "spawn", "dirs": json.loads(key)})
 
     def _key_of(self, limits: LimitsConfig) -> str:
         return json.dumps(cgroup.stub_dirs(self.hierarchy, limits))
@@ -345,10 +354,19 @@ class Launcher:
             with self._lock:
                 child = self._children.get(pid)
                 name = self._discarded.pop(pid, None)
+                # A pooled stub that died waiting (killed, OOM): out of the pool.
+                dead = [stub for stub in self._pool if stub.pid == pid]
+                for stub in dead:
+                    self._pool.remove(stub)
+                    name = stub.name
             if child is not None:
                 child._exit(rc)
                 return
             self._send({"op": "reap", "pid": pid})  # a stub let go, or one that never got ready
+            for stub in dead:
+                stub.sock.close()
+                if stub.key == self._key:
+                    self._ask(stub.key)
             if name is not None:
                 cgroup.remove(self.hierarchy, name)
 

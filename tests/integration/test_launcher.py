@@ -9,7 +9,9 @@ tree along, and nothing of a stub is left after shutdown."""
 from __future__ import annotations
 
 import os
+import re
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -349,3 +351,80 @@ def test_no_stub_cgroup_is_left_after_shutdown(tmp_path: Path) -> None:
     assert not alive(launcher_pid) and [p for p in stubs if alive(p)] == []
     assert [p for p in _named("b_") if p.rsplit("/", 1)[1].split(".")[1] == str(launcher_pid)] == []
     assert [p for p, _ in live_processes() if p == launcher_pid] == []
+
+
+def _pids_max_of_running(marker: str) -> str:
+    """pids.max of the cgroup (v2, else the v1 pids hierarchy) holding ``sleep MARKER``."""
+    h = cgroup.detect()
+    (pid,) = _tree(marker)
+    name = _stub_cgroups(pid)[0].rsplit("/", 1)[1]
+    where = h.v2 if "pids" in h.controllers else next(v.subtree for v in h.v1 if "pids" in v.controllers)
+    return Path(f"{where}/{name}/pids.max").read_text().strip()
+
+
+def test_a_changed_limit_reaches_the_next_command_and_a_dead_launcher_only_slows(tmp_path: Path) -> None:
+    """kbd.yaml's limits change while the daemon runs: the next command's
+    cgroup carries the new limit (pooled stubs made with the old one are
+    let go). Then the launcher is killed: commands still run, correctly
+    contained, through the slower in-daemon start."""
+    kb = KbRoot.create(tmp_path / "root")
+    sid, _ = _build(kb)
+    daemon.map_uid(kb.root, "ops", os.getuid())
+    cfg = kb.root / "kbd.yaml"
+    with daemon.serving(kb.root) as d:
+        launcher_pid = _launcher_of(d.proc.pid)
+        env = {"KBD_SOCKET": str(d.sock)}
+        # The first command after the change may not find a stub with the new
+        # limit yet (None: either way); the next one does.
+        for pids_max, expect_stub in ((LIMITS.pids_max, True), (77, None), (77, True), (78, False)):
+            cfg.write_text(re.sub(r"(?m)^  pids_max: \S+", f"  pids_max: {pids_max}", cfg.read_text()))
+            if expect_stub is False:
+                os.kill(launcher_pid, signal.SIGKILL)
+                _wait(lambda: not alive(launcher_pid), "the launcher did not die")
+            marker = f"300.{uuid.uuid4().int % 10**9:09d}"
+            proc = _client(kb, sid, f"echo ready; exec sleep {marker}", env)
+            try:
+                _wait_line(proc, b"ready\n")
+                _wait(lambda m=marker: _tree(m), "the command never ran")
+                assert _pids_max_of_running(marker) == str(pids_max)
+                (pid,) = _tree(marker)
+                names = [p.rsplit("/", 1)[1] for p in _stub_cgroups(pid)]
+                if expect_stub is not None:
+                    assert bool(cgroup.BROKER_NAME.fullmatch(names[0])) is expect_stub, names
+            finally:
+                proc.kill()
+                proc.communicate(timeout=10)
+            assert _gone_within_marker(marker)
+        r = kb.cli("exec", sid, "--", "sh", "-c", "echo fine", env=env)
+        assert (r.code, r.out) == (0, "fine\n"), r
+
+
+def _gone_within_marker(marker: str, seconds: float = 2.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while _tree(marker) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not _tree(marker)
+
+
+def test_a_pooled_stub_that_dies_leaves_the_pool_and_is_replaced(launcher: spawn.Launcher) -> None:
+    victim = _pool(launcher)[0]
+    box = victim.box()
+    os.kill(victim.pid, signal.SIGKILL)
+    _wait(lambda: victim.pid not in {s.pid for s in _pool(launcher)} and len(_pool(launcher)) == 2,
+          "the dead stub was not replaced")  # fmt: skip
+    _wait(lambda: not os.path.exists(box.path), "the dead stub's cgroup was left")
+    _wait(lambda: not os.path.exists(f"/proc/{victim.pid}"), "the dead stub was not reaped")
+
+
+def test_a_stub_dead_before_its_request_falls_back_instead_of_failing(launcher: spawn.Launcher) -> None:
+    """Killed between take and launch: the request cannot be sent, nothing ran,
+    and the caller is told to take the slow path (Unusable), not to fail."""
+    stub = launcher.take(LIMITS)
+    assert stub is not None
+    os.kill(stub.pid, signal.SIGKILL)
+    _wait(lambda: not alive(stub.pid), "the stub did not die")
+    with open(os.devnull, "rb") as null, pytest.raises(spawn.Unusable):
+        stub.launch(["/bin/true"], env={}, fds=[null.fileno()] * 3, targets=[0, 1, 2], uid=0, gid=0,
+                    groups=os.getgroups(), umask=0o22, rlimits={})  # fmt: skip
+    _wait(lambda: not os.path.exists(f"/proc/{stub.pid}"), "the dead stub was not reaped")
+    stub.box().remove()
