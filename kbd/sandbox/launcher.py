@@ -150,7 +150,10 @@ def take_identity(spec: dict[str, Any], launcher: int) -> None:
 
     uid, gid = int(spec["uid"]), int(spec["gid"])
     groups = [int(g) for g in spec["groups"]]
-    if os.geteuid() != 0 or (os.getuid(), os.getgid(), sorted(os.getgroups())) != (uid, gid, sorted(groups)):
+    # Only a change needs privilege: a daemon that runs as its one user (no
+    # root) serves only that user, whose identity the stub already has.
+    current = (os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(os.getgroups()))
+    if current != (uid, uid, gid, gid, sorted(groups)):
         os.setgroups(groups)
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)

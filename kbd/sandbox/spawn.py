@@ -135,6 +135,12 @@ class Stub:
             self.used = True
             self.launcher.discard(self)
 
+    def _abandon(self) -> None:
+        """Let the stub exit; its cgroups are now the caller's, who runs the
+        command there the slow way and removes them afterwards."""
+        self.used = True
+        self.sock.close()
+
     def launch(
         self, argv: Sequence[str], *, env: Mapping[str, str], fds: Sequence[int], targets: Sequence[int],
         uid: int, gid: int, groups: Sequence[int], umask: int,
@@ -158,15 +164,16 @@ class Stub:
                    "gid": gid, "groups": list(groups), "umask": umask, "rlimits": limits, "cwd": cwd}  # fmt: skip
         data = json.dumps(request).encode()
         if len(data) > MAX_REQUEST or len(fds) > MAX_FDS:
+            self._abandon()
             raise Unusable(f"the request ({len(data)} bytes, {len(fds)} descriptors) is too large for a stub")
         self.used = True
         child = self.launcher.expect(self.pid, self.sock)
         try:
             self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-        except OSError as exc:  # the stub died waiting (killed, OOM): nothing ran
-            self.sock.close()
+        except OSError as exc:  # the stub died waiting (killed, OOM), or the packet is too big: nothing ran
+            self._abandon()
             self.launcher.reap(self.pid)
-            raise Unusable(f"the stub is gone ({exc.strerror or exc})") from None
+            raise Unusable(f"the stub cannot take the command ({exc.strerror or exc})") from None
         except BaseException:
             self.sock.close()
             raise

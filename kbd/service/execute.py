@@ -465,7 +465,7 @@ def _start(
                 stub, argv, launch.caller, env=env, pass_fds=pass_fds, cwd=cwd, record=record
             )
         except Unusable:
-            stub.close()  # the command goes into the stub's cgroup the slow way
+            pass  # the stub let go: the command goes into its cgroup the slow way
     return spawn_as(argv, box, launch.caller, env=env, pass_fds=pass_fds, cwd=cwd)
 
 

@@ -245,10 +245,19 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KbRoot, s
         yield kb, read_sid, d
 
 
+def _fresh_session(kb: KbRoot) -> str:
+    r = kb.call(
+        "session", "open", "con", "--kind", "execution", "--kb-access", "read", "--as", "alice", "--json"
+    )
+    assert r.code == 0, r.err
+    return str(r.json()["session_id"])
+
+
 def test_a_brokered_command_runs_in_a_stub_recorded_before_it_ran(
     served: tuple[KbRoot, str, daemon.Daemon],
 ) -> None:
-    kb, sid, d = served
+    kb, _, d = served
+    sid = _fresh_session(kb)  # closed at the end
     launcher_pid = _launcher_of(d.proc.pid)
     _wait(lambda: len(_children(launcher_pid)) >= 2, "the pool never filled")
     marker = f"300.{uuid.uuid4().int % 10**9:09d}"
@@ -428,3 +437,26 @@ def test_a_stub_dead_before_its_request_falls_back_instead_of_failing(launcher: 
                     groups=os.getgroups(), umask=0o22, rlimits={})  # fmt: skip
     _wait(lambda: not os.path.exists(f"/proc/{stub.pid}"), "the dead stub was not reaped")
     stub.box().remove()
+
+
+def test_a_command_too_large_for_a_stub_runs_the_slow_way_in_its_cgroup(
+    served: tuple[KbRoot, str, daemon.Daemon],
+) -> None:
+    """An argv beyond one stub packet: the stub is let go, the command runs in
+    its cgroup through the in-daemon start, and nothing is left behind."""
+    kb, sid, d = served
+    launcher_pid = _launcher_of(d.proc.pid)
+    words = ["x" * 50_000 for _ in range(4)]
+    before = set(_named("b_"))
+    r = kb.cli(
+        "exec", sid, "--", "sh", "-c", 'echo "$# ${#1}"', "sh", *words, env={"KBD_SOCKET": str(d.sock)}
+    )
+    assert (r.code, r.out) == (0, "4 50000\n"), r.err
+    _wait(lambda: len(_children(launcher_pid)) >= 2, "the pool did not refill")
+    pooled = {p for p in _named("b_") if any(f"/{n}" in p for n in _pool_names(launcher_pid))}
+    assert set(_named("b_")) - before - pooled == set(), "a stub cgroup was left behind"
+
+
+def _pool_names(launcher_pid: int) -> set[str]:
+    """The cgroup names of the launcher's living children (its pooled stubs)."""
+    return {p.rsplit("/", 1)[1] for c in _children(launcher_pid) for p in _stub_cgroups(c)}
