@@ -47,6 +47,7 @@ SOURCE = Path(__file__).with_name("launcher.py")
 MAX_FDS = 253  # SCM_MAX_FD: the stub refuses more
 # One request is one SEQPACKET packet: bounded by the socket's send buffer.
 MAX_REQUEST = 160_000
+FAILURES = 3
 TAKE_WAIT = 0.02  # how long a command waits for a stub on its way before the slow path
 START_TIMEOUT = 2.0  # how long a starting daemon waits for its pool
 
@@ -196,6 +197,9 @@ class Launcher:
         self._children: dict[int, Child] = {}
         self._discarded: dict[int, str] = {}  # pid → cgroup of a stub let go
         self._key: str | None = None
+        # Stubs that could not be made in a row (no delegated cgroup, say): after
+        # FAILURES the pool stops asking until the limits change.
+        self._failures = 0
         self.alive = True
         self.ready = threading.Event()  # the pool is full (or cannot fill: failed, or gone)
         self._reader = threading.Thread(target=self._read, name="kbd-launcher", daemon=True)
@@ -251,7 +255,8 @@ class Launcher:
                     got, outdated = self._pop(key)
                     stale += outdated
                     left = deadline - time.monotonic()
-                    if got is not None or left <= 0 or not self._arrived.wait(left):
+                    coming = key in self._asked
+                    if got is not None or not coming or left <= 0 or not self._arrived.wait(left):
                         break
             for stub in stale:
                 stub.close()
@@ -274,7 +279,9 @@ class Launcher:
     def refill(self, limits: LimitsConfig) -> None:
         key = self._key_of(limits)
         with self._lock:
-            if not self.alive:
+            if key != self._key:
+                self._failures = 0
+            if not self.alive or self._failures >= FAILURES:
                 return
             self._key = key
             have = sum(s.key == key for s in self._pool) + sum(k == key for k in self._asked)
@@ -342,6 +349,7 @@ class Launcher:
                 key = self._asked.popleft() if self._asked else ""
                 stub = Stub(int(message["pid"]), str(message["cgroup"]), sock, key, self)
                 current = key == self._key and self.alive
+                self._failures = 0
                 if current:
                     self._pool.append(stub)
                 full = len(self._pool) >= self.pool_size
@@ -354,7 +362,9 @@ class Launcher:
             with self._lock:
                 if self._asked:
                     self._asked.popleft()
-            self.ready.set()  # nobody waits for a pool that cannot fill
+                self._failures += 1
+                self._arrived.notify_all()  # nobody waits for a stub that will not come
+            self.ready.set()
             log.warning("launcher: %s", message.get("error"))
         elif op == "exited":
             pid, rc = int(message["pid"]), int(message["rc"])

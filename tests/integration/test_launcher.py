@@ -460,3 +460,23 @@ def test_a_command_too_large_for_a_stub_runs_the_slow_way_in_its_cgroup(
 def _pool_names(launcher_pid: int) -> set[str]:
     """The cgroup names of the launcher's living children (its pooled stubs)."""
     return {p.rsplit("/", 1)[1] for c in _children(launcher_pid) for p in _stub_cgroups(c)}
+
+
+def test_a_launcher_that_cannot_make_stubs_stops_asking_and_commands_take_the_slow_path() -> None:
+    """Stub cgroups that cannot be made (here: a v2 subtree that does not
+    exist): no stub, no wait, and after a few failures no more asking."""
+    h = cgroup.detect()
+    broken = replace(h, v2="/nonexistent/kbd-test")
+    started = spawn.Launcher.start(broken, LIMITS, pool_size=2)
+    assert started is not None
+    try:
+        assert started.ready.wait(10), "a pool that cannot fill must not hold the daemon's start"
+        _wait(lambda: started._failures >= 2, "the failures were not reported")
+        t0 = time.monotonic()
+        assert started.take(LIMITS) is None
+        _wait(lambda: started._failures >= spawn.FAILURES, "the failures were not counted")
+        assert started.take(LIMITS) is None
+        assert time.monotonic() - t0 < 1.0
+        assert list(started._asked) == [] and started.proc.poll() is None
+    finally:
+        started.close()
