@@ -38,7 +38,7 @@ from kbd.sandbox import cgroup
 from kbd.sandbox.limits import lower
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from kbd.core.config import LimitsConfig
 
@@ -202,6 +202,7 @@ class Launcher:
         self._failures = 0
         self.alive = True
         self.ready = threading.Event()  # the pool is full (or cannot fill: failed, or gone)
+        self.on_death: Callable[[], None] | None = None  # called (reader thread) when the launcher dies
         self._reader = threading.Thread(target=self._read, name="kbd-launcher", daemon=True)
 
     @classmethod
@@ -401,6 +402,9 @@ class Launcher:
         for child in children:
             child._exit(-9)
         self.ready.set()
+        hook = self.on_death
+        if hook is not None:
+            hook()
 
     def close(self, timeout: float = 5.0) -> None:
         """Let every pooled stub go, stop the launcher (it kills and reaps its

@@ -371,11 +371,12 @@ def _pids_max_of_running(marker: str) -> str:
     return Path(f"{where}/{name}/pids.max").read_text().strip()
 
 
-def test_a_changed_limit_reaches_the_next_command_and_a_dead_launcher_only_slows(tmp_path: Path) -> None:
+def test_a_changed_limit_reaches_the_next_command_and_a_dead_launcher_is_replaced(tmp_path: Path) -> None:
     """kbd.yaml's limits change while the daemon runs: the next command's
     cgroup carries the new limit (pooled stubs made with the old one are
     let go). Then the launcher is killed: commands still run, correctly
-    contained, through the slower in-daemon start."""
+    contained (through the slower in-daemon start until the daemon has
+    started a new launcher, a second later), and the new one serves them."""
     kb = KbRoot.create(tmp_path / "root")
     sid, _ = _build(kb)
     daemon.map_uid(kb.root, "ops", os.getuid())
@@ -385,9 +386,9 @@ def test_a_changed_limit_reaches_the_next_command_and_a_dead_launcher_only_slows
         env = {"KBD_SOCKET": str(d.sock)}
         # The first command after the change may not find a stub with the new
         # limit yet (None: either way); the next one does.
-        for pids_max, expect_stub in ((LIMITS.pids_max, True), (77, None), (77, True), (78, False)):
+        for pids_max, expect_stub in ((LIMITS.pids_max, True), (77, None), (77, True), (78, None)):
             cfg.write_text(re.sub(r"(?m)^  pids_max: \S+", f"  pids_max: {pids_max}", cfg.read_text()))
-            if expect_stub is False:
+            if pids_max == 78:
                 os.kill(launcher_pid, signal.SIGKILL)
                 _wait(lambda: not alive(launcher_pid), "the launcher did not die")
             marker = f"300.{uuid.uuid4().int % 10**9:09d}"
@@ -406,6 +407,27 @@ def test_a_changed_limit_reaches_the_next_command_and_a_dead_launcher_only_slows
             assert _gone_within_marker(marker)
         r = kb.cli("exec", sid, "--", "sh", "-c", "echo fine", env=env)
         assert (r.code, r.out) == (0, "fine\n"), r
+        # The daemon started a new launcher; the old one's stub cgroups are gone.
+        _wait(lambda: [p for p in _children(d.proc.pid) if any("launcher.py" in a for a in _cmdline(p))],
+              "no new launcher")  # fmt: skip
+        successor = _launcher_of(d.proc.pid)
+        assert successor != launcher_pid
+        _wait(lambda: len(_children(successor)) >= 2, "the new launcher's pool never filled")
+        _wait(
+            lambda: not [p for p in _named("b_") if f".{launcher_pid}." in p],
+            "the old stub cgroups were left",
+        )
+        marker = f"300.{uuid.uuid4().int % 10**9:09d}"
+        proc = _client(kb, sid, f"echo ready; exec sleep {marker}", env)
+        try:
+            _wait_line(proc, b"ready\n")
+            _wait(lambda: _tree(marker), "the command never ran")
+            (pid,) = _tree(marker)
+            (name,) = {p.rsplit("/", 1)[1] for p in _stub_cgroups(pid)}
+            assert cgroup.BROKER_NAME.fullmatch(name) and name.split(".")[1] == str(successor), name
+        finally:
+            proc.kill()
+            proc.communicate(timeout=10)
 
 
 def _gone_within_marker(marker: str, seconds: float = 2.0) -> bool:
