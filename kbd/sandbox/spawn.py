@@ -47,7 +47,7 @@ SOURCE = Path(__file__).with_name("launcher.py")
 MAX_FDS = 253  # SCM_MAX_FD: the stub refuses more
 # One request is one SEQPACKET packet: bounded by the socket's send buffer.
 MAX_REQUEST = 160_000
-FAILURES = 3
+FAILURES = 3  # stubs that could not be made in a row before the pool stops asking
 TAKE_WAIT = 0.02  # how long a command waits for a stub on its way before the slow path
 START_TIMEOUT = 2.0  # how long a starting daemon waits for its pool
 
