@@ -38,6 +38,7 @@ import struct
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kbd.boundary import internal_error
@@ -53,6 +54,7 @@ from kbd.errors import (
     WireError,
 )
 from kbd.sandbox import cgroup
+from kbd.sandbox.spawn import Launcher
 from kbd.service import auth
 from kbd.service.execute import Caller, Forwarder, Launch, execute, warning_line
 from kbd.service.root import Root
@@ -220,8 +222,10 @@ class Broker:
         lock: threading.Lock | threading.RLock,
         per_uid: int = 64,
         total: int = 1024,
+        launcher: Launcher | None = None,
     ) -> None:
         self.host = host
+        self.launcher = launcher  # None: every command takes the slower in-daemon start
         self.sessions = sessions
         self.lock = lock
         root = host.config.root
@@ -236,6 +240,10 @@ class Broker:
         self.stopping = False
         with contextlib.suppress(OSError):
             cgroup.sweep(cgroup.detect())  # what a killed daemon's commands left
+        with contextlib.suppress(OSError):
+            sessions.commands.drop_spares()
+            for _ in range(2):  # record files for the first commands (kbd.state.processes)
+                sessions.commands.make_spare()
 
     # -- the public interface ------------------------------------------------------------------
     def adopt(self, sock: socket.socket) -> None:
@@ -375,7 +383,9 @@ class Broker:
         def notice(text: str) -> None:
             conn.send(wire.notice_frame(warning_line(text)))
 
-        launch = Launch(forward, caller=caller, notice=notice, started=started, lock=self.lock)
+        later: list[Callable[[], None]] = []
+        launch = Launch(forward, caller=caller, notice=notice, started=started, lock=self.lock,
+                        launcher=self.launcher, later=later)  # fmt: skip
         conn.send(wire.SWITCHING)
         with self._guard:
             self._commands.append(cmd)
@@ -398,6 +408,11 @@ class Broker:
                 self._commands.remove(cmd)
         conn.closing = True
         conn.send(answer)
+        for step in later:  # after the answer: what need not delay it
+            try:
+                step()
+            except Exception:
+                log.exception("broker: cleanup after a command of session %s failed", request.sid)
         with contextlib.suppress(OSError):
             conn.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader
         reader.join(timeout=5.0)

@@ -45,6 +45,8 @@ import socket
 import stat
 import struct
 import sys
+import threading
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -68,6 +70,7 @@ from kbd.errors import (
     UnsafeSocketFolder,
     http_answer,
 )
+from kbd.sandbox import cgroup, spawn
 from kbd.service.live import LiveState
 from kbd.service.root import Root
 from kbd.state.events import EventLog
@@ -544,11 +547,18 @@ class KbdServer(uvicorn.Server):
     terminated), then uvicorn's own shutdown (in-flight requests)."""
 
     def __init__(self, config: uvicorn.Config, *, live: LiveState | None, drain: list[DrainHook],
-                 grace: Callable[[], float]) -> None:  # fmt: skip
+                 grace: Callable[[], float],
+                 on_start: Callable[[asyncio.AbstractEventLoop], None] | None = None) -> None:  # fmt: skip
         super().__init__(config)
         self.live = live
         self.drain = drain
         self.grace = grace
+        self.on_start = on_start
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.on_start is not None:
+            self.on_start(asyncio.get_running_loop())
+        await super().startup(sockets)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for server in self.servers:
@@ -562,6 +572,72 @@ class KbdServer(uvicorn.Server):
             except Exception:  # one hook's failure must not keep the daemon from stopping
                 logging.getLogger("kbd.daemon").exception("drain hook failed")
         await super().shutdown(sockets)
+
+
+class LauncherKeeper:
+    """The broker's launcher (:mod:`kbd.sandbox.spawn`), kept running.
+
+    It is started on the main thread, and restarted there (through the event
+    loop, with a backoff of 1 s doubling to 30 s) when it dies: its
+    parent-death signal follows the thread that spawned it, and only the
+    main thread lives as long as the daemon. Meanwhile commands take the
+    slower in-daemon start. The old one is closed on a worker thread (its
+    stub cgroups are swept)."""
+
+    def __init__(self, broker: Broker, host: Root) -> None:
+        self.broker = broker
+        self.host = host
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stopping = False
+        self.backoff = 1.0
+        self.since = 0.0
+
+    def start(self) -> None:
+        self._install()
+        if self.broker.launcher is not None:
+            # Ready means fast: the first commands find their stubs waiting (a
+            # pool that cannot fill only means the slower start).
+            self.broker.launcher.ready.wait(spawn.START_TIMEOUT)
+
+    def _install(self) -> None:
+        launcher = spawn.Launcher.start(cgroup.detect(), self.host.config.limits)
+        if launcher is not None:
+            launcher.on_death = self._died
+        self.broker.launcher = launcher
+        self.since = time.monotonic()
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def _died(self) -> None:  # the launcher's reader thread
+        loop = self.loop
+        if self.stopping or loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closing: so is the daemon
+            loop.call_soon_threadsafe(self._schedule)
+
+    def _schedule(self) -> None:  # the main thread
+        if time.monotonic() - self.since > 60:
+            self.backoff = 1.0  # it ran a good while: no crash loop
+        if self.loop is not None:
+            self.loop.call_later(self.backoff, self._restart)
+        self.backoff = min(self.backoff * 2, 30.0)
+
+    def _restart(self) -> None:  # the main thread
+        if self.stopping:
+            return
+        old = self.broker.launcher
+        logging.getLogger("kbd.daemon").warning("the exec launcher died; starting a new one")
+        self._install()
+        if old is not None:
+            threading.Thread(target=old.close, name="kbd-launcher-close", daemon=True).start()
+
+    def stop(self) -> None:
+        self.stopping = True
+        launcher = self.broker.launcher
+        if launcher is not None:
+            launcher.on_death = None
+            launcher.close()
 
 
 def start_live(host: Root, app: FastAPI) -> tuple[EventLog, LiveState]:
@@ -593,7 +669,10 @@ def serve(host: Root, *, socket_path: Path | None = None, fd: int | None = None,
         state = app.state.kbd
         # One root view for the API, the live state and the broker: the plan a
         # brokered command runs under is the one pushed revocation re-checks.
+        # The broker sweeps a dead daemon's cgroups before the launcher starts.
         broker = Broker(host, state.sessions, lock=state.lock)
+        keeper = LauncherKeeper(broker, host)
+        keeper.start()
     except BaseException:
         sock.close()
         if path is not None:
@@ -607,7 +686,8 @@ def serve(host: Root, *, socket_path: Path | None = None, fd: int | None = None,
     config = uvicorn.Config(app, http=PeerCredProtocol, log_level="warning", lifespan="off",
                             timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
                             backlog=BACKLOG, access_log=False)  # fmt: skip
-    server = KbdServer(config, live=live, drain=app.state.drain, grace=lambda: host.config.revoke_grace)
+    server = KbdServer(config, live=live, drain=app.state.drain, grace=lambda: host.config.revoke_grace,
+                       on_start=keeper.bind)  # fmt: skip
     # uvicorn.Server.serve captures SIGTERM/SIGINT (stop accepting, finish
     # in-flight requests) and re-raises the signal once it has stopped. These
     # handlers cover the moments outside that capture — from the readiness
@@ -631,6 +711,9 @@ def serve(host: Root, *, socket_path: Path | None = None, fd: int | None = None,
         broker.drain(host.config.revoke_grace)
     finally:
         PeerCredProtocol.broker = None
+        keeper.stop()  # unused stubs and their cgroups go with the launcher
+        with contextlib.suppress(OSError):
+            broker.sessions.commands.drop_spares()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         live.stop()  # idempotent: already stopped by a graceful shutdown

@@ -48,7 +48,12 @@ LIMIT_KEYS = {"pids": ("pids_max",), "memory": ("memory_max",), "cpu": ("cpu_wei
 # Written only where the kernel has them (memsw: swap accounting is on).
 OPTIONAL_FILES = frozenset({"memory.memsw.limit_in_bytes"})
 # <session id>.<kbd exec pid>.<random>: a record naming anything else is ignored.
-NAME = re.compile(r"s_[0-9a-f]{20}\.[0-9]{1,10}\.[0-9a-f]{8}")
+SESSION_NAME = re.compile(r"s_[0-9a-f]{20}\.[0-9]{1,10}\.[0-9a-f]{8}")
+# b_<random>.<launcher pid>.<random>: a cgroup the daemon's launcher made for a
+# stub before any session was known (v2 cgroups cannot be renamed); only a
+# process record that says ``broker`` ties one to a session.
+BROKER_NAME = re.compile(r"b_[0-9a-f]{20}\.[0-9]{1,10}\.[0-9a-f]{8}")
+NAME = re.compile(f"{SESSION_NAME.pattern}|{BROKER_NAME.pattern}")
 CPU_PERIOD = 100_000
 
 
@@ -430,6 +435,15 @@ class Box:
             self._leave_error = None
             self.leave()
 
+    @classmethod
+    def existing(cls, hierarchy: Hierarchy, name: str) -> Box:
+        """The cgroups ``name`` someone else made (the launcher's stubs)."""
+        path = hierarchy.path(name)
+        if path is None:
+            raise ValueError(f"not a command cgroup: {name!r}")
+        v1 = [(h, f"{h.subtree}/{name}") for h in hierarchy.v1 if h.subtree is not None]
+        return cls(hierarchy, name, path, v1)
+
     def kill(self, *, timeout: float = 5.0) -> bool:
         return kill_tree(self.path, timeout=timeout)
 
@@ -503,15 +517,41 @@ def kill_tree(path: str, *, timeout: float = 5.0) -> bool:
         if exc.errno in _GONE:
             return True
         raise
-    start = time.monotonic()
-    while populated(path):
-        waited = time.monotonic() - start
-        if waited > timeout:
-            return False
-        # A finished command's tree is usually gone within a millisecond or two
-        # (it is on every command's path): look often at first, then back off.
-        time.sleep(0.001 if waited < 0.05 else 0.005)
-    return True
+    return wait_empty(path, timeout=timeout)
+
+
+def wait_empty(path: str, *, timeout: float) -> bool:
+    """Wait until the cgroup at ``path`` holds no process (True) or ``timeout``
+    seconds passed (False). The kernel wakes a ``poll`` on ``cgroup.events``
+    when ``populated`` changes: no sleep granularity on every command's path
+    (a sandbox's PID 1 is often still exiting when bubblewrap has returned)."""
+    import select
+
+    try:
+        fd = os.open(f"{path}/cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in _GONE:
+            return True
+        raise
+    try:
+        watch = select.poll()
+        watch.register(fd, select.POLLPRI | select.POLLERR)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if b"populated 1" not in os.pread(fd, 256, 0):
+                    return True
+            except OSError as exc:
+                if exc.errno in _GONE:
+                    return True
+                raise
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            # Bounded: a notification is never the only way to see the change.
+            watch.poll(min(left, 0.05) * 1000)
+    finally:
+        os.close(fd)
 
 
 def _rmdir(path: str, *, timeout: float = 1.0) -> None:
@@ -529,6 +569,34 @@ def _rmdir(path: str, *, timeout: float = 1.0) -> None:
         return
 
 
+def stub_dirs(hierarchy: Hierarchy, limits: LimitsConfig) -> list[tuple[str, list[tuple[str, str, bool]]]]:
+    """Where the launcher makes a stub's cgroups and what it writes there:
+    (subtree, [(file, value, optional)]), v2 first. Pure: the same limits give
+    the same answer, so it also says whether a pooled stub is still current."""
+    assert hierarchy.v2 is not None
+    out = [(hierarchy.v2, [(f, v, False) for f, v in v2_files(limits, hierarchy.controllers).items()])]
+    for h in hierarchy.v1:
+        if h.subtree is not None:
+            out.append((h.subtree, [(f, v, f in OPTIONAL_FILES) for f, v in v1_files(limits, h.controllers)]))
+    return out
+
+
+def _pid_of(name: str) -> str:
+    return name.split(".")[1]
+
+
+def _gone(pid: str) -> bool:
+    """Process ``pid`` no longer runs: absent, or a zombie (its parent died
+    too and nobody reaped it yet: it can do nothing, and its pid cannot be
+    reused until it is reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return True
+    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"Z", b"X")
+
+
 def sweep(hierarchy: Hierarchy) -> None:
     """Remove the empty cgroups of ``kbd exec`` processes that were killed before
     they could (a killed exec's tree, if any is left, keeps its cgroup populated
@@ -543,8 +611,30 @@ def sweep(hierarchy: Hierarchy) -> None:
             with contextlib.suppress(OSError):
                 names.update(os.listdir(h.subtree))
     for name in names:
-        dead = NAME.fullmatch(name) and not os.path.exists(f"/proc/{name.split('.')[1]}")
-        if dead and not populated(f"{hierarchy.v2}/{name}"):
+        dead = NAME.fullmatch(name) and _gone(_pid_of(name))
+        if not dead:
+            continue
+        if BROKER_NAME.fullmatch(name):
+            # Its launcher is gone, and with it the daemon: whatever still runs
+            # there (a tree that lost its parent-death signal in a race) must not
+            # outlive them. Its record, if any, is dropped by the next reader.
+            kill_tree(f"{hierarchy.v2}/{name}", timeout=1.0)
+        if not populated(f"{hierarchy.v2}/{name}"):
+            remove(hierarchy, name)
+
+
+def sweep_launcher(hierarchy: Hierarchy, launcher: int) -> None:
+    """Kill and remove every stub cgroup of the (ended) launcher ``launcher``."""
+    if hierarchy.v2 is None:
+        return
+    names = set(os.listdir(hierarchy.v2))
+    for h in hierarchy.v1:
+        if h.subtree is not None:
+            with contextlib.suppress(OSError):
+                names.update(os.listdir(h.subtree))
+    for name in names:
+        if BROKER_NAME.fullmatch(name) and _pid_of(name) == str(launcher):
+            kill_tree(f"{hierarchy.v2}/{name}", timeout=1.0)
             remove(hierarchy, name)
 
 
@@ -558,7 +648,7 @@ def of_session(hierarchy: Hierarchy, sid: str) -> list[str]:
         names = os.listdir(hierarchy.v2)
     except OSError:
         return []
-    return sorted(n for n in names if NAME.fullmatch(n) and n.startswith(f"{sid}."))
+    return sorted(n for n in names if SESSION_NAME.fullmatch(n) and n.startswith(f"{sid}."))
 
 
 def remove(hierarchy: Hierarchy, name: str) -> None:

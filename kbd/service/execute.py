@@ -19,6 +19,7 @@ The command's environment is built, never inherited: the plan's variables,
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import resource
@@ -30,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kbd.core.config import LimitsConfig
 from kbd.core.plan import Plan
@@ -42,6 +43,9 @@ from kbd.sandbox import limits as rlimits
 from kbd.sandbox.landlock import LANDLOCK_ALL, landlock_abi, system_rules
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
+
+if TYPE_CHECKING:
+    from kbd.sandbox.spawn import Launcher, Stub
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 INHERITED = ("LANG", "TERM")
@@ -253,16 +257,36 @@ class Launch:
     # Who the command is authorized as, once :func:`execute` looked it up (None:
     # the local operator); recorded so that disabling that principal ends it.
     principal: str | None = None
+    # The daemon's pre-forked launcher (kbd.sandbox.spawn): a brokered command
+    # starts in one of its stubs when it has one, else through spawn_as.
+    launcher: Launcher | None = None
+    # Where a brokered command's bookkeeping goes that may wait until its exit
+    # status is sent (the removal of its emptied cgroups); None: done at once.
+    later: list[Callable[[], None]] | None = None
 
 
-def wait_child(proc: subprocess.Popen[bytes], forward: Forwarder) -> int:
+class Child(Protocol):
+    """What the exec path needs of a started command: a ``subprocess.Popen``,
+    or a launcher stub's :class:`kbd.sandbox.spawn.Child`."""
+
+    pid: int
+    returncode: int | None
+
+    def wait(self) -> int: ...
+
+
+def wait_child(proc: Child, forward: Forwarder) -> int:
     """Wait for the command, disarm the forwarder, and only then reap it.
 
     ``waitid(WNOWAIT)`` leaves the exited leader a zombie: until it is reaped its
     PID — the process group's number — cannot be reused, so a signal forwarded
     before the disarm can only reach the command's own group, never a stranger
-    that later got the same number."""
-    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+    that later got the same number. (A stub's command is the launcher's child:
+    the launcher keeps the zombie until :meth:`~kbd.sandbox.spawn.Child.wait`.)"""
+    if isinstance(proc, subprocess.Popen):
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+    else:
+        proc.exited()  # type: ignore[attr-defined]
     forward.disarm()
     return proc.wait()
 
@@ -431,12 +455,60 @@ def _hard_limits(launch: Launch) -> dict[int, int] | None:
 
 
 def _start(
-    argv: list[str], box: cgroup.Box | None, launch: Launch, *, env: dict[str, str],
-    pass_fds: list[int] | tuple[int, ...] = (), cwd: Path | None = None,
-) -> subprocess.Popen[bytes]:  # fmt: skip
+    argv: list[str], box: cgroup.Box | None, launch: Launch, *, env: dict[str, str], record: _Record,
+    pass_fds: list[int] | tuple[int, ...] = (), cwd: Path | None = None, stub: Stub | None = None,
+) -> Child:  # fmt: skip
     if launch.caller is None:
         return spawn(argv, box, env=env, pass_fds=pass_fds, cwd=cwd)
+    if stub is not None:
+        from kbd.sandbox.spawn import Unusable  # the daemon has it loaded already
+
+        try:
+            return _start_in_stub(
+                stub, argv, launch.caller, env=env, pass_fds=pass_fds, cwd=cwd, record=record
+            )
+        except Unusable:
+            pass  # the stub let go: the command goes into its cgroup the slow way
     return spawn_as(argv, box, launch.caller, env=env, pass_fds=pass_fds, cwd=cwd)
+
+
+def _start_in_stub(
+    stub: Stub, argv: list[str], caller: Caller, *, env: dict[str, str], record: _Record,
+    pass_fds: list[int] | tuple[int, ...], cwd: Path | None,
+) -> Child:  # fmt: skip
+    """Start ``argv`` in a launcher stub (already in its cgroup): recorded
+    under the stub's pid *before* it may run, so close and revoke find it
+    from the first instant; the record goes again if the exec fails."""
+    record.add(stub.pid)
+    try:
+        return stub.launch(
+            argv, env=env, fds=[*caller.stdio, *pass_fds], targets=[0, 1, 2, *pass_fds], uid=caller.uid,
+            gid=caller.gid, groups=caller.groups, umask=caller.umask, rlimits=caller.rlimits,
+            cwd=None if cwd is None else str(cwd),
+        )  # fmt: skip
+    except BaseException as exc:
+        record.drop()
+        if isinstance(exc, OSError):
+            raise Unavailable(f"cannot start the command ({exc.strerror or exc}); nothing was run") from None
+        raise
+
+
+def _check_exec(proc: Child) -> None:
+    """A stub that could not exec its command said why (it exited 127)."""
+    why = None if isinstance(proc, subprocess.Popen) else proc.failure()  # type: ignore[attr-defined]
+    if why is not None:
+        raise Unavailable(f"cannot start the command ({why}); nothing was run")
+
+
+def _stub_for(launch: Launch, backend: str, limits: LimitsConfig) -> Stub | None:
+    """A launcher stub for a brokered command, or None (then
+    :func:`contain_brokered` makes its cgroup and :func:`spawn_as` starts it)."""
+    if launch.launcher is None or launch.caller is None:
+        return None
+    problem = cgroup.v1_problem(limits, launch.launcher.hierarchy)
+    if problem is not None:  # the controller is there but unusable: fail closed
+        raise ContainmentUnavailable(problem)
+    return launch.launcher.take(limits)
 
 
 def run(
@@ -502,6 +574,7 @@ def execute(
     if not command:
         raise InvalidInput("no command given", hint="kbd exec SID -- CMD [ARG...]")
     box: cgroup.Box | None = None
+    stub: Stub | None = None
     try:
         with launch.lock:  # the daemon's root and registry are shared by its threads
             who = host.actor(actor) if isinstance(actor, str) else actor
@@ -514,7 +587,8 @@ def execute(
         if prepared is not None:
             box = contain(prepared, backend, limits, launch.notice)
         else:
-            box = contain_brokered(sid, backend, limits)
+            stub = _stub_for(launch, backend, limits)
+            box = stub.box() if stub is not None else contain_brokered(sid, backend, limits)
         launch.forward.box = box
         with contextlib.ExitStack() as stack:
             writes = bool(spec.contributed_notes(plan))
@@ -527,9 +601,9 @@ def execute(
                 stack.enter_context(command_locks(host, plan, who=holder))
             started = time.time_ns()
             if backend == "bwrap":
-                rc = _run_bwrap(host, sessions, plan, sid, command, workdir, env, launch, box)
+                rc = _run_bwrap(host, sessions, plan, sid, command, workdir, env, launch, box, stub)
             else:
-                rc = _run_direct(host, sessions, plan, sid, command, workdir, env, launch, backend, box)
+                rc = _run_direct(host, sessions, plan, sid, command, workdir, env, launch, backend, box, stub)
             if writes:
                 from kbd.service.command_notes import scan_command_changes
 
@@ -543,13 +617,20 @@ def execute(
                 audit_command_changes(host, plan, sid, changes)
         return 128 - rc if rc < 0 else rc  # killed by signal N: 128+N, as a shell says (DESIGN §8)
     finally:
-        if prepared is None:
+        if stub is not None:
+            stub.close()  # unused (refused before it ran): the stub goes; a used one is gone
+        if stub is not None and launch.later is not None:
+            # The next command's record file, made where its cost does not count.
+            launch.later.append(sessions.commands.make_spare)
+        if prepared is None and launch.later is not None and box is not None:
+            # The tree is dead already (_end_tree waited for the cgroup to empty):
+            # removing the empty folders need not delay the exit status.
+            launch.later.append(functools.partial(_release, box))
+        elif prepared is None:
             _release(box)
 
 
-def _finish(
-    proc: subprocess.Popen[bytes], launch: Launch, box: cgroup.Box | None, sessions: RootSessions, sid: str
-) -> None:
+def _finish(proc: Child, launch: Launch, box: cgroup.Box | None, sessions: RootSessions, sid: str) -> None:
     """After the command (or a failure to record it): never let it run on
     unrecorded, kill what it left behind, and drop its record."""
     if proc.returncode is None:  # recording failed: the command must not run on
@@ -561,20 +642,43 @@ def _finish(
     sessions.commands.remove(sid, proc.pid)
 
 
-def _record(
-    sessions: RootSessions, sid: str, proc: subprocess.Popen[bytes], plan: Plan, command: list[str],
-    box: cgroup.Box | None, launch: Launch, *, started_at: float | None = None,
-) -> None:  # fmt: skip
-    sessions.commands.add(sid, pid=proc.pid, generation=plan.generation, argv=command,
-                          started_at=started_at, cgroup=box.name if box else None,
-                          principal=launch.principal)  # fmt: skip
+@dataclass
+class _Record:
+    """The process record of one command (:mod:`kbd.state.processes`), written
+    once: before the command may run when a stub starts it, else right after."""
+
+    sessions: RootSessions
+    sid: str
+    plan: Plan
+    command: list[str]
+    box: cgroup.Box | None
+    principal: str | None = None  # who it is authorized as (Launch.principal)
+    pid: int | None = None
+
+    def add(self, pid: int) -> None:
+        if self.pid is None:
+            name = self.box.name if self.box else None
+            self.sessions.commands.add(
+                self.sid, pid=pid, generation=self.plan.generation, argv=self.command, started_at=time.time(),
+                cgroup=name, broker=name is not None and name.startswith("b_"), principal=self.principal,
+            )  # fmt: skip
+            self.pid = pid
+
+    def drop(self) -> None:
+        if self.pid is not None:
+            self.sessions.commands.remove(self.sid, self.pid)
+            self.pid = None
+
+
+def _record(record: _Record, proc: Child, launch: Launch) -> None:
+    record.add(proc.pid)
     if launch.started is not None:
-        launch.started(proc.pid, plan.generation)
+        launch.started(proc.pid, record.plan.generation)
 
 
 def _run_direct(
     host: Root, sessions: RootSessions, plan: Plan, sid: str, command: list[str], workdir: Path,
-    env: dict[str, str], launch: Launch, backend: str, box: cgroup.Box | None,
+    env: dict[str, str], launch: Launch, backend: str, box: cgroup.Box | None, stub: Stub | None = None,
 ) -> int:  # fmt: skip
     if backend == "landlock":
         scratch = private_tmp(host, sid)
@@ -584,18 +688,21 @@ def _run_direct(
         launch.notice("unsafe_no_sandbox: running WITHOUT any sandbox; the plan is not enforced")
         argv = command
     prefix = rlimits.shell_prefix(host.config.limits, _hard_limits(launch))
-    proc = _start([*prefix, *argv], box, launch, env=env, cwd=workdir)
+    record = _Record(sessions, sid, plan, command, box, principal=launch.principal)
+    proc = _start([*prefix, *argv], box, launch, env=env, cwd=workdir, record=record, stub=stub)
     launch.forward.arm(proc.pid)
     try:
-        _record(sessions, sid, proc, plan, command, box, launch)
-        return wait_child(proc, launch.forward)
+        _record(record, proc, launch)
+        rc = wait_child(proc, launch.forward)
     finally:
         _finish(proc, launch, box, sessions, sid)
+    _check_exec(proc)
+    return rc
 
 
 def _run_bwrap(
     host: Root, sessions: RootSessions, plan: Plan, sid: str, command: list[str], workdir: Path,
-    env: dict[str, str], launch: Launch, box: cgroup.Box | None,
+    env: dict[str, str], launch: Launch, box: cgroup.Box | None, stub: Stub | None = None,
 ) -> int:  # fmt: skip
     bwrap.prepare(plan)
     fds = bwrap.Fds()
@@ -604,19 +711,27 @@ def _run_bwrap(
         argv = bwrap.build_argv(plan, command, cwd=workdir, network=host.config.sandbox.network,
                                 status_fd=status_w, fds=fds, limits=host.config.limits,
                                 hard=_hard_limits(launch))  # fmt: skip
-        proc = _start(argv, box, launch, env=env, pass_fds=[*fds.handed, status_w])
+        record = _Record(sessions, sid, plan, command, box, principal=launch.principal)
+        proc = _start(argv, box, launch, env=env, pass_fds=[*fds.handed, status_w], record=record, stub=stub)
     finally:
         os.close(status_w)
         fds.close()
     launch.forward.arm(proc.pid)
-    started = time.time()
     try:
-        _record(sessions, sid, proc, plan, command, box, launch, started_at=started)
+        _record(record, proc, launch)
         child, code = bwrap.read_status(status_r)
-        rc = wait_child(proc, launch.forward)
+        if code is not None and not isinstance(proc, subprocess.Popen):
+            # bubblewrap reported the command's status as it exited: no wait for
+            # the launcher's word. _finish's cgroup wait proves the tree dead.
+            launch.forward.disarm()
+            proc.release(code)  # type: ignore[attr-defined]
+            rc = code
+        else:
+            rc = wait_child(proc, launch.forward)
     finally:
         os.close(status_r)
         _finish(proc, launch, box, sessions, sid)
+    _check_exec(proc)
     if child is None:
         raise Unavailable(
             f"bubblewrap could not set up the sandbox (exit {rc}); nothing was run",

@@ -226,6 +226,13 @@ def test_the_subreaper_fallback_kills_a_detached_tree(token: str) -> None:
     assert not tagged(token)
 
 
+def recorded_cgroups(kb: KbRoot, sid: str) -> set[str]:
+    """The cgroups named in the session's process records."""
+    folder = kb.root / "state" / "procs" / sid
+    records = list(folder.glob("*.json")) if folder.exists() else []
+    return {str(json.loads(r.read_text())["cgroup"]) for r in records}
+
+
 @pytest.mark.requires_bwrap
 @pytest.mark.requires_cgroup
 def test_a_killed_kbd_exec_leaves_no_cgroup_behind(kb: KbRoot, token: str) -> None:
@@ -237,13 +244,17 @@ def test_a_killed_kbd_exec_leaves_no_cgroup_behind(kb: KbRoot, token: str) -> No
     proc = start(kb, sid, f"{survivor(token)} sleep 60")
     try:
         assert settle(lambda: tagged(token)), "the survivor never started"
-        before = {n for n in os.listdir(cgroup.detect().v2 or "/nonexistent") if n.startswith(sid)}
+        v2 = cgroup.detect().v2 or "/nonexistent"
+        # In-process: named after the session. Brokered: a launcher stub's
+        # cgroup (b_…, made before the session was known), named in the record.
+        before = {n for n in os.listdir(v2) if n.startswith(sid)} | recorded_cgroups(kb, sid)
         assert len(before) == 1
         proc.kill()
         proc.wait(timeout=30)
         assert settle(lambda: not tagged(token), timeout=5)
         assert settle(lambda: kb.cli("session", "show", sid, "--json").json()["running"] == [])
-        assert not [n for n in os.listdir(cgroup.detect().v2 or "/nonexistent") if n.startswith(sid)]
+        assert not [n for n in os.listdir(v2) if n.startswith(sid)]
+        assert settle(lambda: not [n for n in before if os.path.exists(f"{v2}/{n}")])
         assert not list((kb.root / "state" / "procs" / sid).iterdir())
     finally:
         if proc.poll() is None:

@@ -58,5 +58,13 @@ def _cdll_sites() -> set[str]:
 
 
 def test_libc_is_loaded_in_one_place() -> None:
-    """kbd/fs/libc.py for every parent-side module; the standalone helper loads its own."""
-    assert _cdll_sites() == {"fs/libc.py", "sandbox/landlock_helper.py"}
+    """kbd/fs/libc.py for every parent-side module; the standalone helpers (the
+    sandbox's Landlock helper, the daemon's launcher: both run as ``python3 -I
+    -S`` with the standard library only) load their own."""
+    assert _cdll_sites() == {"fs/libc.py", "sandbox/landlock_helper.py", "sandbox/launcher.py"}
+
+
+def test_the_launcher_asks_for_the_parent_death_signal_by_its_kernel_number() -> None:
+    from kbd.sandbox import launcher
+
+    assert launcher.PR_SET_PDEATHSIG == 1  # include/uapi/linux/prctl.h

@@ -73,3 +73,49 @@ def test_terminate_group_ends_the_whole_group(sleeper: subprocess.Popen[bytes]) 
     reaper.join(timeout=10)
     assert sleeper.returncode == -15  # SIGTERM was enough
     assert terminate_group(sleeper.pid, grace=0) is True  # nothing left: still True
+
+
+def test_a_record_written_through_a_spare_is_the_same_record_and_uses_it_up(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    """The daemon makes record files ahead of time (creating a file is slow on
+    some disks): a record written through one reads back exactly as a created
+    one, and the spare is gone; without spares the record is created."""
+    spared, plain = RunningCommands(tmp_path / "a"), RunningCommands(tmp_path / "b")
+    spared.make_spare()
+    spare_dir = tmp_path / "a" / "procs" / ".spare"
+    assert len(list(spare_dir.iterdir())) == 1
+    for commands in (spared, plain):
+        commands.add(SID, pid=sleeper.pid, generation=3, argv=["sleep", "60"], started_at=12.5,
+                     cgroup="b_" + "0" * 20 + ".1.00000000", broker=True)  # fmt: skip
+    assert list(spare_dir.iterdir()) == []
+    records = [
+        json.loads((r / "procs" / SID / f"{sleeper.pid}.json").read_text())
+        for r in (tmp_path / "a", tmp_path / "b")
+    ]
+    assert records[0] == records[1] and records[0]["broker"] is True
+    [row] = spared.of_session(SID)
+    assert (row.pid, row.cgroup) == (sleeper.pid, "b_" + "0" * 20 + ".1.00000000")
+    assert (tmp_path / "a" / "procs" / SID / f"{sleeper.pid}.json").stat().st_mode & 0o777 == 0o640
+
+
+def test_a_stub_cgroup_counts_only_in_a_record_that_says_broker(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    commands = RunningCommands(tmp_path)
+    name = "b_" + "0" * 20 + ".1.00000000"
+    commands.add(SID, pid=sleeper.pid, generation=3, argv=["sleep"], cgroup=name)
+    [row] = commands.of_session(SID)
+    assert row.cgroup is None  # a b_ name in a record that does not say broker: ignored
+
+
+def test_spares_of_gone_processes_and_of_this_one_are_dropped(tmp_path: Path) -> None:
+    commands = RunningCommands(tmp_path)
+    commands.make_spare()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    folder = tmp_path / "procs" / ".spare"
+    (folder / f"{dead.pid}.abcdef").touch()
+    (folder / "1.abcdef").touch()  # pid 1 is alive: its spares stay
+    commands.drop_spares()
+    assert sorted(p.name for p in folder.iterdir()) == ["1.abcdef"]
