@@ -34,6 +34,7 @@ from kbd.sandbox.spec import (
     HELPER_DEST,
     HELPER_PYC_DEST,
     BindFd,
+    BlockFd,
     CapDrop,
     Chdir,
     Dev,
@@ -338,11 +339,15 @@ def build_argv(
     fds: Fds,
     limits: LimitsConfig | None = None,
     hard: Mapping[int, int] | None = None,
+    ready_fd: int | None = None,
 ) -> list[str]:
     """The complete bwrap argv for ``command`` under ``plan``; opens (and records in
     ``fds``) every grant's descriptor. ``limits`` bounds the private tmpfs mounts
     and sets the command's rlimits (``kbd.yaml`` ``limits:``), never above the
-    ``hard`` limits the command starts with (default: this process's)."""
+    ``hard`` limits the command starts with (default: this process's).
+    ``ready_fd``: a pipe's read end holding one byte (handed to bwrap by the
+    caller): bwrap consumes it once the sandbox is set up, right before it execs
+    the command's first step (:func:`kbd.service.execute.sandbox_was_set_up`)."""
     bwrap = bwrap_path()
     if bwrap is None:
         raise Unavailable(
@@ -411,6 +416,8 @@ def build_argv(
         # these (plus what --dev and --proc create beneath /dev and /proc).
         inner = {**inner, "mounts": sorted(set(dests)), "mount_prefixes": ["/dev/", "/proc/"]}
     opts += [RemountRo("/"), Chdir(str(cwd))]
+    if ready_fd is not None:
+        opts.append(BlockFd(ready_fd))
     argv = [bwrap, *spec.argv_of(opts), "--"]
     if inner is not None and helper is not None:
         # The helper sets the rlimits, applies Landlock, then execs the command

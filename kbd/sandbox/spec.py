@@ -153,6 +153,20 @@ class StatusFd(Opt):
 
 
 @dataclass(frozen=True)
+class BlockFd(Opt):
+    """bubblewrap reads one byte from ``fd`` and closes it just before it execs
+    the command: a byte still there once bwrap is gone says it never got that far."""
+
+    fd: int
+
+    def __post_init__(self) -> None:
+        _fd(self.fd)
+
+    def argv(self) -> tuple[str, ...]:
+        return ("--block-fd", str(self.fd))
+
+
+@dataclass(frozen=True)
 class SeccompFd(Opt):
     fd: int
 

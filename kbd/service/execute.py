@@ -707,12 +707,17 @@ def _run_bwrap(
     bwrap.prepare(plan)
     fds = bwrap.Fds()
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    ready_r = _ready_pipe()
     try:
         argv = bwrap.build_argv(plan, command, cwd=workdir, network=host.config.sandbox.network,
                                 status_fd=status_w, fds=fds, limits=host.config.limits,
-                                hard=_hard_limits(launch))  # fmt: skip
+                                hard=_hard_limits(launch), ready_fd=ready_r)  # fmt: skip
         record = _Record(sessions, sid, plan, command, box, principal=launch.principal)
-        proc = _start(argv, box, launch, env=env, pass_fds=[*fds.handed, status_w], record=record, stub=stub)
+        proc = _start(argv, box, launch, env=env, pass_fds=[*fds.handed, status_w, ready_r], record=record,
+                      stub=stub)  # fmt: skip
+    except BaseException:
+        os.close(ready_r)
+        raise
     finally:
         os.close(status_w)
         fds.close()
@@ -731,10 +736,38 @@ def _run_bwrap(
     finally:
         os.close(status_r)
         _finish(proc, launch, box, sessions, sid)
+        ready = sandbox_was_set_up(ready_r)
     _check_exec(proc)
-    if child is None:
+    if child is None or not ready:
+        # No child, or a child that died before the first step inside the
+        # sandbox ran (a mount refused, a bind source changed under bwrap):
+        # bwrap's exit status is not the command's, and nothing was run.
         raise Unavailable(
-            f"bubblewrap could not set up the sandbox (exit {rc}); nothing was run",
+            f"bubblewrap could not set up the sandbox (exit {code if code is not None else rc}); nothing was run",
             hint="run `kbd doctor` to check user namespaces and bubblewrap",
         )
     return code if code is not None else rc
+
+
+def _ready_pipe() -> int:
+    """The read end of a pipe holding one byte, for bwrap's ``--block-fd``."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        os.write(w, b".")
+    finally:
+        os.close(w)
+    return r
+
+
+def sandbox_was_set_up(ready_r: int) -> bool:
+    """Whether bwrap consumed the byte on ``ready_r`` (``--block-fd``), which it
+    does only once the sandbox is set up, right before it execs the command's
+    first step; closes ``ready_r``. The one way to tell bwrap's own setup
+    failures (exit 1) from a command that exited 1."""
+    try:
+        os.set_blocking(ready_r, False)
+        return os.read(ready_r, 1) == b""  # consumed, and no writer left: EOF
+    except BlockingIOError:  # cannot happen (no writer): say no rather than guess
+        return False
+    finally:
+        os.close(ready_r)

@@ -69,6 +69,9 @@ def test_a_covered_proc_breaks_the_sandbox(session: tuple[KbRoot, str], directiv
     r = exec_under(kb, sid, script, path)
     assert r.returncode != 0 and r.stdout == "", f"{directive} no longer breaks bwrap: harden the unit"
     assert "Can't mount proc" in r.stderr, r.stderr
+    # bwrap's own exit 1 is never passed off as the command's: kbd says nothing ran.
+    assert r.returncode == 69, r.stderr
+    assert "error[unavailable]: bubblewrap could not set up the sandbox (exit 1); nothing was run" in r.stderr
 
 
 def test_a_read_only_cgroupfs_leaves_no_per_command_cgroup(session: tuple[KbRoot, str]) -> None:
