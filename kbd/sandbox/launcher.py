@@ -180,6 +180,23 @@ def default_signals() -> None:
         if sig not in (signal.SIGKILL, signal.SIGSTOP):
             with contextlib.suppress(OSError, ValueError):
                 signal.signal(sig, signal.SIG_DFL)
+    # Python (and glibc's sigaction) refuse the C library's own signals, 32 and
+    # 33, yet an ignored one is inherited too (GNU make ignores both, say): the
+    # kernel's rt_sigaction sets them to the default as well.
+    for number in set(range(1, int(signal.SIGRTMIN))) - {int(v) for v in signal.valid_signals()}:
+        _sig_default(number)
+
+
+# rt_sigaction's number and the kernel's struct sigaction (handler, flags,
+# restorer, mask: four words on x86_64 and aarch64).
+SYS_RT_SIGACTION = {"x86_64": 13, "aarch64": 134}.get(os.uname().machine)
+
+
+def _sig_default(sig: int) -> None:
+    if SYS_RT_SIGACTION is None:
+        return
+    action = (ctypes.c_ulong * 4)(0, 0, 0, 0)  # SIG_DFL, no flags, no restorer, empty mask
+    _libc.syscall(SYS_RT_SIGACTION, sig, ctypes.byref(action), None, 8)
 
 
 def _report(sock: int, where: str, exc: BaseException) -> None:
