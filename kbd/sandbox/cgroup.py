@@ -605,12 +605,7 @@ def sweep(hierarchy: Hierarchy) -> None:
     another kbd process (in another v1 cgroup) removed that one."""
     if hierarchy.v2 is None:
         return
-    names = set(os.listdir(hierarchy.v2))
-    for h in hierarchy.v1:
-        if h.subtree is not None:
-            with contextlib.suppress(OSError):
-                names.update(os.listdir(h.subtree))
-    for name in names:
+    for name in _names(hierarchy, hierarchy.v2):
         dead = NAME.fullmatch(name) and _gone(_pid_of(name))
         if not dead:
             continue
@@ -623,16 +618,22 @@ def sweep(hierarchy: Hierarchy) -> None:
             remove(hierarchy, name)
 
 
-def sweep_launcher(hierarchy: Hierarchy, launcher: int) -> None:
-    """Kill and remove every stub cgroup of the (ended) launcher ``launcher``."""
-    if hierarchy.v2 is None:
-        return
-    names = set(os.listdir(hierarchy.v2))
+def _names(hierarchy: Hierarchy, v2: str) -> set[str]:
+    """Every cgroup name under kbd's subtrees: v2 and each v1 (a v1 sibling
+    outlives its v2 cgroup when another kbd process removed that one)."""
+    names = set(os.listdir(v2))
     for h in hierarchy.v1:
         if h.subtree is not None:
             with contextlib.suppress(OSError):
                 names.update(os.listdir(h.subtree))
-    for name in names:
+    return names
+
+
+def sweep_launcher(hierarchy: Hierarchy, launcher: int) -> None:
+    """Kill and remove every stub cgroup of the (ended) launcher ``launcher``."""
+    if hierarchy.v2 is None:
+        return
+    for name in _names(hierarchy, hierarchy.v2):
         if BROKER_NAME.fullmatch(name) and _pid_of(name) == str(launcher):
             kill_tree(f"{hierarchy.v2}/{name}", timeout=1.0)
             remove(hierarchy, name)
