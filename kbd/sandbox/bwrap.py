@@ -185,7 +185,15 @@ def _covered(path: str, grants: Sequence[str]) -> bool:
 def _etc_copy(path: str, fds: Fds) -> File | None:
     """A copy of the small regular file ``path`` (links followed, as a bind
     follows them), read by bwrap from a descriptor opened here; None for
-    anything else. FileNotFoundError: nothing there (nor at a link's end)."""
+    anything else. FileNotFoundError: nothing there (nor at a link's end).
+
+    Only a file anyone may read is copied: the daemon opens it as root, and the
+    copy belongs to the command's user, so a root-only file (``/etc/environment``
+    with a proxy password, say) would become readable to every broker client.
+    Anything else stays a bind, which bwrap opens as the command's user: a
+    refusal on the host stays a refusal in the sandbox."""
+    if not _world_readable(path):
+        return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)  # no FIFO wait
     except FileNotFoundError:
@@ -193,10 +201,27 @@ def _etc_copy(path: str, fds: Fds) -> File | None:
     except OSError:
         return None
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_size > ETC_COPY_MAX:
+    if not stat.S_ISREG(st.st_mode) or st.st_size > ETC_COPY_MAX or not st.st_mode & stat.S_IROTH:
         os.close(fd)
         return None
     return File(fds.add(fd), path, stat.S_IMODE(st.st_mode) & 0o777)
+
+
+def _world_readable(path: str) -> bool:
+    """``path`` is no link, and every folder above it lets anyone search it (the
+    file's own read bit is checked on the open descriptor)."""
+    if os.path.realpath(path) != path:
+        return False
+    folder = os.path.dirname(path)
+    while True:
+        try:
+            if not os.stat(folder).st_mode & stat.S_IXOTH:
+                return False
+        except OSError:
+            return False
+        if folder == "/":
+            return True
+        folder = os.path.dirname(folder)
 
 
 def system_opts(fds: Fds | None = None, grants: Sequence[str] = ()) -> Iterator[Opt]:

@@ -17,8 +17,10 @@ import fcntl
 import hashlib
 import os
 import py_compile
+import shutil
 import stat
 import subprocess
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +33,11 @@ from tests.helpers import KbRoot, exec_mode_for
 pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_landlock(abi=2)]
 
 ALL_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
-ETC_REGULAR = [f for f in spec.ETC_FILES if os.path.isfile(f) and os.path.getsize(f) <= bwrap.ETC_COPY_MAX]
+ETC_REGULAR = [
+    f for f in spec.ETC_FILES
+    if os.path.isfile(f) and os.path.getsize(f) <= bwrap.ETC_COPY_MAX and not os.path.islink(f)
+    and os.stat(f).st_mode & stat.S_IROTH
+]  # fmt: skip
 
 
 def _sealed_fds() -> dict[str, tuple[int, bytes]]:
@@ -226,3 +232,60 @@ def test_a_write_plans_rlimits_equal_a_read_plans(world: tuple[KbRoot, dict[str,
     assert write.out == read.out
     assert write.out.split()[:6] == ["4096", "4096", "2097152", "2097152", "0", "0"]  # kbd.yaml's defaults
     assert write.out.split()[-1] == "raise-refused"
+
+
+@pytest.fixture
+def open_folder() -> Iterator[Path]:
+    """A folder every user may search (/tmp's pytest folders are 0700)."""
+    folder = Path(tempfile.mkdtemp(prefix="kbd-etc-", dir="/tmp"))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder)
+
+
+@pytest.mark.parametrize(
+    ("mode", "folder_mode", "copied"),
+    [
+        pytest.param(0o644, 0o755, True, id="world-readable"),
+        pytest.param(0o600, 0o755, False, id="root-only-file"),
+        pytest.param(0o640, 0o755, False, id="group-only-file"),
+        pytest.param(0o644, 0o750, False, id="folder-closed-to-others"),
+    ],
+)
+def test_only_files_anyone_may_read_are_copied(
+    open_folder: Path, mode: int, folder_mode: int, copied: bool
+) -> None:
+    """The daemon opens a copy's source as root and the copy belongs to the
+    command's user: a file its caller may not read must stay a bind, which
+    bwrap opens as the caller (review finding: a 0600 /etc/environment became
+    readable to every broker client)."""
+    inner = open_folder / "etc"
+    inner.mkdir()
+    f = inner / "environment"
+    f.write_text("API_TOKEN=secret\n")
+    f.chmod(mode)
+    inner.chmod(folder_mode)
+    fds = bwrap.Fds()
+    try:
+        opt = bwrap._etc_copy(str(f), fds)
+        assert (opt is not None) == copied
+    finally:
+        fds.close()
+
+
+def test_a_linked_file_is_bound_not_copied(open_folder: Path) -> None:
+    """Following a link may pass folders its caller could not search: a link is
+    left to bwrap, which follows it as the caller."""
+    target = open_folder / "target"
+    target.write_text("x\n")
+    target.chmod(0o644)
+    link = open_folder / "link"
+    link.symlink_to(target)
+    fds = bwrap.Fds()
+    try:
+        assert bwrap._etc_copy(str(link), fds) is None
+        assert bwrap._etc_copy(str(target), fds) is not None
+    finally:
+        fds.close()
