@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -32,14 +33,25 @@ T = TypeVar("T")
 
 def read_text(path: Path, *, what: str) -> str:
     """The UTF-8 text of ``path``: RootError when it is missing (a root without
-    its config), InvalidConfig when it cannot be read or decoded."""
+    its config), InvalidConfig when it cannot be read or decoded, or is not a
+    regular file (a FIFO must not hang the daemon's refresh or a shell's TAB
+    completion; a device is no config)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
     except FileNotFoundError as exc:
         raise RootError(f"{what} not found at {path}") from exc
+    except OSError as exc:
+        raise InvalidConfig(f"{what} at {path} is unreadable: {exc}") from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InvalidConfig(f"{what} at {path} is not a regular file", hint="replace it with the file itself")
+        os.set_blocking(fd, True)
+        with open(fd, encoding="utf-8", closefd=False) as fh:
+            return fh.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidConfig(f"{what} at {path} is unreadable: {exc}") from exc
+    finally:
+        os.close(fd)
 
 
 def _plain(value: object) -> bool:

@@ -154,3 +154,20 @@ def test_a_root_that_cannot_be_read_completes_nothing_quietly(world: KbRoot, tmp
         env = {**clean_env(), "KBD_ROOT": str(world.root), "HOME": str(tmp_path)}
         assert _values(_complete(["kbd", "sources", "list", ""], env=env, user=65534)) == []
         assert _values(_complete(["kbd", "principals", "token", ""], env=env, user=65534)) == []
+
+
+@pytest.mark.parametrize("name", ["principals.yaml", "kbd.yaml"])
+def test_a_fifo_for_a_config_file_is_refused_at_once_never_waited_on(world: KbRoot, name: str) -> None:
+    """A FIFO in place of a config file (review finding): TAB must not hang the
+    shell, and every command refuses it with a clear error instead of blocking
+    (the daemon re-reads these files on each request)."""
+    path = world.root / name
+    path.unlink()
+    os.mkfifo(path)
+    env = {**clean_env(), "KBD_ROOT": str(world.root)}
+    for words in (["kbd", "principals", "disable", ""], ["kbd", "sources", "list", ""]):
+        assert _values(_complete(words, env=env)) == []  # subprocess.run's timeout would fail a hang
+    r = subprocess.run([*KBD, "--root", str(world.root), "principals", "list"], capture_output=True, text=True,
+                       env=clean_env(), timeout=30, check=False)  # fmt: skip
+    assert r.returncode == 65, r.stderr
+    assert f"{name} at {path} is not a regular file" in r.stderr
