@@ -14,9 +14,11 @@ event loop (a command can run for hours; the loop must not wait for it):
   uid, gid and supplementary groups from the kernel (``SO_PEERCRED``,
   ``SO_PEERGROUPS``), umask and rlimits from the caller's /proc entry. It
   reports STARTED, NOTICE (kbd's warnings), then EXIT or ERROR.
-* the *reader thread* forwards SIGNAL frames to the command and, when the
-  client's end closes (the client died) or breaks the framing, kills the
-  command's whole tree (its cgroup).
+* the *reader thread*, started once the command is, forwards SIGNAL frames
+  to the command and, when the client's end closes (the client died) or
+  breaks the framing, kills the command's whole tree (its cgroup). What the
+  client sent before that (it may have died meanwhile) is acted on as the
+  command starts.
 
 A refusal before the command could be considered (a malformed request, no
 credentials, fds missing) is an HTTP error in the API's envelope with
@@ -31,6 +33,7 @@ import contextlib
 import errno
 import logging
 import os
+import select
 import signal
 import socket
 import stat
@@ -376,9 +379,20 @@ class Broker:
         forward = Forwarder()
         cmd = BrokeredCommand(request.sid, principal.id, caller.uid, argv, forward)
 
+        frames = wire.FrameReader(wire.TO_DAEMON)
+        reader = threading.Thread(target=_read_frames, args=(conn, forward, frames), name="kbd-exec-in",
+                                  daemon=True)  # fmt: skip
+
         def started(pid: int, generation: int) -> None:
             cmd.pid, cmd.generation = pid, generation
-            conn.send(wire.started_frame(pid, generation))
+            # The client's frames are read from the moment its command runs, on
+            # a thread started while bubblewrap sets up (not on the way to the
+            # start). What came before waits in the socket and is acted on here
+            # at once: a SIGNAL is delivered, end of file (the client died while
+            # the command waited for its start) kills the tree.
+            if _read_pending(conn, forward, frames):
+                conn.send(wire.started_frame(pid, generation))
+                reader.start()
 
         def notice(text: str) -> None:
             conn.send(wire.notice_frame(warning_line(text)))
@@ -389,8 +403,6 @@ class Broker:
         conn.send(wire.SWITCHING)
         with self._guard:
             self._commands.append(cmd)
-        reader = threading.Thread(target=_read_frames, args=(conn, forward), name="kbd-exec-in", daemon=True)
-        reader.start()
         try:
             cwd = os.fsdecode(request.cwd) if request.cwd is not None else None
             status = execute(
@@ -415,13 +427,13 @@ class Broker:
                 log.exception("broker: cleanup after a command of session %s failed", request.sid)
         with contextlib.suppress(OSError):
             conn.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader
-        reader.join(timeout=5.0)
+        if reader.ident is not None:  # started with the command
+            reader.join(timeout=5.0)
 
 
-def _read_frames(conn: _Conn, forward: Forwarder) -> None:
+def _read_frames(conn: _Conn, forward: Forwarder, reader: wire.FrameReader) -> None:
     """SIGNAL frames → the command; EOF, a reset or broken framing (the client
     died or is not kbd's) → the command's whole tree is killed."""
-    reader = wire.FrameReader(wire.TO_DAEMON)
     while True:
         try:
             data = conn.sock.recv(4096)
@@ -429,16 +441,42 @@ def _read_frames(conn: _Conn, forward: Forwarder) -> None:
             continue
         except OSError:
             data = b""
-        if not data:
-            if not conn.closing:
-                forward.abort()
+        if not _act_on(data, conn, forward, reader):
             return
+
+
+def _read_pending(conn: _Conn, forward: Forwarder, reader: wire.FrameReader) -> bool:
+    """Act at once on what the client sent before its command started (without
+    waiting for more); False when that ended the connection (the tree is
+    being killed)."""
+    # poll, not MSG_DONTWAIT: a socket with a timeout waits for readability
+    # before every recv, whatever its flags.
+    ready = select.poll()
+    ready.register(conn.sock.fileno(), select.POLLIN)
+    while ready.poll(0):
         try:
-            for _, payload in reader.feed(data):
-                forward.deliver(wire.decode_signal(payload))
-        except WireError:
+            data = conn.sock.recv(4096)
+        except OSError:
+            data = b""
+        if not _act_on(data, conn, forward, reader):
+            return False
+    return True
+
+
+def _act_on(data: bytes, conn: _Conn, forward: Forwarder, reader: wire.FrameReader) -> bool:
+    """One read's worth of the client's frames; False once the client is gone
+    (end of file, a reset) or broke the framing: then its command's tree dies."""
+    if not data:
+        if not conn.closing:
             forward.abort()
-            return
+        return False
+    try:
+        for _, payload in reader.feed(data):
+            forward.deliver(wire.decode_signal(payload))
+    except WireError:
+        forward.abort()
+        return False
+    return True
 
 
 def read_request(sock: socket.socket) -> tuple[wire.Request, list[int], str | None]:

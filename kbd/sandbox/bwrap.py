@@ -109,7 +109,9 @@ def _open_path(path: Path, fds: Fds, *, kb_roots: dict[Path, int]) -> int:
     for kb, kb_fd in kb_roots.items():
         if path == kb:
             return fds.add(os.dup(kb_fd))
-        if kb in path.parents:
+        # Pure path prefix (as `kb in path.parents`, without building a Path
+        # per parent on every command).
+        if path.parts[: len(kb.parts)] == kb.parts:
             fd = fds.add(open_beneath(kb_fd, str(path.relative_to(kb)), os.O_PATH))
             break
     else:

@@ -178,6 +178,9 @@ class Stub:
         except BaseException:
             self.sock.close()
             raise
+        # The command is on its way: now its replacement (a no-op when the
+        # pool is full already).
+        self.launcher._refill(self.key)
         return child
 
 
@@ -237,16 +240,22 @@ class Launcher:
         return launcher
 
     # -- the pool ---------------------------------------------------------------------
-    def take(self, limits: LimitsConfig, *, wait: float = TAKE_WAIT) -> Stub | None:
+    def take(self, limits: LimitsConfig, *, wait: float = TAKE_WAIT, refill: bool = True) -> Stub | None:
         """A stub whose cgroups carry ``limits``, or None (none came within
         ``wait`` seconds, or the launcher is gone). Stubs made with other limits
-        (``limits`` changed in kbd.yaml) are let go. Asks for replacements."""
+        (``limits`` changed in kbd.yaml) are let go. Asks for replacements at
+        once, or, with ``refill`` False, only when no other stub is left for
+        the next command: the stub asks once it has its command
+        (:meth:`Stub.launch`), so the launcher's fork of the replacement is
+        not on the way to that command's start; the caller calls
+        :meth:`refill` when the stub is let go unused."""
         key = self._key_of(limits)
         got, stale = self._pop(key)
         for stub in stale:
             stub.close()
         stale = []
-        self.refill(limits)
+        if refill or got is None or not self._spare(key):
+            self.refill(limits)
         if got is None and wait > 0:
             # A stub on its way (it is paying its grace period) is usually
             # sooner than the slow path, which pays one too, and more.
@@ -265,6 +274,11 @@ class Launcher:
                 self.refill(limits)
         return got
 
+    def _spare(self, key: str) -> bool:
+        """A pooled stub made for ``key`` is ready."""
+        with self._lock:
+            return any(s.key == key for s in self._pool)
+
     def _pop(self, key: str) -> tuple[Stub | None, list[Stub]]:
         """The first pooled stub made for ``key`` and the outdated ones before it
         (taken out of the pool; the caller closes them)."""
@@ -278,7 +292,9 @@ class Launcher:
         return None, stale
 
     def refill(self, limits: LimitsConfig) -> None:
-        key = self._key_of(limits)
+        self._refill(self._key_of(limits))
+
+    def _refill(self, key: str) -> None:
         with self._lock:
             if key != self._key:
                 self._failures = 0

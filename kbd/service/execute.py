@@ -508,7 +508,12 @@ def _stub_for(launch: Launch, backend: str, limits: LimitsConfig) -> Stub | None
     problem = cgroup.v1_problem(limits, launch.launcher.hierarchy)
     if problem is not None:  # the controller is there but unusable: fail closed
         raise ContainmentUnavailable(problem)
-    return launch.launcher.take(limits)
+    # The stub's replacement is asked for once the stub has its command
+    # (Stub.launch), not before it; after the answer too, should the command
+    # be refused before it ran (a no-op when the pool is full).
+    if launch.later is not None:
+        launch.later.append(functools.partial(launch.launcher.refill, limits))
+    return launch.launcher.take(limits, refill=False)
 
 
 def run(

@@ -449,6 +449,38 @@ def test_killing_the_client_kills_the_whole_tree_within_a_second(broker: Broker)
     assert r.code == 0, r
 
 
+def test_a_client_that_dies_while_its_command_waits_to_start_gets_nothing_run(broker: Broker) -> None:
+    """The client's frames are read once its command starts; a client that died
+    while the command waited (here for the notes mutex another command holds)
+    is seen the instant it starts: its tree is killed before anything ran."""
+    sock = {"KBD_SOCKET": str(broker.daemon.sock)}
+    marker = f"300.{uuid.uuid4().int % 10**9:09d}"
+    note = broker.kb.workflows / "src" / "knowledgebase" / "notes" / f"{marker}.md"
+    holder = _client(broker.kb, broker.write_sid, f"echo ready; exec sleep {marker}", sock)
+    waiter = None
+    try:
+        _wait_line(holder, b"ready\n")  # holds the notes mutex of src until it ends
+        waiter = _client(
+            broker.kb, broker.write_sid, f'echo ran > "$WORKFLOW_KB_SRC/notes/{marker}.md"', sock
+        )
+        time.sleep(0.5)  # its request reaches the daemon, which waits for the mutex
+        assert waiter.poll() is None, waiter.communicate()
+        waiter.kill()
+        waiter.communicate(timeout=10)
+        holder.kill()  # the mutex is free: the dead client's command starts now
+        holder.communicate(timeout=10)
+        assert _gone_within(marker, 1.0) == []
+        # The next write turn comes after the dead client's command ended.
+        r = broker.kb.cli("exec", broker.write_sid, "--", "true", env=sock)
+        assert r.code == 0, r
+        assert not note.exists(), "the command of a client that died before it started ran"
+    finally:
+        for proc in (holder, waiter):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate(timeout=10)
+
+
 def test_a_dead_daemon_ends_the_client_with_69_and_takes_the_tree(tmp_path: Path) -> None:
     kb = KbRoot.create(tmp_path / "root")
     read_sid, _ = _build(kb)

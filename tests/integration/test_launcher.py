@@ -115,6 +115,26 @@ def test_stubs_wait_in_their_own_limited_cgroups_and_the_pool_refills(launcher: 
     _wait(lambda: not os.path.exists(box.path), "a stub let go kept its cgroup")
 
 
+def test_a_take_that_defers_its_refill_asks_only_when_no_stub_is_left(launcher: spawn.Launcher) -> None:
+    # The broker's stub asks for its replacement once it has its command (no
+    # fork of the launcher on the way to the command's start), as long as the
+    # next command still finds a stub; the last one taken is replaced at once.
+    first = launcher.take(LIMITS, refill=False)
+    assert first is not None
+    assert len(_pool(launcher)) == 1 and not launcher._asked, "a deferred refill asked at once"
+    assert _run(first, ["/bin/true"], fds=[], targets=[]) == 0
+    _wait(lambda: len(_pool(launcher)) == 2, "a launched stub was not replaced")
+    second = launcher.take(LIMITS, refill=False)
+    third = launcher.take(LIMITS, refill=False)
+    assert second is not None and third is not None
+    assert len(launcher._asked) + len(_pool(launcher)) == 2, "the last stub taken was not replaced at once"
+    _wait(lambda: len(_pool(launcher)) == 2, "the pool did not refill after its last stub was taken")
+    launcher.refill(LIMITS)  # the pool is full: nothing more is made
+    assert len(_pool(launcher)) == 2 and not launcher._asked
+    for stub in (second, third):
+        stub.close()
+
+
 def test_changed_limits_let_the_old_stubs_go(launcher: spawn.Launcher) -> None:
     old = _pool(launcher)
     other = replace(LIMITS, pids_max=77)
