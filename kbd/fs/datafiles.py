@@ -44,7 +44,9 @@ def read_text(path: Path, *, what: str) -> str:
         raise InvalidConfig(f"{what} at {path} is unreadable: {exc}") from exc
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InvalidConfig(f"{what} at {path} is not a regular file", hint="replace it with the file itself")
+            raise InvalidConfig(
+                f"{what} at {path} is not a regular file", hint="replace it with the file itself"
+            )
         os.set_blocking(fd, True)
         with open(fd, encoding="utf-8", closefd=False) as fh:
             return fh.read()

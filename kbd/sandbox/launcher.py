@@ -13,12 +13,13 @@ own socket. The daemon takes a stub, records the command under the stub's
 pid and cgroup, and sends it the command; the stub execs it at once.
 
 Messages (JSON, one per packet). Daemon → launcher:
-``{"op": "spawn", "dirs": [[subtree, [[file, value, optional], ...]], ...]}``
-(make one stub; the first subtree is the v2 one) and
+``{"op": "spawn", "tag": T, "dirs": [[subtree, [[file, value, optional], ...]], ...]}``
+(make one stub; the first subtree is the v2 one; ``tag`` comes back with the
+answer, as stubs get ready in any order) and
 ``{"op": "reap", "pid": N}`` (the daemon has disarmed its signal forwarding:
 the exited process may now be reaped and its pid reused). Launcher → daemon:
-``{"op": "stub", "pid": N, "cgroup": NAME}`` with the stub's socket as
-``SCM_RIGHTS``, ``{"op": "failed", "error": TEXT}`` (a stub could not be
+``{"op": "stub", "pid": N, "cgroup": NAME, "tag": T}`` with the stub's socket as
+``SCM_RIGHTS``, ``{"op": "failed", "tag": T, "error": TEXT}`` (a stub could not be
 made) and ``{"op": "exited", "pid": N, "rc": RC}`` (``rc`` as
 ``subprocess.Popen.returncode``: -N for signal N).
 
@@ -279,7 +280,8 @@ class Launcher:
         self.parent = parent
         self.poll = select.poll()
         self.poll.register(control, select.POLLIN)
-        self.pending: dict[int, tuple[socket.socket, int, str]] = {}  # socket fd → (socket, pid, name)
+        # socket fd → (socket, pid, cgroup name, the daemon's request tag)
+        self.pending: dict[int, tuple[socket.socket, int, str, object]] = {}
         self.pidfds: dict[int, int] = {}  # pidfd → pid (running or waiting)
         self.zombies: dict[int, int] = {}  # pid → pidfd (exit reported, reap on request)
         self.cgroups: dict[int, list[str]] = {}  # pid → the cgroups made for it
@@ -294,12 +296,12 @@ class Launcher:
             else:
                 self.control.send(data, socket.MSG_NOSIGNAL)
 
-    def spawn(self, dirs: list[Any]) -> None:
+    def spawn(self, dirs: list[Any], tag: object) -> None:
         name = f"b_{os.urandom(10).hex()}.{os.getpid()}.{os.urandom(4).hex()}"
         try:
             made = make_cgroups(dirs, name)
         except OSError as exc:
-            self.send({"op": "failed", "error": f"cannot make a stub cgroup: {exc}"})
+            self.send({"op": "failed", "tag": tag, "error": f"cannot make a stub cgroup: {exc}"})
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         me = os.getpid()
@@ -310,7 +312,7 @@ class Launcher:
             for fd in [*self.pidfds, *self.zombies.values()]:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-            for sock, _, _ in self.pending.values():
+            for sock, _, _, _ in self.pending.values():
                 sock.close()
             run_stub(theirs, made, me)
             os._exit(71)
@@ -319,11 +321,11 @@ class Launcher:
         pidfd = os.pidfd_open(pid)
         self.pidfds[pidfd] = pid
         self.poll.register(pidfd, select.POLLIN)
-        self.pending[ours.fileno()] = (ours, pid, name)
+        self.pending[ours.fileno()] = (ours, pid, name, tag)
         self.poll.register(ours, select.POLLIN)
 
     def ready(self, fd: int) -> None:
-        sock, pid, name = self.pending.pop(fd)
+        sock, pid, name, tag = self.pending.pop(fd)
         self.poll.unregister(fd)
         try:
             ok = sock.recv(16) == b"ready"
@@ -331,9 +333,9 @@ class Launcher:
             ok = False
         if ok:
             self.handed.add(pid)
-            self.send({"op": "stub", "pid": pid, "cgroup": name}, [sock.fileno()])
+            self.send({"op": "stub", "pid": pid, "cgroup": name, "tag": tag}, [sock.fileno()])
         else:  # its exit is reported as well, and its cgroups go at the reap
-            self.send({"op": "failed", "error": f"stub {pid} died before it was ready"})
+            self.send({"op": "failed", "tag": tag, "error": f"stub {pid} died before it was ready"})
         sock.close()  # the daemon holds it now (or the stub is dying: its exit is reported)
 
     def exited(self, pidfd: int) -> None:
@@ -367,7 +369,7 @@ class Launcher:
             return False
         message = json.loads(data)
         if message.get("op") == "spawn":
-            self.spawn(message["dirs"])
+            self.spawn(message["dirs"], message.get("tag"))
         elif message.get("op") == "reap":
             self.reap(int(message["pid"]))
         return True

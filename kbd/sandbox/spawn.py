@@ -21,6 +21,7 @@ from __future__ import annotations
 import array
 import collections
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -196,7 +197,12 @@ class Launcher:
         self._lock = threading.RLock()
         self._arrived = threading.Condition(self._lock)  # a stub came, or the launcher died
         self._pool: collections.deque[Stub] = collections.deque()
-        self._asked: collections.deque[str] = collections.deque()  # keys of stubs asked for, oldest first
+        # Stubs asked for: tag → the limits key they are made with. The launcher
+        # echoes the tag, since stubs come back in the order they got ready,
+        # not the order they were asked for (a stub under old limits must never
+        # be taken as one under new limits).
+        self._asked: dict[int, str] = {}
+        self._tags = itertools.count(1)
         self._children: dict[int, Child] = {}
         self._discarded: dict[int, str] = {}  # pid → cgroup of a stub let go
         self._key: str | None = None
@@ -265,7 +271,7 @@ class Launcher:
                     got, outdated = self._pop(key)
                     stale += outdated
                     left = deadline - time.monotonic()
-                    coming = key in self._asked
+                    coming = key in self._asked.values()
                     if got is not None or not coming or left <= 0 or not self._arrived.wait(left):
                         break
             for stub in stale:
@@ -301,17 +307,18 @@ class Launcher:
             if not self.alive or self._failures >= FAILURES:
                 return
             self._key = key
-            have = sum(s.key == key for s in self._pool) + sum(k == key for k in self._asked)
-            wanted = max(0, self.pool_size - have)
-            self._asked.extend([key] * wanted)  # counted under the lock: no two refills ask twice
-        for _ in range(wanted):
-            self._send({"op": "spawn", "dirs": json.loads(key)})
+            have = sum(s.key == key for s in self._pool) + sum(k == key for k in self._asked.values())
+            tags = [next(self._tags) for _ in range(max(0, self.pool_size - have))]
+            self._asked.update(dict.fromkeys(tags, key))  # counted under the lock: no two refills ask twice
+        for tag in tags:
+            self._send({"op": "spawn", "tag": tag, "dirs": json.loads(key)})
 
     def _ask(self, key: str) -> None:
         """Ask the launcher for one more stub made with ``key``'s cgroup limits."""
         with self._lock:
-            self._asked.append(key)
-        self._send({"op": "spawn", "dirs": json.loads(key)})
+            tag = next(self._tags)
+            self._asked[tag] = key
+        self._send({"op": "spawn", "tag": tag, "dirs": json.loads(key)})
 
     def _key_of(self, limits: LimitsConfig) -> str:
         return json.dumps(cgroup.stub_dirs(self.hierarchy, limits))
@@ -363,7 +370,7 @@ class Launcher:
         if op == "stub" and len(fds) == 1:
             sock = socket.socket(fileno=fds[0])
             with self._lock:
-                key = self._asked.popleft() if self._asked else ""
+                key = self._asked.pop(_tag(message), "")
                 stub = Stub(int(message["pid"]), str(message["cgroup"]), sock, key, self)
                 current = key == self._key and self.alive
                 self._failures = 0
@@ -377,8 +384,7 @@ class Launcher:
                 self.ready.set()
         elif op == "failed":
             with self._lock:
-                if self._asked:
-                    self._asked.popleft()
+                self._asked.pop(_tag(message), None)
                 self._failures += 1
                 self._arrived.notify_all()  # nobody waits for a stub that will not come
             self.ready.set()
@@ -452,3 +458,9 @@ def _fds(anc: list[tuple[int, int, bytes]]) -> list[int]:
             got.frombytes(cdata[: len(cdata) - len(cdata) % got.itemsize])
             out.extend(got)
     return out
+
+
+def _tag(message: dict[str, Any]) -> int:
+    """The request tag the launcher echoed (-1: none, which matches no request)."""
+    tag = message.get("tag")
+    return tag if isinstance(tag, int) else -1

@@ -8,10 +8,12 @@ tree along, and nothing of a stub is left after shutdown."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -526,3 +528,31 @@ def test_a_launcher_that_cannot_make_stubs_stops_asking_and_commands_take_the_sl
         assert list(started._asked) == [] and started.proc.poll() is None
     finally:
         started.close()
+
+
+def test_a_stub_is_labelled_by_the_request_it_answers_not_by_arrival_order() -> None:
+    """Stubs get ready in any order (each pays its own cgroup move): a stub made
+    under the old limits that answers after a limits change must never be taken
+    for the new limits (review finding: the oldest request's key went to the
+    first stub to arrive)."""
+    h = cgroup.detect()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    launcher = spawn.Launcher(proc=None, sock=ours, hierarchy=h, pool_size=1)  # type: ignore[arg-type]
+    old, new = LimitsConfig(pids_max=4096), LimitsConfig(pids_max=16)
+    try:
+        launcher.refill(old)
+        launcher.refill(new)
+        asked = [json.loads(theirs.recv(65536)) for _ in range(2)]
+        tags = {json.dumps(a["dirs"]) == launcher._key_of(new): a["tag"] for a in asked}
+        # The new-limits stub answers first, then the old-limits one.
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        c, d = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        launcher._handle({"op": "stub", "pid": 222, "cgroup": "b_new", "tag": tags[True]}, [a.detach()])
+        launcher._handle({"op": "stub", "pid": 111, "cgroup": "b_old", "tag": tags[False]}, [c.detach()])
+        stub = launcher.take(new, wait=0, refill=False)
+        assert stub is not None and stub.name == "b_new"
+        stub.close()
+        assert launcher.take(new, wait=0, refill=False) is None  # the old one was let go, never pooled
+    finally:
+        for sock in (ours, theirs, b, d):
+            sock.close()
