@@ -18,7 +18,7 @@ import ctypes
 import errno
 import os
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 AT_FDCWD = -100
 AT_SYMLINK_NOFOLLOW = 0x100
@@ -58,8 +58,7 @@ if _statx is not None:
     _statx.restype = ctypes.c_int
 
 
-@dataclass(frozen=True)
-class MountInfo:
+class MountInfo(NamedTuple):  # a tuple: built ~28 times per policy lookup
     mode: int
     dev: int
     ino: int
