@@ -902,7 +902,11 @@ class Registry:
                 current.append(folder)
         if not current:
             return Missing(workflow_id)
-        nested = any(self.is_nested(f) for f in current)
+        # is_nested() inline: a lookup asks this for every source (no generator per call).
+        nested = False
+        for f in current:
+            if f.nested_in is not None or f.path in self._containers:
+                nested = True
         if nested or len(current) > 1:
             return Ambiguous(workflow_id, tuple(current), nested=nested)
         only = current[0]
@@ -1013,6 +1017,22 @@ class _Tracker:
         return out
 
 
+# The answers a probe gives without a KB identity: built once (a policy lookup
+# probes every source's KB, and the memo compares answers by value).
+_FOLDER_GONE = KbProbe(KbProblem("kb_missing", "the source workflow folder is gone or was replaced"))
+_NO_KB = KbProbe(KbProblem("kb_missing", "the source has no knowledgebase/ folder"))
+_KB_SYMLINK = KbProbe(
+    KbProblem("kb_symlinked", "the source's knowledgebase/ is a symbolic link, not a folder")
+)
+_KB_NOT_DIR = KbProbe(KbProblem("kb_not_dir", "the source's knowledgebase is not a folder"))
+_KB_MOUNT = KbProbe(
+    KbProblem(
+        "kb_mountpoint", "the source's knowledgebase/ is a mount point, not part of the workflow's own folder"
+    )
+)
+_KB_NAME, _NOTES_NAME, _INDEX_NAME = os.fsencode(KB_DIR), os.fsencode(NOTES_DIR), os.fsencode(INDEX_NAME)
+
+
 def probe_kb(workflow_folder: Path, *, notes: bool = False) -> KbProbe:
     """Why ``<workflow>/knowledgebase`` cannot be attached right now, or its identity
     (and, with ``notes``, whether its ``notes/`` can take contributions).
@@ -1028,32 +1048,28 @@ def probe_kb(workflow_folder: Path, *, notes: bool = False) -> KbProbe:
     try:
         pinned = pin_dir(workflow_folder, path_only=True)
     except KbdError:
-        return KbProbe(KbProblem("kb_missing", "the source workflow folder is gone or was replaced"))
-    with pinned:
-        try:
-            info = mount_info(KB_DIR, dir_fd=pinned.fd)
-            # STATX_ATTR_MOUNT_ROOT answers "is it a mount point" in one call; only
-            # kernels without it need the parent's mount ID for comparison.
-            parent = (
-                mount_info("", dir_fd=pinned.fd, flags=AT_EMPTY_PATH) if info.mount_root is None else None
-            )
-            parent_dev = pinned.dev  # fstat-ed by pin_dir: the same open folder
-            notes_problem = _notes_problem(pinned.fd, info) if notes and stat.S_ISDIR(info.mode) else None
-        except FileNotFoundError:
-            return KbProbe(KbProblem("kb_missing", "the source has no knowledgebase/ folder"))
-        except OSError as exc:
-            return KbProbe(
-                KbProblem("kb_missing", f"the source's knowledgebase/ cannot be inspected: {exc.strerror}")
-            )
-    if stat.S_ISLNK(info.mode):
+        return _FOLDER_GONE
+    try:
+        info = mount_info(_KB_NAME, dir_fd=pinned.fd)
+        # STATX_ATTR_MOUNT_ROOT answers "is it a mount point" in one call; only
+        # kernels without it need the parent's mount ID for comparison.
+        parent = mount_info(b"", dir_fd=pinned.fd, flags=AT_EMPTY_PATH) if info.mount_root is None else None
+        notes_problem = _notes_problem(pinned.fd, info) if notes and stat.S_ISDIR(info.mode) else None
+    except FileNotFoundError:
+        return _NO_KB
+    except OSError as exc:
         return KbProbe(
-            KbProblem("kb_symlinked", "the source's knowledgebase/ is a symbolic link, not a folder")
+            KbProblem("kb_missing", f"the source's knowledgebase/ cannot be inspected: {exc.strerror}")
         )
+    finally:
+        pinned.close()
+    if stat.S_ISLNK(info.mode):
+        return _KB_SYMLINK
     if not stat.S_ISDIR(info.mode):
-        return KbProbe(KbProblem("kb_not_dir", "the source's knowledgebase is not a folder"))
+        return _KB_NOT_DIR
     if (
         info.mount_root
-        or info.dev != parent_dev
+        or info.dev != pinned.dev  # fstat-ed by pin_dir: the same open folder
         or (
             parent is not None
             and info.mnt_id is not None
@@ -1061,12 +1077,7 @@ def probe_kb(workflow_folder: Path, *, notes: bool = False) -> KbProbe:
             and info.mnt_id != parent.mnt_id
         )
     ):
-        return KbProbe(
-            KbProblem(
-                "kb_mountpoint",
-                "the source's knowledgebase/ is a mount point, not part of the workflow's own folder",
-            )
-        )
+        return _KB_MOUNT
     return KbProbe(None, (info.dev, info.ino), notes_problem)
 
 
@@ -1082,7 +1093,7 @@ def _notes_problem(workflow_fd: int, kb: MountInfo) -> str | None:
         if (st.st_dev, st.st_ino) != (kb.dev, kb.ino):
             return "the source's knowledgebase/ changed while it was inspected"
         try:
-            notes = mount_info(NOTES_DIR, dir_fd=kb_fd)
+            notes = mount_info(_NOTES_NAME, dir_fd=kb_fd)
         except FileNotFoundError:
             return "the source has no notes/ folder"
         if stat.S_ISLNK(notes.mode):
@@ -1093,7 +1104,7 @@ def _notes_problem(workflow_fd: int, kb: MountInfo) -> str | None:
             return "the source's notes/ is a mount point"
         notes_fd = open_beneath(kb_fd, NOTES_DIR, os.O_PATH | os.O_DIRECTORY)
         try:
-            index = mount_info(INDEX_NAME, dir_fd=notes_fd)
+            index = mount_info(_INDEX_NAME, dir_fd=notes_fd)
         except FileNotFoundError:
             return None  # kbd creates a missing index before a write command
         finally:

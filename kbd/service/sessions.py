@@ -102,11 +102,12 @@ def _answers_hold(host: Root, asked: tuple[_Looked | _Probed, ...]) -> bool:
     every answer is the same. Resolution is a pure function of its inputs and
     of these answers, and each question it asks depends only on the earlier
     answers, so the same answers mean the same attachments."""
+    find, probe_kb = host.find, host.probe_kb  # bound once: ~40 questions per lookup
     for a in asked:
         if isinstance(a, _Looked):
-            if not _same_lookup(host.find(a.workflow_id), a.answer):
+            if not _same_lookup(find(a.workflow_id), a.answer):
                 return False
-        elif host.probe_kb(a.folder, notes=a.notes) != a.answer:
+        elif probe_kb(a.folder, notes=a.notes) != a.answer:
             return False
     return True
 

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -163,16 +163,23 @@ _NOFILE_SHIM = (
 
 
 def start(
-    root: Path, *, sock: Path | None = None, home: Path | None = None, nofile: tuple[int, int] | None = None
+    root: Path,
+    *,
+    sock: Path | None = None,
+    home: Path | None = None,
+    nofile: tuple[int, int] | None = None,
+    prefix: Sequence[str] = (),
 ) -> Daemon:
     """Start `kbd serve` and return once it has printed its readiness line.
-    ``nofile``: the (soft, hard) open-file limit the daemon starts with."""
+    ``nofile``: the (soft, hard) open-file limit the daemon starts with.
+    ``prefix``: a command that execs the daemon (e.g. ``unshare --mount``: its
+    pid is then the daemon's)."""
     sock = sock or socket_path(root)
     argv = [sys.executable, "-m", "kbd", "--root", str(root), "serve", "--socket", str(sock)]
     if nofile is not None:
         argv = [sys.executable, "-c", _NOFILE_SHIM, str(nofile[0]), str(nofile[1]), *argv[1:]]
     proc = subprocess.Popen(
-        argv,
+        [*prefix, *argv],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -200,11 +207,16 @@ def start(
 
 @contextlib.contextmanager
 def serving(
-    root: Path, *, sock: Path | None = None, home: Path | None = None, nofile: tuple[int, int] | None = None
+    root: Path,
+    *,
+    sock: Path | None = None,
+    home: Path | None = None,
+    nofile: tuple[int, int] | None = None,
+    prefix: Sequence[str] = (),
 ) -> Iterator[Daemon]:
     """The daemon for the duration of the block; stopped (and checked) afterwards.
     If the block fails, the daemon is killed without masking that failure."""
-    daemon = start(root, sock=sock, home=home, nofile=nofile)
+    daemon = start(root, sock=sock, home=home, nofile=nofile, prefix=prefix)
     try:
         yield daemon
     except BaseException:

@@ -7,16 +7,19 @@ never from a pushed event.
 - a KB folder replaced by another folder: the next brokered command reads the
   new one (a memo that did not re-probe identities would hand the sandbox the
   old identity, which the launch refuses);
-- a KB folder replaced by a link, a source manifest edited by hand: the next
-  GET says so;
+- a KB folder replaced by a link, a source manifest edited by hand, a bind
+  mount over a KB folder (even of the folder itself: same inode, another
+  mount; no inotify event exists for a mount): the next GET says so;
 - a rotated token and a disabled principal: refused by the next request.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +59,20 @@ def _source(plan: Any, alias: str) -> Any:
 
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
+    with _world(tmp_path) as w:
+        yield w
+
+
+@pytest.fixture
+def world_in_own_mounts(tmp_path: Path) -> Iterator[World]:
+    """The daemon in a private mount namespace: a test mounts there (nsenter),
+    never on the host."""
+    with _world(tmp_path, prefix=["unshare", "--mount", "--propagation", "private"]) as w:
+        yield w
+
+
+@contextlib.contextmanager
+def _world(tmp_path: Path, prefix: Sequence[str] = ()) -> Iterator[World]:
     kb = KbRoot.create(tmp_path / "root")
     kb.workflow("src", access={"owners": ["alice"]})
     kb.workflow("other", access={"owners": ["alice"]})
@@ -69,7 +86,7 @@ def world(tmp_path: Path) -> Iterator[World]:
     # remembered) and these tests would not exercise the memo.
     time.sleep(layout.RACY_NS / 1e9 * 1.5)
     kb.exec_env = {}
-    with daemon.serving(kb.root) as served:
+    with daemon.serving(kb.root, prefix=prefix) as served:
         yield World(kb, served, tokens, str(r.json()["session_id"]))
 
 
@@ -127,3 +144,25 @@ def test_a_rotated_token_and_a_disabled_principal_take_effect_with_the_next_requ
     assert "disabled" in r.json()["error"]["message"]
     # alice (who opened the session) is unaffected.
     assert world.plan(world.tokens["alice"])["session_id"] == world.sid
+
+
+@pytest.mark.parametrize("mounted", ["another-kb", "the-kb-itself"])
+def test_a_bind_mount_over_a_kb_after_warm_lookups_is_refused_by_the_next_get(
+    world_in_own_mounts: World, mounted: str
+) -> None:
+    world = world_in_own_mounts
+    before = world.warm()
+    assert _source(before, "src")["available"] is True
+    kb_dir = world.kb.workflows / "src" / "knowledgebase"
+    source = world.kb.workflows / "other" / "knowledgebase" if mounted == "another-kb" else kb_dir
+    pid = str(world.daemon.proc.pid)  # unshare exec'd the daemon: the same process
+    subprocess.run(
+        ["nsenter", "--target", pid, "--mount", "mount", "--bind", str(source), str(kb_dir)], check=True
+    )
+    after = world.plan()
+    src = _source(after, "src")
+    assert (src["available"], src["reason"], src["path"]) == (False, "kb_mountpoint", None)
+    assert after["generation"] > before["generation"] and "WORKFLOW_KB_SRC" not in after["env"]
+    subprocess.run(["nsenter", "--target", pid, "--mount", "umount", str(kb_dir)], check=True)
+    again = world.plan()
+    assert _source(again, "src")["available"] is True
