@@ -117,7 +117,11 @@ class Runner:
              "--", "sh", "-c", SETSID_LOOP.replace("done'", f"done # {self.tag}'")],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
         )  # fmt: skip
-        wait_for(self.pids, 30, "the background loop started")
+        try:
+            wait_for(self.pids, 30, "the background loop started")
+        except BaseException:
+            self.close()  # never leave a half-started loop behind a failed test
+            raise
 
     def pids(self) -> list[int]:
         return loop_pids(self.sid, self.tag)
