@@ -73,18 +73,22 @@ class Root:
         sig = self._config_signature()
         if sig == self._signature and None not in sig:
             return
-        if not self._reloading.acquire(blocking=False):
-            return  # another thread is reloading right now
-        try:
-            config = load_config(self._root)
-            principals = load_principals(config.root)
-            roots_changed = config.workflow_roots != self.config.workflow_roots
-            self.config, self.principals = config, principals
-            if roots_changed:
-                self.registry = self._registry()
-            self._signature = sig
-        finally:
-            self._reloading.release()
+        # Another thread may be reloading right now (the daemon's watcher): wait
+        # for it and look again, never answer with the settings it is replacing
+        # (a principal disabled a moment ago must already be refused).
+        with self._reloading:
+            self._reload(self._config_signature())
+
+    def _reload(self, sig: tuple[object, ...]) -> None:
+        if sig == self._signature and None not in sig:
+            return  # the thread we waited for loaded this very state
+        config = load_config(self._root)
+        principals = load_principals(config.root)
+        roots_changed = config.workflow_roots != self.config.workflow_roots
+        self.config, self.principals = config, principals
+        if roots_changed:
+            self.registry = self._registry()
+        self._signature = sig
 
     # -- SourceView for the resolver ----------------------------------------
     def find(self, workflow_id: str) -> Lookup:
