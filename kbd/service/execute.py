@@ -657,7 +657,7 @@ class _Record:
     plan: Plan
     command: list[str]
     box: cgroup.Box | None
-    principal: str | None = None  # who it is authorized as (Launch.principal)
+    principal: str | None  # who it is authorized as (Launch.principal; None: the local operator)
     pid: int | None = None
 
     def add(self, pid: int) -> None:

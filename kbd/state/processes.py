@@ -107,14 +107,15 @@ class RunningCommands:
         generation: int,
         argv: list[str],
         started_at: float | None = None,
+        principal: str | None,
         cgroup: str | None = None,
-        principal: str | None = None,
         broker: bool = False,
     ) -> None:
         """Record a running command; ``cgroup`` names the per-command cgroup that
         holds its whole process tree (kbd.sandbox.cgroup), so that close and
         revoke from another process can kill all of it; ``principal`` is who it
-        was authorized as (None: the local operator). ``broker``: the daemon
+        was authorized as (None: the local operator; required, so a caller that
+        forgets it fails loudly instead of exempting the command from revocation). ``broker``: the daemon
         started it in one of its launcher's stub cgroups (``b_…``), whose name
         cannot say the session."""
         folder = self._folder(sid)

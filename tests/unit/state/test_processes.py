@@ -30,7 +30,7 @@ def test_a_recorded_command_is_reported_while_it_runs(
     tmp_path: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:
     commands = RunningCommands(tmp_path)
-    commands.add(SID, pid=sleeper.pid, generation=3, argv=["sleep", "60"], started_at=12.5)
+    commands.add(SID, pid=sleeper.pid, generation=3, argv=["sleep", "60"], started_at=12.5, principal=None)
     [row] = commands.of_session(SID)
     assert (row.session_id, row.pid, row.pgid, row.alive, row.cgroup) == (
         SID,
@@ -51,13 +51,13 @@ def test_an_ended_or_other_boots_process_is_never_reported(
     tmp_path: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:
     commands = RunningCommands(tmp_path)
-    commands.add(SID, pid=sleeper.pid, generation=0, argv=["sleep"])
+    commands.add(SID, pid=sleeper.pid, generation=0, argv=["sleep"], principal="alice")
     record = tmp_path / "procs" / SID / f"{sleeper.pid}.json"
     data = json.loads(record.read_text())
     record.write_text(json.dumps({**data, "boot_id": "another-boot"}))
     assert commands.of_session(SID) == []  # same PID, but a record from another boot
     record.write_text(json.dumps(data))
-    assert [r.pid for r in commands.of_session(SID)] == [sleeper.pid]
+    assert [(r.pid, r.principal) for r in commands.of_session(SID)] == [(sleeper.pid, "alice")]
     sleeper.kill()
     sleeper.wait()
     assert commands.of_session(SID) == []  # the PID may be recycled: never reported again
@@ -86,7 +86,7 @@ def test_a_record_written_through_a_spare_is_the_same_record_and_uses_it_up(
     spare_dir = tmp_path / "a" / "procs" / ".spare"
     assert len(list(spare_dir.iterdir())) == 1
     for commands in (spared, plain):
-        commands.add(SID, pid=sleeper.pid, generation=3, argv=["sleep", "60"], started_at=12.5,
+        commands.add(SID, pid=sleeper.pid, generation=3, argv=["sleep", "60"], started_at=12.5, principal=None,
                      cgroup="b_" + "0" * 20 + ".1.00000000", broker=True)  # fmt: skip
     assert list(spare_dir.iterdir()) == []
     records = [
@@ -104,7 +104,7 @@ def test_a_stub_cgroup_counts_only_in_a_record_that_says_broker(
 ) -> None:
     commands = RunningCommands(tmp_path)
     name = "b_" + "0" * 20 + ".1.00000000"
-    commands.add(SID, pid=sleeper.pid, generation=3, argv=["sleep"], cgroup=name)
+    commands.add(SID, pid=sleeper.pid, generation=3, argv=["sleep"], cgroup=name, principal=None)
     [row] = commands.of_session(SID)
     assert row.cgroup is None  # a b_ name in a record that does not say broker: ignored
 
