@@ -197,7 +197,8 @@ def _etc_copy(path: str, fds: Fds) -> File | None:
     if not _world_readable(path):
         return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)  # no FIFO wait
+        # No FIFO wait; no link either (checked above: O_NOFOLLOW keeps it so at the open).
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK | os.O_NOFOLLOW)
     except FileNotFoundError:
         raise
     except OSError:
