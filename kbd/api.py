@@ -26,6 +26,8 @@ passes its own to :func:`create_app`.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import logging
 import threading
@@ -56,6 +58,7 @@ from kbd.errors import (
     NotFound,
     Overloaded,
     PayloadTooLarge,
+    PermissionDenied,
     Unauthenticated,
     UsageError,
     from_oserror,
@@ -64,6 +67,7 @@ from kbd.errors import (
 from kbd.service import JsonObject, admin, auth
 from kbd.service import browse as browse_ops
 from kbd.service import notes as note_ops
+from kbd.service import principals as principal_ops
 from kbd.service import sessions as session_ops
 from kbd.service import workflows as workflow_ops
 from kbd.service.root import Root
@@ -126,7 +130,41 @@ class ChildBody(Strict):
 class NoteBody(Strict):
     alias: str
     path: str = Field(description="relative to the source's notes/")
-    content: str
+    content: str | None = Field(default=None, description="the note's text (or content_base64)")
+    content_base64: str | None = Field(
+        default=None, description="the note's bytes, base64 (the CLI sends these: text that is not UTF-8 is "
+        "refused by the same checks as every note)"
+    )  # fmt: skip
+
+    def data(self) -> bytes:
+        if (self.content is None) == (self.content_base64 is None):
+            raise InvalidInput("give exactly one of content and content_base64")
+        if self.content is not None:
+            try:
+                return self.content.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise InvalidInput("content is not valid Unicode text") from exc
+        try:
+            return base64.b64decode(self.content_base64 or "", validate=True)
+        except binascii.Error as exc:
+            raise InvalidInput(f"content_base64 is not base64: {exc}") from None
+
+
+class RevokeBody(Strict):
+    immediate: bool = False
+
+
+class AddPrincipalBody(Strict):
+    id: str
+    uid: int | None = None
+    login: str | None = Field(default=None, description="a login on this host, instead of uid")
+    kind: Literal["user", "service"] = "user"
+    admin: bool = False
+    label: str | None = None
+
+
+class ForceBody(Strict):
+    force: bool = False
 
 
 class CheckBody(Strict):
@@ -545,9 +583,25 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
             return plan.to_json()
 
     @app.get("/v1/sessions")
-    def list_sessions(workflow_id: str | None = None, actor: Principal = Actor) -> JsonObject:
+    def list_sessions(
+        workflow_id: str | None = None, all: bool = False, actor: Principal = Actor
+    ) -> JsonObject:
         with state.locked():
-            return session_ops.list_sessions(state.sessions, actor=actor, workflow_id=workflow_id).to_json()
+            return session_ops.list_sessions(
+                state.sessions, actor=actor, workflow_id=workflow_id, include_closed=all
+            ).to_json()
+
+    @app.get("/v1/sessions/{sid}/env")
+    def session_env(sid: str, actor: Principal = Actor) -> JsonObject:
+        with state.locked():
+            return session_ops.environment(state.sessions, sid, actor=actor).to_json()
+
+    @app.post("/v1/sessions/{sid}/revoke")
+    def revoke_session(sid: str, body: RevokeBody, actor: Principal = Actor) -> JsonObject:
+        with state.locked():
+            todo = session_ops.revocation(state.sessions, sid, actor=actor, immediate=body.immediate)
+        # Termination waits out the grace period: outside the state lock.
+        return session_ops.carry_out(state.sessions, todo).to_json()
 
     @app.get("/v1/sessions/{sid}", response_model=PlanResponse)
     async def session_policy(sid: str, actor: Principal = Actor) -> Response:
@@ -570,10 +624,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
 
     @app.post("/v1/sessions/{sid}/notes", status_code=201)
     async def write_note(sid: str, body: NoteBody, actor: Principal = Actor) -> JsonObject:
-        try:
-            data = body.content.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidInput("content is not valid Unicode text") from exc
+        data = body.data()
         if state.notes_in_flight >= NOTE_WORKERS + NOTE_BACKLOG:
             raise Overloaded(f"{state.notes_in_flight} note writes are already waiting")
 
@@ -636,5 +687,48 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     def check(sid: str, body: CheckBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return session_ops.check(state.sessions, sid, body.path, body.mode, actor=actor).to_json()
+
+    # -- the root's administration, for admins (the CLI's principals, audit and doctor) --
+
+    @app.get("/v1/principals")
+    def principals(actor: Principal = Actor) -> JsonObject:
+        with state.locked():
+            return principal_ops.listing(state.host, actor=actor).to_json()
+
+    @app.post("/v1/principals", status_code=201)
+    def add_principal(body: AddPrincipalBody, actor: Principal = Actor) -> JsonObject:
+        with state.locked():
+            return principal_ops.add(state.host, body.id, uid=body.uid, login=body.login, kind=body.kind,
+                                     admin=body.admin, label=body.label, actor=actor).to_json()  # fmt: skip
+
+    @app.post("/v1/principals/{pid}/token")
+    def principal_token(pid: str, actor: Principal = Actor) -> JsonObject:
+        with state.locked():
+            return principal_ops.rotate_token(state.host, pid, actor=actor).to_json()
+
+    @app.post("/v1/principals/{pid}/{action}")
+    def change_principal(pid: str, action: str, body: ForceBody, actor: Principal = Actor) -> JsonObject:
+        with state.locked():
+            if action == "enable":
+                return principal_ops.enable(state.host, pid, actor=actor).to_json()
+            if action == "disable":
+                return principal_ops.disable(state.host, pid, force=body.force, actor=actor).to_json()
+            if action == "remove":
+                return principal_ops.remove(state.host, pid, force=body.force, actor=actor).to_json()
+        raise NotFound(f"no principal action {action!r}", hint="actions: disable, enable, remove, token")
+
+    @app.get("/v1/audit")
+    def audit(offset: int = 0, actor: Principal = Actor) -> JsonObject:
+        # The log is append-only and read by offset: no state lock needed.
+        return admin.audit_chunk(state.host, offset=offset, actor=actor).to_json()
+
+    @app.get("/v1/doctor")
+    def doctor(workflow: str | None = None, actor: Principal = Actor) -> JsonObject:
+        if not actor.enabled_admin:
+            raise PermissionDenied(
+                f"principal {actor.id!r} may not run the daemon's checks", hint="only admins may"
+            )
+        # A fresh Root of the daemon's own root, as `kbd doctor` on it would make.
+        return admin.doctor(state.host.config.root, workflow_id=workflow).to_json()
 
     return app

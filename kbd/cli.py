@@ -8,6 +8,7 @@ stderr, and the error's exit code.
 
 from __future__ import annotations
 
+import base64
 import os
 import shlex
 import sys
@@ -19,14 +20,13 @@ import click
 import orjson
 from click.shell_completion import CompletionItem
 
+from kbd import backend
+from kbd import backend as ops
 from kbd.boundary import die_of_sigpipe, guarded, internal_error
 from kbd.core.config import default_root
 from kbd.core.identifiers import alias_problem, one_line
 from kbd.core.pathguard import PathCheck
-from kbd.core.plan import Plan
 from kbd.core.policy import KB_ACCESS, KINDS
-from kbd.core.principals import Actor, LocalOperator, Principal
-from kbd.core.resolve import Attachment
 from kbd.core.strict import load_json_strict
 from kbd.entry import ExecArgs, parse_exec, run_exec
 from kbd.errors import (
@@ -36,19 +36,15 @@ from kbd.errors import (
     SessionClosed,
     UsageError,
 )
-from kbd.service import JsonObject, admin, auth
+from kbd.service import JsonObject, admin
 from kbd.service import browse as browse_ops
 from kbd.service import notes as note_ops
-from kbd.service import principals as principal_ops
-from kbd.service import sessions as session_ops
-from kbd.service import workflows as workflow_ops
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
 from kbd.state import audit as audit_log
 
 F = TypeVar("F", bound=Callable[..., object])
-# The system service's root (systemd/kbd.service: StateDirectory=kbd).
-SYSTEM_ROOT = Path("/var/lib/kbd")
+SYSTEM_ROOT = backend.SYSTEM_ROOT
 
 
 def run(args: Sequence[str] | None = None) -> NoReturn:
@@ -139,28 +135,42 @@ class Ctx:
     def __init__(self, root: Path, *, as_json: bool = False) -> None:
         self.root = root
         self.json = as_json  # the global --json (before the command)
+        self.socket: str | None = None  # the global --socket
+        self.token_file: str | None = None  # the global --token-file
         self._host: Root | None = None
+        self._backend: backend.Backend | None = None
 
     @property
     def host(self) -> Root:
+        """The root itself, for the commands that only work on it (init, doctor's
+        root checks, serve)."""
         if self._host is None:
             self._host = Root(self.root)
         return self._host
 
-    def actor(self, as_: str | None) -> Principal:
-        """The principal named by --as, else $KBD_AS, else the one mapped to your uid."""
-        return auth.named_or_mapped(
-            self.host.principals, flag=as_, env=os.environ.get("KBD_AS"), uid=os.getuid()
-        )
+    @property
+    def via(self) -> backend.Backend:
+        """Where the command runs (DESIGN §10, :func:`kbd.backend.choose`): on the
+        root, or through its daemon. Without --as the root's operator acts on the
+        root (session and principal commands; management commands: your uid's
+        principal), and through the daemon the principal your uid or token is."""
+        if self._backend is None:
+            named = self.socket or os.environ.get("KBD_SOCKET") or None
+            mode = backend.choose(
+                socket_named=named is not None or self.token_file is not None,
+                root_usable=backend.root_usable(self.root),
+                daemon_reachable=lambda: backend.reachable(backend.socket_of(self.root)),
+            )
+            if mode == "direct":
+                self._backend = backend.Direct(lambda: self.host)
+            else:
+                where = Path(named) if named is not None else backend.socket_of(self.root)
+                token = backend.read_token_file(self.token_file) if self.token_file is not None else None
+                self._backend = backend.open_remote(where, token=token)
+        return self._backend
 
-    def session_actor(self, as_: str | None) -> Actor:
-        """Session commands run as the trusted local operator (the root is the
-        trust boundary), unless --as or $KBD_AS names a principal: then they are
-        authorized as that principal would be through the API (opener, services,
-        admins). The only place besides kbd.entry that creates a LocalOperator."""
-        return auth.named_or_operator(
-            self.host.principals, flag=as_, env=os.environ.get("KBD_AS"), operator=LocalOperator.current()
-        )
+    def run(self, op: backend.Op, as_: str | None = None) -> JsonObject:
+        return self.via.run(op, as_=as_)
 
 
 pass_ctx = click.make_pass_decorator(Ctx)
@@ -247,6 +257,25 @@ def _late_root(ctx: click.Context, _param: click.Parameter, value: Path | None) 
         obj.root = value
 
 
+def _late_client_option(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """``--socket`` / ``--token-file`` after the command: as if given before it."""
+    obj = ctx.find_object(Ctx)
+    if value is not None and obj is not None:
+        _set_client_option(obj, str(param.name), value)
+
+
+def _set_client_option(obj: Ctx, name: str, value: str) -> None:
+    if not value:
+        raise click.UsageError(f"--{name.replace('_', '-')} was given an empty path")
+    setattr(obj, name, value)
+
+
+SOCKET_HELP = ("Go through the kbd daemon listening at PATH (default: $KBD_SOCKET; else the root itself when you "
+               "may use it, else its daemon's socket).")  # fmt: skip
+CREDENTIAL_FILE_HELP = ("Authenticate to the daemon with the token in F (mode without o+r; default: $KBD_TOKEN, else "
+                   "your uid). Implies going through the daemon. Never pass a token itself on the command line.")  # fmt: skip
+
+
 def _accept_global_options(group: click.Group) -> None:
     """Let every command of ``group`` take ``--root`` after its name too (hidden:
     the main help shows it once). Not ``exec``: everything after its session is
@@ -265,6 +294,16 @@ def _accept_global_options(group: click.Group) -> None:
                     help=ROOT_HELP,
                 )
             )
+            if cmd.name in _LOCAL_ONLY or any(p.name == "socket" for p in cmd.params):
+                continue
+            for flag, name, meta, text in (("--socket", "socket", "PATH", SOCKET_HELP),
+                                           ("--token-file", "token_file", "F", CREDENTIAL_FILE_HELP)):  # fmt: skip
+                cmd.params.append(click.Option([flag, name], metavar=meta, expose_value=False, hidden=True,
+                                               callback=_late_client_option, help=text))  # fmt: skip
+
+
+# Commands that only ever work on the root itself (or, for events, only through the daemon).
+_LOCAL_ONLY = ("init", "validate", "serve", "completion")
 
 
 ROOT_HELP = (
@@ -285,13 +324,22 @@ def _refuse_global_json(ctx: click.Context, cmd: click.Command, obj: Ctx) -> Non
 )
 @click.option("--root", type=click.Path(path_type=Path, file_okay=False), envvar="KBD_ROOT", help=ROOT_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (as each command's own --json).")
+@click.option("--socket", metavar="PATH", help=SOCKET_HELP)
+@click.option("--token-file", metavar="F", help=CREDENTIAL_FILE_HELP)
 @click.version_option(package_name="kbd")
 @click.pass_context
-def main(ctx: click.Context, root: Path | None, as_json: bool) -> None:
+def main(
+    ctx: click.Context, root: Path | None, as_json: bool, socket: str | None, token_file: str | None
+) -> None:
     """kbd: attach workflow knowledge bases to each other, under kernel-enforced grants.
 
-    Global options (--root, --json) may also follow the command: `kbd sources list WF --root DIR`."""
+    Global options (--root, --json, --socket, --token-file) may also follow the command:
+    `kbd sources list WF --root DIR`. When you cannot use the root yourself (a service
+    host's /var/lib/kbd), commands go through its daemon as your uid's principal."""
     ctx.obj = Ctx(root if root is not None else _default_root(ctx.invoked_subcommand), as_json=as_json)
+    for name, value in (("socket", socket), ("token_file", token_file)):
+        if value is not None:
+            _set_client_option(ctx.obj, name, value)
     if ctx.invoked_subcommand is None:
         # Bare `kbd` asks what there is: the help, on stdout, and success.
         click.echo(ctx.get_help())
@@ -360,14 +408,23 @@ def init(c: Ctx, demo: bool, host_name: str | None, force: bool, as_json: bool) 
 @json_option
 @pass_ctx
 def doctor(c: Ctx, as_json: bool, workflow_id: str | None) -> None:
-    """Check the root, its config, principals and registry health."""
-    report = admin.doctor(c.root, workflow_id=workflow_id)
-    if as_json:
-        _emit(report.to_json())
+    """Check the root, its config, principals and registry health.
+
+    Through the daemon (a root you cannot use yourself): whether you reach it
+    and as whom, and for admins the daemon's own checks of its root."""
+    b = c.via
+    if isinstance(b, backend.Remote):
+        report = backend.remote_doctor(b, workflow_id)
     else:
-        for ch in report.checks:
-            click.echo(f"{'ok  ' if ch.ok else 'FAIL'} {ch.check}: {one_line(ch.detail, limit=10_000)}")
-    if not report.ok:
+        report = admin.doctor(c.root, workflow_id=workflow_id).to_json()
+    if as_json:
+        _emit(report)
+    else:
+        for ch in report["checks"]:
+            click.echo(
+                f"{'ok  ' if ch['ok'] else 'FAIL'} {ch['check']}: {one_line(ch['detail'], limit=10_000)}"
+            )
+    if not report["ok"]:
         sys.exit(65)
 
 
@@ -413,18 +470,18 @@ def workflows() -> None:
 @pass_ctx
 def workflows_list(c: Ctx, as_: str | None, as_json: bool) -> None:
     """List workflows (with registry problems: ambiguous IDs, unreadable manifests)."""
-    result = workflow_ops.list_workflows(c.host, actor=c.actor(as_))
+    result = c.run(ops.WorkflowsList(), as_)
     if as_json:
-        _emit(result.to_json())
+        _emit(result)
         return
-    for r in result.workflows:
-        status = "" if r.status == "ok" else f"  [{r.status}]"
-        if r.nested_in:
-            status += f" inside workflow folder {one_line(r.nested_in)}"
-        if r.contains:
-            status += f" contains workflow folder {', '.join(one_line(p) for p in r.contains)}"
+    for r in result["workflows"]:
+        status = "" if r["status"] == "ok" else f"  [{r['status']}]"
+        if r["nested_in"]:
+            status += f" inside workflow folder {one_line(r['nested_in'])}"
+        if r["contains"]:
+            status += f" contains workflow folder {', '.join(one_line(p) for p in r['contains'])}"
         click.echo(
-            f"{one_line(r.id or '?'):<24} {one_line(r.label or '', limit=40):<28} {one_line(r.path)}{status}"
+            f"{one_line(r['id'] or '?'):<24} {one_line(r['label'] or '', limit=40):<28} {one_line(r['path'])}{status}"
         )
 
 
@@ -433,9 +490,8 @@ def _ids(ids: list[str] | tuple[str, ...]) -> str:
     return ", ".join(one_line(i) for i in ids)
 
 
-def _attachment_line(att: Attachment) -> str:
-    """One attachment for people."""
-    a = att.to_json()  # the contract's spelling of each field (env name, canonical path)
+def _attachment_line(a: JsonObject) -> str:
+    """One attachment for people, from its JSON (the contract's spelling of each field)."""
     if a["available"]:
         state = "available"
         if a["write"] is not None:
@@ -454,21 +510,25 @@ def _attachment_line(att: Attachment) -> str:
 @pass_ctx
 def workflows_show(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
     """Everything a builder needs: attachments, write grants, candidates."""
-    d = workflow_ops.show(c.host, wf, actor=c.actor(as_))
+    d = c.run(ops.WorkflowShow(wf), as_)
     if as_json:
-        _emit(d.to_json())
+        _emit(d)
         return
-    click.echo(f"{one_line(d.workflow_id)}  {one_line(d.label)}  ({one_line(d.path)})")
-    owners = _ids(d.owners) or "none (legacy, account-visible)"
-    click.echo(f"  owners: {owners}; editors: {_ids(d.editors) or '-'}; readers: {_ids(d.readers) or '-'}")
+    click.echo(f"{one_line(d['workflow_id'])}  {one_line(d['label'])}  ({one_line(d['path'])})")
+    owners = _ids(d["owners"]) or "none (legacy, account-visible)"
+    click.echo(
+        f"  owners: {owners}; editors: {_ids(d['editors']) or '-'}; readers: {_ids(d['readers']) or '-'}"
+    )
     click.echo("attached knowledge bases:")
-    for a in d.sources:
+    for a in d["sources"]:
         click.echo(_attachment_line(a))
-    if not d.sources:
+    if not d["sources"]:
         click.echo("  (none)")
-    click.echo(f"writes into: {_ids(d.writes_into) or '-'}")
-    click.echo(f"workflows allowed to write into this KB's notes/: {_ids(d.allowed_kb_writers) or '-'}")
-    could = ", ".join(f"{one_line(x.workflow_id)} ({one_line(x.label, limit=40)})" for x in d.candidates)
+    click.echo(f"writes into: {_ids(d['writes_into']) or '-'}")
+    click.echo(f"workflows allowed to write into this KB's notes/: {_ids(d['allowed_kb_writers']) or '-'}")
+    could = ", ".join(
+        f"{one_line(x['workflow_id'])} ({one_line(x['label'], limit=40)})" for x in d["candidates"]
+    )
     click.echo(f"could attach now: {could or '-'}")
 
 
@@ -487,11 +547,11 @@ def sources() -> None:
 @pass_ctx
 def sources_list(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
     """Each attachment with its status and reason."""
-    view = workflow_ops.sources(c.host, wf, actor=c.actor(as_))
+    view = c.run(ops.SourcesList(wf), as_)
     if as_json:
-        _emit(view.to_json())
+        _emit(view)
         return
-    for a in view.sources:
+    for a in view["sources"]:
         click.echo(_attachment_line(a))
 
 
@@ -510,9 +570,9 @@ def sources_attach(
     if (problem := alias_problem(alias)) is not None:
         # Name the flag the user typed, not the manifest entry it would become.
         raise InvalidInput(f"--alias {alias!r} {problem}", hint="e.g. --alias rts")
-    a = workflow_ops.attach(c.host, wf, source_id, alias=alias, access=access, actor=c.actor(as_))
+    a = c.run(ops.Attach(wf, source_id, alias, access), as_)
     if as_json:
-        _emit(a.to_json())
+        _emit(a)
         return
     click.echo(f"attached {source_id} to {wf} as {alias}")
     click.echo(_attachment_line(a))
@@ -526,9 +586,9 @@ def sources_attach(
 @pass_ctx
 def sources_detach(c: Ctx, wf: str, alias: str, as_: str | None, as_json: bool) -> None:
     """Remove the attachment ALIAS from WF."""
-    result = workflow_ops.detach(c.host, wf, alias, actor=c.actor(as_))
+    result = c.run(ops.Detach(wf, alias), as_)
     if as_json:
-        _emit(result.to_json())
+        _emit(result)
     else:
         click.echo(f"detached {alias} from {wf}")
 
@@ -564,12 +624,12 @@ def sources_set(
         raw = load_json_strict(data)
     except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"{'stdin' if file == '-' else file} is not valid JSON: {exc}") from exc
-    view = workflow_ops.set_sources(c.host, wf, raw, actor=c.actor(as_), expected_version=expected_version)
+    view = c.run(ops.SetSources(wf, raw, expected_version), as_)
     if as_json:
-        _emit(view.to_json())
+        _emit(view)
         return
-    click.echo(f"{wf}: {len(view.sources)} sources saved")
-    for a in view.sources:
+    click.echo(f"{wf}: {len(view['sources'])} sources saved")
+    for a in view["sources"]:
         click.echo(_attachment_line(a))
 
 
@@ -580,13 +640,13 @@ def sources_set(
 @pass_ctx
 def sources_candidates(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
     """Workflow IDs WF could attach right now."""
-    result = workflow_ops.candidates(c.host, wf, actor=c.actor(as_))
+    result = c.run(ops.Candidates(wf), as_)
     if as_json:
-        _emit(result.to_json())
+        _emit(result)
         return
-    for r in result.candidates:
-        granted = "  (write granted)" if r.write_granted else ""
-        click.echo(f"{one_line(r.workflow_id):<24} {one_line(r.label, limit=60)}{granted}")
+    for r in result["candidates"]:
+        granted = "  (write granted)" if r["write_granted"] else ""
+        click.echo(f"{one_line(r['workflow_id']):<24} {one_line(r['label'], limit=60)}{granted}")
 
 
 # -- writers ---------------------------------------------------------------------------
@@ -604,12 +664,12 @@ def writers() -> None:
 @pass_ctx
 def writers_list(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> None:
     """Consumer workflows SOURCE_WF's owner lets write into its notes/."""
-    view = workflow_ops.writers(c.host, source_wf, actor=c.actor(as_))
+    view = c.run(ops.WritersList(source_wf), as_)
     if as_json:
-        _emit(view.to_json())
+        _emit(view)
         return
-    for w in view.writers:
-        click.echo(f"{one_line(w.workflow_id)}{'' if w.exists else '  (no such workflow now)'}")
+    for w in view["writers"]:
+        click.echo(f"{one_line(w['workflow_id'])}{'' if w['exists'] else '  (no such workflow now)'}")
 
 
 @writers.command("grant")
@@ -620,13 +680,13 @@ def writers_list(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> None
 @pass_ctx
 def writers_grant(c: Ctx, source_wf: str, consumer_wf: str, as_: str | None, as_json: bool) -> None:
     """Let CONSUMER_WF write into SOURCE_WF's notes/ (source owners and admins only)."""
-    result = workflow_ops.grant(c.host, source_wf, consumer_wf, actor=c.actor(as_))
+    result = c.run(ops.Grant(source_wf, consumer_wf), as_)
     if as_json:
-        _emit(result.to_json())
+        _emit(result)
     else:
         click.echo(
-            f"{result.consumer} may write into {source_wf}'s notes/"
-            + ("" if result.changed else " (already granted)")
+            f"{result['consumer']} may write into {source_wf}'s notes/"
+            + ("" if result["changed"] else " (already granted)")
         )
 
 
@@ -638,25 +698,20 @@ def writers_grant(c: Ctx, source_wf: str, consumer_wf: str, as_: str | None, as_
 @pass_ctx
 def writers_revoke(c: Ctx, source_wf: str, consumer_wf: str, as_: str | None, as_json: bool) -> None:
     """Withdraw CONSUMER_WF's write grant on SOURCE_WF."""
-    result = workflow_ops.revoke(c.host, source_wf, consumer_wf, actor=c.actor(as_))
+    result = c.run(ops.Revoke(source_wf, consumer_wf), as_)
     if as_json:
-        _emit(result.to_json())
+        _emit(result)
     else:
         click.echo(
-            f"{result.consumer} may no longer write into {source_wf}"
-            + ("" if result.changed else " (was not granted)")
+            f"{result['consumer']} may no longer write into {source_wf}"
+            + ("" if result["changed"] else " (was not granted)")
         )
 
 
 # -- sessions ----------------------------------------------------------------------------
 
 
-def _sessions(c: Ctx) -> RootSessions:
-    return RootSessions(c.host)
-
-
-def _print_plan(plan: Plan) -> None:
-    d = plan.to_json()
+def _print_plan(d: JsonObject) -> None:
     click.echo(
         f"session {d['session_id']}  workflow {one_line(d['workflow_id'])}  kind {d['kind']}  "
         f"kb_access {d['kb_access']} (effective {d['effective_kb_access']})  generation {d['generation']}"
@@ -717,10 +772,9 @@ def session_open(
         # Exactly click's answer for a required option: only a child may leave it out.
         ctx = click.get_current_context()
         raise click.MissingParameter(ctx=ctx, param=next(p for p in ctx.command.params if p.name == "kind"))
-    plan = session_ops.open_session(_sessions(c), wf, actor=c.actor(as_), kind=kind, kb_access=kb_access,
-                                    item_kb_write=item_kb_write or None, parent=parent)  # fmt: skip
+    plan = c.run(ops.SessionOpen(wf, kind, kb_access, item_kb_write or None, parent), as_)
     if as_json:
-        _emit(plan.to_json())
+        _emit(plan)
     else:
         _print_plan(plan)
 
@@ -732,15 +786,16 @@ def session_open(
 @pass_ctx
 def session_show(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
     """The session's plan, rebuilt from saved configuration now."""
-    view = session_ops.show(_sessions(c), sid, actor=c.session_actor(as_))
+    view = c.run(ops.SessionShow(sid), as_)
     if as_json:
-        _emit(view.to_json())
+        _emit(view)
         return
-    _print_plan(view.plan)
-    for r in view.running:
-        p = r.process
-        mark = f"  STALE: started under generation {p.generation}, grants since changed" if r.stale else ""
-        click.echo(f"running: pid {p.pid} {' '.join(p.argv)[:60]}{mark}")
+    _print_plan(view)
+    for r in view["running"]:
+        mark = (
+            f"  STALE: started under generation {r['generation']}, grants since changed" if r["stale"] else ""
+        )
+        click.echo(f"running: pid {r['pid']} {' '.join(r['argv'])[:60]}{mark}")
 
 
 @session.command("revoke")
@@ -755,15 +810,15 @@ def session_show(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
 @pass_ctx
 def session_revoke(c: Ctx, sid: str, immediate: bool, as_: str | None, as_json: bool) -> None:
     """Handle commands still running with grants the session no longer has."""
-    result = session_ops.revoke(_sessions(c), sid, actor=c.session_actor(as_), immediate=immediate)
+    result = c.run(ops.SessionRevoke(sid, immediate), as_)
     if as_json:
-        _emit(result.to_json())
+        _emit(result)
         return
-    for pid in result.terminated:
+    for pid in result["terminated"]:
         click.echo(f"terminated process group {pid}")
-    for pid in result.still_running:
+    for pid in result["still_running"]:
         click.echo(f"STILL RUNNING with old grants: process group {pid} (use --immediate to terminate it)")
-    if not result.terminated and not result.still_running:
+    if not result["terminated"] and not result["still_running"]:
         click.echo("no command is running under an older plan")
 
 
@@ -774,11 +829,11 @@ def session_revoke(c: Ctx, sid: str, immediate: bool, as_: str | None, as_json: 
 @pass_ctx
 def session_env(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
     """The session's environment, as `export` lines (eval-able) or JSON."""
-    result = session_ops.environment(_sessions(c), sid, actor=c.session_actor(as_))
+    result = c.run(ops.SessionEnv(sid), as_)
     if as_json:
-        _emit(result.to_json())
+        _emit(result)
         return
-    for k, v in sorted(result.env.items()):
+    for k, v in sorted(result.items()):
         click.echo(f"export {k}={shlex.quote(v)}")
 
 
@@ -790,16 +845,14 @@ def session_env(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
 @pass_ctx
 def session_list(c: Ctx, wf: str | None, include_closed: bool, as_: str | None, as_json: bool) -> None:
     """Sessions (with --as: only those that principal may use)."""
-    result = session_ops.list_sessions(
-        _sessions(c), actor=c.session_actor(as_), workflow_id=wf, include_closed=include_closed
-    )
+    result = c.run(ops.SessionList(wf, include_closed), as_)
     if as_json:
-        _emit(result.to_json())
+        _emit(result)
         return
-    for r in result.sessions:
+    for r in result["sessions"]:
         click.echo(
-            f"{r.id}  {one_line(r.workflow_id):<20} {r.kind:<22} {r.kb_access:<10} "
-            f"gen {r.generation}{'  closed' if r.closed_at is not None else ''}"
+            f"{r['id']}  {one_line(r['workflow_id']):<20} {r['kind']:<22} {r['kb_access']:<10} "
+            f"gen {r['generation']}{'  closed' if r['closed_at'] is not None else ''}"
         )
 
 
@@ -810,11 +863,11 @@ def session_list(c: Ctx, wf: str | None, include_closed: bool, as_: str | None, 
 @pass_ctx
 def session_close(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
     """Close SID (and its child sessions): they grant nothing afterwards."""
-    result = session_ops.close(_sessions(c), sid, actor=c.session_actor(as_))
+    result = c.run(ops.SessionClose(sid), as_)
     if as_json:
-        _emit(result.to_json())
+        _emit(result)
     else:
-        click.echo(f"closed {', '.join(result.closed) or 'nothing (already closed)'}")
+        click.echo(f"closed {', '.join(result['closed']) or 'nothing (already closed)'}")
 
 
 class ExecCommand(click.Command):
@@ -849,7 +902,14 @@ class ExecCommand(click.Command):
 @pass_ctx
 def exec_cmd(c: Ctx, request: ExecArgs) -> None:
     """Run COMMAND under SID's current plan in a fresh sandbox; exit with its status."""
-    sys.exit(run_exec(c.root, request))
+    if request.socket is None and c.socket is not None:
+        request = ExecArgs(request.sid, request.command, cwd=request.cwd, as_=request.as_, socket=c.socket)
+    token = backend.read_token_file(c.token_file) if c.token_file is not None else None
+    if token is not None and request.socket is None:
+        # A token is for the daemon: never fall back to running in-process.
+        request = ExecArgs(request.sid, request.command, cwd=request.cwd, as_=request.as_,
+                           socket=str(backend.socket_of(c.root)))  # fmt: skip
+    sys.exit(run_exec(c.root, request, token=token))
 
 
 @main.command("check")
@@ -862,15 +922,15 @@ def exec_cmd(c: Ctx, request: ExecArgs) -> None:
 def check_cmd(c: Ctx, sid: str, path: str, mode: str, as_: str | None, as_json: bool) -> None:
     """May session SID read/write PATH? Exit 0 when allowed, 77 when not."""
     try:
-        result = session_ops.check(_sessions(c), sid, path, mode, actor=c.session_actor(as_))
+        result = c.run(ops.Check(sid, path, mode), as_)
     except SessionClosed as err:
         # Still the contract's answer on stdout: a closed session grants nothing.
-        result = PathCheck(allowed=False, reason=err.message)
+        result = PathCheck(allowed=False, reason=err.message).to_json()
     if as_json:
-        _emit(result.to_json())
+        _emit(result)
     else:
-        click.echo(f"{'allowed' if result.allowed else 'denied'}: {result.reason}")
-    if not result.allowed:
+        click.echo(f"{'allowed' if result['allowed'] else 'denied'}: {result['reason']}")
+    if not result["allowed"]:
         sys.exit(77)
 
 
@@ -913,11 +973,13 @@ def notes_write(
         raise NotFound(f"{file} does not exist", hint="pass an existing file, or - for stdin") from exc
     except OSError as exc:
         raise InvalidInput(f"cannot read {file}: {exc.strerror}") from exc
-    result = note_ops.write(_sessions(c), sid, alias, relpath, data, actor=c.session_actor(as_))
+    result = c.run(ops.NoteWrite(sid, alias, relpath, data), as_)
     if as_json:
-        _emit(result.to_json())
+        _emit(result)
     else:
-        click.echo(f"wrote {one_line(result.path)} in {one_line(result.workflow_id)} ({result.bytes} bytes)")
+        click.echo(
+            f"wrote {one_line(result['path'])} in {one_line(result['workflow_id'])} ({result['bytes']} bytes)"
+        )
 
 
 # -- principals ----------------------------------------------------------------------------
@@ -933,19 +995,18 @@ def principals() -> None:
 @pass_ctx
 def principals_list(c: Ctx, as_json: bool) -> None:
     """List principals: ID, kind, flags (admin, disabled, token) and label."""
-    result = admin.list_principals(c.host)
+    result = c.run(ops.PrincipalsList())
     if as_json:
-        _emit(result.to_json())
+        _emit(result)
         return
-    for row in result.principals:
-        p = row.principal
+    for p in result["principals"]:
         flags = [
             f
-            for f, on in (("admin", p.admin), ("disabled", p.disabled), ("token", p.token_sha256 is not None))
+            for f, on in (("admin", p["admin"]), ("disabled", p["disabled"]), ("token", p["has_token"]))
             if on
         ]
-        label = f"  {one_line(p.label, limit=200)}" if p.label is not None else ""
-        click.echo(f"{p.id:<20} {p.kind:<8} {' '.join(flags)}{label}")
+        label = f"  {one_line(p['label'], limit=200)}" if p["label"] is not None else ""
+        click.echo(f"{p['id']:<20} {p['kind']:<8} {' '.join(flags)}{label}")
 
 
 def _force_option(action: str) -> Callable[[F], F]:
@@ -955,9 +1016,9 @@ def _force_option(action: str) -> Callable[[F], F]:
     )  # fmt: skip
 
 
-def _changed_line(result: principal_ops.PrincipalChanged, done: str) -> str:
-    return f"{done} principal {one_line(result.principal.id)}" if result.changed else (
-        f"principal {one_line(result.principal.id)} was already {done}")  # fmt: skip
+def _changed_line(result: JsonObject, done: str) -> str:
+    pid = one_line(result["principal"]["id"])
+    return f"{done} principal {pid}" if result["changed"] else f"principal {pid} was already {done}"
 
 
 @principals.command("add")
@@ -983,17 +1044,18 @@ def principals_add(c: Ctx, name: str, uid: int | None, login: str | None, admin:
     if admin and service:
         raise UsageError("pass at most one of --admin and --service: a service principal is never an admin",
                          hint="add the service and an admin as two principals")  # fmt: skip
-    result = principal_ops.add(c.host, name, uid=uid, login=login, kind="service" if service else "user",
-                               admin=admin, label=label, actor=c.session_actor(as_))  # fmt: skip
+    result = c.run(ops.PrincipalAdd(name, uid, login, "service" if service else "user", admin, label), as_)
     if as_json:
-        _emit(result.to_json())
+        _emit(result)
         return
-    p = result.principal
-    role = "admin" if p.admin else p.kind
-    user = result.user
-    click.echo(f"added principal {one_line(p.id)} ({role}, uid {p.uid}" + (f" = {user})" if user else ")"))
+    p = result["principal"]
+    role = "admin" if p["admin"] else p["kind"]
+    user = result["user"]
+    click.echo(
+        f"added principal {one_line(p['id'])} ({role}, uid {p['uid']}" + (f" = {user})" if user else ")")
+    )
     if user is None:
-        click.echo(f"kbd: note: uid {p.uid} has no passwd entry on this host", err=True)
+        click.echo(f"kbd: note: uid {p['uid']} has no passwd entry on this host", err=True)
 
 
 @principals.command("disable")
@@ -1005,9 +1067,9 @@ def principals_add(c: Ctx, name: str, uid: int | None, login: str | None, admin:
 def principals_disable(c: Ctx, name: str, force: bool, as_: str | None, as_json: bool) -> None:
     """Disable NAME: refused everywhere from the daemon's next request on; the
     commands it started are ended (or marked stale) by revocation."""
-    result = principal_ops.disable(c.host, name, force=force, actor=c.session_actor(as_))
+    result = c.run(ops.PrincipalChange("disable", name, force), as_)
     if as_json:
-        _emit(result.to_json())
+        _emit(result)
     else:
         click.echo(_changed_line(result, "disabled"))
 
@@ -1019,9 +1081,9 @@ def principals_disable(c: Ctx, name: str, force: bool, as_: str | None, as_json:
 @pass_ctx
 def principals_enable(c: Ctx, name: str, as_: str | None, as_json: bool) -> None:
     """Enable NAME again."""
-    result = principal_ops.enable(c.host, name, actor=c.session_actor(as_))
+    result = c.run(ops.PrincipalChange("enable", name), as_)
     if as_json:
-        _emit(result.to_json())
+        _emit(result)
     else:
         click.echo(_changed_line(result, "enabled"))
 
@@ -1034,9 +1096,9 @@ def principals_enable(c: Ctx, name: str, as_: str | None, as_json: bool) -> None
 @pass_ctx
 def principals_remove(c: Ctx, name: str, force: bool, as_: str | None, as_json: bool) -> None:
     """Remove NAME's entry from principals.yaml (other lines stay as they are)."""
-    result = principal_ops.remove(c.host, name, force=force, actor=c.session_actor(as_))
+    result = c.run(ops.PrincipalChange("remove", name, force), as_)
     if as_json:
-        _emit(result.to_json())
+        _emit(result)
     else:
         click.echo(_changed_line(result, "removed"))
 
@@ -1049,11 +1111,11 @@ def principals_remove(c: Ctx, name: str, force: bool, as_: str | None, as_json: 
 def principals_token(c: Ctx, name: str, as_: str | None, as_json: bool) -> None:
     """Issue a new API token for NAME (printed once; only its hash is stored;
     the old token stops working)."""
-    result = principal_ops.rotate_token(c.host, name, actor=c.session_actor(as_))
+    result = c.run(ops.PrincipalToken(name), as_)
     if as_json:
-        _emit(result.to_json())
+        _emit(result)
     else:
-        click.echo(result.token)
+        click.echo(result["token"])
 
 
 # -- daemon ------------------------------------------------------------------------------
@@ -1089,11 +1151,12 @@ def serve_cmd(c: Ctx, socket_path: Path | None, fd: int | None) -> None:
 @pass_ctx
 def read_cmd(c: Ctx, wf: str, alias: str, relpath: str, as_: str | None, as_json: bool) -> None:
     """Print a file of WF's attached KB ALIAS (RELPATH relative to the KB root)."""
-    result = browse_ops.read(c.host, wf, alias, relpath, actor=c.actor(as_))
+    result = c.run(ops.Read(wf, alias, relpath), as_)
     if as_json:
-        _emit(result.to_json())
+        _emit(result)
         return
-    _write_stdout(result.data)
+    content = result["content"]
+    _write_stdout(base64.b64decode(content) if result["encoding"] == "base64" else content.encode())
 
 
 @main.command("ls")
@@ -1119,13 +1182,15 @@ def ls_cmd(
     as_json: bool,
 ) -> None:
     """List a folder of WF's attached KB ALIAS (default: the KB root), in name order, one page at a time."""
-    page = browse_ops.ls(c.host, wf, alias, reldir, actor=c.actor(as_), limit=limit, after=after)
+    page = c.run(ops.Ls(wf, alias, reldir, limit, after), as_)
     if as_json:
-        _emit(page.to_json())
+        _emit(page)
         return
-    if page.truncated and page.next is not None:
-        click.echo(f"kbd: more entries follow; next page: --after {one_line(page.next, limit=300)}", err=True)
-    for e in page.entries:
+    if page["truncated"] and page["next"] is not None:
+        click.echo(
+            f"kbd: more entries follow; next page: --after {one_line(page['next'], limit=300)}", err=True
+        )
+    for e in page["entries"]:
         # Names are the source's: never let one print a fake second entry or control the terminal.
         click.echo(
             one_line(e["name"], limit=300)
@@ -1161,7 +1226,7 @@ def audit_cmd(c: Ctx, since: str | None, wf: str | None, follow: bool, as_json: 
         since_at = audit_log.parse_since(since) if since is not None else None
     except ValueError as exc:
         raise UsageError(f"--since: {exc}", hint="e.g. --since 10m or --since 2026-12-01T14:00:00Z") from None
-    feed = admin.AuditFeed(c.host, since=since_at, workflow=wf)
+    feed = admin.AuditFeed(lambda offset: c.run(ops.AuditChunk(offset)), since=since_at, workflow=wf)
     if as_json and not follow:
         _emit(feed.records().to_json())
     else:
@@ -1200,7 +1265,8 @@ def events_cmd(c: Ctx, follow: bool, since: str | None, as_json: bool) -> None:
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)} if follow else {}
     try:
-        with Client(root=c.root) as client:
+        token = backend.read_token_file(c.token_file) if c.token_file is not None else None
+        with Client(c.socket, token=token, root=c.root) as client:
             for event in client.events(since=since, follow=follow):
                 line = orjson.dumps(event).decode() if as_json else _event_line(event)
                 _write_stdout(line.encode() + b"\n")

@@ -33,6 +33,8 @@ import orjson
 
 from kbd import errors
 from kbd.errors import KbdError, Unavailable
+from kbd.thin import chosen_root
+from kbd.thin import default_socket as default_socket_of
 
 #: Where a root's daemon listens unless kbd.yaml or $KBD_SOCKET says otherwise.
 DEFAULT_SOCKET = Path("state") / "run" / "kbd.sock"
@@ -94,19 +96,24 @@ def error_from(status: int, body: bytes) -> KbdError:
 
 
 def default_socket(root: Path | None = None) -> Path:
-    """``$KBD_SOCKET``, else the root's socket (kbd.yaml ``socket``, else
-    ``<root>/state/run/kbd.sock``; the root: ``root``, ``$KBD_ROOT`` or the default)."""
+    """``$KBD_SOCKET``, else the root's socket (:func:`socket_of`; the root:
+    ``root``, else the one a command without ``--root`` uses)."""
     named = os.environ.get("KBD_SOCKET")
     if named:
         return Path(named)
-    from kbd.core.config import default_root
+    return socket_of(root if root is not None else Path(chosen_root(os.environ)))
+
+
+def socket_of(root: Path) -> Path:
+    """The socket of ``root``'s daemon: kbd.yaml's ``socket`` when readable, else
+    the service's socket for the system root (whose kbd.yaml its users may not
+    read), else ``<root>/state/run/kbd.sock``."""
     from kbd.fs.rootconfig import load_config
 
-    where = root if root is not None else default_root()
     try:
-        return load_config(where).socket_path
+        return load_config(root).socket_path
     except KbdError:
-        return where / DEFAULT_SOCKET
+        return Path(default_socket_of(str(root)))
 
 
 def parse_sse(lines: Iterator[str]) -> Iterator[tuple[str | None, str, str]]:
@@ -178,7 +185,12 @@ class Client:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def _unreachable(self, exc: Exception) -> Unavailable:
+    def _unreachable(self, exc: Exception) -> KbdError:
+        if isinstance(exc, PermissionError):
+            return errors.PermissionDenied(
+                f"the kbd daemon at {self.socket_path} refuses this user ({exc.strerror})",
+                hint="ask the host's operator to add you to group kbd (then log in again)",
+            )
         return Unavailable(
             f"no kbd daemon is reachable at {self.socket_path} ({type(exc).__name__}: {exc})",
             hint="start one with `kbd serve`, or point KBD_SOCKET at its socket",

@@ -126,12 +126,14 @@ def wants_help(args: Sequence[str]) -> bool:
         return False
 
 
-def run_exec(root: Path | str | None, request: ExecArgs, *, daemon: bool = True) -> int:
+def run_exec(
+    root: Path | str | None, request: ExecArgs, *, daemon: bool = True, token: str | None = None
+) -> int:
     """Run a parsed ``kbd exec`` in ``root`` (None: the default root); the
     command's exit status. Through the daemon when one is reachable (DESIGN
     §9; ``daemon=False``: already found unreachable), else in this process."""
     if daemon:
-        code = _through_daemon(root, request)
+        code = _through_daemon(root, request, token=token)
         if code is not None:
             return code
     from pathlib import Path
@@ -155,7 +157,7 @@ def run_exec(root: Path | str | None, request: ExecArgs, *, daemon: bool = True)
                cwd=request.cwd, prepared=prepared)  # fmt: skip
 
 
-def _through_daemon(root: Path | str | None, request: ExecArgs) -> int | None:
+def _through_daemon(root: Path | str | None, request: ExecArgs, *, token: str | None = None) -> int | None:
     """Run ``request`` through the daemon's exec broker: the one named by
     ``--socket`` or ``KBD_SOCKET`` (which must answer: else 69, or 77 when it
     refuses this user), else the root's default socket when a daemon listens
@@ -175,11 +177,11 @@ def _through_daemon(root: Path | str | None, request: ExecArgs) -> int | None:
     from kbd import thin
 
     explicit = request.socket if request.socket is not None else os.environ.get("KBD_SOCKET") or None
-    where = str(root) if root is not None else thin.default_root(os.environ)
+    where = str(root) if root is not None else thin.chosen_root(os.environ)
     env = {name: os.environ[name] for name in ("LANG", "TERM") if name in os.environ}
     return thin.run(explicit or thin.default_socket(where), request.sid, request.command,
                     explicit=explicit is not None, cwd=request.cwd, as_principal=as_,
-                    root=os.path.abspath(where), env=env, token=os.environ.get("KBD_TOKEN") or None)  # fmt: skip
+                    root=os.path.abspath(where), env=env, token=token or os.environ.get("KBD_TOKEN") or None)  # fmt: skip
 
 
 def _split_root(argv: list[str]) -> tuple[str | None, list[str]] | None:

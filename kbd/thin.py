@@ -53,8 +53,26 @@ def default_root(environ: dict[str, str] | os._Environ[str]) -> str:
     return os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".local", "share", "kbd")
 
 
+#: The system service's root and socket (systemd/kbd.service, kbd.socket; DESIGN §10).
+SYSTEM_ROOT = "/var/lib/kbd"
+SYSTEM_SOCKET = "/run/kbd/kbd.sock"
+
+
+def chosen_root(environ: dict[str, str] | os._Environ[str]) -> str:
+    """The root of a command given no ``--root`` (kbd.cli.choose_root, which a
+    unit test keeps equal): ``$KBD_ROOT``, else your own when it exists, else
+    the system root when that exists, else your own (for its usual error)."""
+    personal = default_root(environ)
+    if environ.get("KBD_ROOT") or os.path.lexists(personal) or not os.path.isdir(SYSTEM_ROOT):
+        return personal
+    return SYSTEM_ROOT
+
+
 def default_socket(root: str) -> str:
-    """The root's own socket (``kbd.core.config.RootConfig.socket_path`` without a ``socket:`` key)."""
+    """The root's own socket (``kbd.core.config.RootConfig.socket_path`` without a
+    ``socket:`` key); the system root's is the service's socket."""
+    if os.path.normpath(root) == SYSTEM_ROOT:
+        return SYSTEM_SOCKET
     return os.path.join(root, "state", "run", "kbd.sock")
 
 

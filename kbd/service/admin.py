@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from kbd.core.folders import FolderStatus, check_folders
 from kbd.core.manifest import MAX_MANIFEST_BYTES, Manifest, entry_problems, parse_manifest, writer_problems
-from kbd.core.principals import Principal
+from kbd.core.principals import Actor, Principal
 from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, NotFound, PermissionDenied
 from kbd.fs.rootconfig import issue_token
 from kbd.service import JsonObject
@@ -220,11 +221,6 @@ class PrincipalList:
         return {"principals": [p.to_json() for p in self.principals]}
 
 
-def list_principals(host: Root) -> PrincipalList:
-    """The users and services of this host (never their token hashes)."""
-    return PrincipalList(tuple(PrincipalRow(p) for p in host.principals))
-
-
 def new_token(host: Root, pid: str) -> str:
     """A new API token for ``pid``; only its hash is stored. Shown once."""
     return issue_token(host.config.root, pid, timeout=host.config.lock_timeout)
@@ -288,21 +284,67 @@ class AuditRecords:
         return {"events": list(self.events), "skipped_lines": self.skipped_lines}
 
 
+@dataclass(frozen=True)
+class AuditChunk:
+    """The complete records from byte ``offset`` of the log on (at most
+    AUDIT_CHUNK_BYTES of it), unselected, and the offset the next chunk starts
+    at: a line still being written is left for the next one."""
+
+    events: tuple[JsonObject, ...]
+    skipped_lines: int
+    offset: int
+
+    def to_json(self) -> JsonObject:
+        return {"events": list(self.events), "skipped_lines": self.skipped_lines, "offset": self.offset}
+
+
+AUDIT_CHUNK_BYTES = 1 << 20
+
+
+def may_read_audit(*, actor: Actor) -> None:
+    """The audit log names every workflow and principal: the root's operator
+    (who can read the file anyway) and admins only."""
+    if isinstance(actor, Principal) and not actor.enabled_admin:
+        raise PermissionDenied(f"principal {actor.id!r} may not read the audit log", hint="only admins may")
+
+
+def audit_chunk(host: Root, *, offset: int, actor: Actor) -> AuditChunk:
+    may_read_audit(actor=actor)
+    if offset < 0:
+        raise InvalidInput(f"offset must be 0 or more, not {offset}")
+    tail = audit.Tail(host.config.state_dir, offset=offset)
+    events = tail.poll(max_bytes=AUDIT_CHUNK_BYTES)
+    if len(tail.pending) >= AUDIT_CHUNK_BYTES:
+        # One "line" longer than a chunk is no record kbd wrote: skip it as torn,
+        # or no reader could ever get past it.
+        return AuditChunk(tuple(events), tail.torn + 1, tail.offset)
+    return AuditChunk(tuple(events), tail.torn, tail.offset - len(tail.pending))
+
+
 class AuditFeed:
     """The audit log as ``kbd audit`` shows it: the records a selection wants
     (at or after ``since``, touching ``workflow``), first all that are there,
-    then at each :meth:`poll` those appended since."""
+    then at each :meth:`poll` those appended since. ``chunk(offset)`` reads the
+    log (:func:`audit_chunk`, on the root or through the daemon); the selection
+    is made here, as it learns a workflow's sessions from the records it sees."""
 
-    def __init__(self, host: Root, *, since: datetime | None, workflow: str | None) -> None:
-        self._tail = audit.Tail(host.config.state_dir)  # from the start
+    def __init__(
+        self, chunk: Callable[[int], JsonObject], *, since: datetime | None, workflow: str | None
+    ) -> None:
+        self._chunk = chunk
+        self._offset = 0
         self._select = audit.Selection(since=since, workflow=workflow)
+        self.skipped_lines = 0
 
     def poll(self) -> list[JsonObject]:
-        return [e for e in self._tail.poll() if self._select.wants(e)]
-
-    @property
-    def skipped_lines(self) -> int:
-        return self._tail.torn
+        out: list[JsonObject] = []
+        while True:
+            got = self._chunk(self._offset)
+            self.skipped_lines += int(got["skipped_lines"])
+            out += [e for e in got["events"] if self._select.wants(e)]
+            moved, self._offset = int(got["offset"]) != self._offset, int(got["offset"])
+            if not moved or (not got["events"] and not got["skipped_lines"]):
+                return out
 
     def records(self) -> AuditRecords:
         """Everything there now, as one result."""

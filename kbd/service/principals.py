@@ -36,7 +36,7 @@ from kbd.core.principals import (
 from kbd.core.principals_edit import AddEntry, Edit, RemoveEntry, Scalar, SetField
 from kbd.errors import InvalidInput, KbdError, NotFound, PermissionDenied, UsageError
 from kbd.service import JsonObject
-from kbd.service.admin import PrincipalRow
+from kbd.service.admin import PrincipalList, PrincipalRow
 from kbd.service.root import Root
 
 if TYPE_CHECKING:
@@ -83,6 +83,13 @@ def _require_manager(actor: Actor) -> None:
             f"principal {actor.id!r} may not manage principals",
             hint="only admins and the root's operator may",
         )
+
+
+def listing(host: Root, *, actor: Actor) -> PrincipalList:
+    """The host's principals (never their token hashes), for those who manage
+    them: uids and labels say who uses the host."""
+    _require_manager(actor)
+    return PrincipalList(tuple(PrincipalRow(p) for p in host.principals))
 
 
 def check_name(name: str) -> None:

@@ -536,25 +536,44 @@ def revoke(sessions: RootSessions, sid: str, *, actor: Actor, immediate: bool = 
     SIGTERM to the process group, kbd.yaml's ``revoke_grace`` seconds, then
     SIGKILL to the command's whole tree (its cgroup); only what was actually
     terminated is reported as such."""
-    cfg = sessions.host.config
-    immediate = immediate or cfg.revoke_immediately
+    return carry_out(sessions, revocation(sessions, sid, actor=actor, immediate=immediate))
+
+
+@dataclass(frozen=True)
+class Revocation:
+    """What :func:`revoke` will do: decided with the registry (the daemon holds
+    its state lock), carried out without it (termination waits out a grace period)."""
+
+    sid: str
+    generation: int
+    procs: tuple[ProcessRow, ...]
+    immediate: bool
+    actor: JsonObject
+
+
+def revocation(sessions: RootSessions, sid: str, *, actor: Actor, immediate: bool = False) -> Revocation:
+    immediate = immediate or sessions.host.config.revoke_immediately
     row = sessions._usable(sid, actor, action="revoke")
     closed = row.closed_at is not None or sessions.store.ancestors_closed(row)
     generation = row.generation if closed else sessions._build(row).generation
-    procs = [p for p in sessions.commands.of_session(sid) if closed or p.generation < generation]
+    procs = tuple(p for p in sessions.commands.of_session(sid) if closed or p.generation < generation)
+    return Revocation(sid, generation, procs, immediate, actor_fields(actor))
+
+
+def carry_out(sessions: RootSessions, r: Revocation) -> Revoked:
     terminated: list[int] = []
     still: list[int] = []
-    if immediate:
-        for p in procs:
-            if sessions.commands.terminate(p, grace=cfg.revoke_grace):
+    if r.immediate:
+        for p in r.procs:
+            if sessions.commands.terminate(p, grace=sessions.host.config.revoke_grace):
                 terminated.append(p.pid)
             else:
                 still.append(p.pid)
     else:
-        still = [p.pid for p in procs]
-    sessions.host.audit("session_revoke", session=sid, immediate=immediate, terminated=terminated,
-                        still_running=still, **actor_fields(actor))  # fmt: skip
-    return Revoked(sid, generation, tuple(terminated), tuple(still))
+        still = [p.pid for p in r.procs]
+    sessions.host.audit("session_revoke", session=r.sid, immediate=r.immediate, terminated=terminated,
+                        still_running=still, **r.actor)  # fmt: skip
+    return Revoked(r.sid, r.generation, tuple(terminated), tuple(still))
 
 
 def check(sessions: RootSessions, sid: str, path: str, mode: str, *, actor: Actor) -> PathCheck:

@@ -100,7 +100,9 @@ class Tail:
             size = 0
         return cls(state_dir, offset=size)
 
-    def poll(self) -> list[dict[str, Any]]:
+    def poll(self, *, max_bytes: int | None = None) -> list[dict[str, Any]]:
+        """The complete records appended since the last call (reading at most
+        ``max_bytes`` more of the file, when given)."""
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
@@ -110,8 +112,13 @@ class Tail:
                 self.offset, self.pending = 0, b""
             os.lseek(fd, self.offset, os.SEEK_SET)
             chunks = []
-            while chunk := os.read(fd, 1 << 16):
+            left = max_bytes
+            while left is None or left > 0:
+                chunk = os.read(fd, 1 << 16 if left is None else min(left, 1 << 16))
+                if not chunk:
+                    break
                 chunks.append(chunk)
+                left = None if left is None else left - len(chunk)
         finally:
             os.close(fd)
         data = b"".join(chunks)

@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 import re
+import uuid
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -57,6 +58,14 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1/sessions/{sid}/check"): "test_session_check",
     ("POST", "/v1/sessions/{sid}/notes"): "test_session_notes_write",
     ("GET", "/v1/events"): "test_events_finite_replay",  # the feed itself: test_change_feed.py
+    ("GET", "/v1/sessions/{sid}/env"): "test_session_env_and_revoke",
+    ("POST", "/v1/sessions/{sid}/revoke"): "test_session_env_and_revoke",
+    ("GET", "/v1/principals"): "test_principals_are_managed_by_admins_only",
+    ("POST", "/v1/principals"): "test_principals_are_managed_by_admins_only",
+    ("POST", "/v1/principals/{pid}/token"): "test_principals_are_managed_by_admins_only",
+    ("POST", "/v1/principals/{pid}/{action}"): "test_principals_are_managed_by_admins_only",
+    ("GET", "/v1/audit"): "test_audit_is_for_admins_and_read_by_offset",
+    ("GET", "/v1/doctor"): "test_doctor_is_for_admins",
 }
 
 # A syntactically valid request for every authenticated route (placeholders filled in).
@@ -68,6 +77,9 @@ SAMPLE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/v1/sessions/{sid}/children"): {},
     ("POST", "/v1/sessions/{sid}/check"): {"path": "/etc/passwd", "mode": "read"},
     ("POST", "/v1/sessions/{sid}/notes"): {"alias": "x", "path": "x.md", "content": "x"},
+    ("POST", "/v1/sessions/{sid}/revoke"): {},
+    ("POST", "/v1/principals"): {"id": "x", "uid": 4242},
+    ("POST", "/v1/principals/{pid}/{action}"): {},
 }
 SAMPLE_QUERY: dict[str, dict[str, str]] = {
     "/v1/workflows/{wid}/sources/{alias}/file": {"path": "notes/fact.md"}
@@ -1038,3 +1050,113 @@ def test_unknown_routes_and_methods_answer_in_the_error_shape(
     assert r.status_code == status, r.text
     body = r.json()
     assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "hint"}, body
+
+
+# -- the routes the CLI uses through the daemon (DESIGN §10) ------------------------------------
+
+
+def test_session_env_and_revoke(world: World, s: Scenario) -> None:
+    sid = s.open()["session_id"]
+    env = world.as_("alice").get(f"/v1/sessions/{sid}/env")
+    assert env.status_code == 200, env.text
+    assert env.json() == world.as_("alice").get(f"/v1/sessions/{sid}").json()["env"]
+    world.error(world.as_("dave").get(f"/v1/sessions/{sid}/env"), 404, "not-found")
+    r = world.as_("alice").post(f"/v1/sessions/{sid}/revoke", json={"immediate": True})
+    assert r.status_code == 200, r.text
+    assert r.json() | {"generation": 0} == {
+        "session_id": sid,
+        "generation": 0,
+        "terminated": [],
+        "still_running": [],
+    }
+    # Another principal's session is not there for dave (as for every session route).
+    world.error(world.as_("dave").post(f"/v1/sessions/{sid}/revoke", json={}), 404, "not-found")
+    world.error(world.as_("alice").post(f"/v1/sessions/{sid}/revoke", json={"immediate": "soon"}),
+                400, "invalid-input")  # fmt: skip
+    closed = world.as_("alice").delete(f"/v1/sessions/{sid}")
+    assert closed.status_code == 200
+    world.error(world.as_("alice").get(f"/v1/sessions/{sid}/env"), 410, "session-closed")
+    listed = world.as_("alice").get("/v1/sessions", params={"workflow_id": s.con_id, "all": "true"}).json()
+    assert sid in [x["session_id"] for x in listed["sessions"]]
+    assert sid not in [
+        x["session_id"] for x in world.as_("alice").get("/v1/sessions", params={"workflow_id": s.con_id}).json()[
+            "sessions"]
+    ]  # fmt: skip
+
+
+def test_principals_are_managed_by_admins_only(world: World) -> None:
+    name = f"p{uuid.uuid4().hex[:8]}"
+    listed = world.as_("ops").get("/v1/principals")
+    assert listed.status_code == 200 and "token_sha256" not in listed.text
+    assert {"alice", "ops"} <= {p["id"] for p in listed.json()["principals"]}
+    for pid in ("alice", "svc"):
+        world.error(world.as_(pid).get("/v1/principals"), 403, "permission-denied")
+        world.error(
+            world.as_(pid).post("/v1/principals", json={"id": name, "uid": 4711}), 403, "permission-denied"
+        )
+    before = (world.kb.root / "principals.yaml").read_bytes()
+    world.error(world.as_("ops").post("/v1/principals", json={"id": name}), 400, "usage")
+    assert (world.kb.root / "principals.yaml").read_bytes() == before
+    added = world.as_("ops").post("/v1/principals", json={"id": name, "uid": 4711, "label": "temp"})
+    assert added.status_code == 201, added.text
+    assert added.json()["principal"] | {"has_token": False} == {
+        "id": name, "kind": "user", "admin": False, "disabled": False, "uid": 4711, "has_token": False,
+        "label": "temp",
+    }  # fmt: skip
+    token = world.as_("ops").post(f"/v1/principals/{name}/token")
+    assert token.status_code == 200 and token.json()["id"] == name
+    me = world.daemon.client(token.json()["token"]).get("/v1/whoami")
+    assert me.status_code == 200 and me.json()["id"] == name
+    for action, changed in (("disable", True), ("disable", False), ("enable", True), ("remove", True)):
+        r = world.as_("ops").post(f"/v1/principals/{name}/{action}", json={})
+        assert r.status_code == 200, (action, r.text)
+        assert r.json()["changed"] is changed and r.json()["action"] == action
+    world.error(world.as_("ops").post(f"/v1/principals/{name}/explode", json={}), 404, "not-found")
+    world.error(world.as_("ops").post(f"/v1/principals/{name}/enable", json={}), 404, "not-found")
+    world.error(world.as_("alice").post("/v1/principals/alice/token"), 403, "permission-denied")
+    assert (world.kb.root / "principals.yaml").read_bytes() == before
+
+
+def test_audit_is_for_admins_and_read_by_offset(world: World, s: Scenario) -> None:
+    s.open()
+    world.error(world.as_("alice").get("/v1/audit"), 403, "permission-denied")
+    world.error(world.as_("svc").get("/v1/audit"), 403, "permission-denied")
+    first = world.as_("ops").get("/v1/audit")
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert set(body) == {"events", "skipped_lines", "offset"} and body["offset"] > 0
+    assert any(e.get("event") == "session_opened" for e in body["events"])
+    s.open()
+    more = world.as_("ops").get("/v1/audit", params={"offset": body["offset"]}).json()
+    assert [e["event"] for e in more["events"]] == ["session_opened"]
+    assert more["offset"] > body["offset"]
+    world.error(world.as_("ops").get("/v1/audit", params={"offset": -1}), 400, "invalid-input")
+    world.error(world.as_("ops").get("/v1/audit", params={"offset": "x"}), 400, "invalid-input")
+
+
+def test_doctor_is_for_admins(world: World) -> None:
+    world.error(world.as_("alice").get("/v1/doctor"), 403, "permission-denied")
+    r = world.as_("ops").get("/v1/doctor")
+    assert r.status_code == 200, r.text
+    checks = {c["check"] for c in r.json()["checks"]}
+    assert "config" in checks and len(checks) > 2
+
+
+def test_a_note_may_come_as_base64_bytes_checked_like_any_note(world: World, s: Scenario) -> None:
+    world.as_("alice").put(f"/v1/workflows/{s.con_id}/sources",
+                           json={"sources": [{"workflow_id": s.src_id, "alias": "rts", "access": "write"}]})  # fmt: skip
+    world.as_("alice").post(f"/v1/workflows/{s.src_id}/writers", json={"workflow_id": s.con_id})
+    sid = s.open(kind="execution", kb_access="read-write")["session_id"]
+    url = f"/v1/sessions/{sid}/notes"
+    ok = world.as_("alice").post(url, json={"alias": "rts", "path": "b.md", "content_base64": "IyBiCg=="})
+    assert ok.status_code == 201, ok.text
+    assert (Path(s.src_kb) / "notes" / "b.md").read_text().endswith("# b\n")
+    latin1 = world.as_("alice").post(url, json={"alias": "rts", "path": "c.md", "content_base64": "/w=="})
+    assert "UTF-8" in world.error(latin1, 400, "invalid-input")
+    for body, why in (({"alias": "rts", "path": "d.md"}, "exactly one"),
+                      ({"alias": "rts", "path": "d.md", "content": "x", "content_base64": "eA=="}, "exactly one"),
+                      ({"alias": "rts", "path": "d.md", "content_base64": "***"}, "base64")):  # fmt: skip
+        assert why in world.error(world.as_("alice").post(url, json=body), 400, "invalid-input")
+    assert (
+        not (Path(s.src_kb) / "notes" / "c.md").exists() and not (Path(s.src_kb) / "notes" / "d.md").exists()
+    )

@@ -23,7 +23,8 @@ from kbd.errors import (
     UsageError,
     WorkflowNotFound,
 )
-from kbd.service import admin, auth, browse, notes, sessions, workflows
+from kbd.service import JsonObject, admin, auth, browse, notes, sessions, workflows
+from kbd.service import principals as principal_ops
 from kbd.service.sessions import RootSessions
 from kbd.state import audit
 from tests.helpers import OPERATOR, KbRoot
@@ -344,7 +345,7 @@ def test_doctor_reports_a_broken_config_as_one_failed_check(tmp_path: Path) -> N
 def test_principals_list_never_shows_a_token_hash(kb: KbRoot) -> None:
     h = kb.host()
     token = admin.new_token(h, "alice")
-    rows = admin.list_principals(kb.host()).to_json()["principals"]
+    rows = principal_ops.listing(kb.host(), actor=OPERATOR).to_json()["principals"]
     alice = next(r for r in rows if r["id"] == "alice")
     assert alice == {
         "id": "alice",
@@ -426,12 +427,16 @@ def test_the_audit_feed_selects_and_counts_torn_lines(world: KbRoot) -> None:
     with open(state / audit.AUDIT_NAME, "ab") as fh:
         fh.write(b"{torn\n")
     audit.append(state, "sources_changed", workflow_id="lib", actor="alice")
-    feed = admin.AuditFeed(h, since=None, workflow="con")
+
+    def chunk(offset: int) -> JsonObject:
+        return admin.audit_chunk(h, offset=offset, actor=OPERATOR).to_json()
+
+    feed = admin.AuditFeed(chunk, since=None, workflow="con")
     page = feed.records().to_json()
     assert [e["workflow_id"] for e in page["events"]] == ["con"] and page["skipped_lines"] == 1
     audit.append(state, "writer_granted", source="con", consumer="lib", actor="alice")
     assert [e["event"] for e in feed.poll()] == ["writer_granted"]  # only what was appended since
-    assert admin.AuditFeed(h, since=None, workflow=None).records().to_json()["skipped_lines"] == 1
+    assert admin.AuditFeed(chunk, since=None, workflow=None).records().to_json()["skipped_lines"] == 1
 
 
 def test_a_child_with_an_empty_kind_keeps_its_parents_kind(world: KbRoot) -> None:

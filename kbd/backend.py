@@ -1,0 +1,682 @@
+"""Where a CLI command runs: on the root itself, or through its daemon (DESIGN §10).
+
+Every command the CLI can send through the daemon is an :class:`Op` here: what
+it asks, how the operations layer answers it on a root this process may use
+(:meth:`Op.direct`), and the API request that asks the daemon the same
+(:meth:`Op.http`, answered by the very same operation in :mod:`kbd.api`). Both
+answers are the operation's JSON (its typed result's ``to_json()``), so the CLI
+formats one shape, and text, ``--json`` and exit codes cannot differ by mode.
+Refusals are the same :mod:`kbd.errors` classes in both: raised here, or rebuilt
+from the API's envelope by :func:`kbd.client.error_from`.
+
+:func:`choose` decides the mode (pure); :func:`open_backend` makes the backend.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from urllib.parse import quote
+
+from kbd import thin
+from kbd.core.layout import CONFIG_NAME, STATE_DIR
+from kbd.core.principals import Actor, LocalOperator, Principal, named_principal
+from kbd.errors import InvalidInput, KbdError, NotFound, PermissionDenied, UsageError
+from kbd.service import JsonObject
+from kbd.service import admin as _admin
+from kbd.service import browse as _browse
+from kbd.service import notes as _notes
+from kbd.service import principals as _principals
+from kbd.service import sessions as _sessions
+from kbd.service import workflows as _workflows
+
+if TYPE_CHECKING:
+    from kbd.client import Client
+    from kbd.service.root import Root
+    from kbd.service.sessions import RootSessions
+
+Mode = Literal["direct", "remote"]
+#: Who acts in direct mode when neither --as nor $KBD_AS names a principal:
+#: the principal mapped to the caller's uid, or the root's trusted operator
+#: (session and principal commands: the root is the trust boundary).
+ActorRule = Literal["mapped", "operator"]
+
+SYSTEM_ROOT = Path(thin.SYSTEM_ROOT)
+
+
+class HasJson(Protocol):
+    def to_json(self) -> JsonObject: ...
+
+
+@dataclass(frozen=True)
+class Request:
+    """One API call: method, path (segments already quoted), JSON body, query."""
+
+    method: str
+    path: str
+    body: JsonObject | None = None
+    params: dict[str, str] | None = None
+
+
+def segment(value: str) -> str:
+    """``value`` as one URL path segment. An ID is never empty, ``.`` or ``..``,
+    but a typo must not reach another route: those are quoted too (the API
+    decodes them back and refuses them as the direct mode does)."""
+    if value in ("", ".", ".."):
+        return "".join(f"%{b:02X}" for b in value.encode()) or "%00"
+    return quote(value, safe="")
+
+
+class Op:
+    """A CLI operation. Subclasses are frozen dataclasses of its arguments."""
+
+    actor_rule: ClassVar[ActorRule] = "mapped"
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        raise NotImplementedError
+
+    def http(self) -> Request:
+        raise NotImplementedError
+
+
+class DirectContext:
+    """The root this process uses itself, opened once per command."""
+
+    def __init__(self, root: Root) -> None:
+        self.root = root
+        self._sessions: RootSessions | None = None
+
+    @property
+    def sessions(self) -> RootSessions:
+        if self._sessions is None:
+            from kbd.service.sessions import RootSessions
+
+            self._sessions = RootSessions(self.root)
+        return self._sessions
+
+
+class Backend(Protocol):
+    mode: Mode
+
+    def run(self, op: Op, *, as_: str | None) -> JsonObject: ...
+
+
+class Direct:
+    """Operations on a root this process may read and write itself."""
+
+    mode: Mode = "direct"
+
+    def __init__(self, root: Callable[[], Root]) -> None:
+        self._open_root = root
+        self._ctx: DirectContext | None = None
+
+    @property
+    def context(self) -> DirectContext:
+        if self._ctx is None:
+            self._ctx = DirectContext(self._open_root())
+        return self._ctx
+
+    def actor(self, rule: ActorRule, as_: str | None) -> Actor:
+        from kbd.service import auth
+
+        principals = self.context.root.principals
+        env = os.environ.get("KBD_AS")
+        if rule == "operator":
+            return auth.named_or_operator(principals, flag=as_, env=env, operator=LocalOperator.current())
+        return auth.named_or_mapped(principals, flag=as_, env=env, uid=os.getuid())
+
+    def run(self, op: Op, *, as_: str | None) -> JsonObject:
+        return op.direct(self.context, self.actor(op.actor_rule, as_)).to_json()
+
+
+class Remote:
+    """Operations the daemon performs for this process's principal: its peer
+    uid's, or the one whose token it presents."""
+
+    mode: Mode = "remote"
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._who: str | None = None
+
+    def whoami(self) -> str:
+        if self._who is None:
+            self._who = str(self.client.whoami()["id"])
+        return self._who
+
+    def check_as(self, as_: str | None) -> None:
+        """``--as``/``$KBD_AS`` through the daemon may only name the principal
+        the connection is: the daemon never lets a caller act as someone else."""
+        named = named_principal(as_, os.environ.get("KBD_AS"))
+        if named is not None and named != self.whoami():
+            raise PermissionDenied(
+                f"through the kbd daemon you act as principal {self.whoami()!r} (your uid or token); "
+                f"--as/KBD_AS names {named!r}",
+                hint=f"present {named}'s token (KBD_TOKEN or --token-file), or leave --as out",
+            )
+
+    def run(self, op: Op, *, as_: str | None) -> JsonObject:
+        self.check_as(as_)
+        req = op.http()
+        answer: JsonObject = self.client.request(req.method, req.path, json=req.body, params=req.params)
+        return answer
+
+
+# -- the mode -----------------------------------------------------------------------------
+
+
+def choose(*, socket_named: bool, root_usable: bool, daemon_reachable: Callable[[], bool]) -> Mode:
+    """DESIGN §10: through the daemon when a socket is named (``--socket``,
+    ``$KBD_SOCKET``); else on the root when this process may use it; else
+    through the root's daemon when one answers; else on the root anyway, so the
+    caller gets the root's own error (unreadable, missing)."""
+    if socket_named:
+        return "remote"
+    if root_usable:
+        return "direct"
+    return "remote" if daemon_reachable() else "direct"
+
+
+def root_usable(root: Path) -> bool:
+    """May this process run commands on ``root`` itself? It must read its
+    configuration and write its state (sessions, audit log); a service root
+    (``root:kbd 0750``, state 0700) is usable by root only: everyone else goes
+    through the daemon, the one writer."""
+    return os.access(root / CONFIG_NAME, os.R_OK) and os.access(root / STATE_DIR, os.W_OK | os.X_OK)
+
+
+def socket_of(root: Path) -> Path:
+    from kbd.client import socket_of as of_root
+
+    return of_root(root)
+
+
+def reachable(path: Path) -> bool:
+    """Something listens at ``path`` (or refuses us there: then the daemon's
+    answer, 77, is the right one to give)."""
+    import errno
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(5.0)
+        s.connect(str(path))
+    except PermissionError:
+        return True
+    except OSError as exc:
+        return exc.errno == errno.EACCES
+    finally:
+        s.close()
+    return True
+
+
+def read_token_file(path: str) -> str:
+    """The token in ``path`` (surrounding blanks stripped). Refused when empty,
+    unreadable, or readable by every user (a token anyone can read is anyone's)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise NotFound(f"--token-file {path} does not exist") from None
+    except OSError as exc:
+        raise InvalidInput(f"--token-file {path}: cannot open it: {exc.strerror}",
+                           hint="a regular file, not a symbolic link") from None  # fmt: skip
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidInput(f"--token-file {path} is not a regular file")
+        if st.st_mode & stat.S_IROTH:
+            raise PermissionDenied(
+                f"--token-file {path} is readable by every user (mode {stat.S_IMODE(st.st_mode):04o})",
+                hint=f"chmod o-r {path}",
+            )
+        data = os.read(fd, 4097)
+    finally:
+        os.close(fd)
+    token = data.decode("utf-8", "replace").strip()
+    if not token or len(data) > 4096 or "\n" in token:
+        raise InvalidInput(f"--token-file {path} must hold one token on one line (at most 4 KiB)")
+    return token
+
+
+def open_remote(socket_path: Path, *, token: str | None) -> Remote:
+    from kbd.client import Client
+
+    return Remote(Client(socket_path, token=token))
+
+
+def check_socket_option(value: str | None) -> None:
+    if value is not None and not value:
+        raise UsageError("--socket was given an empty path", hint="pass --socket PATH, or leave --socket out")
+
+
+# -- the operations -----------------------------------------------------------------------
+# One class per command, in the CLI's order. Each direct() is the call the API
+# route makes for http(); keep the two in step (tests/integration/
+# test_cli_remote.py runs every command both ways and compares the output).
+
+
+def _principal(actor: Actor) -> Principal:
+    # Management operations act as a principal: the "mapped" rule never yields the operator.
+    assert isinstance(actor, Principal), actor
+    return actor
+
+
+@dataclass(frozen=True)
+class WorkflowsList(Op):
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _workflows.list_workflows(ctx.root, actor=_principal(actor))
+
+    def http(self) -> Request:
+        return Request("GET", "/v1/workflows")
+
+
+@dataclass(frozen=True)
+class WorkflowShow(Op):
+    wf: str
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _workflows.show(ctx.root, self.wf, actor=_principal(actor))
+
+    def http(self) -> Request:
+        return Request("GET", f"/v1/workflows/{segment(self.wf)}")
+
+
+@dataclass(frozen=True)
+class SourcesList(Op):
+    wf: str
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _workflows.sources(ctx.root, self.wf, actor=_principal(actor))
+
+    def http(self) -> Request:
+        return Request("GET", f"/v1/workflows/{segment(self.wf)}/sources")
+
+
+@dataclass(frozen=True)
+class Attach(Op):
+    wf: str
+    source: str
+    alias: str
+    access: str
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _workflows.attach(ctx.root, self.wf, self.source, alias=self.alias, access=self.access,
+                                 actor=_principal(actor))  # fmt: skip
+
+    def http(self) -> Request:
+        body = {"workflow_id": self.source, "alias": self.alias, "access": self.access}
+        return Request("POST", f"/v1/workflows/{segment(self.wf)}/sources", body)
+
+
+@dataclass(frozen=True)
+class Detach(Op):
+    wf: str
+    alias: str
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _workflows.detach(ctx.root, self.wf, self.alias, actor=_principal(actor))
+
+    def http(self) -> Request:
+        return Request("DELETE", f"/v1/workflows/{segment(self.wf)}/sources/{segment(self.alias)}")
+
+
+@dataclass(frozen=True)
+class SetSources(Op):
+    wf: str
+    sources: Any  # the parsed JSON document, checked by the operation
+    expected_version: str | None
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _workflows.set_sources(ctx.root, self.wf, self.sources, actor=_principal(actor),
+                                      expected_version=self.expected_version)  # fmt: skip
+
+    def http(self) -> Request:
+        body: JsonObject = {"sources": self.sources}
+        if self.expected_version is not None:
+            body["expected_version"] = self.expected_version
+        return Request("PUT", f"/v1/workflows/{segment(self.wf)}/sources", body)
+
+
+@dataclass(frozen=True)
+class Candidates(Op):
+    wf: str
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _workflows.candidates(ctx.root, self.wf, actor=_principal(actor))
+
+    def http(self) -> Request:
+        return Request("GET", f"/v1/workflows/{segment(self.wf)}/candidates")
+
+
+@dataclass(frozen=True)
+class WritersList(Op):
+    source: str
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _workflows.writers(ctx.root, self.source, actor=_principal(actor))
+
+    def http(self) -> Request:
+        return Request("GET", f"/v1/workflows/{segment(self.source)}/writers")
+
+
+@dataclass(frozen=True)
+class Grant(Op):
+    source: str
+    consumer: str
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _workflows.grant(ctx.root, self.source, self.consumer, actor=_principal(actor))
+
+    def http(self) -> Request:
+        return Request(
+            "POST", f"/v1/workflows/{segment(self.source)}/writers", {"workflow_id": self.consumer}
+        )
+
+
+@dataclass(frozen=True)
+class Revoke(Op):
+    source: str
+    consumer: str
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _workflows.revoke(ctx.root, self.source, self.consumer, actor=_principal(actor))
+
+    def http(self) -> Request:
+        return Request("DELETE", f"/v1/workflows/{segment(self.source)}/writers/{segment(self.consumer)}")
+
+
+@dataclass(frozen=True)
+class SessionOpen(Op):
+    wf: str
+    kind: str | None
+    kb_access: str | None
+    item_kb_write: bool | None
+    parent: str | None
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _sessions.open_session(ctx.sessions, self.wf, actor=_principal(actor), kind=self.kind,
+                                      kb_access=self.kb_access, item_kb_write=self.item_kb_write,
+                                      parent=self.parent)  # fmt: skip
+
+    def http(self) -> Request:
+        body: JsonObject = {"workflow_id": self.wf}
+        for name in ("kind", "kb_access", "item_kb_write", "parent"):
+            if getattr(self, name) is not None:
+                body[name] = getattr(self, name)
+        return Request("POST", "/v1/sessions", body)
+
+
+@dataclass(frozen=True)
+class SessionShow(Op):
+    actor_rule: ClassVar[ActorRule] = "operator"
+    sid: str
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _sessions.show(ctx.sessions, self.sid, actor=actor)
+
+    def http(self) -> Request:
+        return Request("GET", f"/v1/sessions/{segment(self.sid)}")
+
+
+@dataclass(frozen=True)
+class SessionRevoke(Op):
+    actor_rule: ClassVar[ActorRule] = "operator"
+    sid: str
+    immediate: bool
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _sessions.revoke(ctx.sessions, self.sid, actor=actor, immediate=self.immediate)
+
+    def http(self) -> Request:
+        return Request("POST", f"/v1/sessions/{segment(self.sid)}/revoke", {"immediate": self.immediate})
+
+
+@dataclass(frozen=True)
+class SessionEnv(Op):
+    actor_rule: ClassVar[ActorRule] = "operator"
+    sid: str
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _sessions.environment(ctx.sessions, self.sid, actor=actor)
+
+    def http(self) -> Request:
+        return Request("GET", f"/v1/sessions/{segment(self.sid)}/env")
+
+
+@dataclass(frozen=True)
+class SessionList(Op):
+    actor_rule: ClassVar[ActorRule] = "operator"
+    wf: str | None
+    include_closed: bool
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _sessions.list_sessions(ctx.sessions, actor=actor, workflow_id=self.wf,
+                                       include_closed=self.include_closed)  # fmt: skip
+
+    def http(self) -> Request:
+        params = {"workflow_id": self.wf} if self.wf is not None else {}
+        if self.include_closed:
+            params["all"] = "true"
+        return Request("GET", "/v1/sessions", params=params)
+
+
+@dataclass(frozen=True)
+class SessionClose(Op):
+    actor_rule: ClassVar[ActorRule] = "operator"
+    sid: str
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _sessions.close(ctx.sessions, self.sid, actor=actor)
+
+    def http(self) -> Request:
+        return Request("DELETE", f"/v1/sessions/{segment(self.sid)}")
+
+
+@dataclass(frozen=True)
+class Check(Op):
+    actor_rule: ClassVar[ActorRule] = "operator"
+    sid: str
+    path: str
+    mode: str
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _sessions.check(ctx.sessions, self.sid, self.path, self.mode, actor=actor)
+
+    def http(self) -> Request:
+        return Request(
+            "POST", f"/v1/sessions/{segment(self.sid)}/check", {"path": self.path, "mode": self.mode}
+        )
+
+
+@dataclass(frozen=True)
+class NoteWrite(Op):
+    actor_rule: ClassVar[ActorRule] = "operator"
+    sid: str
+    alias: str
+    relpath: str
+    data: bytes
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _notes.write(ctx.sessions, self.sid, self.alias, self.relpath, self.data, actor=actor)
+
+    def http(self) -> Request:
+        # The bytes as they are: the daemon decodes them with the same checks
+        # (and the same refusal for text that is not UTF-8) as the direct write.
+        body = {
+            "alias": self.alias,
+            "path": self.relpath,
+            "content_base64": base64.b64encode(self.data).decode(),
+        }
+        return Request("POST", f"/v1/sessions/{segment(self.sid)}/notes", body)
+
+
+@dataclass(frozen=True)
+class Read(Op):
+    wf: str
+    alias: str
+    relpath: str
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _browse.read(ctx.root, self.wf, self.alias, self.relpath, actor=_principal(actor))
+
+    def http(self) -> Request:
+        return Request("GET", f"/v1/workflows/{segment(self.wf)}/sources/{segment(self.alias)}/file",
+                       params={"path": self.relpath})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Ls(Op):
+    wf: str
+    alias: str
+    reldir: str
+    limit: int | None
+    after: str | None
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _browse.ls(ctx.root, self.wf, self.alias, self.reldir, actor=_principal(actor), limit=self.limit,
+                          after=self.after)  # fmt: skip
+
+    def http(self) -> Request:
+        params = {"path": self.reldir}
+        if self.limit is not None:
+            params["limit"] = str(self.limit)
+        if self.after is not None:
+            params["after"] = self.after
+        return Request(
+            "GET", f"/v1/workflows/{segment(self.wf)}/sources/{segment(self.alias)}/dir", params=params
+        )
+
+
+# -- principals (the root's operator, or an admin) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrincipalsList(Op):
+    actor_rule: ClassVar[ActorRule] = "operator"
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _principals.listing(ctx.root, actor=actor)
+
+    def http(self) -> Request:
+        return Request("GET", "/v1/principals")
+
+
+@dataclass(frozen=True)
+class PrincipalAdd(Op):
+    actor_rule: ClassVar[ActorRule] = "operator"
+    name: str
+    uid: int | None
+    login: str | None
+    kind: str
+    admin: bool
+    label: str | None
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _principals.add(ctx.root, self.name, uid=self.uid, login=self.login, kind=self.kind,
+                               admin=self.admin, label=self.label, actor=actor)  # fmt: skip
+
+    def http(self) -> Request:
+        body: JsonObject = {"id": self.name, "kind": self.kind, "admin": self.admin}
+        for name in ("uid", "login", "label"):
+            if getattr(self, name) is not None:
+                body[name] = getattr(self, name)
+        return Request("POST", "/v1/principals", body)
+
+
+@dataclass(frozen=True)
+class PrincipalChange(Op):
+    """disable, enable, remove."""
+
+    actor_rule: ClassVar[ActorRule] = "operator"
+    action: Literal["disable", "enable", "remove"]
+    name: str
+    force: bool = False
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        if self.action == "enable":
+            return _principals.enable(ctx.root, self.name, actor=actor)
+        change = _principals.disable if self.action == "disable" else _principals.remove
+        return change(ctx.root, self.name, force=self.force, actor=actor)
+
+    def http(self) -> Request:
+        return Request("POST", f"/v1/principals/{segment(self.name)}/{self.action}", {"force": self.force})
+
+
+@dataclass(frozen=True)
+class PrincipalToken(Op):
+    actor_rule: ClassVar[ActorRule] = "operator"
+    name: str
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _principals.rotate_token(ctx.root, self.name, actor=actor)
+
+    def http(self) -> Request:
+        return Request("POST", f"/v1/principals/{segment(self.name)}/token")
+
+
+# -- the audit log (the root's operator, or an admin) -------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuditChunk(Op):
+    """The records from byte ``offset`` of the log on and where the next chunk
+    starts (the CLI selects records itself: :class:`kbd.service.admin.AuditFeed`)."""
+
+    actor_rule: ClassVar[ActorRule] = "operator"
+    offset: int
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _admin.audit_chunk(ctx.root, offset=self.offset, actor=actor)
+
+    def http(self) -> Request:
+        return Request("GET", "/v1/audit", params={"offset": str(self.offset)})
+
+
+@dataclass(frozen=True)
+class Doctor(Op):
+    """The daemon's checks of its root (admins): the server half of ``kbd doctor``."""
+
+    actor_rule: ClassVar[ActorRule] = "operator"
+    workflow: str | None
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        return _admin.doctor(ctx.root.config.root, workflow_id=self.workflow)
+
+    def http(self) -> Request:
+        return Request("GET", "/v1/doctor", params={"workflow": self.workflow} if self.workflow else None)
+
+
+def remote_doctor(remote: Remote, workflow: str | None) -> JsonObject:
+    """``kbd doctor`` through the daemon: can this caller reach it, who is it
+    there, and (admins) the daemon's own checks of its root."""
+    checks: list[JsonObject] = []
+
+    def check(name: str, ask: Callable[[], str]) -> bool:
+        try:
+            checks.append({"check": name, "ok": True, "detail": ask()})
+            return True
+        except KbdError as err:
+            checks.append({"check": name, "ok": False, "detail": f"{err.code}: {err.message}"})
+            return False
+
+    def daemon() -> str:
+        h = remote.client.health()
+        return f"kbd daemon at {remote.client.socket_path}: host {h['host']}, up {h['uptime_seconds']}s"
+
+    admin = False
+
+    def principal() -> str:
+        nonlocal admin
+        me = remote.client.whoami()
+        admin = bool(me["admin"])
+        return f"you are principal {me['id']} ({me['kind']}{', admin' if admin else ''})"
+
+    if check("daemon", daemon) and check("principal", principal) and admin:
+        served: JsonObject = remote.run(Doctor(workflow), as_=None)
+        checks += served["checks"]
+    return {"ok": all(c["ok"] for c in checks), "checks": checks}
