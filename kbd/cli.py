@@ -172,6 +172,10 @@ class Ctx:
     def run(self, op: backend.Op, as_: str | None = None) -> JsonObject:
         return self.via.run(op, as_=as_)
 
+    def close(self) -> None:
+        if isinstance(self._backend, backend.Remote):
+            self._backend.client.close()
+
 
 pass_ctx = click.make_pass_decorator(Ctx)
 
@@ -337,6 +341,7 @@ def main(
     `kbd sources list WF --root DIR`. When you cannot use the root yourself (a service
     host's /var/lib/kbd), commands go through its daemon as your uid's principal."""
     ctx.obj = Ctx(root if root is not None else _default_root(ctx.invoked_subcommand), as_json=as_json)
+    ctx.call_on_close(ctx.obj.close)
     for name, value in (("socket", socket), ("token_file", token_file)):
         if value is not None:
             _set_client_option(ctx.obj, name, value)
@@ -851,8 +856,8 @@ def session_list(c: Ctx, wf: str | None, include_closed: bool, as_: str | None, 
         return
     for r in result["sessions"]:
         click.echo(
-            f"{r['id']}  {one_line(r['workflow_id']):<20} {r['kind']:<22} {r['kb_access']:<10} "
-            f"gen {r['generation']}{'  closed' if r['closed_at'] is not None else ''}"
+            f"{r['session_id']}  {one_line(r['workflow_id']):<20} {r['kind']:<22} {r['kb_access']:<10} "
+            f"gen {r['generation']}{'  closed' if r['closed'] else ''}"
         )
 
 
@@ -991,11 +996,12 @@ def principals() -> None:
 
 
 @principals.command("list")
+@as_option
 @json_option
 @pass_ctx
-def principals_list(c: Ctx, as_json: bool) -> None:
+def principals_list(c: Ctx, as_: str | None, as_json: bool) -> None:
     """List principals: ID, kind, flags (admin, disabled, token) and label."""
-    result = c.run(ops.PrincipalsList())
+    result = c.run(ops.PrincipalsList(), as_)
     if as_json:
         _emit(result)
         return

@@ -451,7 +451,7 @@ def test_put_sources_with_expected_version(world: World, s: Scenario) -> None:
         ("PUT", {"sources": [{"workflow_id": "SRC", "alias": "rts", "access": "rw"}]}, "invalid-manifest", "access"),
         ("PUT", {"sources": [{"workflow_id": "/etc", "alias": "rts"}]}, "invalid-manifest", "workflow_id"),
         ("PUT", {"sources": [], "bogus": True}, "invalid-input", "bogus"),
-        ("PUT", {"sources": "all"}, "invalid-input", "sources"),
+        ("PUT", {"sources": "all"}, "invalid-manifest", "must be a JSON array"),
         ("PUT", {}, "invalid-input", "sources"),
         ("POST", {"workflow_id": "SRC", "alias": "rts2", "bogus": 1}, "invalid-input", "bogus"),
         ("POST", {"workflow_id": "SRC", "alias": "Bad"}, "invalid-manifest", "alias"),
