@@ -251,6 +251,11 @@ _complete_principals = _quietly(_principal_ids)
 _LATE_ROOT = "kbd.root"
 
 
+# Not checked for readability: a service root is not readable by its users,
+# whose commands then go through its daemon (DESIGN §10).
+ROOT_TYPE = click.Path(path_type=Path, file_okay=False, readable=False)
+
+
 def _late_root(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
     """``--root`` after the command: as if it had been given before it."""
     if value is None:
@@ -291,7 +296,7 @@ def _accept_global_options(group: click.Group) -> None:
             cmd.params.append(
                 click.Option(
                     ["--root", "late_root"],
-                    type=click.Path(path_type=Path, file_okay=False),
+                    type=ROOT_TYPE,
                     expose_value=False,
                     hidden=True,
                     callback=_late_root,
@@ -326,7 +331,7 @@ def _refuse_global_json(ctx: click.Context, cmd: click.Command, obj: Ctx) -> Non
 @click.group(
     cls=KbdGroup, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]}
 )
-@click.option("--root", type=click.Path(path_type=Path, file_okay=False), envvar="KBD_ROOT", help=ROOT_HELP)
+@click.option("--root", type=ROOT_TYPE, envvar="KBD_ROOT", help=ROOT_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (as each command's own --json).")
 @click.option("--socket", metavar="PATH", help=SOCKET_HELP)
 @click.option("--token-file", metavar="F", help=CREDENTIAL_FILE_HELP)

@@ -13,8 +13,8 @@ import itertools
 import json
 import os
 import re
-import uuid
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -1,0 +1,190 @@
+"""Non-root builders on a service root, with real Unix users (DESIGN §10, issue 12).
+
+The root is laid out as a service host's: ``root:G 0750`` with ``kbd.yaml``
+``0640 root:G`` and ``state/`` ``0700 root`` — a member of group G may read
+the configuration but not use the root itself. The daemon listens on a socket
+of group G (0660) in a folder G may traverse. A builder runs plain ``kbd``
+commands with no socket named: kbd sees it cannot use the root, finds the
+daemon, and every command is answered there as her principal (peer uid).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+
+from tests.helpers import KbRoot
+from tests.integration import daemon
+
+REPO = Path(__file__).parents[2]
+
+
+@dataclass(frozen=True)
+class Host:
+    kb: KbRoot
+    base: Path
+    sock: Path
+    group: str
+    builder: int  # uid of the builder (principal alice, owner of "mine")
+    stranger: int  # uid of a user not in the group (principal dave)
+
+
+@contextlib.contextmanager
+def _users() -> Iterator[tuple[str, int, int]]:
+    tag = uuid.uuid4().hex[:8]
+    group, builder, stranger = f"kbg{tag}", f"kbb{tag}", f"kbs{tag}"
+    subprocess.run(["groupadd", group], check=True)
+    made: list[str] = []
+    try:
+        for name, extra in ((builder, ["-G", group]), (stranger, [])):
+            subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", *extra, name], check=True)
+            made.append(name)
+        yield group, pwd.getpwnam(builder).pw_uid, pwd.getpwnam(stranger).pw_uid
+    finally:
+        for name in made:
+            subprocess.run(["userdel", name], check=False)
+        subprocess.run(["groupdel", group], check=False)
+
+
+@pytest.fixture(scope="module")
+def host() -> Iterator[Host]:
+    with _users() as (group, builder, stranger):
+        gid = grp.getgrnam(group).gr_gid
+        base = Path(tempfile.mkdtemp(prefix="kbd-builders-", dir="/tmp"))
+        os.chmod(base, 0o755)  # noqa: S103 - the way to the socket folder, as / is
+        try:
+            kb = KbRoot.create(base / "root")
+            run = base / "run"
+            run.mkdir(mode=0o750)
+            os.chown(run, 0, gid)
+            sock = run / "kbd.sock"
+            config = kb.root / "kbd.yaml"
+            doc = yaml.safe_load(config.read_text())
+            doc["socket"] = str(sock)
+            config.write_text(yaml.safe_dump(doc))
+            people = yaml.safe_load((kb.root / "principals.yaml").read_text())
+            for entry in people["principals"]:
+                entry.pop("uid", None)
+                if entry["id"] == "alice":
+                    entry["uid"] = builder
+                if entry["id"] == "dave":
+                    entry["uid"] = stranger
+            (kb.root / "principals.yaml").write_text(yaml.safe_dump(people))
+            kb.workflow("mine", access={"owners": ["alice"]})
+            kb.workflow("lib", access={"owners": ["bob"], "readers": ["alice"]})
+            kb.workflow(
+                "theirs", access={"owners": ["bob"]}, sources=[{"workflow_id": "lib", "alias": "lib"}]
+            )
+            # The service layout: the group reads the config, nobody but root the rest.
+            os.chown(kb.root, 0, gid)
+            os.chmod(kb.root, 0o750)  # noqa: S103 - group G is the way in, as on a service host
+            os.chown(config, 0, gid)
+            os.chmod(config, 0o640)
+            os.chmod(kb.root / "principals.yaml", 0o600)
+            os.chmod(kb.root / "state", 0o700)
+            with daemon.serving(kb.root, sock=sock, home=base / "home") as served:
+                os.chown(served.sock, 0, gid)
+                os.chmod(served.sock, 0o660)
+                yield Host(kb, base, sock, group, builder, stranger)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def _kbd(
+    uid: int, *args: str, root: Path | None = None, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
+    """``kbd ARGS`` as user ``uid`` (its own groups), KBD_ROOT naming the root and no socket."""
+    full = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "PYTHONPATH": str(REPO), "LANG": "C.UTF-8"}
+    if root is not None:
+        full["KBD_ROOT"] = str(root)
+    full.update(env or {})
+    r = subprocess.run(
+        ["setpriv", "--reuid", str(uid), "--regid", str(pwd.getpwuid(uid).pw_gid), "--init-groups",
+         sys.executable, "-m", "kbd", *args],
+        capture_output=True, env=full, timeout=60, check=False, cwd="/",
+    )  # fmt: skip
+    return r.returncode, r.stdout.decode(), r.stderr.decode()
+
+
+def test_the_builder_cannot_use_the_root_herself(host: Host) -> None:
+    code, _, err = _kbd(host.builder, "sources", "list", "mine", "--root", str(host.kb.root),
+                        env={"KBD_NO_DAEMON": "1", "KBD_SOCKET": "/nonexistent.sock"})  # fmt: skip
+    assert code == 69, err  # a named socket is never bypassed, not even for a root she can read
+    code, _, err = _kbd(
+        host.builder, "doctor", "--root", str(host.kb.root), env={"KBD_SOCKET": "/nonexistent.sock"}
+    )
+    assert code == 65 and "unavailable" in _, err
+
+
+def test_a_builder_manages_her_own_workflow_through_the_daemon(host: Host) -> None:
+    root = host.kb.root
+    code, out, err = _kbd(host.builder, "sources", "list", "mine", "--json", root=root)
+    assert code == 0, err
+    assert orjson.loads(out) == {
+        "workflow_id": "mine",
+        "version": orjson.loads(out)["version"],
+        "sources": [],
+    }
+    code, out, err = _kbd(host.builder, "sources", "attach", "mine", "lib", "--alias", "lib", root=root)
+    assert code == 0, err
+    assert out.startswith("attached lib to mine as lib\n"), out
+    manifest = host.kb.read_manifest(host.kb.workflows / "mine")
+    assert manifest["knowledgebase_sources"] == [{"workflow_id": "lib", "alias": "lib", "access": "read"}]
+    # The same answer the root gives for her, byte for byte.
+    here = host.kb.call("sources", "list", "mine", "--as", "alice")
+    assert _kbd(host.builder, "sources", "list", "mine", root=root) == (0, here.out, here.err)
+    code, out, err = _kbd(host.builder, "workflows", "list", "--json", root=root)
+    assert code == 0 and {w["id"] for w in orjson.loads(out)["workflows"]} >= {"mine", "lib"}, err
+    code, _, err = _kbd(host.builder, "sources", "detach", "mine", "lib", root=root)
+    assert code == 0, err
+    assert (
+        "knowledgebase_sources" not in host.kb.read_manifest(host.kb.workflows / "mine")
+        or not (host.kb.read_manifest(host.kb.workflows / "mine")["knowledgebase_sources"])
+    )
+
+
+def test_a_builder_cannot_manage_or_see_what_is_not_hers(host: Host) -> None:
+    root = host.kb.root
+    before = (host.kb.workflows / "theirs" / "workflow.json").read_bytes()
+    code, _, err = _kbd(host.builder, "sources", "detach", "theirs", "lib", root=root)
+    # theirs is invisible to alice: the same answer as a workflow that does not exist, no path in it.
+    code2, _, err2 = _kbd(host.builder, "sources", "detach", "nosuch", "lib", root=root)
+    assert (code, err.replace("theirs", "X")) == (code2, err2.replace("nosuch", "X")), (err, err2)
+    assert code == 66
+    code, _, err = _kbd(host.builder, "writers", "grant", "lib", "mine", root=root)
+    assert code == 77 and "error[permission-denied]" in err, err
+    for text in (err, err2):
+        assert str(host.kb.root) not in text and "/workflows/" not in text and "Traceback" not in text
+    assert (host.kb.workflows / "theirs" / "workflow.json").read_bytes() == before
+
+
+def test_a_user_outside_the_group_cannot_reach_the_socket(host: Host) -> None:
+    code, _, err = _kbd(host.stranger, "sources", "list", "mine", root=host.kb.root)
+    assert code == 77, err
+    assert "refuses this user" in err or "Permission denied" in err, err
+    code, _, err = _kbd(host.stranger, "--socket", str(host.sock), "sources", "list", "mine")
+    assert code == 77 and "Traceback" not in err, err
+
+
+def test_the_builder_runs_doctor_and_events_through_the_daemon(host: Host) -> None:
+    code, out, err = _kbd(host.builder, "doctor", root=host.kb.root)
+    assert code == 0, out + err
+    assert "ok   principal: you are principal alice (user)" in out, out
+    code, out, err = _kbd(host.builder, "events", "--json", root=host.kb.root)
+    assert code == 0, err
+    code, _, err = _kbd(host.builder, "audit", root=host.kb.root)
+    assert code == 77 and "audit log" in err, err  # admins only through the daemon
