@@ -50,6 +50,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kbd.core.events import parse_id
 from kbd.core.plan import Plan
 from kbd.core.principals import Principal
+from kbd.core.relpaths import MAX_LS_LIMIT
 from kbd.errors import (
     NO_SPACE_ERRNOS,
     InvalidInput,
@@ -552,9 +553,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         size = None
         if limit is not None:
             if not limit.isdigit():
-                raise UsageError(
-                    f"limit must be a whole number from 1 to {browse_ops.MAX_LS_LIMIT}, not {limit!r}"
-                )
+                raise UsageError(f"limit must be a whole number from 1 to {MAX_LS_LIMIT}, not {limit!r}")
             size = int(limit)
         with state.locked():
             att = browse_ops.attachment(state.host, wid, alias, actor=actor)

@@ -28,12 +28,6 @@ from kbd.core.layout import CONFIG_NAME, STATE_DIR
 from kbd.core.principals import Actor, LocalOperator, Principal, named_principal
 from kbd.errors import InvalidInput, KbdError, NotFound, PermissionDenied, UsageError
 from kbd.service import JsonObject
-from kbd.service import admin as _admin
-from kbd.service import browse as _browse
-from kbd.service import notes as _notes
-from kbd.service import principals as _principals
-from kbd.service import sessions as _sessions
-from kbd.service import workflows as _workflows
 
 if TYPE_CHECKING:
     from kbd.client import Client
@@ -269,6 +263,8 @@ def _principal(actor: Actor) -> Principal:
 @dataclass(frozen=True)
 class WorkflowsList(Op):
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import workflows as _workflows
+
         return _workflows.list_workflows(ctx.root, actor=_principal(actor))
 
     def http(self) -> Request:
@@ -280,6 +276,8 @@ class WorkflowShow(Op):
     wf: str
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import workflows as _workflows
+
         return _workflows.show(ctx.root, self.wf, actor=_principal(actor))
 
     def http(self) -> Request:
@@ -291,6 +289,8 @@ class SourcesList(Op):
     wf: str
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import workflows as _workflows
+
         return _workflows.sources(ctx.root, self.wf, actor=_principal(actor))
 
     def http(self) -> Request:
@@ -305,6 +305,8 @@ class Attach(Op):
     access: str
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import workflows as _workflows
+
         return _workflows.attach(ctx.root, self.wf, self.source, alias=self.alias, access=self.access,
                                  actor=_principal(actor))  # fmt: skip
 
@@ -319,6 +321,8 @@ class Detach(Op):
     alias: str
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import workflows as _workflows
+
         return _workflows.detach(ctx.root, self.wf, self.alias, actor=_principal(actor))
 
     def http(self) -> Request:
@@ -332,6 +336,8 @@ class SetSources(Op):
     expected_version: str | None
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import workflows as _workflows
+
         return _workflows.set_sources(ctx.root, self.wf, self.sources, actor=_principal(actor),
                                       expected_version=self.expected_version)  # fmt: skip
 
@@ -347,6 +353,8 @@ class Candidates(Op):
     wf: str
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import workflows as _workflows
+
         return _workflows.candidates(ctx.root, self.wf, actor=_principal(actor))
 
     def http(self) -> Request:
@@ -358,6 +366,8 @@ class WritersList(Op):
     source: str
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import workflows as _workflows
+
         return _workflows.writers(ctx.root, self.source, actor=_principal(actor))
 
     def http(self) -> Request:
@@ -370,6 +380,8 @@ class Grant(Op):
     consumer: str
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import workflows as _workflows
+
         return _workflows.grant(ctx.root, self.source, self.consumer, actor=_principal(actor))
 
     def http(self) -> Request:
@@ -384,6 +396,8 @@ class Revoke(Op):
     consumer: str
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import workflows as _workflows
+
         return _workflows.revoke(ctx.root, self.source, self.consumer, actor=_principal(actor))
 
     def http(self) -> Request:
@@ -399,6 +413,8 @@ class SessionOpen(Op):
     parent: str | None
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import sessions as _sessions
+
         return _sessions.open_session(ctx.sessions, self.wf, actor=_principal(actor), kind=self.kind,
                                       kb_access=self.kb_access, item_kb_write=self.item_kb_write,
                                       parent=self.parent)  # fmt: skip
@@ -417,6 +433,8 @@ class SessionShow(Op):
     sid: str
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import sessions as _sessions
+
         return _sessions.show(ctx.sessions, self.sid, actor=actor)
 
     def http(self) -> Request:
@@ -430,6 +448,8 @@ class SessionRevoke(Op):
     immediate: bool
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import sessions as _sessions
+
         return _sessions.revoke(ctx.sessions, self.sid, actor=actor, immediate=self.immediate)
 
     def http(self) -> Request:
@@ -442,6 +462,8 @@ class SessionEnv(Op):
     sid: str
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import sessions as _sessions
+
         return _sessions.environment(ctx.sessions, self.sid, actor=actor)
 
     def http(self) -> Request:
@@ -455,6 +477,8 @@ class SessionList(Op):
     include_closed: bool
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import sessions as _sessions
+
         return _sessions.list_sessions(ctx.sessions, actor=actor, workflow_id=self.wf,
                                        include_closed=self.include_closed)  # fmt: skip
 
@@ -471,6 +495,8 @@ class SessionClose(Op):
     sid: str
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import sessions as _sessions
+
         return _sessions.close(ctx.sessions, self.sid, actor=actor)
 
     def http(self) -> Request:
@@ -485,6 +511,8 @@ class Check(Op):
     mode: str
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import sessions as _sessions
+
         return _sessions.check(ctx.sessions, self.sid, self.path, self.mode, actor=actor)
 
     def http(self) -> Request:
@@ -502,6 +530,8 @@ class NoteWrite(Op):
     data: bytes
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import notes as _notes
+
         return _notes.write(ctx.sessions, self.sid, self.alias, self.relpath, self.data, actor=actor)
 
     def http(self) -> Request:
@@ -522,6 +552,8 @@ class Read(Op):
     relpath: str
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import browse as _browse
+
         return _browse.read(ctx.root, self.wf, self.alias, self.relpath, actor=_principal(actor))
 
     def http(self) -> Request:
@@ -538,6 +570,8 @@ class Ls(Op):
     after: str | None
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import browse as _browse
+
         return _browse.ls(ctx.root, self.wf, self.alias, self.reldir, actor=_principal(actor), limit=self.limit,
                           after=self.after)  # fmt: skip
 
@@ -560,6 +594,8 @@ class PrincipalsList(Op):
     actor_rule: ClassVar[ActorRule] = "operator"
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import principals as _principals
+
         return _principals.listing(ctx.root, actor=actor)
 
     def http(self) -> Request:
@@ -577,6 +613,8 @@ class PrincipalAdd(Op):
     label: str | None
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import principals as _principals
+
         return _principals.add(ctx.root, self.name, uid=self.uid, login=self.login, kind=self.kind,
                                admin=self.admin, label=self.label, actor=actor)  # fmt: skip
 
@@ -598,6 +636,8 @@ class PrincipalChange(Op):
     force: bool = False
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import principals as _principals
+
         if self.action == "enable":
             return _principals.enable(ctx.root, self.name, actor=actor)
         change = _principals.disable if self.action == "disable" else _principals.remove
@@ -613,6 +653,8 @@ class PrincipalToken(Op):
     name: str
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import principals as _principals
+
         return _principals.rotate_token(ctx.root, self.name, actor=actor)
 
     def http(self) -> Request:
@@ -631,6 +673,8 @@ class AuditChunk(Op):
     offset: int
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import admin as _admin
+
         return _admin.audit_chunk(ctx.root, offset=self.offset, actor=actor)
 
     def http(self) -> Request:
@@ -645,6 +689,8 @@ class Doctor(Op):
     workflow: str | None
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import admin as _admin
+
         return _admin.doctor(ctx.root.config.root, workflow_id=self.workflow)
 
     def http(self) -> Request:

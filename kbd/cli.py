@@ -14,7 +14,7 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import click
 import orjson
@@ -25,8 +25,10 @@ from kbd import backend as ops
 from kbd.boundary import die_of_sigpipe, guarded, internal_error
 from kbd.core.config import default_root
 from kbd.core.identifiers import alias_problem, one_line
+from kbd.core.notes import MAX_NOTE_BYTES
 from kbd.core.pathguard import PathCheck
 from kbd.core.policy import KB_ACCESS, KINDS
+from kbd.core.relpaths import DEFAULT_LS_LIMIT, MAX_LS_LIMIT
 from kbd.core.strict import load_json_strict
 from kbd.entry import ExecArgs, parse_exec, run_exec
 from kbd.errors import (
@@ -36,12 +38,15 @@ from kbd.errors import (
     SessionClosed,
     UsageError,
 )
-from kbd.service import JsonObject, admin
-from kbd.service import browse as browse_ops
-from kbd.service import notes as note_ops
-from kbd.service.root import Root
-from kbd.service.sessions import RootSessions
-from kbd.state import audit as audit_log
+from kbd.service import JsonObject
+
+if TYPE_CHECKING:
+    from kbd.service import admin
+    from kbd.service.root import Root
+
+# The operations layer and the root are imported where a command uses them on
+# the root itself: through the daemon, a command loads neither (a third of
+# the CLI's start-up).
 
 F = TypeVar("F", bound=Callable[..., object])
 SYSTEM_ROOT = backend.SYSTEM_ROOT
@@ -145,6 +150,8 @@ class Ctx:
         """The root itself, for the commands that only work on it (init, doctor's
         root checks, serve)."""
         if self._host is None:
+            from kbd.service.root import Root
+
             self._host = Root(self.root)
         return self._host
 
@@ -212,6 +219,8 @@ def _quietly(
 
 
 def _completion_host(ctx: click.Context) -> Root:
+    from kbd.service.root import Root
+
     return Root(_completion_root(ctx))
 
 
@@ -220,6 +229,8 @@ def _workflow_ids(ctx: click.Context) -> list[tuple[str, str | None]]:
 
 
 def _session_ids(ctx: click.Context) -> list[tuple[str, str | None]]:
+    from kbd.service.sessions import RootSessions
+
     host = _completion_host(ctx)
     if not (host.config.state_dir / "sessions.db").is_file():
         return []  # never create the store just to complete nothing
@@ -228,6 +239,8 @@ def _session_ids(ctx: click.Context) -> list[tuple[str, str | None]]:
 
 def _aliases(ctx: click.Context) -> list[tuple[str, str | None]]:
     """The aliases of the workflow named before (WF), or of the session's workflow (SID)."""
+    from kbd.service.sessions import RootSessions
+
     host = _completion_host(ctx)
     wid = ctx.params.get("wf")
     if wid is None and isinstance(ctx.params.get("sid"), str):
@@ -392,6 +405,8 @@ def choose_root(personal: Path, *, creating: bool, personal_exists: bool, system
 @pass_ctx
 def init(c: Ctx, demo: bool, host_name: str | None, force: bool, as_json: bool) -> None:
     """Create a kbd root (kbd.yaml, principals.yaml, workflows/, state/)."""
+    from kbd.service import admin
+
     result = admin.init(c.root, host=host_name, force=force, demo=demo)
     if as_json:
         _emit(result.to_json())
@@ -422,6 +437,8 @@ def doctor(c: Ctx, as_json: bool, workflow_id: str | None) -> None:
 
     Through the daemon (a root you cannot use yourself): whether you reach it
     and as whom, and for admins the daemon's own checks of its root."""
+    from kbd.service import admin
+
     b = c.via
     if isinstance(b, backend.Remote):
         report = backend.remote_doctor(b, workflow_id)
@@ -446,6 +463,8 @@ def validate(file: Path, as_json: bool) -> None:
 
     Every problem of every entry is listed, one per line (``FILE: where: problem``)
     on stdout; with --json the answer is always JSON, errors included."""
+    from kbd.service import admin
+
     try:
         result = admin.validate(file)
     except KbdError as err:
@@ -975,10 +994,10 @@ def notes_write(
 
     try:
         if file == "-":
-            data = sys.stdin.buffer.read(note_ops.MAX_NOTE_BYTES + 1)
+            data = sys.stdin.buffer.read(MAX_NOTE_BYTES + 1)
         else:
             with open(file, "rb") as fh:
-                data = fh.read(note_ops.MAX_NOTE_BYTES + 1)
+                data = fh.read(MAX_NOTE_BYTES + 1)
     except FileNotFoundError as exc:
         raise NotFound(f"{file} does not exist", hint="pass an existing file, or - for stdin") from exc
     except OSError as exc:
@@ -1146,6 +1165,7 @@ def principals_token(c: Ctx, name: str, as_: str | None, as_json: bool) -> None:
 def serve_cmd(c: Ctx, socket_path: Path | None, fd: int | None) -> None:
     """Run the daemon: the HTTP API on a Unix socket (0660, group kbd if it exists)."""
     from kbd.daemon import serve  # the API stack is imported only by the daemon
+    from kbd.service.root import Root
 
     serve(Root(c.root, sweep_interval=1.0), socket_path=socket_path, fd=fd)
 
@@ -1174,8 +1194,8 @@ def read_cmd(c: Ctx, wf: str, alias: str, relpath: str, as_: str | None, as_json
 @click.argument("wf", shell_complete=_complete_workflows)
 @click.argument("alias", shell_complete=_complete_aliases)
 @click.argument("reldir", required=False, default="")
-@click.option("--limit", type=int, default=None, help=f"At most N entries (default {browse_ops.DEFAULT_LS_LIMIT}, "
-              f"at most {browse_ops.MAX_LS_LIMIT}).")  # fmt: skip
+@click.option("--limit", type=int, default=None, help=f"At most N entries (default {DEFAULT_LS_LIMIT}, "
+              f"at most {MAX_LS_LIMIT}).")  # fmt: skip
 @click.option(
     "--after", default=None, metavar="NAME", help="Start after this name (the previous page's next)."
 )
@@ -1233,6 +1253,9 @@ def audit_cmd(c: Ctx, since: str | None, wf: str | None, follow: bool, as_json: 
 
     Torn lines (a crash mid-write, a hand edit) are skipped and counted on stderr.
     With --follow and --json: one JSON object a line."""
+    from kbd.service import admin
+    from kbd.state import audit as audit_log
+
     try:
         since_at = audit_log.parse_since(since) if since is not None else None
     except ValueError as exc:
@@ -1294,8 +1317,10 @@ def _event_line(event: JsonObject) -> str:
 
 
 def _print_audit(events: list[JsonObject], as_json: bool) -> None:
+    from kbd.state.audit import format_record
+
     for e in events:
-        click.echo(orjson.dumps(e).decode() if as_json else audit_log.format_record(e))
+        click.echo(orjson.dumps(e).decode() if as_json else format_record(e))
 
 
 def _follow_audit(feed: admin.AuditFeed, as_json: bool) -> None:

@@ -142,3 +142,9 @@ def note_parts(relpath: str) -> list[str]:
             "they can carry provenance"
         )
     return parts
+
+
+# One page of a folder listing (`kbd ls`, the API's dir route): the default and
+# the most a caller may ask for.
+DEFAULT_LS_LIMIT = 1000
+MAX_LS_LIMIT = 10_000

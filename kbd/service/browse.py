@@ -23,7 +23,7 @@ from typing import NotRequired, TypedDict
 from kbd.core.layout import INDEX_NAME, NOTES_DIR
 from kbd.core.notes import provenance_of
 from kbd.core.principals import Principal
-from kbd.core.relpaths import NOTE_SUFFIXES, request_parts
+from kbd.core.relpaths import DEFAULT_LS_LIMIT, MAX_LS_LIMIT, NOTE_SUFFIXES, request_parts
 from kbd.core.resolve import Attachment
 from kbd.errors import KbdError, NotFound, SourceUnavailable, UsageError
 from kbd.fs import confined
@@ -33,8 +33,6 @@ from kbd.service.root import Root
 
 MAX_READ_BYTES = 2 * 1024 * 1024
 # Listings are paged (issue 9 item 19: 100,000 files were 9.5 MB in one answer).
-DEFAULT_LS_LIMIT = 1000
-MAX_LS_LIMIT = 10_000
 
 
 class Entry(TypedDict):
