@@ -347,3 +347,31 @@ def test_doctor_through_the_daemon(tmp_path: Path) -> None:
         assert "unauthenticated" in {c["check"]: c for c in bad.json()["checks"]}["principal"]["detail"]
     gone = run_in_process(base, input=None, env={"KBD_TOKEN": tokens["ops"]})
     assert gone.code == 65 and "unavailable" in gone.json()["checks"][0]["detail"], gone
+
+
+def test_exec_with_a_token_file_goes_through_the_daemon(tmp_path: Path) -> None:
+    kb = _build(tmp_path / "root")
+    tokens = issue_tokens(kb.root, ["alice", "dave"])
+    sid = kb.open_session("con", kind="execution", kb_access="read", actor="alice")
+    for pid in ("alice", "dave"):
+        (tmp_path / pid).write_text(tokens[pid])
+        os.chmod(tmp_path / pid, 0o600)
+    with serving(kb.root, sock=tmp_path / "kbd.sock", home=tmp_path / "home") as daemon:
+        argv = ["--socket", str(daemon.sock), "--token-file"]
+        ok = kb.cli(
+            *argv,
+            str(tmp_path / "alice"),
+            "exec",
+            sid,
+            "--",
+            "sh",
+            "-c",
+            'cat "$WORKFLOW_KB_RTS/context/about.md"',
+        )
+        assert ok.code == 0 and ok.out == "about src\n", ok
+        # dave may not use alice's session: refused by the daemon, never run in-process instead.
+        refused = kb.cli(*argv, str(tmp_path / "dave"), "exec", sid, "--", "true")
+        assert refused.code in (66, 77) and "error[" in refused.err, refused
+    # The token names the daemon: with none listening, 69, not an in-process run as the operator.
+    gone = kb.cli("--token-file", str(tmp_path / "alice"), "exec", sid, "--", "true")
+    assert gone.code == 69, gone
