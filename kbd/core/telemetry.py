@@ -60,6 +60,8 @@ def access_line(*, principal: str | None, method: str, route: str, status: int, 
 # -- journald's native protocol ------------------------------------------------------------
 
 _FIELD = re.compile(r"[A-Z0-9][A-Z0-9_]*")
+# Names already checked (a few fixed ones in practice): the check is per record otherwise.
+_VALID_FIELDS: set[str] = set()
 
 
 def journal_datagram(fields: Iterable[tuple[str, str]]) -> bytes:
@@ -70,14 +72,21 @@ def journal_datagram(fields: Iterable[tuple[str, str]]) -> bytes:
     not starting with ``_`` (those are journald's own trusted fields):
     ValueError otherwise (the keys are the daemon's, never a client's)."""
     out = bytearray()
+    text: list[str] = []  # consecutive KEY=value lines, encoded at once
     for key, value in fields:
-        if not _FIELD.fullmatch(key) or len(key) > 64:
-            raise ValueError(f"not a journal field name: {key!r}")
-        data = value.encode("utf-8", "backslashreplace")
-        if b"\n" in data:
+        if key not in _VALID_FIELDS:
+            if not _FIELD.fullmatch(key) or len(key) > 64:
+                raise ValueError(f"not a journal field name: {key!r}")
+            if len(_VALID_FIELDS) < 256:
+                _VALID_FIELDS.add(key)
+        if "\n" in value:
+            out += "".join(text).encode("utf-8", "backslashreplace")
+            text.clear()
+            data = value.encode("utf-8", "backslashreplace")
             out += key.encode() + b"\n" + struct.pack("<Q", len(data)) + data + b"\n"
         else:
-            out += key.encode() + b"=" + data + b"\n"
+            text.append(f"{key}={value}\n")
+    out += "".join(text).encode("utf-8", "backslashreplace")
     return bytes(out)
 
 
