@@ -110,5 +110,5 @@ class AccessLog:
             # Straight to the handlers: Logger.info would first walk the stack
             # for the caller's file and line (findCaller), a third of the cost
             # of a line, only to name this function every time.
-            log.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, line, None, None,
+            log.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, line, (), None,
                                       extra={"kbd_access": fields}))  # fmt: skip
