@@ -17,6 +17,11 @@ wait for their source's notes mutex in their own small pool (``NOTE_WORKERS``)
 behind a bounded queue, beyond which they are answered 503 at once; health and
 whoami never need a worker thread.
 
+Every request passes :class:`kbd.access.AccessLog` first (outermost): one
+access line through the ``kbd.access`` logger and the request counters that
+``GET /v1/metrics`` answers in the Prometheus text format when asked
+(``?format=prometheus`` or ``Accept: text/plain``; JSON stays the default).
+
 ``GET /v1/events`` is the change feed (DESIGN §9): Server-Sent Events from the
 root's event log through :class:`kbd.service.subscriptions.Feed`, which the
 operations report to (``State.feed`` is put in ``Root.events``). The event log
@@ -458,7 +463,13 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     async def health() -> JsonObject:
         return admin.health(state.host, started=state.started, now=time.time()).to_json()
 
-    @app.get("/v1/metrics", response_model=None)
+    @app.get(
+        "/v1/metrics",
+        response_model=None,
+        responses={200: {"content": {"application/json": {}, telemetry.CONTENT_TYPE: {}},
+                         "description": "JSON by default; the Prometheus text format (0.0.4) for "
+                                        "?format=prometheus or an Accept header preferring text/plain"}},
+    )  # fmt: skip
     def metrics(
         request: Request, fmt: str | None = Query(None, alias="format"), actor: Principal = Actor
     ) -> JsonObject | Response:
