@@ -23,6 +23,12 @@ long to finish before they are terminated, finishes in-flight requests, removes
 its socket and exits 0. Commands started by an in-process ``kbd exec`` are not
 the daemon's: they keep running, and sessions survive restarts.
 
+Logs (issue 12, item 5): ``--log-level`` (``KBD_LOG_LEVEL``; default info)
+and :func:`kbd.journal.configure`: journald's native protocol when stderr is
+the journal (``$JOURNAL_STREAM``), else text on stderr; uvicorn's own loggers
+go the same way (it configures no handlers of its own), and its access log is
+off: :class:`kbd.access.AccessLog` writes one line per request instead.
+
 No client can starve the others (issue 9, item 7): the open-file limit is
 raised to its hard limit at start; connections are capped per peer uid and in
 total, and a connection over a cap is answered 503 and closed at once (its
