@@ -17,6 +17,11 @@ wait for their source's notes mutex in their own small pool (``NOTE_WORKERS``)
 behind a bounded queue, beyond which they are answered 503 at once; health and
 whoami never need a worker thread.
 
+Every request passes :class:`kbd.access.AccessLog` first (outermost): one
+access line through the ``kbd.access`` logger and the request counters that
+``GET /v1/metrics`` answers in the Prometheus text format when asked
+(``?format=prometheus`` or ``Accept: text/plain``; JSON stays the default).
+
 ``GET /v1/events`` is the change feed (DESIGN §9): Server-Sent Events from the
 root's event log through :class:`kbd.service.subscriptions.Feed`, which the
 operations report to (``State.feed`` is put in ``Root.events``). The event log
@@ -37,9 +42,10 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 import anyio
+import anyio.from_thread
 import anyio.to_thread
 import orjson
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -47,6 +53,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kbd.access import AccessLog, note_principal, note_route
+from kbd.core import telemetry
 from kbd.core.events import parse_id
 from kbd.core.plan import Plan
 from kbd.core.principals import Principal
@@ -71,6 +79,7 @@ from kbd.service import notes as note_ops
 from kbd.service import principals as principal_ops
 from kbd.service import sessions as session_ops
 from kbd.service import workflows as workflow_ops
+from kbd.service.gauges import host_gauges
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
 from kbd.service.subscriptions import Feed
@@ -364,8 +373,10 @@ class PolicyFastPath:
                 authorization = value.decode("latin-1")
                 break
         response: Response
+        note_route(scope, "/v1/sessions/{sid}")
         try:
             actor = self.state.authenticate(path, authorization, scope.get(PEER_UID))
+            note_principal(scope, actor.id)
             response = Response(await self.state.policy_body(sid, actor), media_type="application/json")
         except KbdError as err:
             response = _error(err)
@@ -447,6 +458,10 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     app.state.kbd = state
     app.add_middleware(PolicyFastPath, state=state)  # inside BodyLimit (added after it: outermost)
     app.add_middleware(BodyLimit)
+    # Outermost: the access log and request metrics see every answer the app gives.
+    stats = telemetry.RequestStats()
+    app.state.request_stats = stats
+    app.add_middleware(AccessLog, stats=stats)
 
     @app.exception_handler(KbdError)
     async def _kbd_error(_: Request, err: KbdError) -> JSONResponse:
@@ -477,8 +492,10 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         return _error(KbdError("internal error"))
 
     async def principal(request: Request) -> Principal:
-        return state.authenticate(request.url.path, request.headers.get("authorization"),
-                                  request.scope.get(PEER_UID))  # fmt: skip
+        who = state.authenticate(request.url.path, request.headers.get("authorization"),
+                                 request.scope.get(PEER_UID))  # fmt: skip
+        note_principal(request.scope, who.id)
+        return who
 
     Actor = Depends(principal)
 
@@ -487,9 +504,25 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     async def health() -> JsonObject:
         return admin.health(state.host, started=state.started, now=time.time()).to_json()
 
-    @app.get("/v1/metrics")
-    def metrics(actor: Principal = Actor) -> JsonObject:
+    @app.get(
+        "/v1/metrics",
+        response_model=None,
+        responses={200: {"content": {"application/json": {}, telemetry.CONTENT_TYPE: {}},
+                         "description": "JSON by default; the Prometheus text format (0.0.4) for "
+                                        "?format=prometheus or an Accept header preferring text/plain"}},
+    )  # fmt: skip
+    def metrics(
+        request: Request, fmt: str | None = Query(None, alias="format"), actor: Principal = Actor
+    ) -> JsonObject | Response:
         admin.may_see_metrics(actor=actor)  # a refusal never waits for the state lock
+        if telemetry.wants_prometheus(fmt, request.headers.get("accept")):
+            # The counters are the event loop's: copied there, never read while changing.
+            counted = anyio.from_thread.run_sync(stats.snapshot)
+            live = getattr(app.state, "live", None)
+            with state.locked():
+                gauges = host_gauges(state.sessions, watcher_up=None if live is None else bool(live.healthy),
+                                     started=state.started)  # fmt: skip
+            return Response(telemetry.exposition(counted, gauges), media_type=telemetry.CONTENT_TYPE)
         with state.locked():
             return admin.metrics(state.sessions, actor=actor, requests=dict(state.requests)).to_json()
 

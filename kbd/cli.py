@@ -1161,13 +1161,23 @@ def principals_token(c: Ctx, name: str, as_: str | None, as_json: bool) -> None:
 @click.option(
     "--fd", type=int, help="Serve on an inherited listening socket (systemd passes LISTEN_FDS itself)."
 )
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
+    show_default=True,
+    envvar="KBD_LOG_LEVEL",
+    help="Least severe records logged (info: one access line per request). $KBD_LOG_LEVEL.",
+)
 @pass_ctx
-def serve_cmd(c: Ctx, socket_path: Path | None, fd: int | None) -> None:
-    """Run the daemon: the HTTP API on a Unix socket (0660, group kbd if it exists)."""
+def serve_cmd(c: Ctx, socket_path: Path | None, fd: int | None, log_level: str) -> None:
+    """Run the daemon: the HTTP API on a Unix socket (0660, group kbd if it exists).
+    Logs go to journald when systemd runs it, else to stderr."""
     from kbd.daemon import serve  # the API stack is imported only by the daemon
+    from kbd.journal import parse_level
     from kbd.service.root import Root
 
-    serve(Root(c.root, sweep_interval=1.0), socket_path=socket_path, fd=fd)
+    serve(Root(c.root, sweep_interval=1.0), socket_path=socket_path, fd=fd, log_level=parse_level(log_level))
 
 
 # -- browsing ---------------------------------------------------------------------------

@@ -23,6 +23,12 @@ long to finish before they are terminated, finishes in-flight requests, removes
 its socket and exits 0. Commands started by an in-process ``kbd exec`` are not
 the daemon's: they keep running, and sessions survive restarts.
 
+Logs (issue 12, item 5): ``--log-level`` (``KBD_LOG_LEVEL``; default info)
+and :func:`kbd.journal.configure`: journald's native protocol when stderr is
+the journal (``$JOURNAL_STREAM``), else text on stderr; uvicorn's own loggers
+go the same way (it configures no handlers of its own), and its access log is
+off: :class:`kbd.access.AccessLog` writes one line per request instead.
+
 No client can starve the others (issue 9, item 7): the open-file limit is
 raised to its hard limit at start; connections are capped per peer uid and in
 total, and a connection over a cap is answered 503 and closed at once (its
@@ -57,6 +63,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from kbd import journal
 from kbd.api import EVENTS_PATH, PEER_UID, create_app
 from kbd.broker import Broker
 from kbd.core import wire
@@ -654,7 +661,18 @@ def start_live(host: Root, app: FastAPI) -> tuple[EventLog, LiveState]:
     return events, live
 
 
-def serve(host: Root, *, socket_path: Path | None = None, fd: int | None = None, ready: bool = True) -> None:
+def uvicorn_level(level: int) -> int:
+    """uvicorn's own loggers: its INFO lines (server process started, …)
+    repeat what kbd says; shown from ``debug`` on."""
+    return level if level <= logging.DEBUG else max(level, logging.WARNING)
+
+
+def serve(host: Root, *, socket_path: Path | None = None, fd: int | None = None, ready: bool = True,
+          log_level: int = logging.INFO) -> None:  # fmt: skip
+    """Serve the API until SIGTERM/SIGINT (see the module docstring). Logs
+    at ``log_level`` and above go to journald or stderr (:func:`kbd.journal.configure`),
+    one access line per request through ``kbd.access`` at INFO."""
+    journal.configure(log_level)
     nofile = raise_nofile_limit()
     total, per_uid = connection_caps(nofile)
     PeerCredProtocol.limits = ConnectionLimits(total=total, per_uid=per_uid)
@@ -683,7 +701,10 @@ def serve(host: Root, *, socket_path: Path | None = None, fd: int | None = None,
     # Brokered commands get revocation.grace_seconds once accepting and watching
     # have stopped, then their trees are killed (KbdServer.shutdown's drain hooks).
     app.state.drain.append(lambda grace: asyncio.to_thread(broker.drain, grace))
-    config = uvicorn.Config(app, http=PeerCredProtocol, log_level="warning", lifespan="off",
+    # log_config=None: uvicorn's loggers propagate to the handler kbd installed
+    # (journald or stderr) instead of uvicorn configuring handlers of its own.
+    config = uvicorn.Config(app, http=PeerCredProtocol, log_level=uvicorn_level(log_level), log_config=None,
+                            lifespan="off",
                             timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
                             backlog=BACKLOG, access_log=False)  # fmt: skip
     server = KbdServer(config, live=live, drain=app.state.drain, grace=lambda: host.config.revoke_grace,

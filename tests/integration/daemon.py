@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -169,13 +169,16 @@ def start(
     home: Path | None = None,
     nofile: tuple[int, int] | None = None,
     prefix: Sequence[str] = (),
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> Daemon:
     """Start `kbd serve` and return once it has printed its readiness line.
     ``nofile``: the (soft, hard) open-file limit the daemon starts with.
     ``prefix``: a command that execs the daemon (e.g. ``unshare --mount``: its
-    pid is then the daemon's)."""
+    pid is then the daemon's). ``args``: more `kbd serve` options; ``env``:
+    variables set on top of :func:`clean_env`."""
     sock = sock or socket_path(root)
-    argv = [sys.executable, "-m", "kbd", "--root", str(root), "serve", "--socket", str(sock)]
+    argv = [sys.executable, "-m", "kbd", "--root", str(root), "serve", "--socket", str(sock), *args]
     if nofile is not None:
         argv = [sys.executable, "-c", _NOFILE_SHIM, str(nofile[0]), str(nofile[1]), *argv[1:]]
     proc = subprocess.Popen(
@@ -183,7 +186,7 @@ def start(
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=clean_env(home),
+        env={**clean_env(home), **(env or {})},
     )
     assert proc.stdout is not None and proc.stderr is not None
     lines: queue.Queue[bytes | None] = queue.Queue()
@@ -213,10 +216,12 @@ def serving(
     home: Path | None = None,
     nofile: tuple[int, int] | None = None,
     prefix: Sequence[str] = (),
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[Daemon]:
     """The daemon for the duration of the block; stopped (and checked) afterwards.
     If the block fails, the daemon is killed without masking that failure."""
-    daemon = start(root, sock=sock, home=home, nofile=nofile, prefix=prefix)
+    daemon = start(root, sock=sock, home=home, nofile=nofile, prefix=prefix, args=args, env=env)
     try:
         yield daemon
     except BaseException:
