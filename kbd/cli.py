@@ -428,6 +428,26 @@ def workflows_list(c: Ctx, as_: str | None, as_json: bool) -> None:
         )
 
 
+@workflows.command("create")
+@click.argument("wf")
+@click.option("--label", default=None, help="Display name (default: the ID).")
+@click.option("--owner", default=None, help="Owning principal (default: you; another one: admins only).")
+@as_option
+@json_option
+@pass_ctx
+def workflows_create(
+    c: Ctx, wf: str, label: str | None, owner: str | None, as_: str | None, as_json: bool
+) -> None:
+    """Create workflow folder WF for its owner (owner's uid, the host's grant group)."""
+    made = workflow_ops.create(c.host, wf, label=label, owner=owner, actor=c.actor(as_))
+    if as_json:
+        _emit(made.to_json())
+        return
+    click.echo(
+        f"created workflow {one_line(made.workflow_id)} for {one_line(made.owner)} at {one_line(made.path)}"
+    )
+
+
 def _ids(ids: list[str] | tuple[str, ...]) -> str:
     """A list of workflow or principal IDs on one line, each escaped."""
     return ", ".join(one_line(i) for i in ids)
