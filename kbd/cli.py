@@ -330,11 +330,28 @@ def choose_root(personal: Path, *, creating: bool, personal_exists: bool, system
 @click.option("--demo", is_flag=True, help="Add example principals and workflows with KB content.")
 @click.option("--host", "host_name", metavar="NAME", help="This execution host's name (default: hostname).")
 @click.option("--force", is_flag=True, help="Rewrite kbd.yaml and principals.yaml of an existing root.")
+@click.option("--system", is_flag=True, help="A service host's root: groups, owners, modes, the grant group.")
+@click.option(
+    "--group", default="kbd", show_default=True, help="With --system: the group that may reach the socket."
+)
+@click.option("--grant-group", default="kbd-grant", show_default=True,
+              help="With --system: the member-less group sandboxed commands get.")  # fmt: skip
 @json_option
 @pass_ctx
-def init(c: Ctx, demo: bool, host_name: str | None, force: bool, as_json: bool) -> None:
+def init(
+    c: Ctx, demo: bool, host_name: str | None, force: bool, system: bool, group: str, grant_group: str,
+    as_json: bool,
+) -> None:  # fmt: skip
     """Create a kbd root (kbd.yaml, principals.yaml, workflows/, state/)."""
-    result = admin.init(c.root, host=host_name, force=force, demo=demo)
+    layout = admin.SystemLayout(group, grant_group) if system else None
+    result = admin.init(c.root, host=host_name, force=force, demo=demo, system=layout)
+    for name in result.groups_created or ():
+        click.echo(f"kbd: created group {name} (groupadd --system)", err=True)
+    if result.layout_only:
+        click.echo(
+            f"kbd: {c.root} is already a kbd root: kept its config, applied groups, owners and modes",
+            err=True,
+        )
     if as_json:
         _emit(result.to_json())
         return
