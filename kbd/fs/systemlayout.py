@@ -105,3 +105,82 @@ def apply_layout(root: Path, *, group: str, grant_group: str) -> list[str]:
     finally:
         os.close(root_fd)
     return created
+
+
+# -- doctor -----------------------------------------------------------------------------
+
+SETGID = 0o2000
+
+
+def grant_group_problems(name: str) -> list[str]:
+    """Why the grant group ``name`` breaks the model, if it does."""
+    try:
+        gid = grp.getgrnam(name).gr_gid
+    except KeyError:
+        return [f"sandbox.grant_group {name!r} is not a group on this host; fix: groupadd --system {name}"]
+    who = members(gid, name)
+    if who:
+        return [
+            f"grant group {name!r} has members ({', '.join(who)}): they read every workflow folder outside "
+            f"any sandbox; fix: gpasswd -d USER {name} (and give no account it as primary group)"
+        ]
+    return []
+
+
+def _mode_problem(path: Path, st: os.stat_result, *, gid: int, group: str, mode: int) -> str | None:
+    got = st.st_mode & 0o7777
+    if st.st_gid == gid and got == mode:
+        return None
+    fix = f"chgrp {group} {path} && chmod {mode:o} {path}" if st.st_gid != gid else f"chmod {mode:o} {path}"
+    try:
+        has = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        has = str(st.st_gid)
+    return f"{path}: group {has}, mode {got:o}; want group {group}, mode {mode:o}; fix: {fix}"
+
+
+def workflow_problems(folder: Path, *, grant_group: str) -> list[str]:
+    """A workflow folder of a host with a grant group: the folder, its KB and
+    context/ ``2750``, notes/ ``2770``, all of group ``grant_group`` (never
+    following a link: lstat)."""
+    try:
+        gid = grp.getgrnam(grant_group).gr_gid
+    except KeyError:
+        return []  # reported once, by grant_group_problems
+    out = []
+    want = (
+        ("", 0o2750),
+        ("knowledgebase", 0o2750),
+        ("knowledgebase/context", 0o2750),
+        ("knowledgebase/notes", 0o2770),
+    )
+    for rel, mode in want:
+        path = folder / rel if rel else folder
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue  # a KB without context/ or notes/ is the registry's to report
+        except OSError as exc:
+            out.append(f"{path}: cannot be checked ({exc.strerror})")
+            continue
+        if (problem := _mode_problem(path, st, gid=gid, group=grant_group, mode=mode)) is not None:
+            out.append(problem)
+    return out
+
+
+def root_problems(root: Path) -> list[str]:
+    """The service root's own folders and files (see LAYOUT): nothing open to others."""
+    out = []
+    for rel, owner, mode in LAYOUT:
+        path = root / rel if rel else root
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        got = st.st_mode & 0o7777
+        if got & ~mode or st.st_uid != 0 or (owner is None and st.st_gid != 0):
+            chgrp = f"chown root:root {path} && " if owner is None else f"chown root {path} && "
+            out.append(
+                f"{path}: owner {st.st_uid}, group {st.st_gid}, mode {got:o}; fix: {chgrp}chmod {mode:o} {path}"
+            )
+    return out

@@ -116,7 +116,31 @@ def doctor(root: Path, *, workflow_id: str | None = None) -> DoctorReport:
     except KbdError as err:
         return DoctorReport((DoctorCheck("config", False, f"{err.code}: {err.message}"),))
     return DoctorReport((DoctorCheck("config", True, f"host {host.config.host}, root {host.config.root}"),
-                         *_root_checks(host, workflow_id), *_sandbox_checks(host)))  # fmt: skip
+                         *_root_checks(host, workflow_id), *_layout_checks(host), *_sandbox_checks(host)))  # fmt: skip
+
+
+def _layout_checks(host: Root) -> list[DoctorCheck]:
+    """A host with a grant group (issue 12): the group has no members, the
+    root is not open to others, and each workflow folder is group-owned by the
+    grant group, setgid, closed to others, with a group-writable notes/. One
+    FAIL line per problem, naming the path and the fix."""
+    name = host.config.sandbox.grant_group
+    if name is None:
+        return []
+    from kbd.fs import systemlayout
+
+    problems = systemlayout.grant_group_problems(name)
+    out = [
+        DoctorCheck("grant group", not problems, problems[0] if problems else f"{name}: exists, no members")
+    ]
+    found = systemlayout.root_problems(host.config.root)
+    folders = host.registry.folders()
+    for f in folders:
+        found += systemlayout.workflow_problems(f.path, grant_group=name)
+    out += [DoctorCheck("permissions", False, p) for p in found]
+    if not found:
+        out.append(DoctorCheck("permissions", True, f"root and {len(folders)} workflow folders as laid out"))
+    return out
 
 
 def _root_checks(host: Root, workflow_id: str | None) -> list[DoctorCheck]:
