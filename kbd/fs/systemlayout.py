@@ -25,7 +25,7 @@ import subprocess
 from pathlib import Path
 
 from kbd.core.config import is_group_name
-from kbd.core.layout import CONFIG_NAME, PRINCIPALS_NAME, STATE_DIR
+from kbd.core.layout import CONFIG_NAME, KB_DIR, NOTES_DIR, PRINCIPALS_NAME, STATE_DIR
 from kbd.errors import RootError, UsageError
 
 # (relative path, owner group: "group" or None for root's, mode)
@@ -148,14 +148,10 @@ def workflow_problems(folder: Path, *, grant_group: str) -> list[str]:
     except KeyError:
         return []  # reported once, by grant_group_problems
     out = []
-    want = (
-        ("", 0o2750),
-        ("knowledgebase", 0o2750),
-        ("knowledgebase/context", 0o2750),
-        ("knowledgebase/notes", 0o2770),
-    )
+    kb = Path(KB_DIR)
+    want = ((Path(), 0o2750), (kb, 0o2750), (kb / "context", 0o2750), (kb / NOTES_DIR, 0o2770))
     for rel, mode in want:
-        path = folder / rel if rel else folder
+        path = folder / rel
         try:
             st = os.lstat(path)
         except FileNotFoundError:
