@@ -419,3 +419,34 @@ def test_doctor_names_a_wrong_mode_and_a_member_of_the_grant_group(host: Host) -
             ["gpasswd", "-d", host.users["oz"].pw_name, host.grant], check=True, capture_output=True
         )
         os.chmod(notes, 0o2770)  # noqa: S103 - the layout's own mode
+
+
+# -- failing closed ----------------------------------------------------------------------------
+
+
+def test_a_grant_group_missing_at_use_refuses_the_command(host: Host) -> None:
+    config = host.root / "kbd.yaml"
+    before = config.read_text()
+    config.write_text(before.replace(f"grant_group: {host.grant}", "grant_group: kbd-no-such-group-here"))
+    try:
+        r = kbd_exec(host, "ann", "echo RAN")
+        assert r.returncode == 69, (r.returncode, r.stderr)
+        assert "error[grant-group-missing]" in r.stderr and "kbd-no-such-group-here" in r.stderr, r.stderr
+        assert "RAN" not in r.stdout
+    finally:
+        config.write_text(before)
+    r = kbd_exec(host, "ann", "echo RAN")
+    assert r.returncode == 0 and r.stdout == "RAN\n", r.stderr
+
+
+def test_only_sandboxed_brokered_commands_get_the_grant_group() -> None:
+    from kbd.errors import GrantGroupMissing
+    from kbd.service.execute import grant_gid
+
+    assert grant_gid("root", "bwrap", True) == 0
+    assert grant_gid("root", "landlock", True) == 0
+    assert grant_gid("root", "none", True) is None  # unsafe_no_sandbox: never
+    assert grant_gid("root", "bwrap", False) is None  # in-process: this process's own groups
+    assert grant_gid(None, "bwrap", True) is None  # no grant group: today's single-user host
+    with pytest.raises(GrantGroupMissing):
+        grant_gid("kbd-no-such-group-here", "bwrap", True)
