@@ -291,7 +291,9 @@ class SandboxSetupError(Unavailable):
 
 class GrantGroupMissing(Unavailable):
     code = "grant-group-missing"
-    default_hint = "create it with `groupadd --system NAME` (no members), or fix sandbox.grant_group in kbd.yaml"
+    default_hint = (
+        "create it with `groupadd --system NAME` (no members), or fix sandbox.grant_group in kbd.yaml"
+    )
 
 
 class SourceUnavailable(Unavailable):
