@@ -552,7 +552,6 @@ def create(
             "workflow_create_refused", err, actor=actor, workflow_id=wid, owner=owner or actor.id
         )
         raise
-    root.audit("workflow_created", workflow_id=made.workflow_id, actor=actor.id, owner=made.owner)
     root.events.emit("workflow.changed", workflow_id=made.workflow_id)
     return made
 
@@ -600,6 +599,9 @@ def _create(
     manifest = {"id": wid, "label": text, "created_by": target, "access": {"owners": [target]},
                 "knowledgebase_sources": []}  # fmt: skip
     data = orjson.dumps(manifest, option=orjson.OPT_INDENT_2) + b"\n"
+    # Audited before the folder exists (as every change here): if the log
+    # cannot be written, nothing is made. A failure after it is recorded too.
+    root.audit("workflow_created", workflow_id=wid, actor=actor.id, owner=target)
     path = workflow_folder.create(root.config.workflow_roots[0], wid, data, who)
     root.registry.apply([PathChange("added", str(path))])  # found at once, not at the next sweep
     return WorkflowCreated(wid, text, target, str(path))
