@@ -123,6 +123,12 @@ class GrantBody(Strict):
     workflow_id: str
 
 
+class CreateWorkflowBody(Strict):
+    workflow_id: str
+    label: str | None = None
+    owner: str | None = Field(default=None, description="the owning principal; default: the caller")
+
+
 class OpenSessionBody(Strict):
     workflow_id: str
     kind: str | None = Field(
@@ -592,6 +598,14 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
             att = browse_ops.attachment(state.host, wid, alias, actor=actor)
         # The listing outside the state lock.
         return browse_ops.list_dir(att, wid, alias, path, limit=size, after=after).to_json()
+
+    @app.post("/v1/workflows", status_code=201)
+    def create_workflow(body: CreateWorkflowBody, actor: Principal = Actor) -> JsonObject:
+        with state.locked():
+            made = workflow_ops.create(
+                state.host, body.workflow_id, label=body.label, owner=body.owner, actor=actor
+            )
+            return made.to_json()
 
     @app.get("/v1/workflows/{wid}/writers")
     def writers(wid: str, actor: Principal = Actor) -> JsonObject:

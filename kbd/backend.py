@@ -272,6 +272,28 @@ class WorkflowsList(Op):
 
 
 @dataclass(frozen=True)
+class WorkflowCreate(Op):
+    wf: str
+    label: str | None
+    owner: str | None
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import workflows as _workflows
+
+        return _workflows.create(
+            ctx.root, self.wf, label=self.label, owner=self.owner, actor=_principal(actor)
+        )
+
+    def http(self) -> Request:
+        body: JsonObject = {"workflow_id": self.wf}
+        if self.label is not None:
+            body["label"] = self.label
+        if self.owner is not None:
+            body["owner"] = self.owner
+        return Request("POST", "/v1/workflows", body)
+
+
+@dataclass(frozen=True)
 class WorkflowShow(Op):
     wf: str
 

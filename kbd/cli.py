@@ -401,13 +401,30 @@ def choose_root(personal: Path, *, creating: bool, personal_exists: bool, system
 @click.option("--demo", is_flag=True, help="Add example principals and workflows with KB content.")
 @click.option("--host", "host_name", metavar="NAME", help="This execution host's name (default: hostname).")
 @click.option("--force", is_flag=True, help="Rewrite kbd.yaml and principals.yaml of an existing root.")
+@click.option("--system", is_flag=True, help="A service host's root: groups, owners, modes, the grant group.")
+@click.option(
+    "--group", default="kbd", show_default=True, help="With --system: the group that may reach the socket."
+)
+@click.option("--grant-group", default="kbd-grant", show_default=True,
+              help="With --system: the member-less group sandboxed commands get.")  # fmt: skip
 @json_option
 @pass_ctx
-def init(c: Ctx, demo: bool, host_name: str | None, force: bool, as_json: bool) -> None:
+def init(
+    c: Ctx, demo: bool, host_name: str | None, force: bool, system: bool, group: str, grant_group: str,
+    as_json: bool,
+) -> None:  # fmt: skip
     """Create a kbd root (kbd.yaml, principals.yaml, workflows/, state/)."""
     from kbd.service import admin
 
-    result = admin.init(c.root, host=host_name, force=force, demo=demo)
+    layout = admin.SystemLayout(group, grant_group) if system else None
+    result = admin.init(c.root, host=host_name, force=force, demo=demo, system=layout)
+    for name in result.groups_created or ():
+        click.echo(f"kbd: created group {name} (groupadd --system)", err=True)
+    if result.layout_only:
+        click.echo(
+            f"kbd: {c.root} is already a kbd root: kept its config, applied groups, owners and modes",
+            err=True,
+        )
     if as_json:
         _emit(result.to_json())
         return
@@ -512,6 +529,25 @@ def workflows_list(c: Ctx, as_: str | None, as_json: bool) -> None:
         click.echo(
             f"{one_line(r['id'] or '?'):<24} {one_line(r['label'] or '', limit=40):<28} {one_line(r['path'])}{status}"
         )
+
+
+@workflows.command("create")
+@click.argument("wf")
+@click.option("--label", default=None, help="Display name (default: the ID).")
+@click.option("--owner", default=None, help="Owning principal (default: you; another one: admins only).")
+@as_option
+@json_option
+@pass_ctx
+def workflows_create(
+    c: Ctx, wf: str, label: str | None, owner: str | None, as_: str | None, as_json: bool
+) -> None:
+    """Create workflow folder WF for its owner (owner's uid, the host's grant group)."""
+    made = c.run(ops.WorkflowCreate(wf, label, owner), as_)
+    if as_json:
+        _emit(made)
+        return
+    owners = _ids(made["owners"])
+    click.echo(f"created workflow {one_line(made['workflow_id'])} for {owners} at {one_line(made['path'])}")
 
 
 def _ids(ids: list[str] | tuple[str, ...]) -> str:

@@ -30,11 +30,13 @@ API turn any of them into the same answer without knowing the class::
     ├── Unavailable                 69  503  unavailable              sandbox / service missing
     │   ├── ContainmentUnavailable  69  503  containment-unavailable  no per-command cgroup
     │   ├── SandboxSetupError       69  503  sandbox-setup
+    │   ├── GrantGroupMissing       69  503  grant-group-missing      sandbox.grant_group not on this host
     │   └── SourceUnavailable       69  409  source-unavailable       attached, not available now (*)
     ├── Busy                        75  409  busy                     lock timeout, retry
     │   ├── Overloaded              75  503  busy                     daemon overloaded (see below)
     │   ├── VersionConflict         75  409  version-conflict         expected version is stale
-    │   └── IndexUnreadable         75  409  index-unreadable         notes/_index.json mid-rewrite
+    │   ├── IndexUnreadable         75  409  index-unreadable         notes/_index.json mid-rewrite
+    │   └── WorkflowExists          75  409  workflow-exists          workflows create: ID or folder taken
     ├── NoSpace                     75  507  no-space                 disk or quota full (ENOSPC, EDQUOT)
     ├── PermissionDenied            77  403  permission-denied
     │   ├── AudienceDenied          77  403  audience-denied
@@ -287,6 +289,13 @@ class SandboxSetupError(Unavailable):
     default_hint = "the plan's folders changed or are missing; run `kbd session show SID` and retry"
 
 
+class GrantGroupMissing(Unavailable):
+    code = "grant-group-missing"
+    default_hint = (
+        "create it with `groupadd --system NAME` (no members), or fix sandbox.grant_group in kbd.yaml"
+    )
+
+
 class SourceUnavailable(Unavailable):
     """The alias is attached but not available right now; ``reason`` says why.
     Exit code and HTTP status follow ``reason`` (:data:`REASON_ERRORS`)."""
@@ -326,6 +335,11 @@ class VersionConflict(Busy):
 class IndexUnreadable(Busy):
     code = "index-unreadable"
     default_hint = "the source may be rewriting its index; retry. This is not an empty knowledge base."
+
+
+class WorkflowExists(Busy):
+    code = "workflow-exists"
+    default_hint = "pick another workflow ID; `kbd workflows list` shows the taken ones"
 
 
 class NoSpace(KbdError):

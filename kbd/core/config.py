@@ -49,6 +49,21 @@ class SandboxConfig:
     # notes/ (DESIGN §5): write grants need an explicit, loudly named opt-in.
     unsafe_landlock_writes: bool = False
     unsafe_no_sandbox: bool = False
+    # A group with no members that the daemon adds to the commands it sandboxes
+    # (never to unsafe_no_sandbox ones): workflow folders are group-owned by it,
+    # so a grant is usable at the Unix level only inside a sandbox. A name, kept
+    # as text: the gid is looked up when a command starts (the core stays pure).
+    grant_group: str | None = None
+
+
+# Group names as groupadd accepts them (shadow-utils' default rule), checked
+# without ``re``: the exec path parses this file and pays for every import.
+_GROUP_FIRST = frozenset("abcdefghijklmnopqrstuvwxyz_")
+_GROUP_REST = _GROUP_FIRST | frozenset("0123456789-")
+
+
+def is_group_name(name: str) -> bool:
+    return 0 < len(name) <= 32 and name[0] in _GROUP_FIRST and all(c in _GROUP_REST for c in name)
 
 
 # notes_quota.max_files also bounds the post-command audit's walk of a notes/
@@ -222,7 +237,7 @@ def parse_config(data: object, *, root: Path, source: str = CONFIG_NAME) -> Conf
     sb = expect_mapping(doc.get("sandbox", {}), where="sandbox", source=source)
     check_keys(
         sb,
-        allowed=("backend", "network", "unsafe_landlock_writes", "unsafe_no_sandbox"),
+        allowed=("backend", "network", "unsafe_landlock_writes", "unsafe_no_sandbox", "grant_group"),
         where="sandbox",
         source=source,
     )
@@ -239,6 +254,7 @@ def parse_config(data: object, *, root: Path, source: str = CONFIG_NAME) -> Conf
         unsafe_no_sandbox=expect_bool(
             sb.get("unsafe_no_sandbox", False), where="sandbox.unsafe_no_sandbox", source=source
         ),
+        grant_group=_grant_group(sb.get("grant_group"), source=source),
     )
 
     quota = _notes_quota(doc.get("notes_quota", {}), source=source)
@@ -265,6 +281,18 @@ def parse_config(data: object, *, root: Path, source: str = CONFIG_NAME) -> Conf
         notes_quota=quota,
         limits=parse_limits(doc.get("limits", {}), source=source),
     )
+
+
+def _grant_group(raw: object, *, source: str) -> str | None:
+    if raw is None:
+        return None
+    name = expect_str(raw, where="sandbox.grant_group", source=source)
+    if not is_group_name(name):
+        raise InvalidConfig(
+            f"{source}: sandbox.grant_group must be a group name (lower-case letters, digits, _ and -, "
+            f"starting with a letter or _, at most 32 characters), not {name!r}"
+        )
+    return name
 
 
 def _notes_quota(raw: object, *, source: str) -> NotesQuota:

@@ -48,8 +48,11 @@ def write_atomic_at(
     mode: int = 0o644,
     keep_owner: bool = True,
     keep_mode: bool = True,
+    owner: tuple[int, int] | None = None,
 ) -> None:
-    """Like :func:`write_atomic`, beneath an already pinned directory fd."""
+    """Like :func:`write_atomic`, beneath an already pinned directory fd.
+    ``owner`` (uid, gid), when given, is set on the temp file's descriptor
+    before the rename (root only)."""
     if "/" in name or name in {"", ".", ".."} or "\x00" in name:
         raise ValueError(f"not a plain file name: {name!r}")
     uid = gid = -1
@@ -62,6 +65,8 @@ def write_atomic_at(
                 uid, gid = st.st_uid, st.st_gid
     except FileNotFoundError:
         pass
+    if owner is not None:
+        uid, gid = owner
     mode &= DATA_MODE_MASK
     # A fixed-length temp name: a long (multi-byte) target name cannot push it past NAME_MAX.
     tmp = f".kbd-{os.urandom(8).hex()}.tmp"

@@ -409,7 +409,9 @@ def list_dir(
         os.close(fd)
 
 
-def replace_file(dirfd: int, rel: str, data: bytes, *, mode: int = 0o644) -> None:
+def replace_file(
+    dirfd: int, rel: str, data: bytes, *, mode: int = 0o644, owner: tuple[int, int] | None = None
+) -> None:
     """Atomically create or replace the regular file ``rel`` beneath ``dirfd``.
 
     The final name is never opened: a temp file is created ``O_EXCL|O_NOFOLLOW``
@@ -419,6 +421,7 @@ def replace_file(dirfd: int, rel: str, data: bytes, *, mode: int = 0o644) -> Non
     never written through. The new file has exactly ``mode`` (masked to
     read/write bits; umask-independent): an existing file's mode is never
     carried over, so a planted set-id or executable bit does not survive.
+    ``owner`` (uid, gid; root only) is set on the temp file before the rename.
     """
     parts = split_relative(rel)
     if names_folder(rel):
@@ -437,7 +440,7 @@ def replace_file(dirfd: int, rel: str, data: bytes, *, mode: int = 0o644) -> Non
                 f"{rel!r} exists and is a {kind}; only regular files are replaced", why="not_file"
             )
         try:
-            write_atomic_at(pfd, name, data, mode=mode, keep_owner=False, keep_mode=False)
+            write_atomic_at(pfd, name, data, mode=mode, keep_owner=False, keep_mode=False, owner=owner)
         except OSError as exc:
             raise _refusal(exc.errno or errno.EIO, rel) from None
     finally:

@@ -101,3 +101,18 @@ def mount_info(
             raise OSError(err, os.strerror(err), os.fsdecode(path))
     st = os.fstat(dir_fd) if flags & AT_EMPTY_PATH and dir_fd is not None else os.lstat(path, dir_fd=dir_fd)
     return MountInfo(mode=st.st_mode, dev=st.st_dev, ino=st.st_ino, mnt_id=None, mount_root=None)
+
+
+RENAME_NOREPLACE = 1
+
+
+def rename_noreplace(src_dirfd: int, src: str, dst_dirfd: int, dst: str) -> None:
+    """``renameat2(..., RENAME_NOREPLACE)``: move ``src`` to ``dst`` only if no
+    ``dst`` exists (a plain rename replaces an empty folder). Raises OSError
+    (``FileExistsError`` when ``dst`` is taken)."""
+    fn = libc.renameat2
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    if fn(src_dirfd, os.fsencode(src), dst_dirfd, os.fsencode(dst), RENAME_NOREPLACE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), dst)

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 #: Every written note, whatever mode the file it replaces had (never set-id or executable).
 NOTE_MODE = 0o644
 NOTE_FOLDER_MODE = 0o755
+#: On a host with a grant group, a note kbd writes as root belongs to the
+#: notes/ folder's owner and group (the source's builder, the grant group):
+#: readable and writable by its owner outside and by granted commands inside.
+SHARED_NOTE_MODE = 0o660
 INDEX_RETRIES = 10
 INDEX_RETRY_DELAY = 0.02
 # A short poll keeps a writer's wait tail close to the holder's real hold time.
@@ -147,9 +151,11 @@ def note_adds(notes_fd: int, parts: tuple[str, ...], size: int) -> tuple[int, in
         os.close(cur)
 
 
-def _open_parent(notes_fd: int, parts: tuple[str, ...]) -> int:
+def _open_parent(notes_fd: int, parts: tuple[str, ...], shared: os.stat_result | None = None) -> int:
     """The folder that will hold the note, beneath ``notes/``; missing subfolders
-    are created one component at a time (never through a link)."""
+    are created one component at a time (never through a link). ``shared``:
+    notes/'s own status, whose owner, group and rwx/setgid bits a new folder
+    gets (see :func:`replace_note`)."""
     cur = os.dup(notes_fd)
     try:
         for comp in parts[:-1]:
@@ -166,7 +172,9 @@ def _open_parent(notes_fd: int, parts: tuple[str, ...]) -> int:
                     # mkdir's mode passes through the writer's umask (077 made a
                     # folder the source's own agents could not enter); like the
                     # note itself, a folder kbd creates has one mode.
-                    os.fchmod(nxt, NOTE_FOLDER_MODE)
+                    if shared is not None:
+                        os.fchown(nxt, shared.st_uid, shared.st_gid)
+                    os.fchmod(nxt, NOTE_FOLDER_MODE if shared is None else shared.st_mode & 0o2770)
             os.close(cur)
             cur = nxt
         return cur
@@ -184,13 +192,21 @@ def _sweep_temp_files(dir_fd: int) -> None:
                 os.unlink(name, dir_fd=dir_fd)
 
 
-def replace_note(notes_fd: int, parts: tuple[str, ...], data: bytes) -> None:
+def replace_note(notes_fd: int, parts: tuple[str, ...], data: bytes, *, shared: bool = False) -> None:
     """Create or atomically replace the note at ``parts`` beneath ``notes/``
-    (missing folders created), mode NOTE_MODE. The caller holds the mutex."""
-    parent = _open_parent(notes_fd, parts)
+    (missing folders created), mode NOTE_MODE. The caller holds the mutex.
+    ``shared`` (a host with a grant group, kbd running as root): the note gets
+    notes/'s owner and group and SHARED_NOTE_MODE instead, set on the temp
+    file's descriptor before the rename (never by path); a new subfolder gets
+    notes/'s owner, group and mode."""
+    st = os.fstat(notes_fd) if shared and os.geteuid() == 0 else None
+    parent = _open_parent(notes_fd, parts, st)
     try:
         _sweep_temp_files(parent)
-        replace_file(parent, parts[-1], data, mode=NOTE_MODE)
+        if st is None:
+            replace_file(parent, parts[-1], data, mode=NOTE_MODE)
+        else:
+            replace_file(parent, parts[-1], data, mode=SHARED_NOTE_MODE, owner=(st.st_uid, st.st_gid))
     finally:
         os.close(parent)
 

@@ -102,10 +102,13 @@ def _safe_name(value: str, fallback: str) -> str:
     return cleaned if id_problem(cleaned) is None else fallback
 
 
-def init_root(root: Path, *, host: str | None, force: bool, demo: bool) -> dict[str, Any]:
+def init_root(
+    root: Path, *, host: str | None, force: bool, demo: bool, grant_group: str | None = None
+) -> dict[str, Any]:
     """Write kbd.yaml and principals.yaml (and the demo) into ``root``.
 
     Refuses a root that already has kbd.yaml unless ``force``. Never deletes.
+    ``grant_group``: written as ``sandbox.grant_group`` (``kbd init --system``).
     """
     if root.exists() and not root.is_dir():
         raise RootError(f"{root} exists and is not a folder")
@@ -130,7 +133,14 @@ def init_root(root: Path, *, host: str | None, force: bool, demo: bool) -> dict[
         raise RootError(f"--host {problem}")
     root.mkdir(parents=True, exist_ok=True, mode=0o750)
     _make_folders(root)
-    write_atomic(root / CONFIG_NAME, CONFIG_TEMPLATE.format(host=host_name).encode(), mode=0o640)
+    config = CONFIG_TEMPLATE.format(host=host_name)
+    if grant_group is not None:
+        config = config.replace(
+            "  unsafe_no_sandbox: false\n",
+            "  unsafe_no_sandbox: false\n"
+            f"  grant_group: {grant_group}        # no members, ever: added to sandboxed commands only\n",
+        )
+    write_atomic(root / CONFIG_NAME, config.encode(), mode=0o640)
     principals = demo_principals() if demo else default_principals()
     write_atomic(
         root / PRINCIPALS_NAME,

@@ -368,6 +368,7 @@ def build_argv(
     limits: LimitsConfig | None = None,
     hard: Mapping[int, int] | None = None,
     ready_fd: int | None = None,
+    confine: bool = False,
 ) -> list[str]:
     """The complete bwrap argv for ``command`` under ``plan``; opens (and records in
     ``fds``) every grant's descriptor. ``limits`` bounds the private tmpfs mounts
@@ -375,7 +376,10 @@ def build_argv(
     ``hard`` limits the command starts with (default: this process's).
     ``ready_fd``: a pipe's read end holding one byte (handed to bwrap by the
     caller): bwrap consumes it once the sandbox is set up, right before it execs
-    the command's first step (:func:`kbd.service.execute.sandbox_was_set_up`)."""
+    the command's first step (:func:`kbd.service.execute.sandbox_was_set_up`).
+    ``confine``: the command carries the host's grant group, so the inner
+    helper runs for every plan and first confines all file access to this
+    sandbox's own mount tree (see kbd.sandbox.landlock_helper)."""
     bwrap = bwrap_path()
     if bwrap is None:
         raise Unavailable(
@@ -434,6 +438,8 @@ def build_argv(
     dests.append(shm)
     opts.append(SeccompFd(fds.add(seccomp_fd(network != "host"))))
     inner = spec.inner_landlock(plan)
+    if confine:
+        inner = {**(inner or {}), "confine": True}
     helper: File | BindFd | None = None
     if inner is not None:
         helper = helper_opt(fds, [m.dest for m in grants])

@@ -29,6 +29,12 @@ kernel cannot handle cannot be denied either), except that a right named in
 first, soft and hard alike (so the command cannot raise them again): inside
 bubblewrap the helper is the command's only predecessor, so it replaces the
 ``sh -c ulimit …`` step a read plan runs (kbd.sandbox.limits).
+``confine`` (set when the command carries the host's grant group) first
+applies a layer of its own that handles every right and allows all of them
+beneath this mount namespace's ``/`` only: a descriptor from outside the
+sandbox (received over a Unix socket, or injected by a same-uid tracer) walks
+up to the host's root, never to the sandbox's, so the grant group opens
+nothing through it. With ``confine``, ``handled`` may be absent (a read plan).
 Any failure exits 69 before the command runs: fail closed, never run unconfined.
 """
 
@@ -371,6 +377,13 @@ def check_mounts(expected: list[str], prefixes: list[str]) -> None:
         )
 
 
+def confine() -> None:
+    """The layer ``confine`` asks for: every right, and all of them beneath
+    ``/`` (the sandbox's own root), nothing beneath anything else."""
+    every = list(RIGHTS)
+    apply({"handled": every, "rules": [{"path": "/", "access": every}], "min_abi": 1, "scope": True})
+
+
 def main(argv: list[str]) -> None:
     if len(argv) < 4 or argv[2] != "--":
         fail("usage: landlock_helper.py SPEC_JSON -- CMD [ARG...]")
@@ -383,7 +396,12 @@ def main(argv: list[str]) -> None:
     set_rlimits(list(spec.get("rlimits", [])))
     if "mounts" in spec:
         check_mounts(list(spec["mounts"]), list(spec.get("mount_prefixes", [])))
-    apply(spec)
+    if spec.get("confine"):
+        confine()
+    elif "handled" not in spec:
+        fail("bad spec: neither handled rights nor confine")
+    if "handled" in spec:
+        apply(spec)
     # Python starts with SIGPIPE and SIGXFSZ ignored and exec keeps ignored
     # signals: give the command the default actions, so RLIMIT_FSIZE stops a
     # writer (SIGXFSZ) as it would outside kbd.

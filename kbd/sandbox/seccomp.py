@@ -7,7 +7,13 @@ the host later runs (found by review). Landlock has no right for mode changes,
 so the filter refuses, with EPERM:
 
 * setting S_ISUID or S_ISGID through chmod, fchmod, fchmodat, fchmodat2, or
-  when creating a file (open, openat, creat, mknod, mknodat);
+  when creating a file or folder (open, openat, creat, mknod, mknodat, mkdir,
+  mkdirat), as systemd's RestrictSUIDSGID does. Always, whatever the host: a
+  sandboxed command never needs them, and on a host with a grant group a
+  setgid file made inside would hand that group to whoever runs it outside.
+  (A folder made in a setgid folder still inherits S_ISGID from it: the kernel
+  does that, not the mode argument, and it is how notes/ keeps its group.)
+  ``openat2`` carries its mode in a struct, so it is refused whole (below);
 * the kernel keyrings (``add_key``, ``request_key``, ``keyctl``): keyrings are
   not namespaced, so a sandboxed uid 0 could read a key planted in root's user
   keyring on the host, or pass data to another session through one. EPERM (as
@@ -97,8 +103,8 @@ class Arch:
 ARCHES = {
     "x86_64": Arch(
         audit=0xC000003E,
-        # chmod, fchmod, creat, mknod, open, openat, mknodat, fchmodat, fchmodat2
-        mode_arg={90: 1, 91: 1, 85: 1, 133: 1, 2: 2, 257: 3, 259: 2, 268: 2, 452: 2},
+        # chmod, fchmod, creat, mknod, open, openat, mknodat, fchmodat, fchmodat2, mkdir, mkdirat
+        mode_arg={90: 1, 91: 1, 85: 1, 133: 1, 2: 2, 257: 3, 259: 2, 268: 2, 452: 2, 83: 1, 258: 2},
         # openat2, io_uring_setup, clone3 (ENOSYS); add_key, request_key, keyctl (EPERM)
         deny={437: ENOSYS, 425: ENOSYS, 435: ENOSYS, 248: EPERM, 249: EPERM, 250: EPERM},
         socket=41,
@@ -142,8 +148,8 @@ ARCHES = {
     ),
     "aarch64": Arch(
         audit=0xC00000B7,
-        # fchmod, fchmodat, openat, mknodat, fchmodat2
-        mode_arg={52: 1, 53: 2, 56: 3, 33: 2, 452: 2},
+        # fchmod, fchmodat, openat, mknodat, fchmodat2, mkdirat
+        mode_arg={52: 1, 53: 2, 56: 3, 33: 2, 452: 2, 34: 2},
         deny={437: ENOSYS, 425: ENOSYS, 435: ENOSYS, 217: EPERM, 218: EPERM, 219: EPERM},
         socket=198,
         socketpair=199,

@@ -33,18 +33,54 @@ class Initialised:
     host: str
     demo_workflows: tuple[str, ...]
     replaced: bool  # kbd.yaml and principals.yaml (tokens, uid maps) were rewritten
+    # --system only (None otherwise, and absent from the JSON): the groups it
+    # created, and whether the config files were kept (an existing root).
+    groups_created: tuple[str, ...] | None = None
+    layout_only: bool = False
 
     def to_json(self) -> JsonObject:
-        return {"root": self.root, "host": self.host, "demo_workflows": list(self.demo_workflows),
-                "replaced": self.replaced}  # fmt: skip
+        out: JsonObject = {"root": self.root, "host": self.host, "demo_workflows": list(self.demo_workflows),
+                           "replaced": self.replaced}  # fmt: skip
+        if self.groups_created is not None:
+            out["groups_created"] = list(self.groups_created)
+            out["layout_only"] = self.layout_only
+        return out
 
 
-def init(root: Path, *, host: str | None, force: bool, demo: bool) -> Initialised:
-    """Create a kbd root (kbd.yaml, principals.yaml, workflows/, state/)."""
+@dataclass(frozen=True)
+class SystemLayout:
+    """``kbd init --system``: the group that may reach the socket and the grant group."""
+
+    group: str = "kbd"
+    grant_group: str = "kbd-grant"
+
+
+def init(
+    root: Path, *, host: str | None, force: bool, demo: bool, system: SystemLayout | None = None
+) -> Initialised:
+    """Create a kbd root (kbd.yaml, principals.yaml, workflows/, state/). With
+    ``system``: as a service host's root (groups, owners, modes; kbd.yaml names
+    the grant group). On an existing root without ``force``, ``system`` applies
+    the groups, owners and modes only and keeps the config files."""
     from kbd.fs.rootinit import init_root  # yaml and the demo: only for init
 
-    r = init_root(root, host=host, force=force, demo=demo)
-    return Initialised(r["root"], r["host"], tuple(r["demo_workflows"]), r["replaced"])
+    if system is None:
+        r = init_root(root, host=host, force=force, demo=demo)
+        return Initialised(r["root"], r["host"], tuple(r["demo_workflows"]), r["replaced"])
+    from kbd.core.layout import CONFIG_NAME
+    from kbd.fs import systemlayout
+
+    systemlayout.check_names(system.group, system.grant_group)
+    if demo:
+        raise InvalidInput("--demo and --system do not mix: a service root holds no example workflows")
+    kept = (root / CONFIG_NAME).is_file() and not force
+    if kept:
+        host_name = Root(root).config.host  # the root must load: never re-layout a broken one
+        r = {"root": str(root.resolve()), "host": host_name, "demo_workflows": [], "replaced": False}
+    else:
+        r = init_root(root, host=host, force=force, demo=False, grant_group=system.grant_group)
+    created = systemlayout.apply_layout(root, group=system.group, grant_group=system.grant_group)
+    return Initialised(r["root"], r["host"], (), r["replaced"], tuple(created), layout_only=kept)
 
 
 # -- doctor -----------------------------------------------------------------------------
@@ -81,7 +117,31 @@ def doctor(root: Path, *, workflow_id: str | None = None) -> DoctorReport:
     except KbdError as err:
         return DoctorReport((DoctorCheck("config", False, f"{err.code}: {err.message}"),))
     return DoctorReport((DoctorCheck("config", True, f"host {host.config.host}, root {host.config.root}"),
-                         *_root_checks(host, workflow_id), *_sandbox_checks(host)))  # fmt: skip
+                         *_root_checks(host, workflow_id), *_layout_checks(host), *_sandbox_checks(host)))  # fmt: skip
+
+
+def _layout_checks(host: Root) -> list[DoctorCheck]:
+    """A host with a grant group (issue 12): the group has no members, the
+    root is not open to others, and each workflow folder is group-owned by the
+    grant group, setgid, closed to others, with a group-writable notes/. One
+    FAIL line per problem, naming the path and the fix."""
+    name = host.config.sandbox.grant_group
+    if name is None:
+        return []
+    from kbd.fs import systemlayout
+
+    problems = systemlayout.grant_group_problems(name)
+    out = [
+        DoctorCheck("grant group", not problems, problems[0] if problems else f"{name}: exists, no members")
+    ]
+    found = systemlayout.root_problems(host.config.root)
+    folders = host.registry.folders()
+    for f in folders:
+        found += systemlayout.workflow_problems(f.path, grant_group=name)
+    out += [DoctorCheck("permissions", False, p) for p in found]
+    if not found:
+        out.append(DoctorCheck("permissions", True, f"root and {len(folders)} workflow folders as laid out"))
+    return out
 
 
 def _root_checks(host: Root, workflow_id: str | None) -> list[DoctorCheck]:

@@ -22,7 +22,7 @@ from kbd.core.events import EventRefused
 from kbd.core.notes import MAX_AUDIT_READ_BYTES, MAX_NOTE_BYTES, MAX_SCAN_FILES, NotesScan
 from kbd.core.plan import Plan
 from kbd.errors import InjectionRefused, KbdError, QuotaExceeded
-from kbd.fs.confined import pin_dir, read_file_stat
+from kbd.fs.confined import open_beneath, pin_dir, read_file_stat
 from kbd.fs.notes import notes_key, notes_lock, open_notes, scan_notes
 from kbd.state.notes_quota import check_quota, mark_over_quota
 
@@ -129,6 +129,38 @@ def _gate_changes(ch: CommandChanges, budget: int) -> tuple[dict[str, str], bool
     return flagged, out_of_budget, budget
 
 
+SETID = 0o6000
+
+
+def strip_setid(ch: CommandChanges) -> list[str]:
+    """Clear S_ISUID/S_ISGID on the changed regular files of ``ch`` (the
+    seccomp filter already refuses to set them: this is the second layer, and
+    covers a kernel path the filter does not see). A setgid file in a source's
+    notes/ would hand the grant group, or its owner's group, to whoever runs it.
+    Each file is opened beneath the pinned KB without following links and
+    changed through that descriptor only, never by path. The names stripped."""
+    stripped = []
+    try:
+        with pin_dir(ch.kb_path, expect=ch.kb_identity) as kb:
+            for c in ch.scan.changed[:MAX_SCAN_FILES]:
+                try:
+                    fd = open_beneath(kb.fd, c.rel, os.O_RDONLY | os.O_NOCTTY)
+                except KbdError:
+                    continue
+                try:
+                    st = os.fstat(fd)
+                    if st.st_mode & 0o170000 == 0o100000 and st.st_mode & SETID:
+                        os.fchmod(fd, st.st_mode & 0o7777 & ~SETID)
+                        stripped.append(c.rel)
+                except OSError:
+                    continue
+                finally:
+                    os.close(fd)
+    except KbdError:
+        pass
+    return stripped
+
+
 def audit_command_changes(host: Root, plan: Plan, sid: str, changes: list[CommandChanges]) -> None:
     """Audit (after the notes mutexes are released) the changed files found by
     :func:`scan_command_changes`, and which of them the injection gate would have
@@ -144,9 +176,11 @@ def audit_command_changes(host: Root, plan: Plan, sid: str, changes: list[Comman
         files = [c.rel for c in ch.scan.changed]
         flagged, out_of_budget, budget = _gate_changes(ch, budget)
         truncated = ch.scan.truncated or len(files) > MAX_SCAN_FILES or out_of_budget
+        # After the gate (which compares each file's ctime with the scan's).
+        extra = {"setid_stripped": stripped[:200]} if (stripped := strip_setid(ch)) else {}
         if files or truncated:
             host.audit("notes_changed_by_command", session=sid, workflow_id=plan.workflow_id, source=ch.source,
-                       files=files[:200], flagged=flagged, truncated=truncated)  # fmt: skip
+                       files=files[:200], flagged=flagged, truncated=truncated, **extra)  # fmt: skip
         for rel in files[:200]:  # the same names the audit record lists
             # A name the feed's allow-list refuses (a control character: the
             # command chose it) is in the audit record, never in an event.

@@ -19,6 +19,7 @@ The command's environment is built, never inherited: the plan's variables,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kbd.core.config import LimitsConfig
 from kbd.core.plan import Plan
 from kbd.core.principals import Actor, LocalOperator
-from kbd.errors import ContainmentUnavailable, InvalidInput, Unavailable
+from kbd.errors import ContainmentUnavailable, GrantGroupMissing, InvalidInput, Unavailable
 from kbd.fs.confined import pin_dir
 from kbd.sandbox import bwrap, cgroup, reaper, seccomp, spec
 from kbd.sandbox import limits as rlimits
@@ -500,6 +501,30 @@ def _check_exec(proc: Child) -> None:
         raise Unavailable(f"cannot start the command ({why}); nothing was run")
 
 
+def grant_gid(name: str | None, backend: str, brokered: bool) -> int | None:
+    """The gid of the host's grant group (``sandbox.grant_group``) a command
+    gets as one more supplementary group: only a brokered command (the daemon
+    sets its groups; an in-process caller cannot add one) that runs sandboxed
+    (never ``unsafe_no_sandbox``: outside a sandbox the group would open every
+    workflow folder). Looked up at every command; a name this host does not
+    know fails closed."""
+    if name is None or not brokered or backend == "none":
+        return None
+    import grp  # only on hosts with a grant group: the exec path pays for every import
+
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise GrantGroupMissing(
+            f"sandbox.grant_group {name!r} in kbd.yaml is not a group on this host; nothing was run"
+        ) from None
+
+
+def _with_group(caller: Caller, gid: int) -> Caller:
+    groups = caller.groups if gid in caller.groups else (*caller.groups, gid)
+    return dataclasses.replace(caller, groups=groups)
+
+
 def _stub_for(launch: Launch, backend: str, limits: LimitsConfig) -> Stub | None:
     """A launcher stub for a brokered command, or None (then
     :func:`contain_brokered` makes its cgroup and :func:`spawn_as` starts it)."""
@@ -589,6 +614,9 @@ def execute(
             env = session_env(plan, sid, dict(launch.caller.env) if launch.caller is not None else None)
             backend = choose_backend(host)
             limits = host.config.limits
+            granted = grant_gid(host.config.sandbox.grant_group, backend, launch.caller is not None)
+        if granted is not None and launch.caller is not None:
+            launch.caller = _with_group(launch.caller, granted)
         if prepared is not None:
             box = contain(prepared, backend, limits, launch.notice)
         else:
@@ -606,7 +634,8 @@ def execute(
                 stack.enter_context(command_locks(host, plan, who=holder))
             started = time.time_ns()
             if backend == "bwrap":
-                rc = _run_bwrap(host, sessions, plan, sid, command, workdir, env, launch, box, stub)
+                rc = _run_bwrap(host, sessions, plan, sid, command, workdir, env, launch, box, stub,
+                                confine=granted is not None)  # fmt: skip
             else:
                 rc = _run_direct(host, sessions, plan, sid, command, workdir, env, launch, backend, box, stub)
             if writes:
@@ -708,6 +737,7 @@ def _run_direct(
 def _run_bwrap(
     host: Root, sessions: RootSessions, plan: Plan, sid: str, command: list[str], workdir: Path,
     env: dict[str, str], launch: Launch, box: cgroup.Box | None, stub: Stub | None = None,
+    *, confine: bool = False,
 ) -> int:  # fmt: skip
     bwrap.prepare(plan)
     fds = bwrap.Fds()
@@ -716,7 +746,7 @@ def _run_bwrap(
     try:
         argv = bwrap.build_argv(plan, command, cwd=workdir, network=host.config.sandbox.network,
                                 status_fd=status_w, fds=fds, limits=host.config.limits,
-                                hard=_hard_limits(launch), ready_fd=ready_r)  # fmt: skip
+                                hard=_hard_limits(launch), ready_fd=ready_r, confine=confine)  # fmt: skip
         record = _Record(sessions, sid, plan, command, box, principal=launch.principal)
         proc = _start(argv, box, launch, env=env, pass_fds=[*fds.handed, status_w, ready_r], record=record,
                       stub=stub)  # fmt: skip

@@ -145,7 +145,7 @@ def commit(note: PreparedNote) -> NoteWritten:
         ):
             adds = note_adds(notes_fd, note.parts, len(note.data))
             check_quota(config.state_dir, config.notes_quota, kb.fd, notes_fd, source=note.source, adds=adds)
-            replace_note(notes_fd, note.parts, note.data)
+            replace_note(notes_fd, note.parts, note.data, shared=config.sandbox.grant_group is not None)
     except KbdError as err:
         raise note.refuse(err) from None
     except OSError as exc:

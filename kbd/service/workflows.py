@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 from kbd.core import audience
 from kbd.core.manifest import (
@@ -27,16 +27,21 @@ from kbd.core.manifest import (
 from kbd.core.principals import Principal
 from kbd.core.resolve import Attachment, resolve_entry
 from kbd.errors import (
+    GrantGroupMissing,
     InvalidInput,
     InvalidManifest,
     KbdError,
     NotFound,
     PermissionDenied,
     SourceUnusable,
+    WorkflowExists,
 )
-from kbd.fs.registry import Found, probe_kb
+from kbd.fs.registry import Found, Missing, probe_kb
 from kbd.service import JsonObject
 from kbd.service.root import Root
+
+if TYPE_CHECKING:
+    from kbd.fs.workflow_folder import Ownership
 
 # How a change builds the new attachment list from the manifest as it is now.
 SourcesBuilder: TypeAlias = Callable[[Manifest], list[SourceRef]]
@@ -508,3 +513,116 @@ def _because(err: KbdError, reason: str) -> KbdError:
     """``err`` with its specific reason code (recorded by :meth:`Root.audit_refusal`)."""
     err.reason = reason
     return err
+
+
+# -- creating a workflow folder (issue 12) ---------------------------------------------
+
+MAX_LABEL = 200
+
+
+@dataclass(frozen=True)
+class WorkflowCreated:
+    """A workflow folder kbd made for its builder."""
+
+    workflow_id: str
+    label: str
+    owner: str
+    path: str
+
+    def to_json(self) -> JsonObject:
+        return {
+            "workflow_id": self.workflow_id,
+            "label": self.label,
+            "owners": [self.owner],
+            "path": self.path,
+        }
+
+
+def create(
+    root: Root, wid: str, *, label: str | None, owner: str | None, actor: Principal
+) -> WorkflowCreated:
+    """Make ``<workflows>/<wid>/`` for ``owner`` (default: the actor), owned by
+    the owner's uid and the host's grant group (else the owner's primary
+    group): a user principal for herself, an admin for any principal with a
+    uid; a service never. Audited either way; a ``workflow.changed`` event."""
+    try:
+        made = _create(root, wid, label=label, owner=owner, actor=actor)
+    except KbdError as err:
+        root.audit_refusal(
+            "workflow_create_refused", err, actor=actor, workflow_id=wid, owner=owner or actor.id
+        )
+        raise
+    root.events.emit("workflow.changed", workflow_id=made.workflow_id)
+    return made
+
+
+def _create(
+    root: Root, wid: str, *, label: str | None, owner: str | None, actor: Principal
+) -> WorkflowCreated:
+    from kbd.core.identifiers import id_problem
+
+    if actor.is_service:
+        raise _because(PermissionDenied(f"{actor.id!r} is a service principal; services do not own workflows",
+                                        hint="create it as the builder who will own it, or as an admin"),
+                       "service")  # fmt: skip
+    target = actor.id if owner is None else owner
+    if target != actor.id and not actor.enabled_admin:
+        raise _because(
+            PermissionDenied(f"{actor.id!r} may create workflows only for itself, not for {target!r}",
+                             hint="leave out --owner, or ask an admin"),
+            "not_admin",
+        )  # fmt: skip
+    if (problem := id_problem(wid)) is not None:
+        raise InvalidInput(f"workflow ID {problem}")
+    if wid.startswith("."):
+        raise InvalidInput(f"workflow ID {wid!r} must not start with '.' (it names the workflow's folder)")
+    text = wid if label is None else label
+    if not text.strip() or len(text) > MAX_LABEL or any(not c.isprintable() for c in text):
+        raise InvalidInput(f"label must be 1 to {MAX_LABEL} printable characters, not {text[:MAX_LABEL]!r}")
+    principal = root.principals.get(target)
+    if principal is None or principal.disabled:
+        raise InvalidInput(f"owner {target!r} is not an enabled principal on this host",
+                           hint="`kbd principals list` shows them")  # fmt: skip
+    if principal.is_service or principal.uid is None:
+        raise InvalidInput(
+            f"owner {target!r} must be a user principal with a uid (the folder is owned by that uid)",
+            hint=f"`kbd principals add {target} --uid N`",
+        )
+    if not isinstance(root.registry.find(wid), Missing):
+        raise WorkflowExists(f"workflow ID {wid!r} is taken on this host")
+    who = _ownership(root, principal.uid)
+    import orjson
+
+    from kbd.core.watching import PathChange
+    from kbd.fs import workflow_folder
+
+    manifest = {"id": wid, "label": text, "created_by": target, "access": {"owners": [target]},
+                "knowledgebase_sources": []}  # fmt: skip
+    data = orjson.dumps(manifest, option=orjson.OPT_INDENT_2) + b"\n"
+    # Audited before the folder exists (as every change here): if the log
+    # cannot be written, nothing is made. A failure after it is recorded too.
+    root.audit("workflow_created", workflow_id=wid, actor=actor.id, owner=target)
+    path = workflow_folder.create(root.config.workflow_roots[0], wid, data, who)
+    root.registry.apply([PathChange("added", str(path))])  # found at once, not at the next sweep
+    return WorkflowCreated(wid, text, target, str(path))
+
+
+def _ownership(root: Root, uid: int) -> Ownership:
+    from kbd.fs.workflow_folder import Ownership
+
+    name = root.config.sandbox.grant_group
+    if name is not None:
+        import grp
+
+        try:
+            return Ownership(uid, grp.getgrnam(name).gr_gid, grant=True)
+        except KeyError:
+            raise GrantGroupMissing(
+                f"sandbox.grant_group {name!r} in kbd.yaml is not a group on this host"
+            ) from None
+    import pwd
+
+    try:
+        return Ownership(uid, pwd.getpwuid(uid).pw_gid, grant=False)
+    except KeyError:
+        raise InvalidInput(f"uid {uid} has no account on this host (no passwd entry)") from None

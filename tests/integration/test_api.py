@@ -40,6 +40,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/whoami"): "test_whoami",
     ("GET", "/v1/workflows"): "test_workflows_list_and_show",
     ("GET", "/v1/workflows/{wid}"): "test_workflows_list_and_show",
+    ("POST", "/v1/workflows"): "test_create_workflow_rules",
     ("GET", "/v1/workflows/{wid}/sources"): "test_sources_get_shape",
     ("PUT", "/v1/workflows/{wid}/sources"): "test_put_sources_with_expected_version",
     ("POST", "/v1/workflows/{wid}/sources"): "test_editor_can_attach",
@@ -482,6 +483,24 @@ def test_non_json_body_is_400(world: World, s: Scenario) -> None:
         headers={"Content-Type": "application/json"},
     )
     world.error(r, 400, "invalid-input")
+
+
+def test_create_workflow_rules(world: World, s: Scenario) -> None:
+    """Who may create a workflow folder (the success path, with real users and
+    their folders' owners, is tests/integration/test_host_permissions.py)."""
+    r = world.as_("svc").post("/v1/workflows", json={"workflow_id": "t-svc"})
+    world.error(r, 403, "permission-denied")
+    r = world.as_("alice").post("/v1/workflows", json={"workflow_id": "t-bob", "owner": "bob"})
+    world.error(r, 403, "permission-denied")
+    r = world.as_("alice").post("/v1/workflows", json={"workflow_id": "t-alice"})
+    assert "uid" in world.error(r, 400, "invalid-input")  # the folder would belong to her uid: none is mapped
+    r = world.as_("ops").post("/v1/workflows", json={"workflow_id": s.src_id, "owner": "alice"})
+    world.error(r, 400, "invalid-input")  # checked before the ID: alice has no uid
+    r = world.as_("alice").post("/v1/workflows", json={"workflow_id": "bad/id"})
+    world.error(r, 400, "invalid-input")
+    r = world.as_("alice").post("/v1/workflows", json={"workflow_id": "x", "colour": "red"})
+    assert r.status_code in (400, 422), r.text
+    assert not any((world.kb.workflows / name).exists() for name in ("t-svc", "t-bob", "t-alice", "bad"))
 
 
 def test_candidates(world: World, s: Scenario) -> None:

@@ -404,3 +404,18 @@ def test_the_helper_refuses_to_run_without_bubblewrap_and_without_a_filter(tmp_p
     r = helper()
     assert r.returncode == 0, r
     assert marker.exists()
+
+
+@pytest.mark.parametrize("machine", sorted(seccomp.ARCHES))
+def test_no_setid_folders_or_files_from_any_creating_call(machine: str) -> None:
+    """Issue 12: mkdir and mkdirat join the calls whose mode may not carry
+    S_ISUID/S_ISGID (as systemd's RestrictSUIDSGID), numbers written out here."""
+    arch = seccomp.ARCHES[machine]
+    prog = seccomp.program(block_network=True, machine=machine)
+    calls = {"x86_64": {83: 1, 258: 2, 85: 1, 2: 2, 257: 3}, "aarch64": {34: 2, 56: 3, 33: 2}}[machine]
+    for nr, idx in calls.items():
+        for mode, want in ((0o755, seccomp.RET_ALLOW), (0o2755, seccomp.ret_errno(seccomp.EPERM)),
+                           (0o4700, seccomp.ret_errno(seccomp.EPERM))):  # fmt: skip
+            args = [0] * 6
+            args[idx] = mode
+            assert run_bpf(prog, arch=arch.audit, nr=nr, args=tuple(args)) == want, (nr, oct(mode))
