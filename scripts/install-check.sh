@@ -12,14 +12,19 @@
 #      (--no-index, the wheelhouse only);
 #   5. the units copied with their paths rewritten into the prefix, then
 #      `systemd-analyze verify` (clean) and `systemd-analyze security`;
-#   6. `kbd init` of a temporary root and `kbd doctor` there, with each kbd.
+#   6. `kbd init` of a temporary root and `kbd doctor` there, with each kbd;
+#   7. the README's service install: `kbd init --system` (with throwaway group
+#      names, removed at exit), a principal added, `kbd doctor` clean.
 #
 # usage: scripts/install-check.sh [PYTHON]     (default /usr/bin/python3)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 python=${1:-/usr/bin/python3}
 work=$(mktemp -d /tmp/kbd-install-check.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+tag=$RANDOM$RANDOM
+group="kbdic$tag" grant="kbdicg$tag"  # step 7's throwaway groups (never the host's kbd)
+cleanup() { rm -rf "$work"; groupdel "$grant" 2>/dev/null || true; groupdel "$group" 2>/dev/null || true; }
+trap cleanup EXIT
 step() { printf '== %s\n' "$*"; }
 fail() { printf 'install-check: FAIL: %s\n' "$*" >&2; exit 1; }
 
@@ -78,4 +83,18 @@ for kbd in "$work/opt/kbd/bin/kbd" "$work/pipx-bin/kbd" "$work/uv-bin/kbd"; do
   )
   echo "ok $kbd"
 done
+step "7. the service install: init --system, a principal, doctor"
+(
+  cd "$work"
+  kbd="$work/opt/kbd/bin/kbd" root="$work/var-lib-kbd"
+  env -u PYTHONPATH "$kbd" --root "$root" init --system --group "$group" --grant-group "$grant" \
+    --host install-check >/dev/null || fail "init --system"
+  [ "$(stat -c '%a %U %G' "$root")" = "750 root $group" ] || fail "root layout: $(stat -c '%a %U %G' "$root")"
+  [ "$(stat -c '%a' "$root/state")" = "700" ] || fail "state/ is not 0700"
+  getent group "$grant" >/dev/null || fail "init --system made no grant group"
+  env -u PYTHONPATH "$kbd" --root "$root" principals add builder --uid 4242 >/dev/null 2>&1 || fail "principals add"
+  env -u PYTHONPATH "$kbd" --root "$root" doctor >"$work/doctor.txt" || fail "doctor: $(cat "$work/doctor.txt")"
+  ! grep -q '^FAIL' "$work/doctor.txt" || fail "doctor: $(grep '^FAIL' "$work/doctor.txt")"
+)
+echo "ok service install"
 echo "install-check: all installs work"
