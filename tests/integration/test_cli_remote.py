@@ -441,7 +441,7 @@ def test_a_token_no_principal_can_have_is_refused_before_it_is_sent(tmp_path: Pa
     os.chmod(f, 0o600)
     with serving(kb.root, sock=tmp_path / "kbd.sock", home=tmp_path / "home") as daemon:
         base = ["--root", str(kb.root), "--socket", str(daemon.sock), "sources", "list", "con"]
-        ways = [([*base, "--token-file", str(f)], {})]
+        ways: list[tuple[list[str], dict[str, str]]] = [([*base, "--token-file", str(f)], {})]
         if "\x00" not in token:  # an environment cannot carry NUL; a file can
             ways.append((base, {"KBD_TOKEN": token}))
         for args, env in ways:
