@@ -58,18 +58,37 @@ class Request:
 
 
 def segment(value: str) -> str:
-    """``value`` as one URL path segment. An ID is never empty, ``.`` or ``..``,
-    but a typo must not reach another route: those are quoted too (the API
-    decodes them back and refuses them as the direct mode does)."""
-    if value in ("", ".", ".."):
-        return "".join(f"%{b:02X}" for b in value.encode()) or "%00"
+    """``value`` as one URL path segment. An ID is never ``.`` or ``..``, but a
+    typo must not reach another route: those are quoted too (the API decodes
+    them back and refuses them as the direct mode does). An empty one cannot be
+    a segment at all: :func:`check_names` refuses it in both modes first."""
+    if value in (".", ".."):
+        return "".join(f"%{b:02X}" for b in value.encode())
     return quote(value, safe="")
+
+
+#: The fields of an Op that name something (a path segment through the daemon).
+NAMES = {"wf": "workflow ID", "source": "source workflow ID", "consumer": "consumer workflow ID",
+         "alias": "alias", "sid": "session ID", "name": "principal name"}  # fmt: skip
+
+
+def check_names(op: Op) -> None:
+    """An empty name is a usage error in both modes, as an empty ``--as`` is
+    (DESIGN §10): through the daemon it cannot even be sent (it was sent as
+    ``%00``, a NUL the daemon then named and audited)."""
+    if not op.names_in_path:
+        return
+    for field, what in NAMES.items():
+        if getattr(op, field, None) == "":
+            raise UsageError(f"the {what} is empty", hint="name one; an empty name never exists")
 
 
 class Op:
     """A CLI operation. Subclasses are frozen dataclasses of its arguments."""
 
     actor_rule: ClassVar[ActorRule] = "mapped"
+    #: Its names go into the API path (check_names); else into the query.
+    names_in_path: ClassVar[bool] = True
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
         raise NotImplementedError
@@ -131,6 +150,7 @@ class Direct:
         return auth.named_or_mapped(principals, flag=as_, env=env, uid=os.getuid())
 
     def run(self, op: Op, *, as_: str | None) -> JsonObject:
+        check_names(op)
         try:
             return op.direct(self.context, self.actor(op.actor_rule, as_)).to_json()
         except PermissionError:
@@ -168,6 +188,7 @@ class Remote:
             )
 
     def run(self, op: Op, *, as_: str | None) -> JsonObject:
+        check_names(op)
         self.check_as(as_)
         req = op.http()
         answer: JsonObject = self.client.request(req.method, req.path, json=req.body, params=req.params)
@@ -497,6 +518,7 @@ class SessionEnv(Op):
 @dataclass(frozen=True)
 class SessionList(Op):
     actor_rule: ClassVar[ActorRule] = "operator"
+    names_in_path: ClassVar[bool] = False
     wf: str | None
     include_closed: bool
 

@@ -448,3 +448,26 @@ def test_a_token_no_principal_can_have_is_refused_before_it_is_sent(tmp_path: Pa
             r = run_in_process(args, input=None, env=env)
             assert r.code == 65 and "no token holds" in r.err, r
             assert token.strip() not in r.err.split("no token holds")[1], r  # the token is never echoed
+
+
+def test_an_empty_name_is_a_usage_error_in_both_modes(tmp_path: Path) -> None:
+    """An empty ID cannot be a path segment: it was sent as %00, so the daemon
+    answered about (and `writers revoke src ""` printed and audited) a NUL."""
+    kb = _build(tmp_path / "root")
+    tokens = issue_tokens(kb.root, ["alice", "ops"])
+    cases = [
+        ("alice", ["workflows", "show", ""], "workflow ID"),
+        ("alice", ["writers", "revoke", "src", ""], "consumer workflow ID"),
+        ("alice", ["sources", "detach", "con", ""], "alias"),
+        ("alice", ["session", "show", ""], "session ID"),
+        ("ops", ["principals", "disable", ""], "principal name"),
+    ]
+    with serving(kb.root, sock=tmp_path / "kbd.sock", home=tmp_path / "home") as daemon:
+        for pid, args, what in cases:
+            here = run_in_process(["--root", str(kb.root), *args, "--as", pid], input=None, env={})
+            env = {"KBD_SOCKET": str(daemon.sock), "KBD_TOKEN": tokens[pid]}
+            there = run_in_process(["--root", str(kb.root), *args], input=None, env=env)
+            assert (there.code, there.out, there.err) == (here.code, here.out, here.err), args
+            assert here.code == 2 and f"the {what} is empty" in here.err, (args, here)
+    log = kb.root / "state" / AUDIT_NAME
+    assert not log.exists() or b"\\u0000" not in log.read_bytes()  # nothing was done, nothing audited
