@@ -40,6 +40,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any, Literal
+from urllib.parse import unquote
 
 import anyio
 import anyio.from_thread
@@ -389,6 +390,28 @@ class PolicyFastPath:
         await response(scope, receive, send)
 
 
+class OneSegmentIds:
+    """Refuse a path with an encoded ``/`` (``%2F``) in it. The server decodes
+    the path before routing, so ``GET /v1/workflows/con%2Fsources`` would be
+    answered by the route for ``/v1/workflows/con/sources``: another resource
+    than the one named. No workflow ID, alias, session ID or principal name
+    contains ``/``, so such a name is one that does not exist (404, as on the
+    root)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = scope.get("raw_path") if scope.get("type") == "http" else None
+        if not raw or b"%2f" not in raw.lower():
+            await self.app(scope, receive, send)
+            return
+        names = [unquote(s) for s in raw.decode("latin-1").split("/") if "%2f" in s.lower()]
+        err = NotFound(f"nothing is named {names[0]!r}: workflow IDs, aliases, session IDs and principal "
+                       "names never contain '/'", hint="check the name")  # fmt: skip
+        await _error(err)(scope, receive, send)
+
+
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a note is at most 1 MiB; JSON escaping can grow it
 
 
@@ -462,6 +485,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
                    404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
     )  # fmt: skip
     app.state.kbd = state
+    app.add_middleware(OneSegmentIds)  # innermost: the policy fast path never routes a '/' in an ID
     app.add_middleware(PolicyFastPath, state=state)  # inside BodyLimit (added after it: outermost)
     app.add_middleware(BodyLimit)
     # Outermost: the access log and request metrics see every answer the app gives.

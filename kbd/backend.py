@@ -26,7 +26,7 @@ from urllib.parse import quote
 from kbd import thin
 from kbd.core.layout import CONFIG_NAME, STATE_DIR
 from kbd.core.principals import Actor, LocalOperator, Principal, named_principal
-from kbd.errors import InvalidInput, KbdError, NotFound, PermissionDenied, UsageError
+from kbd.errors import InvalidInput, KbdError, NotFound, PermissionDenied, Unavailable, UsageError
 from kbd.service import JsonObject
 
 if TYPE_CHECKING:
@@ -58,18 +58,37 @@ class Request:
 
 
 def segment(value: str) -> str:
-    """``value`` as one URL path segment. An ID is never empty, ``.`` or ``..``,
-    but a typo must not reach another route: those are quoted too (the API
-    decodes them back and refuses them as the direct mode does)."""
-    if value in ("", ".", ".."):
-        return "".join(f"%{b:02X}" for b in value.encode()) or "%00"
+    """``value`` as one URL path segment. An ID is never ``.`` or ``..``, but a
+    typo must not reach another route: those are quoted too (the API decodes
+    them back and refuses them as the direct mode does). An empty one cannot be
+    a segment at all: :func:`check_names` refuses it in both modes first."""
+    if value in (".", ".."):
+        return "".join(f"%{b:02X}" for b in value.encode())
     return quote(value, safe="")
+
+
+#: The fields of an Op that name something (a path segment through the daemon).
+NAMES = {"wf": "workflow ID", "source": "source workflow ID", "consumer": "consumer workflow ID",
+         "alias": "alias", "sid": "session ID", "name": "principal name"}  # fmt: skip
+
+
+def check_names(op: Op) -> None:
+    """An empty name is a usage error in both modes, as an empty ``--as`` is
+    (DESIGN §10): through the daemon it cannot even be sent (it was sent as
+    ``%00``, a NUL the daemon then named and audited)."""
+    if not op.names_in_path:
+        return
+    for field, what in NAMES.items():
+        if getattr(op, field, None) == "":
+            raise UsageError(f"the {what} is empty", hint="name one; an empty name never exists")
 
 
 class Op:
     """A CLI operation. Subclasses are frozen dataclasses of its arguments."""
 
     actor_rule: ClassVar[ActorRule] = "mapped"
+    #: Its names go into the API path (check_names); else into the query.
+    names_in_path: ClassVar[bool] = True
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
         raise NotImplementedError
@@ -79,14 +98,19 @@ class Op:
 
 
 class DirectContext:
-    """The root this process uses itself, opened once per command."""
+    """The root this process uses itself, opened once per command. ``refusal``:
+    why this process may not change it (None: it may), raised before the
+    session store, which lives in the state it may not write, is opened."""
 
-    def __init__(self, root: Root) -> None:
+    def __init__(self, root: Root, refusal: KbdError | None = None) -> None:
         self.root = root
+        self.refusal = refusal
         self._sessions: RootSessions | None = None
 
     @property
     def sessions(self) -> RootSessions:
+        if self.refusal is not None:
+            raise self.refusal
         if self._sessions is None:
             from kbd.service.sessions import RootSessions
 
@@ -105,14 +129,15 @@ class Direct:
 
     mode: Mode = "direct"
 
-    def __init__(self, root: Callable[[], Root]) -> None:
+    def __init__(self, root: Callable[[], Root], *, refusal: KbdError | None = None) -> None:
         self._open_root = root
+        self._refusal = refusal
         self._ctx: DirectContext | None = None
 
     @property
     def context(self) -> DirectContext:
         if self._ctx is None:
-            self._ctx = DirectContext(self._open_root())
+            self._ctx = DirectContext(self._open_root(), self._refusal)
         return self._ctx
 
     def actor(self, rule: ActorRule, as_: str | None) -> Actor:
@@ -125,7 +150,15 @@ class Direct:
         return auth.named_or_mapped(principals, flag=as_, env=env, uid=os.getuid())
 
     def run(self, op: Op, *, as_: str | None) -> JsonObject:
-        return op.direct(self.context, self.actor(op.actor_rule, as_)).to_json()
+        check_names(op)
+        try:
+            return op.direct(self.context, self.actor(op.actor_rule, as_)).to_json()
+        except PermissionError:
+            # A root this process may read but not change, and no daemon to
+            # ask: the refusal says so (not an internal error); nothing was changed.
+            if self._refusal is None:
+                raise
+            raise self._refusal from None
 
 
 class Remote:
@@ -155,6 +188,7 @@ class Remote:
             )
 
     def run(self, op: Op, *, as_: str | None) -> JsonObject:
+        check_names(op)
         self.check_as(as_)
         req = op.http()
         answer: JsonObject = self.client.request(req.method, req.path, json=req.body, params=req.params)
@@ -182,6 +216,17 @@ def root_usable(root: Path) -> bool:
     (``root:kbd 0750``, state 0700) is usable by root only: everyone else goes
     through the daemon, the one writer."""
     return os.access(root / CONFIG_NAME, os.R_OK) and os.access(root / STATE_DIR, os.W_OK | os.X_OK)
+
+
+def not_usable(root: Path, socket: Path) -> Unavailable:
+    """Why a command that changes ``root`` cannot run: the root is not this
+    process's to change (:func:`root_usable`) and no daemon answers for it."""
+    return Unavailable(
+        f"no kbd daemon answers at {socket}, and you may not use the root {root} yourself "
+        f"(its {STATE_DIR}/ is not writable by you)",
+        hint="ask the host's operator to start the daemon (kbd serve, or its systemd socket), "
+        "or point KBD_SOCKET at it",
+    )
 
 
 def socket_of(root: Path) -> Path:
@@ -495,6 +540,7 @@ class SessionEnv(Op):
 @dataclass(frozen=True)
 class SessionList(Op):
     actor_rule: ClassVar[ActorRule] = "operator"
+    names_in_path: ClassVar[bool] = False
     wf: str | None
     include_closed: bool
 

@@ -163,13 +163,16 @@ class Ctx:
         principal), and through the daemon the principal your uid or token is."""
         if self._backend is None:
             named = self.socket or os.environ.get("KBD_SOCKET") or None
+            usable = backend.root_usable(self.root)
             mode = backend.choose(
                 socket_named=named is not None or self.token_file is not None,
-                root_usable=backend.root_usable(self.root),
+                root_usable=usable,
                 daemon_reachable=lambda: backend.reachable(backend.socket_of(self.root)),
             )
             if mode == "direct":
-                self._backend = backend.Direct(lambda: self.host)
+                # On a root it may not change (and no daemon): reads still work, changes are refused.
+                refusal = None if usable else backend.not_usable(self.root, backend.socket_of(self.root))
+                self._backend = backend.Direct(lambda: self.host, refusal=refusal)
             else:
                 where = Path(named) if named is not None else backend.socket_of(self.root)
                 token = backend.read_token_file(self.token_file) if self.token_file is not None else None

@@ -157,6 +157,8 @@ class Client:
     ) -> None:
         self.socket_path = Path(socket_path) if socket_path is not None else default_socket(root)
         self._token = token if token is not None else os.environ.get("KBD_TOKEN") or None
+        if self._token is not None:
+            check_token(self._token.strip())
         self.timeout = timeout
         self._reached = False
         self._http = httpx.Client(
@@ -227,7 +229,18 @@ class Client:
             raise self._unreachable(exc) from None
         if r.status_code >= 400:
             raise error_from(r.status_code, r.content)
-        return orjson.loads(r.content)
+        try:
+            answer = orjson.loads(r.content)
+        except orjson.JSONDecodeError:
+            answer = None
+        if not isinstance(answer, dict):
+            # Every API answer is a JSON object: this is some other program.
+            raise Unavailable(
+                f"the program at {self.socket_path} is not a kbd daemon "
+                f"(it answered {method} {path} with HTTP {r.status_code} and no JSON object)",
+                hint="point KBD_SOCKET (or --socket) at the kbd daemon's socket",
+            )
+        return answer
 
     def whoami(self) -> dict[str, Any]:
         out: dict[str, Any] = self.request("GET", "/v1/whoami")
@@ -357,6 +370,19 @@ class Client:
                     yield event
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from None
+
+
+def check_token(token: str) -> None:
+    """Refuse a token no principal can have before it is sent: a header cannot
+    carry a control or non-ASCII character (the HTTP library would fail with
+    the token in its message). The token itself is never echoed."""
+    for i, ch in enumerate(token):
+        if not "!" <= ch <= "~":
+            raise errors.InvalidInput(
+                f"the token (from $KBD_TOKEN or --token-file) has a character no token holds: "
+                f"U+{ord(ch):04X} at position {i}",
+                hint="a kbd token is printable ASCII without spaces, as `kbd principals token` printed it",
+            )
 
 
 def _segment(value: str) -> str:

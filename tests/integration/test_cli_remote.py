@@ -10,14 +10,17 @@ IDs, tokens). Mode choice, token files and socket errors are tested below it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import socket
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from kbd.backend import choose, read_token_file
@@ -378,3 +381,124 @@ def test_exec_with_a_token_file_goes_through_the_daemon(tmp_path: Path) -> None:
     # The token names the daemon: with none listening, 69, not an in-process run as the operator.
     gone = kb.cli("--token-file", str(tmp_path / "alice"), "exec", sid, "--", "true")
     assert gone.code == 69, gone
+
+
+# -- found by review (issue 12 item 1) ----------------------------------------------------------
+
+
+def test_a_name_with_a_slash_never_reaches_another_route(tmp_path: Path) -> None:
+    """The server decodes %2F before routing: `kbd workflows show con/sources`
+    through the daemon was answered by GET /v1/workflows/con/sources (another
+    route, another resource; the CLI then failed with exit 70). No ID, alias or
+    principal name contains '/': through the daemon it is not found, as on the root."""
+    kb = _build(tmp_path / "root")
+    tokens = issue_tokens(kb.root, ["alice", "ops"])
+    with serving(kb.root, sock=tmp_path / "kbd.sock", home=tmp_path / "home") as daemon:
+        opened = kb.call("session", "open", "con", "--kind", "builder", "--as", "alice")
+        sid = re.search(r"session (s_[0-9a-f]+)", opened.out).group(1)  # type: ignore[union-attr]
+        cases = [
+            ("alice", ["workflows", "show", "con/sources"]),
+            ("alice", ["workflows", "show", "src/writers", "--json"]),
+            ("alice", ["session", "show", f"{sid}/env"]),
+            ("alice", ["sources", "detach", "con", "rts/../x"]),
+            ("ops", ["principals", "disable", "alice/token"]),
+        ]
+        for pid, args in cases:
+            here = run_in_process(["--root", str(kb.root), *args, "--as", pid], input=None, env={})
+            env = {"KBD_SOCKET": str(daemon.sock), "KBD_TOKEN": tokens[pid]}
+            there = run_in_process(["--root", str(kb.root), *args], input=None, env=env)
+            assert there.code == here.code == 66, (args, here, there)
+            assert "never contain '/'" in there.err and "WORKFLOW_" not in there.out, (args, there)
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon.sock)), base_url="http://kbd") as http:
+            r = http.get(
+                "/v1/workflows/con%2Fsources", headers={"Authorization": f"Bearer {tokens['alice']}"}
+            )
+            assert r.status_code == 404 and r.json()["error"]["code"] == "not-found", r.text
+            r = http.get("/v1/workflows/con", headers={"Authorization": f"Bearer {tokens['alice']}"})
+            assert r.status_code == 200, r.text  # names without '/' route as before
+
+
+def _http_server(path: Path, answer: bytes) -> socket.socket:
+    """A program that is not kbd on a Unix socket: every request gets ``answer``."""
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(8)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn, contextlib.suppress(OSError):  # the client's probe connects and hangs up
+                if conn.recv(65536):
+                    conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n[]",
+    ],
+    ids=["html", "json-list"],
+)
+def test_a_socket_of_another_program_is_69_not_a_kbd_bug(tmp_path: Path, answer: bytes) -> None:
+    kb = _build(tmp_path / "root")
+    server = _http_server(tmp_path / "other.sock", answer)
+    try:
+        for args in (["sources", "list", "con"], ["session", "env", "s_0"], ["audit"]):
+            r = run_in_process(["--root", str(kb.root), "--socket", str(tmp_path / "other.sock"), *args],
+                               input=None, env={})  # fmt: skip
+            assert r.code == 69 and "is not a kbd daemon" in r.err and "internal" not in r.err, (args, r)
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "token", ["caf\u00e9", "a\rb", "\x00abc", "a b"], ids=["non-ascii", "cr", "nul", "space"]
+)
+def test_a_token_no_principal_can_have_is_refused_before_it_is_sent(tmp_path: Path, token: str) -> None:
+    """A control or non-ASCII character in the token made the HTTP library fail:
+    exit 70 (a bug) or 69 (no daemon) with the token in the message. It is bad
+    input (65), named without echoing the token, from $KBD_TOKEN or a file."""
+    kb = _build(tmp_path / "root")
+    issue_tokens(kb.root, ["alice"])
+    f = tmp_path / "token"
+    f.write_bytes(token.encode() + b"\n")
+    os.chmod(f, 0o600)
+    with serving(kb.root, sock=tmp_path / "kbd.sock", home=tmp_path / "home") as daemon:
+        base = ["--root", str(kb.root), "--socket", str(daemon.sock), "sources", "list", "con"]
+        ways: list[tuple[list[str], dict[str, str]]] = [([*base, "--token-file", str(f)], {})]
+        if "\x00" not in token:  # an environment cannot carry NUL; a file can
+            ways.append((base, {"KBD_TOKEN": token}))
+        for args, env in ways:
+            r = run_in_process(args, input=None, env=env)
+            assert r.code == 65 and "no token holds" in r.err, r
+            assert token.strip() not in r.err.split("no token holds")[1], r  # the token is never echoed
+
+
+def test_an_empty_name_is_a_usage_error_in_both_modes(tmp_path: Path) -> None:
+    """An empty ID cannot be a path segment: it was sent as %00, so the daemon
+    answered about (and `writers revoke src ""` printed and audited) a NUL."""
+    kb = _build(tmp_path / "root")
+    tokens = issue_tokens(kb.root, ["alice", "ops"])
+    cases = [
+        ("alice", ["workflows", "show", ""], "workflow ID"),
+        ("alice", ["writers", "revoke", "src", ""], "consumer workflow ID"),
+        ("alice", ["sources", "detach", "con", ""], "alias"),
+        ("alice", ["session", "show", ""], "session ID"),
+        ("ops", ["principals", "disable", ""], "principal name"),
+    ]
+    with serving(kb.root, sock=tmp_path / "kbd.sock", home=tmp_path / "home") as daemon:
+        for pid, args, what in cases:
+            here = run_in_process(["--root", str(kb.root), *args, "--as", pid], input=None, env={})
+            env = {"KBD_SOCKET": str(daemon.sock), "KBD_TOKEN": tokens[pid]}
+            there = run_in_process(["--root", str(kb.root), *args], input=None, env=env)
+            assert (there.code, there.out, there.err) == (here.code, here.out, here.err), args
+            assert here.code == 2 and f"the {what} is empty" in here.err, (args, here)
+    log = kb.root / "state" / AUDIT_NAME
+    assert not log.exists() or b"\\u0000" not in log.read_bytes()  # nothing was done, nothing audited

@@ -188,3 +188,43 @@ def test_the_builder_runs_doctor_and_events_through_the_daemon(host: Host) -> No
     assert code == 0, err
     code, _, err = _kbd(host.builder, "audit", root=host.kb.root)
     assert code == 77 and "audit log" in err, err  # admins only through the daemon
+
+
+def test_without_its_daemon_a_builder_reads_the_root_but_changes_nothing(host: Host) -> None:
+    """A root she may read (its config and principals readable by the group, even
+    her own workflow folder writable) but not use (state/ root's), and no daemon
+    answers: reads run on the root; every change is refused as 69 naming both
+    facts — it was an internal error (70) or a 'busy' session store (75, retry)."""
+    gid = grp.getgrnam(host.group).gr_gid
+    kb = KbRoot.create(host.base / "nodaemon")
+    doc = yaml.safe_load((kb.root / "kbd.yaml").read_text())
+    doc["socket"] = str(host.base / "nobody-listens" / "kbd.sock")
+    (kb.root / "kbd.yaml").write_text(yaml.safe_dump(doc))
+    people = yaml.safe_load((kb.root / "principals.yaml").read_text())
+    for entry in people["principals"]:
+        entry.pop("uid", None)
+        if entry["id"] == "alice":
+            entry["uid"] = host.builder
+    (kb.root / "principals.yaml").write_text(yaml.safe_dump(people))
+    kb.workflow("mine", access={"owners": ["alice"]})
+    kb.workflow("lib", access={"owners": ["alice"]})
+    for path in (kb.root, kb.workflows, kb.root / "kbd.yaml", kb.root / "principals.yaml"):
+        os.chown(path, 0, gid)
+        os.chmod(path, 0o750 if path.is_dir() else 0o640)
+    os.chmod(kb.root / "state", 0o700)
+    for path in [kb.workflows / "mine", *(kb.workflows / "mine").rglob("*")]:
+        os.chown(path, host.builder, gid)
+    manifest = (kb.workflows / "mine" / "workflow.json").read_bytes()
+    (host.base / "none.json").write_text("[]")
+    code, out, err = _kbd(host.builder, "sources", "list", "mine", "--json", root=kb.root)
+    assert code == 0 and orjson.loads(out)["sources"] == [], err
+    for args in (
+        ["sources", "attach", "mine", "lib", "--alias", "lib"],
+        ["sources", "set", "mine", "--file", str(host.base / "none.json")],
+        ["session", "open", "mine", "--kind", "builder"],
+        ["audit"],
+    ):
+        code, _, err = _kbd(host.builder, *args, root=kb.root)
+        assert code == 69 and "no kbd daemon answers" in err and "not use the root" in err, (args, err)
+        assert "Traceback" not in err
+    assert (kb.workflows / "mine" / "workflow.json").read_bytes() == manifest
