@@ -254,6 +254,22 @@ def reachable(path: Path) -> bool:
     return True
 
 
+def check_socket_owner(path: Path) -> None:
+    """Refuse to send a token to a socket kbd found (not one the caller named)
+    unless it belongs to root or to the caller: a root's kbd.yaml names its
+    socket, and whoever controls that file must not collect the tokens of
+    those who run kbd on it."""
+    try:
+        owner = os.lstat(path).st_uid
+    except OSError:
+        return  # nothing there: the connection fails with its own error, no token sent
+    if owner not in (0, os.getuid()):
+        raise PermissionDenied(
+            f"the socket {path} belongs to uid {owner}, neither root nor you: kbd will not send your token there",
+            hint="name the daemon's socket yourself with --socket (or KBD_SOCKET) if you trust it",
+        )
+
+
 def read_token_file(path: str) -> str:
     """The token in ``path`` (surrounding blanks stripped). Refused when empty,
     unreadable, or readable by every user (a token anyone can read is anyone's)."""

@@ -176,6 +176,9 @@ class Ctx:
             else:
                 where = Path(named) if named is not None else backend.socket_of(self.root)
                 token = backend.read_token_file(self.token_file) if self.token_file is not None else None
+                if named is None and (token is not None or os.environ.get("KBD_TOKEN")):
+                    # A socket a root's kbd.yaml chose: only root's or yours gets your token.
+                    backend.check_socket_owner(where)
                 self._backend = backend.open_remote(where, token=token)
         return self._backend
 

@@ -191,6 +191,13 @@ class Client:
 
     def _unreachable(self, exc: Exception) -> KbdError:
         if isinstance(exc, PermissionError):
+            if not os.access(self.socket_path.parent, os.X_OK):
+                # connect() says EACCES for a closed folder on the way too: then
+                # nobody can tell whether a daemon listens there at all.
+                return errors.PermissionDenied(
+                    f"cannot reach {self.socket_path}: a folder on its path is closed to you ({exc.strerror})",
+                    hint="point KBD_SOCKET (or --socket) at the daemon's socket (a service host: /run/kbd/kbd.sock)",
+                )
             return errors.PermissionDenied(
                 f"the kbd daemon at {self.socket_path} refuses this user ({exc.strerror})",
                 hint="ask the host's operator to add you to group kbd (then log in again)",

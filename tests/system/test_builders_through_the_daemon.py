@@ -228,3 +228,24 @@ def test_without_its_daemon_a_builder_reads_the_root_but_changes_nothing(host: H
         assert code == 69 and "no kbd daemon answers" in err and "not use the root" in err, (args, err)
         assert "Traceback" not in err
     assert (kb.workflows / "mine" / "workflow.json").read_bytes() == manifest
+
+
+def test_a_token_goes_only_to_a_socket_of_root_or_the_caller(host: Host) -> None:
+    """The root's kbd.yaml chose the socket: if someone else owns it, kbd keeps the token to itself."""
+    os.chown(host.sock, host.stranger, -1)
+    try:
+        code, _, err = _kbd(
+            host.builder, "sources", "list", "mine", root=host.kb.root, env={"KBD_TOKEN": "secret-tok"}
+        )
+        assert code == 77 and f"belongs to uid {host.stranger}" in err and "secret-tok" not in err, err
+        # Named by the caller, it is the caller's choice (uid auth still works without a token).
+        code, _, err = _kbd(host.builder, "--socket", str(host.sock), "sources", "list", "mine")
+        assert code == 0, err
+    finally:
+        os.chown(host.sock, 0, -1)
+
+
+def test_a_closed_folder_before_the_socket_is_named_as_such(host: Host) -> None:
+    # The stranger cannot read kbd.yaml, so kbd tries <root>/state/run/kbd.sock behind a closed folder.
+    code, _, err = _kbd(host.stranger, "sources", "list", "mine", root=host.kb.root)
+    assert code == 77 and "a folder on its path is closed to you" in err and "KBD_SOCKET" in err, err
