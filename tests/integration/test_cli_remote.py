@@ -98,6 +98,14 @@ SCRIPT: list[tuple[str, list[str], bytes | None]] = [
     ("alice", ["check", "{SID}", "/etc/passwd", "--mode", "read"], None),
     ("alice", ["session", "list", "--workflow", "con", "--all", "--json"], None),
     ("svc", ["session", "list", "--workflow", "con"], None),
+    ("alice", ["import", "con", "{DOCS}", "--dry-run"], None),
+    ("alice", ["import", "con", "{DOCS}"], None),
+    ("alice", ["import", "con", "{DOCS}", "--json"], None),
+    ("carol", ["import", "con", "{DOCS}", "--update", "--dry-run", "--json"], None),
+    ("bob", ["import", "con", "{DOCS}"], None),
+    ("dave", ["import", "con", "{DOCS}", "--json"], None),
+    ("alice", ["import", "nosuch", "{DOCS}"], None),
+    ("alice", ["import", "con", "{DOCS}/nosuch"], None),
     ("ops", ["principals", "list"], None),
     ("ops", ["principals", "list", "--json"], None),
     ("alice", ["principals", "list"], None),
@@ -126,14 +134,26 @@ def _build(root: Path) -> KbRoot:
     kb.workflow("src", access=TEAM)
     kb.workflow("lib", access={"owners": ["alice"], "readers": ["bob", "carol"]})
     kb.workflow("con", access=TEAM, sources=[{"workflow_id": "src", "alias": "rts"}])
+    _docs(root.parent / "docs")
     return kb
+
+
+def _docs(docs: Path) -> None:
+    """A folder for `kbd import` (read by the CLI in both modes)."""
+    if docs.exists():
+        shutil.rmtree(docs)
+    (docs / "ENG").mkdir(parents=True)
+    (docs / "ENG" / "Onboarding.md").write_text("# Onboarding\n\nStart here.\n")
+    (docs / "ENG" / "untitled.md").write_text("no heading\n")
+    (docs / "ENG" / "link.md").symlink_to("/etc/passwd")
+    (docs / "Top.md").write_text("---\ntitle: Read me first\n---\nhello\n")
 
 
 def _play(kb: KbRoot, env_of: dict[str, dict[str, str]], as_flag: bool) -> list[CliResult]:
     out: list[CliResult] = []
     sid = ""
     for pid, argv, stdin in SCRIPT:
-        args = [a.replace("{SID}", sid) for a in argv]
+        args = [a.replace("{SID}", sid).replace("{DOCS}", str(kb.root.parent / "docs")) for a in argv]
         if as_flag:
             args += ["--as", pid]
         r = run_in_process(["--root", str(kb.root), *args], input=stdin, env=env_of.get(pid, {}))
