@@ -623,6 +623,11 @@ class Import(Op):
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
         from kbd.service import importing as _importing
 
+        # An import changes the root: on a root this process may only read,
+        # main's DirectContext carries the refusal (69) that changes raise.
+        refusal = getattr(ctx, "refusal", None)
+        if isinstance(refusal, KbdError):
+            raise refusal
         return _importing.import_docs(ctx.root, self.wf, self.docs, folder=self.folder, actor=_principal(actor),
                                       skipped=self.skipped, dry_run=self.dry_run, update=self.update)  # fmt: skip
 
