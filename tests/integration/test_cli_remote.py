@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
 import pytest
 
 from kbd.backend import choose, read_token_file
@@ -398,3 +399,20 @@ def test_exec_with_a_token_file_goes_through_the_daemon(tmp_path: Path) -> None:
     # The token names the daemon: with none listening, 69, not an in-process run as the operator.
     gone = kb.cli("--token-file", str(tmp_path / "alice"), "exec", sid, "--", "true")
     assert gone.code == 69, gone
+
+
+def test_import_through_the_daemon_imports(both: tuple[list[CliResult], list[CliResult]]) -> None:
+    """The import rows are not just equal but working (the CLI read DIR, the
+    daemon wrote the documents): created, then unchanged, refusals by audience."""
+    _, remote = both
+    rows = {
+        n: r for n, ((_, argv, _), r) in enumerate(zip(SCRIPT, remote, strict=True)) if argv[0] == "import"
+    }
+    runs = [rows[n] for n in sorted(rows)]
+    assert [r.code for r in runs] == [0, 0, 0, 0, 77, 66, 66, 66], [(r.code, r.err) for r in runs]
+    assert "import into con: 2 created, 0 updated, 0 unchanged, 2 skipped (dry run" in runs[0].out
+    assert "import into con: 2 created, 0 updated, 0 unchanged, 2 skipped\n" in runs[1].out
+    assert [d["path"] for d in orjson.loads(runs[2].out)["unchanged"]] == [
+        "context/eng/onboarding.md",
+        "context/docs/read-me-first.md",
+    ]
