@@ -76,6 +76,7 @@ from kbd.errors import (
 )
 from kbd.service import JsonObject, admin, auth
 from kbd.service import browse as browse_ops
+from kbd.service import importing as import_ops
 from kbd.service import notes as note_ops
 from kbd.service import principals as principal_ops
 from kbd.service import sessions as session_ops
@@ -167,6 +168,39 @@ class NoteBody(Strict):
             return base64.b64decode(self.content_base64 or "", validate=True)
         except binascii.Error as exc:
             raise InvalidInput(f"content_base64 is not base64: {exc}") from None
+
+
+class ImportDocument(Strict):
+    file: str = Field(description="the document's name relative to the imported folder")
+    content_base64: str = Field(description="its bytes, base64 (text that is not UTF-8 is skipped)")
+
+
+class ImportSkipped(Strict):
+    file: str
+    reason: str
+
+
+class ImportBody(Strict):
+    """Documents read by the caller (never a path: the daemon opens no folder for anyone)."""
+
+    folder: str = Field(
+        description="the imported folder's own name: the container of documents directly in it"
+    )
+    documents: list[ImportDocument]
+    skipped: list[ImportSkipped] = Field(
+        default_factory=list, description="what the reader passed over, and why"
+    )
+    dry_run: bool = False
+    update: bool = False
+
+    def docs(self) -> list[tuple[str, bytes]]:
+        out: list[tuple[str, bytes]] = []
+        for i, d in enumerate(self.documents):
+            try:
+                out.append((d.file, base64.b64decode(d.content_base64, validate=True)))
+            except binascii.Error as exc:
+                raise InvalidInput(f"documents[{i}].content_base64 is not base64: {exc}") from None
+        return out
 
 
 class RevokeBody(Strict):
@@ -681,6 +715,22 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         # schema (and answered the same way should a request reach it). The
         # plan is already in the documented shape: no pydantic re-validation.
         return Response(await state.policy_body(sid, actor), media_type="application/json")
+
+    @app.post("/v1/workflows/{wid}/import")
+    async def import_documents(wid: str, body: ImportBody, actor: Principal = Actor) -> JsonObject:
+        docs = body.docs()
+
+        def target() -> import_ops.Target:
+            with state.locked():
+                return import_ops.target(state.host, wid, actor=actor)
+
+        found = await run_in_threadpool(target)
+        # The writes (an fsync each) outside the state lock: other requests go on.
+        result = await run_in_threadpool(
+            import_ops.apply, found, docs, folder=body.folder, skipped=[(s.file, s.reason) for s in body.skipped],
+            dry_run=body.dry_run, update=body.update,
+        )  # fmt: skip
+        return result.to_json()
 
     @app.post("/v1/sessions/{sid}/children", response_model=PlanResponse, status_code=201)
     def open_child(sid: str, body: ChildBody, actor: Principal = Actor) -> JsonObject:

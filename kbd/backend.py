@@ -670,6 +670,79 @@ class Ls(Op):
         )
 
 
+@dataclass(frozen=True)
+class Import(Op):
+    """One batch of ``kbd import``: documents read by the CLI (as its caller),
+    never a path for the daemon to open (:mod:`kbd.service.importing`)."""
+
+    wf: str
+    folder: str
+    docs: tuple[tuple[str, bytes], ...]
+    skipped: tuple[tuple[str, str], ...]
+    dry_run: bool
+    update: bool
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import importing as _importing
+
+        # An import changes the root: on a root this process may only read, refuse (69) before reading it.
+        if ctx.refusal is not None:
+            raise ctx.refusal
+        return _importing.import_docs(ctx.root, self.wf, self.docs, folder=self.folder, actor=_principal(actor),
+                                      skipped=self.skipped, dry_run=self.dry_run, update=self.update)  # fmt: skip
+
+    def http(self) -> Request:
+        body: JsonObject = {
+            "folder": self.folder,
+            "documents": [{"file": f, "content_base64": base64.b64encode(d).decode()} for f, d in self.docs],
+            "skipped": [{"file": f, "reason": r} for f, r in self.skipped],
+            "dry_run": self.dry_run,
+            "update": self.update,
+        }
+        return Request("POST", f"/v1/workflows/{segment(self.wf)}/import", body)
+
+
+#: One import call's share of a large import: well under the API's body limit
+#: (4 MiB, base64 and JSON escaping counted) and the operation's item cap.
+IMPORT_BATCH_BYTES = 3 * 1024 * 1024
+IMPORT_BATCH_ITEMS = 1_000
+
+
+def import_batches(
+    wf: str, folder: str, docs: list[tuple[str, bytes]], skipped: list[tuple[str, str]], *, dry_run: bool,
+    update: bool,
+) -> list[Import]:  # fmt: skip
+    """``kbd import``'s calls, in order, in both modes alike (so the answers
+    cannot differ by mode): each within IMPORT_BATCH_BYTES and
+    IMPORT_BATCH_ITEMS; at least one, so even an empty folder is authorized
+    and audited."""
+    out: list[Import] = []
+    cur_docs: list[tuple[str, bytes]] = []
+    cur_skips: list[tuple[str, str]] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal cur_docs, cur_skips, size
+        out.append(Import(wf, folder, tuple(cur_docs), tuple(cur_skips), dry_run, update))
+        cur_docs, cur_skips, size = [], [], 0
+
+    items: list[tuple[int, tuple[str, bytes] | None, tuple[str, str] | None]] = [
+        (-(-len(d) // 3) * 4 + 6 * len(f.encode()) + 64, (f, d), None) for f, d in docs
+    ] + [(6 * (len(f.encode()) + len(r.encode())) + 64, None, (f, r)) for f, r in skipped]
+    for cost, doc, skip in items:
+        if (cur_docs or cur_skips) and (size + cost > IMPORT_BATCH_BYTES
+                                        or len(cur_docs) + len(cur_skips) >= IMPORT_BATCH_ITEMS):  # fmt: skip
+            flush()
+        size += cost
+        if doc is not None:
+            cur_docs.append(doc)
+        if skip is not None:
+            cur_skips.append(skip)
+    if cur_docs or cur_skips or not out:
+        flush()
+    return out
+
+
 # -- principals (the root's operator, or an admin) ---------------------------------------------
 
 

@@ -1053,6 +1053,49 @@ def notes_write(
         )
 
 
+# -- import ------------------------------------------------------------------------------
+
+
+@main.command("import")
+@click.argument("wf", shell_complete=_complete_workflows)
+@click.argument("folder", metavar="DIR", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--dry-run", is_flag=True, help="Report what would change; write nothing.")
+@click.option("--update", is_flag=True, help="Replace documents whose source changed since the last import.")
+@as_option
+@json_option
+@pass_ctx
+def import_docs(
+    c: Ctx, wf: str, folder: Path, dry_run: bool, update: bool, as_: str | None, as_json: bool
+) -> None:
+    """Import the Markdown files under DIR into WF's knowledgebase/context/.
+
+    Container = each file's parent folder, title = its `title:` frontmatter or
+    first `# H1`; target context/<container>/<title>.md. DIR is read by you, as
+    you (links, FIFOs and devices skipped); only the documents travel."""
+    from kbd.fs.importing import read_folder
+
+    found = read_folder(folder)
+    answers = [c.run(op, as_) for op in ops.import_batches(wf, found.folder, found.docs, found.skipped,
+                                                           dry_run=dry_run, update=update)]  # fmt: skip
+    result = answers[0]
+    for more in answers[1:]:
+        for key in ("created", "updated", "unchanged", "skipped"):
+            result[key] = result[key] + more[key]
+    # Batches report the reader's skips after the documents: one order for the whole import.
+    result["skipped"] = sorted(result["skipped"], key=lambda s: str(s["file"]))
+    if as_json:
+        _emit(result)
+        return
+    for key in ("created", "updated", "unchanged"):
+        for d in result[key]:
+            click.echo(f"{key:<9} {one_line(d['path'])}  <- {one_line(d['file'])}")
+    for s in result["skipped"]:
+        click.echo(f"skipped   {one_line(s['file'])}: {one_line(s['reason'])}")
+    counts = ", ".join(f"{len(result[k])} {k}" for k in ("created", "updated", "unchanged", "skipped"))
+    tail = " (dry run: nothing written)" if result["dry_run"] else ""
+    click.echo(f"import into {one_line(result['workflow_id'])}: {counts}{tail}")
+
+
 # -- principals ----------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ shape and for the absence of the root's host path.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import os
@@ -67,6 +68,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1/principals/{pid}/{action}"): "test_principals_are_managed_by_admins_only",
     ("GET", "/v1/audit"): "test_audit_is_for_admins_and_read_by_offset",
     ("GET", "/v1/doctor"): "test_doctor_is_for_admins",
+    ("POST", "/v1/workflows/{wid}/import"): "test_import_takes_documents_never_a_path",
 }
 
 # A syntactically valid request for every authenticated route (placeholders filled in).
@@ -81,6 +83,7 @@ SAMPLE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/v1/sessions/{sid}/revoke"): {},
     ("POST", "/v1/principals"): {"id": "x", "uid": 4242},
     ("POST", "/v1/principals/{pid}/{action}"): {},
+    ("POST", "/v1/workflows/{wid}/import"): {"folder": "x", "documents": []},
 }
 SAMPLE_QUERY: dict[str, dict[str, str]] = {
     "/v1/workflows/{wid}/sources/{alias}/file": {"path": "notes/fact.md"}
@@ -1179,3 +1182,35 @@ def test_a_note_may_come_as_base64_bytes_checked_like_any_note(world: World, s: 
     assert (
         not (Path(s.src_kb) / "notes" / "c.md").exists() and not (Path(s.src_kb) / "notes" / "d.md").exists()
     )
+
+
+def test_import_takes_documents_never_a_path(world: World, s: Scenario) -> None:
+    """`kbd import` through the daemon (issue 13 item 4): the caller sends names
+    and bytes; a request naming a folder for the daemon to read is refused."""
+    url = f"/v1/workflows/{s.con_id}/import"
+    doc = {"file": "ENG/Onboarding.md", "content_base64": base64.b64encode(b"# Onboarding\nhi\n").decode()}
+    evil = {"file": "../../x.md", "content_base64": base64.b64encode(b"# X\n").decode()}
+    body = {"folder": "docs", "documents": [doc, evil], "skipped": [{"file": "l.md", "reason": "a link"}]}
+    r = world.as_("alice").post(url, json=body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["created"] == [{"file": "ENG/Onboarding.md", "path": "context/eng/onboarding.md",
+                               "title": "Onboarding"}]  # fmt: skip
+    assert got["skipped"][0] == {"file": "l.md", "reason": "a link"}
+    assert got["skipped"][1]["file"] == "../../x.md" and "bad file name" in got["skipped"][1]["reason"]
+    written = s.con / "knowledgebase" / "context" / "eng" / "onboarding.md"
+    assert written.read_text().endswith("---\n\nhi\n")
+    again = world.as_("carol").post(url, json=body | {"dry_run": True}).json()
+    assert [d["path"] for d in again["unchanged"]] == ["context/eng/onboarding.md"] and again["dry_run"]
+    # Never a path for the daemon to open (it would read it as root for the caller).
+    for extra in ({"path": "/etc"}, {"dir": "/root"}):
+        r = world.as_("alice").post(url, json=body | extra)
+        assert r.status_code in (400, 422), r.text
+    bad = {"folder": "docs", "documents": [{"file": "a.md", "content_base64": "%%%"}]}
+    assert "content_base64" in world.error(world.as_("alice").post(url, json=bad), 400, "invalid-input")
+    before = written.read_bytes()
+    world.error(world.as_("bob").post(url, json=body | {"update": True}), 403, "permission-denied")
+    world.error(world.as_("dave").post(url, json=body), 404, "workflow-not-found")
+    world.error(world.as_("alice").post(f"/v1/workflows/{s.p}nosuch/import", json=body), 404,
+                "workflow-not-found")  # fmt: skip
+    assert written.read_bytes() == before

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 
 from kbd.backend import choose, read_token_file
@@ -101,6 +102,14 @@ SCRIPT: list[tuple[str, list[str], bytes | None]] = [
     ("alice", ["check", "{SID}", "/etc/passwd", "--mode", "read"], None),
     ("alice", ["session", "list", "--workflow", "con", "--all", "--json"], None),
     ("svc", ["session", "list", "--workflow", "con"], None),
+    ("alice", ["import", "con", "{DOCS}", "--dry-run"], None),
+    ("alice", ["import", "con", "{DOCS}"], None),
+    ("alice", ["import", "con", "{DOCS}", "--json"], None),
+    ("carol", ["import", "con", "{DOCS}", "--update", "--dry-run", "--json"], None),
+    ("bob", ["import", "con", "{DOCS}"], None),
+    ("dave", ["import", "con", "{DOCS}", "--json"], None),
+    ("alice", ["import", "nosuch", "{DOCS}"], None),
+    ("alice", ["import", "con", "{DOCS}/nosuch"], None),
     ("ops", ["principals", "list"], None),
     ("ops", ["principals", "list", "--json"], None),
     ("alice", ["principals", "list"], None),
@@ -129,14 +138,26 @@ def _build(root: Path) -> KbRoot:
     kb.workflow("src", access=TEAM)
     kb.workflow("lib", access={"owners": ["alice"], "readers": ["bob", "carol"]})
     kb.workflow("con", access=TEAM, sources=[{"workflow_id": "src", "alias": "rts"}])
+    _docs(root.parent / "docs")
     return kb
+
+
+def _docs(docs: Path) -> None:
+    """A folder for `kbd import` (read by the CLI in both modes)."""
+    if docs.exists():
+        shutil.rmtree(docs)
+    (docs / "ENG").mkdir(parents=True)
+    (docs / "ENG" / "Onboarding.md").write_text("# Onboarding\n\nStart here.\n")
+    (docs / "ENG" / "untitled.md").write_text("no heading\n")
+    (docs / "ENG" / "link.md").symlink_to("/etc/passwd")
+    (docs / "Top.md").write_text("---\ntitle: Read me first\n---\nhello\n")
 
 
 def _play(kb: KbRoot, env_of: dict[str, dict[str, str]], as_flag: bool) -> list[CliResult]:
     out: list[CliResult] = []
     sid = ""
     for pid, argv, stdin in SCRIPT:
-        args = [a.replace("{SID}", sid) for a in argv]
+        args = [a.replace("{SID}", sid).replace("{DOCS}", str(kb.root.parent / "docs")) for a in argv]
         if as_flag:
             args += ["--as", pid]
         r = run_in_process(["--root", str(kb.root), *args], input=stdin, env=env_of.get(pid, {}))
@@ -502,3 +523,20 @@ def test_an_empty_name_is_a_usage_error_in_both_modes(tmp_path: Path) -> None:
             assert here.code == 2 and f"the {what} is empty" in here.err, (args, here)
     log = kb.root / "state" / AUDIT_NAME
     assert not log.exists() or b"\\u0000" not in log.read_bytes()  # nothing was done, nothing audited
+
+
+def test_import_through_the_daemon_imports(both: tuple[list[CliResult], list[CliResult]]) -> None:
+    """The import rows are not just equal but working (the CLI read DIR, the
+    daemon wrote the documents): created, then unchanged, refusals by audience."""
+    _, remote = both
+    rows = {
+        n: r for n, ((_, argv, _), r) in enumerate(zip(SCRIPT, remote, strict=True)) if argv[0] == "import"
+    }
+    runs = [rows[n] for n in sorted(rows)]
+    assert [r.code for r in runs] == [0, 0, 0, 0, 77, 66, 66, 66], [(r.code, r.err) for r in runs]
+    assert "import into con: 2 created, 0 updated, 0 unchanged, 2 skipped (dry run" in runs[0].out
+    assert "import into con: 2 created, 0 updated, 0 unchanged, 2 skipped\n" in runs[1].out
+    assert [d["path"] for d in orjson.loads(runs[2].out)["unchanged"]] == [
+        "context/eng/onboarding.md",
+        "context/docs/read-me-first.md",
+    ]
