@@ -26,7 +26,7 @@ from kbd.core import notes as rules
 from kbd.core.events import EventRefused
 from kbd.core.history import ABSENT, parse_version, version_of
 from kbd.core.plan import Plan
-from kbd.core.principals import Actor, LocalOperator, actor_fields
+from kbd.core.principals import Actor, actor_fields
 from kbd.errors import KbdError, NoteVersionConflict, NotFound, PathNotFound, PermissionDenied, from_oserror
 from kbd.fs.confined import pin_dir, read_file_stat
 from kbd.fs.notes import note_adds, notes_lock, open_notes, replace_note
@@ -136,7 +136,8 @@ def prepare(
     except KbdError as err:
         raise draft.refuse(err) from None
     final = rules.with_provenance(text, workflow_id=plan.workflow_id, session_id=sid).encode("utf-8")
-    principal = None if isinstance(actor, LocalOperator) else actor.id
+    # As its audit records name it: a principal's ID, the local operator's user name.
+    principal = str(actor_fields(actor)["actor"])
     return PreparedNote(host, sid, plan.workflow_id, alias, relpath, att.workflow_id, att.path, att.kb_identity,
                         tuple(parts), final, actor_fields(actor), text, expected, principal)  # fmt: skip
 
