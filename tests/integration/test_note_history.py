@@ -81,8 +81,10 @@ def test_two_processes_expecting_one_version_exactly_one_wins(world: tuple[KbRoo
             texts.append(kb.root.parent / f"race-{round_}-{n}.md")
             texts[-1].write_text(f"# Race\nround {round_} by writer {n}\n")
         procs = [_writer(kb, sid, path, current) for path in texts]
-        results = [(*reversed(p.communicate(timeout=60)), p.returncode) for p in procs]
-        results = [(code, out, err) for err, out, code in results]
+        results: list[tuple[int, bytes, bytes]] = []
+        for p in procs:
+            out, err_bytes = p.communicate(timeout=60)
+            results.append((p.returncode, out, err_bytes))
         winners = [r for r in results if r[0] == 0]
         losers = [r for r in results if r[0] != 0]
         assert len(winners) == 1 and len(losers) == 1, results
