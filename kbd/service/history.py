@@ -295,9 +295,9 @@ def commit_restore(r: PreparedRestore) -> NoteRestored:
                 config.state_dir, config.notes_quota, kb.fd, notes_fd, source=r.workflow_id, adds=adds
             )
             replace_note(notes_fd, parts, r.data, shared=config.sandbox.grant_group is not None)
-            if old is not None:
-                store.record(r.workflow_id, r.relpath, old, how="found", who=Who(), if_new=True)
-            store.record(r.workflow_id, r.relpath, r.data, how="restore", who=Who(r.actor.id, None, None))
+            store.record(
+                r.workflow_id, r.relpath, r.data, how="restore", who=Who(r.actor.id, None, None), found=old
+            )
     except KbdError as err:
         raise _refused(host, err, r.actor, r.workflow_id, r.relpath) from None
     except OSError as exc:

@@ -178,9 +178,7 @@ def _record(note: PreparedNote, old: bytes | None, path: str) -> None:
     store = store_for(host.config)
     who = Who(note.principal, note.sid, note.consumer)
     try:
-        if old is not None:
-            store.record(note.source, path, old, how="found", who=Who(), if_new=True)
-        store.record(note.source, path, note.data, how="write", who=who, expected=note.expected)
+        store.record(note.source, path, note.data, how="write", who=who, expected=note.expected, found=old)
     except (KbdError, OSError) as exc:
         host.audit("note_history_failed", source=note.source, path=path, reason=str(exc)[:300])
 

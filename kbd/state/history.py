@@ -90,34 +90,51 @@ class HistoryStore:
 
     def record(
         self, source: str, relpath: str, data: bytes, *, how: str, who: Who, expected: str | None = None,
-        if_new: bool = False,
+        if_new: bool = False, found: bytes | None = None,
     ) -> Entry | None:  # fmt: skip
         """Append a version of ``relpath`` (its bytes ``data``) to its log, then
         apply retention. ``if_new``: only when the log's newest version is not
         already this one (bytes found on disk that may have been recorded).
-        Returns the entry written, or None when ``if_new`` skipped it."""
-        folder = self._folder(source, relpath)
-        version = version_of(data)
+        ``found``: the bytes the write replaced, recorded first (how ``found``,
+        nobody named) when the log does not end with them: one lock, one log
+        save for both. Returns the entry written, or None when ``if_new``
+        skipped it."""
         with held(self.state_dir, "history", self._key(source, relpath), timeout=self.lock_timeout,
                   what="the note's history"):  # fmt: skip
             log = self.entries(source, relpath)
-            previous = log[-1].version if log else None
-            if if_new and previous == version:
-                return None
-            blobs = folder / BLOBS
+            blobs = self._folder(source, relpath) / BLOBS
             ensure_private_dir(blobs)
-            name = version[len(PREFIX) :]
-            if not (blobs / name).exists():
-                write_atomic(blobs / name, data, mode=0o600, keep_owner=False, keep_mode=False)
-            entry = Entry(version, previous, time.time(), len(data), how, who.principal, who.session,
-                          who.workflow, expected)  # fmt: skip
+            if found is not None and (not log or log[-1].version != version_of(found)):
+                log.append(self._store(blobs, found, log, how="found", who=Who(), expected=None))
+            if if_new and log and log[-1].version == version_of(data):
+                return None
+            entry = self._store(blobs, data, log, how=how, who=who, expected=expected)
             log.append(entry)
-            kept = retained(log, max_versions=self.caps.max_versions, max_bytes=self.caps.max_bytes)
-            doc = {"source": source, "relpath": relpath, "entries": [e.to_json() for e in kept]}
-            write_atomic(folder / LOG_NAME, json.dumps(doc).encode(), mode=0o600, keep_owner=False,
-                         keep_mode=False)  # fmt: skip
-            self._drop_unnamed(blobs, {e.version[len(PREFIX) :] for e in kept})
+            self._save(source, relpath, log)
             return entry
+
+    def _store(
+        self, blobs: Path, data: bytes, log: list[Entry], *, how: str, who: Who, expected: str | None
+    ) -> Entry:
+        """Write ``data``'s blob (once: it is named by its digest) and make its entry."""
+        version = version_of(data)
+        name = version[len(PREFIX) :]
+        if not (blobs / name).exists():
+            write_atomic(blobs / name, data, mode=0o600, keep_owner=False, keep_mode=False)
+        previous = log[-1].version if log else None
+        return Entry(version, previous, time.time(), len(data), how, who.principal, who.session, who.workflow,
+                     expected)  # fmt: skip
+
+    def _save(self, source: str, relpath: str, log: list[Entry]) -> None:
+        """Retention, then the log replaced atomically, then the blobs no kept entry names."""
+        folder = self._folder(source, relpath)
+        kept = retained(log, max_versions=self.caps.max_versions, max_bytes=self.caps.max_bytes)
+        doc = {"source": source, "relpath": relpath, "entries": [e.to_json() for e in kept]}
+        write_atomic(
+            folder / LOG_NAME, json.dumps(doc).encode(), mode=0o600, keep_owner=False, keep_mode=False
+        )
+        if len(kept) < len(log):
+            self._drop_unnamed(folder / BLOBS, {e.version[len(PREFIX) :] for e in kept})
 
     @staticmethod
     def _drop_unnamed(blobs: Path, named: set[str]) -> None:
