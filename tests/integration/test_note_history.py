@@ -151,7 +151,10 @@ def test_bytes_written_outside_kbd_are_recorded_before_the_next_write(
 
 @pytest.mark.requires_bwrap
 @pytest.mark.requires_landlock(abi=2)
-def test_a_shell_command_under_a_write_grant_records_versions(world: tuple[KbRoot, Path, str]) -> None:
+def test_a_shell_command_under_a_write_grant_records_versions(
+    world: tuple[KbRoot, Path, str], exec_mode: str
+) -> None:
+    """In this process's child and through the daemon's exec broker alike."""
     kb, notes, sid = world
     r = kb.cli("exec", sid, "--", "sh", "-c", 'echo first > "$WORKFLOW_KB_SRC/notes/cmd.md"')
     assert r.code == 0, r.err
@@ -162,6 +165,8 @@ def test_a_shell_command_under_a_write_grant_records_versions(world: tuple[KbRoo
     assert (first["version"], first["how"], first["session"], first["workflow"]) == (
         version(b"first\n"), "command", sid, "con",
     )  # fmt: skip
+    # Who ran it: the local operator in process (no principal), uid 0's principal through the daemon.
+    assert first["principal"] == (None if exec_mode == "in_process" else "ops")
     assert (newest["version"], newest["previous"], newest["how"]) == (
         version(b"first\nsecond\n"), version(b"first\n"), "command",
     )  # fmt: skip
