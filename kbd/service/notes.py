@@ -40,9 +40,9 @@ if TYPE_CHECKING:  # the types only: a note write never needs the registry to im
 
 #: The largest note, for interfaces that read one in.
 MAX_NOTE_BYTES = rules.MAX_NOTE_BYTES
-#: The largest existing note read for its version before a write (a shell
-#: command may have left a bigger one: then the write is refused as too large
-#: to compare, only when the writer asked for a version, else not recorded).
+#: The largest existing note read for its version before a write. A shell
+#: command may have left a bigger one: a writer that named a version is then
+#: refused; one that did not writes as before, the replaced bytes unrecorded.
 MAX_HISTORY_READ = 4 * MAX_NOTE_BYTES
 
 
