@@ -76,6 +76,7 @@ from kbd.errors import (
 )
 from kbd.service import JsonObject, admin, auth
 from kbd.service import browse as browse_ops
+from kbd.service import history as history_ops
 from kbd.service import importing as import_ops
 from kbd.service import notes as note_ops
 from kbd.service import principals as principal_ops
@@ -155,6 +156,9 @@ class NoteBody(Strict):
         default=None, description="the note's bytes, base64 (the CLI sends these: text that is not UTF-8 is "
         "refused by the same checks as every note)"
     )  # fmt: skip
+    expected_version: str | None = Field(
+        default=None, description="as the If-Match header: sha256:<hex>, or none (must not exist yet)"
+    )
 
     def data(self) -> bytes:
         if (self.content is None) == (self.content_base64 is None):
@@ -201,6 +205,19 @@ class ImportBody(Strict):
             except binascii.Error as exc:
                 raise InvalidInput(f"documents[{i}].content_base64 is not base64: {exc}") from None
         return out
+
+
+class RestoreBody(Strict):
+    path: str = Field(description="relative to the source's KB root: notes/...")
+    version: str | None = None
+
+
+def _expected(header: str | None, body: str | None) -> str | None:
+    """The version a note write expects: ``If-Match`` or the body's
+    ``expected_version`` (the CLI's), never two that differ."""
+    if header is not None and body is not None and header.strip().strip('"') != body.strip().strip('"'):
+        raise UsageError("If-Match and expected_version name different versions; give one")
+    return header if header is not None else body
 
 
 class RevokeBody(Strict):
@@ -657,6 +674,40 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         # The listing outside the state lock.
         return browse_ops.list_dir(att, wid, alias, path, limit=size, after=after).to_json()
 
+    @app.get("/v1/workflows/{wid}/notes/history")
+    def note_log(wid: str, path: str, actor: Principal = Actor) -> JsonObject:
+        with state.locked():
+            return history_ops.log(state.host, wid, path, actor=actor).to_json()
+
+    @app.get("/v1/workflows/{wid}/notes/history/version")
+    def note_version(wid: str, path: str, version: str | None = None, actor: Principal = Actor) -> JsonObject:
+        with state.locked():
+            return history_ops.show(state.host, wid, path, actor=actor, version=version).to_json()
+
+    @app.get("/v1/workflows/{wid}/notes/history/diff")
+    def note_diff(
+        wid: str, path: str, version: str | None = None, against: str | None = None, actor: Principal = Actor
+    ) -> JsonObject:
+        with state.locked():
+            return history_ops.diff(
+                state.host, wid, path, actor=actor, version=version, against=against
+            ).to_json()
+
+    @app.post("/v1/workflows/{wid}/notes/history/restore")
+    async def note_restore(wid: str, body: RestoreBody, actor: Principal = Actor) -> JsonObject:
+        def prepare() -> history_ops.PreparedRestore:
+            with state.locked():
+                return history_ops.prepare_restore(
+                    state.host, wid, body.path, actor=actor, version=body.version
+                )
+
+        prepared = await run_in_threadpool(prepare)
+        # The notes mutex wait (up to the lock timeout) outside the state lock, in the notes pool.
+        done = await anyio.to_thread.run_sync(
+            history_ops.commit_restore, prepared, limiter=state.notes_limiter()
+        )
+        return done.to_json()
+
     @app.post("/v1/workflows", status_code=201)
     def create_workflow(body: CreateWorkflowBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
@@ -745,14 +796,17 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
             return session_ops.close(state.sessions, sid, actor=actor).to_json()
 
     @app.post("/v1/sessions/{sid}/notes", status_code=201)
-    async def write_note(sid: str, body: NoteBody, actor: Principal = Actor) -> JsonObject:
+    async def write_note(sid: str, body: NoteBody, request: Request, response: Response,
+                         actor: Principal = Actor) -> JsonObject:  # fmt: skip
         data = body.data()
+        expected = _expected(request.headers.get("if-match"), body.expected_version)
         if state.notes_in_flight >= NOTE_WORKERS + NOTE_BACKLOG:
             raise Overloaded(f"{state.notes_in_flight} note writes are already waiting")
 
         def prepare() -> note_ops.PreparedNote:
             with state.locked():
-                return note_ops.prepare(state.sessions, sid, body.alias, body.path, data, actor=actor)
+                return note_ops.prepare(state.sessions, sid, body.alias, body.path, data, actor=actor,
+                                        expected=expected)  # fmt: skip
 
         state.notes_in_flight += 1
         try:
@@ -761,6 +815,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
             # notes mutex (up to the lock timeout, while a write command runs)
             # stalls neither other requests nor the shared worker threads.
             written = await anyio.to_thread.run_sync(note_ops.commit, prepared, limiter=state.notes_limiter())
+            response.headers["ETag"] = f'"{written.version}"'
             return written.to_json()
         finally:
             state.notes_in_flight -= 1

@@ -612,11 +612,13 @@ class NoteWrite(Op):
     alias: str
     relpath: str
     data: bytes
+    expected: str | None = None  # --expected-version: a version, "none", or None (not asked)
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
         from kbd.service import notes as _notes
 
-        return _notes.write(ctx.sessions, self.sid, self.alias, self.relpath, self.data, actor=actor)
+        return _notes.write(ctx.sessions, self.sid, self.alias, self.relpath, self.data, actor=actor,
+                            expected=self.expected)  # fmt: skip
 
     def http(self) -> Request:
         # The bytes as they are: the daemon decodes them with the same checks
@@ -626,7 +628,87 @@ class NoteWrite(Op):
             "path": self.relpath,
             "content_base64": base64.b64encode(self.data).decode(),
         }
+        if self.expected is not None:
+            body["expected_version"] = self.expected
         return Request("POST", f"/v1/sessions/{segment(self.sid)}/notes", body)
+
+
+# -- note history (issue 13 item 3) ---------------------------------------------------------
+
+
+def _history_params(relpath: str, **optional: str | None) -> dict[str, str]:
+    params = {"path": relpath}
+    params.update({k: v for k, v in optional.items() if v is not None})
+    return params
+
+
+@dataclass(frozen=True)
+class NoteLog(Op):
+    wf: str
+    relpath: str
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import history as _history
+
+        return _history.log(ctx.root, self.wf, self.relpath, actor=_principal(actor))
+
+    def http(self) -> Request:
+        return Request("GET", f"/v1/workflows/{segment(self.wf)}/notes/history",
+                       params=_history_params(self.relpath))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class NoteShow(Op):
+    wf: str
+    relpath: str
+    version: str | None
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import history as _history
+
+        return _history.show(ctx.root, self.wf, self.relpath, actor=_principal(actor), version=self.version)
+
+    def http(self) -> Request:
+        return Request("GET", f"/v1/workflows/{segment(self.wf)}/notes/history/version",
+                       params=_history_params(self.relpath, version=self.version))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class NoteDiff(Op):
+    wf: str
+    relpath: str
+    version: str | None
+    against: str | None
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import history as _history
+
+        return _history.diff(ctx.root, self.wf, self.relpath, actor=_principal(actor), version=self.version,
+                             against=self.against)  # fmt: skip
+
+    def http(self) -> Request:
+        return Request("GET", f"/v1/workflows/{segment(self.wf)}/notes/history/diff",
+                       params=_history_params(self.relpath, version=self.version, against=self.against))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class NoteRestore(Op):
+    wf: str
+    relpath: str
+    version: str | None
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import history as _history
+
+        return _history.restore(
+            ctx.root, self.wf, self.relpath, actor=_principal(actor), version=self.version
+        )
+
+    def http(self) -> Request:
+        body: JsonObject = {"path": self.relpath}
+        if self.version is not None:
+            body["version"] = self.version
+        return Request("POST", f"/v1/workflows/{segment(self.wf)}/notes/history/restore", body)
 
 
 @dataclass(frozen=True)

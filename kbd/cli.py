@@ -12,6 +12,7 @@ import base64
 import os
 import shlex
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TypeVar
@@ -1018,12 +1019,16 @@ def notes() -> None:
 @click.argument("alias", shell_complete=_complete_aliases)
 @click.argument("relpath")
 @click.option("--file", "file", metavar="F|-", help="Note content; - reads stdin (the default when piped).")
+@click.option("--expected-version", "expected", metavar="V", default=None,
+              help="Write only if the note is at version V now (sha256:..., see `kbd notes log`), or absent "
+              "for `none`; otherwise exit 75 naming its current version.")  # fmt: skip
 @as_option
 @json_option
 @pass_ctx
 def notes_write(
-    c: Ctx, sid: str, alias: str, relpath: str, file: str | None, as_: str | None, as_json: bool
-) -> None:
+    c: Ctx, sid: str, alias: str, relpath: str, file: str | None, expected: str | None, as_: str | None,
+    as_json: bool,
+) -> None:  # fmt: skip
     """Write RELPATH (relative to the source's notes/) atomically, with provenance."""
     if file is None:
         if sys.stdin.isatty():
@@ -1044,7 +1049,7 @@ def notes_write(
         raise NotFound(f"{file} does not exist", hint="pass an existing file, or - for stdin") from exc
     except OSError as exc:
         raise InvalidInput(f"cannot read {file}: {exc.strerror}") from exc
-    result = c.run(ops.NoteWrite(sid, alias, relpath, data), as_)
+    result = c.run(ops.NoteWrite(sid, alias, relpath, data, expected), as_)
     if as_json:
         _emit(result)
     else:
@@ -1094,6 +1099,96 @@ def import_docs(
     counts = ", ".join(f"{len(result[k])} {k}" for k in ("created", "updated", "unchanged", "skipped"))
     tail = " (dry run: nothing written)" if result["dry_run"] else ""
     click.echo(f"import into {one_line(result['workflow_id'])}: {counts}{tail}")
+
+
+def _version_line(v: JsonObject) -> str:
+    """One version per line: a write that named no expected version is marked
+    ``unchecked``: if its previous version is not what its writer read, that
+    is a lost update (`kbd notes diff --version V` shows what it replaced)."""
+    who = v.get("principal") or v.get("workflow") or "-"
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(v["at"])))
+    unchecked = "  unchecked" if v["how"] == "write" and v.get("expected") is None else ""
+    return f"{v['version']}  {at}  {v['how']:<7}  {one_line(str(who))}  {v['size']} bytes{unchecked}"
+
+
+@notes.command("log")
+@click.argument("source_wf", shell_complete=_complete_workflows)
+@click.argument("relpath")
+@as_option
+@json_option
+@pass_ctx
+def notes_log(c: Ctx, source_wf: str, relpath: str, as_: str | None, as_json: bool) -> None:
+    """The kept versions of a note, newest first (RELPATH relative to the KB root: notes/x.md)."""
+    result = c.run(ops.NoteLog(source_wf, relpath), as_)
+    if as_json:
+        _emit(result)
+        return
+    click.echo(f"{one_line(result['relpath'])} in {one_line(result['workflow_id'])}: "
+               f"now {result['current'] or 'absent'}")  # fmt: skip
+    for v in result["versions"]:
+        click.echo(_version_line(v))
+
+
+@notes.command("show")
+@click.argument("source_wf", shell_complete=_complete_workflows)
+@click.argument("relpath")
+@click.option(
+    "--version", "version", metavar="V", default=None, help="The version to print (default: newest)."
+)
+@as_option
+@json_option
+@pass_ctx
+def notes_show(
+    c: Ctx, source_wf: str, relpath: str, version: str | None, as_: str | None, as_json: bool
+) -> None:
+    """Print one kept version of a note (RELPATH relative to the KB root)."""
+    result = c.run(ops.NoteShow(source_wf, relpath, version), as_)
+    if as_json:
+        _emit(result)
+        return
+    content = result["content"]
+    _write_stdout(base64.b64decode(content) if result["encoding"] == "base64" else content.encode())
+
+
+@notes.command("diff")
+@click.argument("source_wf", shell_complete=_complete_workflows)
+@click.argument("relpath")
+@click.option("--version", "version", metavar="V", default=None, help="The newer side (default: newest).")
+@click.option("--against", "against", metavar="V", default=None,
+              help="The older side (default: the version before --version).")  # fmt: skip
+@as_option
+@json_option
+@pass_ctx
+def notes_diff(
+    c: Ctx, source_wf: str, relpath: str, version: str | None, against: str | None, as_: str | None,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """Unified diff of two kept versions of a note (default: previous vs newest)."""
+    result = c.run(ops.NoteDiff(source_wf, relpath, version, against), as_)
+    if as_json:
+        _emit(result)
+        return
+    _write_stdout(str(result["diff"]).encode())
+
+
+@notes.command("restore")
+@click.argument("source_wf", shell_complete=_complete_workflows)
+@click.argument("relpath")
+@click.option("--version", "version", metavar="V", default=None,
+              help="The version to restore (default: the one before the newest).")  # fmt: skip
+@as_option
+@json_option
+@pass_ctx
+def notes_restore(
+    c: Ctx, source_wf: str, relpath: str, version: str | None, as_: str | None, as_json: bool
+) -> None:
+    """Make a kept version the note's content again (source owners and admins; audited)."""
+    result = c.run(ops.NoteRestore(source_wf, relpath, version), as_)
+    if as_json:
+        _emit(result)
+        return
+    click.echo(f"restored {one_line(result['relpath'])} in {one_line(result['workflow_id'])} to "
+               f"{result['version']} ({result['bytes']} bytes)")  # fmt: skip
 
 
 # -- principals ----------------------------------------------------------------------------

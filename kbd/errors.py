@@ -35,6 +35,7 @@ API turn any of them into the same answer without knowing the class::
     ├── Busy                        75  409  busy                     lock timeout, retry
     │   ├── Overloaded              75  503  busy                     daemon overloaded (see below)
     │   ├── VersionConflict         75  409  version-conflict         expected version is stale
+    │   │   └── NoteVersionConflict 75  412  note-version-conflict    a note changed since that version
     │   ├── IndexUnreadable         75  409  index-unreadable         notes/_index.json mid-rewrite
     │   └── WorkflowExists          75  409  workflow-exists          workflows create: ID or folder taken
     ├── NoSpace                     75  507  no-space                 disk or quota full (ENOSPC, EDQUOT)
@@ -332,6 +333,29 @@ class VersionConflict(Busy):
     default_hint = "the manifest changed since you read it; read it again and retry"
 
 
+class NoteVersionConflict(VersionConflict):
+    """``kbd notes write --expected-version V`` (API: ``If-Match``) when the
+    note's current bytes are not version V. ``current``: the note's version now
+    (``none`` when it does not exist), also in the message and, over HTTP, in
+    the ``ETag`` header and the envelope's ``current_version``. 412
+    Precondition Failed: the request's own precondition, not a busy server."""
+
+    code = "note-version-conflict"
+    http_status = 412
+    default_hint = "read the note again (`kbd notes show`), merge, and write with its current version"
+
+    def __init__(self, message: str, *, current: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.current = current
+
+    def to_dict(self) -> dict[str, str]:
+        out = super().to_dict()
+        current = getattr(self, "current", None)  # unset on one rebuilt from a bare envelope
+        if current is not None:
+            out["current_version"] = current
+        return out
+
+
 class IndexUnreadable(Busy):
     code = "index-unreadable"
     default_hint = "the source may be rewriting its index; retry. This is not an empty knowledge base."
@@ -487,4 +511,7 @@ def http_answer(err: KbdError) -> tuple[int, dict[str, dict[str, str]], dict[str
     first). The CLI's counterpart is :func:`kbd.boundary.guarded`."""
     retry = isinstance(err, Busy) and not isinstance(err, VersionConflict)
     headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if retry else {}
+    current = getattr(err, "current", None) if isinstance(err, NoteVersionConflict) else None
+    if current is not None:
+        headers["ETag"] = f'"{current}"'  # the version to send as If-Match after merging
     return err.http_status, {"error": err.to_dict()}, headers

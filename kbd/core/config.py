@@ -81,6 +81,19 @@ class NotesQuota:
 
 
 @dataclass(frozen=True)
+class NoteHistory:
+    """Retention of each note's version history (``note_history:`` in kbd.yaml):
+    at most ``max_versions`` versions, whose distinct contents add up to at most
+    ``max_bytes``; the oldest go first, the newest is always kept."""
+
+    max_versions: int = 100
+    max_bytes: int = 64 * 1024 * 1024
+
+
+MAX_HISTORY_VERSIONS = 100_000
+
+
+@dataclass(frozen=True)
 class LimitsConfig:
     """Per-command resource limits (``limits:`` in kbd.yaml). None = no limit.
 
@@ -113,6 +126,7 @@ class Config:
     revoke_immediately: bool = False
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     notes_quota: NotesQuota = field(default_factory=NotesQuota)
+    note_history: NoteHistory = field(default_factory=NoteHistory)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     @property
@@ -133,6 +147,7 @@ _TOP_KEYS = (
     "sandbox",
     "revocation",
     "notes_quota",
+    "note_history",
     "limits",
 )
 
@@ -279,6 +294,7 @@ def parse_config(data: object, *, root: Path, source: str = CONFIG_NAME) -> Conf
         ),
         sandbox=sandbox,
         notes_quota=quota,
+        note_history=_note_history(doc.get("note_history", {}), source=source),
         limits=parse_limits(doc.get("limits", {}), source=source),
     )
 
@@ -307,3 +323,17 @@ def _notes_quota(raw: object, *, source: str) -> NotesQuota:
             )
         values[key] = value
     return NotesQuota(**values)
+
+
+def _note_history(raw: object, *, source: str) -> NoteHistory:
+    nh = expect_mapping(raw, where="note_history", source=source)
+    check_keys(nh, allowed=("max_versions", "max_bytes"), where="note_history", source=source)
+    values = {}
+    for key, top in (("max_versions", MAX_HISTORY_VERSIONS), ("max_bytes", 1 << 40)):
+        value = nh.get(key, getattr(NoteHistory, key))
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+            raise InvalidConfig(
+                f"{source}: note_history.{key} must be a whole number from 1 to {top}, not {value!r}"
+            )
+        values[key] = value
+    return NoteHistory(**values)

@@ -20,6 +20,7 @@ and plans).
   revoke, path checks.
 * :mod:`kbd.service.browse` — reading and listing an attached KB.
 * :mod:`kbd.service.notes` — contributed note writes.
+* :mod:`kbd.service.history` — a note's versions: log, show, diff, restore.
 * :mod:`kbd.service.command_notes` — what ``kbd exec`` of a write plan holds and
   audits in the ``notes/`` it may write.
 * :mod:`kbd.service.admin` — init, doctor, validate, principals and tokens, the

@@ -24,6 +24,7 @@ from kbd.core.plan import Plan
 from kbd.errors import InjectionRefused, KbdError, QuotaExceeded
 from kbd.fs.confined import open_beneath, pin_dir, read_file_stat
 from kbd.fs.notes import notes_key, notes_lock, open_notes, scan_notes
+from kbd.state.history import Who, store_for
 from kbd.state.notes_quota import check_quota, mark_over_quota
 
 if TYPE_CHECKING:  # the type only: kbd exec already holds the root
@@ -99,13 +100,15 @@ def scan_command_changes(host: Root, plan: Plan, *, since_ns: int) -> list[Comma
     return out
 
 
-def _gate_changes(ch: CommandChanges, budget: int) -> tuple[dict[str, str], bool, int]:
+def _gate_changes(ch: CommandChanges, budget: int) -> tuple[dict[str, str], bool, int, dict[str, bytes]]:
     """Read (within ``budget`` bytes) the files of ``ch`` still as the scan saw
-    them and run the injection gate: (flagged file → rule, budget ran out, budget left)."""
+    them and run the injection gate: (flagged file → rule, budget ran out,
+    budget left, the bytes read by file: what the note history records)."""
     from kbd.core import injection
     from kbd.fs import datafiles
 
     flagged: dict[str, str] = {}
+    seen: dict[str, bytes] = {}
     out_of_budget = False
     try:
         with pin_dir(ch.kb_path, expect=ch.kb_identity) as kb:
@@ -120,13 +123,27 @@ def _gate_changes(ch: CommandChanges, budget: int) -> tuple[dict[str, str], bool
                 if (st.st_ino, st.st_ctime_ns) != (ino, ctime):
                     continue
                 budget -= len(data)
+                seen[rel] = data
                 try:
                     injection.check(data.decode("utf-8", "replace"), ruleset=datafiles.injection_rules())
                 except InjectionRefused as exc:
                     flagged[rel] = exc.rule
     except KbdError:
         pass
-    return flagged, out_of_budget, budget
+    return flagged, out_of_budget, budget, seen
+
+
+def _record_versions(host: Root, ch: CommandChanges, seen: dict[str, bytes], who: Who) -> None:
+    """Each changed note the audit read, as a version (how: ``command``) unless
+    its history already ends with these bytes. A file changed again since the
+    scan was not read, so it is not recorded here: the next write records what
+    it finds. A failure to record is audited; the command's result stands."""
+    store = store_for(host.config)
+    for rel, data in seen.items():
+        try:
+            store.record(ch.source, rel, data, how="command", who=who, if_new=True)
+        except (KbdError, OSError) as exc:
+            host.audit("note_history_failed", source=ch.source, path=rel, reason=str(exc)[:300])
 
 
 SETID = 0o6000
@@ -161,10 +178,13 @@ def strip_setid(ch: CommandChanges) -> list[str]:
     return stripped
 
 
-def audit_command_changes(host: Root, plan: Plan, sid: str, changes: list[CommandChanges]) -> None:
+def audit_command_changes(
+    host: Root, plan: Plan, sid: str, changes: list[CommandChanges], *, principal: str | None = None
+) -> None:
     """Audit (after the notes mutexes are released) the changed files found by
     :func:`scan_command_changes`, and which of them the injection gate would have
-    refused. Files are only read, never changed: shell writes carry no enforced
+    refused, and record each file it read as a version in the note's history
+    (``principal``: who ran the command). Files are only read, never changed: shell writes carry no enforced
     provenance (``kbd notes write`` is the path that stamps it), but the source's
     owner can see who changed what. A file changed again since the scan (another
     writer, after the mutex was released) is listed but not gated. A command
@@ -174,7 +194,8 @@ def audit_command_changes(host: Root, plan: Plan, sid: str, changes: list[Comman
     budget = MAX_AUDIT_READ_BYTES
     for ch in changes:
         files = [c.rel for c in ch.scan.changed]
-        flagged, out_of_budget, budget = _gate_changes(ch, budget)
+        flagged, out_of_budget, budget, seen = _gate_changes(ch, budget)
+        _record_versions(host, ch, seen, Who(principal, sid, plan.workflow_id))
         truncated = ch.scan.truncated or len(files) > MAX_SCAN_FILES or out_of_budget
         # After the gate (which compares each file's ctime with the scan's).
         extra = {"setid_stripped": stripped[:200]} if (stripped := strip_setid(ch)) else {}

@@ -648,7 +648,7 @@ def execute(
             from kbd.service.command_notes import audit_command_changes
 
             with launch.lock:
-                audit_command_changes(host, plan, sid, changes)
+                audit_command_changes(host, plan, sid, changes, principal=launch.principal)
         return 128 - rc if rc < 0 else rc  # killed by signal N: 128+N, as a shell says (DESIGN §8)
     finally:
         if stub is not None:

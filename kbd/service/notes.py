@@ -24,12 +24,14 @@ from typing import TYPE_CHECKING
 
 from kbd.core import notes as rules
 from kbd.core.events import EventRefused
+from kbd.core.history import ABSENT, parse_version, version_of
 from kbd.core.plan import Plan
 from kbd.core.principals import Actor, actor_fields
-from kbd.errors import KbdError, NotFound, PermissionDenied, from_oserror
-from kbd.fs.confined import pin_dir
+from kbd.errors import KbdError, NoteVersionConflict, NotFound, PathNotFound, PermissionDenied, from_oserror
+from kbd.fs.confined import pin_dir, read_file_stat
 from kbd.fs.notes import note_adds, notes_lock, open_notes, replace_note
 from kbd.service import JsonObject
+from kbd.state.history import Who, store_for
 from kbd.state.notes_quota import check_quota
 
 if TYPE_CHECKING:  # the types only: a note write never needs the registry to import
@@ -38,6 +40,10 @@ if TYPE_CHECKING:  # the types only: a note write never needs the registry to im
 
 #: The largest note, for interfaces that read one in.
 MAX_NOTE_BYTES = rules.MAX_NOTE_BYTES
+#: The largest existing note read for its version before a write. A shell
+#: command may have left a bigger one: a writer that named a version is then
+#: refused; one that did not writes as before, the replaced bytes unrecorded.
+MAX_HISTORY_READ = 4 * MAX_NOTE_BYTES
 
 
 @dataclass(frozen=True)
@@ -46,9 +52,11 @@ class NoteWritten:
     alias: str
     path: str  # relative to the source's KB root: notes/...
     bytes: int
+    version: str  # sha256:<hex> of the bytes written (DESIGN §11)
 
     def to_json(self) -> JsonObject:
-        return {"workflow_id": self.workflow_id, "alias": self.alias, "path": self.path, "bytes": self.bytes}
+        return {"workflow_id": self.workflow_id, "alias": self.alias, "path": self.path, "bytes": self.bytes,
+                "version": self.version}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,9 @@ class PreparedNote:
     data: bytes
     who: Mapping[str, object] = field(default_factory=dict)  # the actor, as audit records name it
     text: str = ""  # what the injection gate checks, in commit (never under a shared lock)
+    # --expected-version / If-Match: a version, "none" (must not exist yet), or None (not asked).
+    expected: str | None = None
+    principal: str | None = None  # who, for the note's history
 
     def refuse(self, err: KbdError) -> KbdError:
         self.host.audit("note_refused", session=self.sid, workflow_id=self.consumer, alias=self.alias,
@@ -76,10 +87,13 @@ class PreparedNote:
 
 
 def prepare(
-    sessions: RootSessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
-) -> PreparedNote:
+    sessions: RootSessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor,
+    expected: str | None = None,
+) -> PreparedNote:  # fmt: skip
     """Everything but the gate and the write: the session's plan now, the grant,
-    the name, the size, the text, and the provenance-stamped content. Needs the
+    the name, the size, the text, and the provenance-stamped content.
+    ``expected`` (``--expected-version``): checked here for its form
+    (InvalidInput), against the note under the mutex in :func:`commit`. Needs the
     host's registry (the daemon calls it under its state lock); waits for no file
     lock and does no work proportional to the note beyond decoding it (the
     injection gate runs in :func:`commit`). Every refusal is audited."""
@@ -115,11 +129,58 @@ def prepare(
     try:
         parts = rules.validate_target(relpath)
         text = rules.note_text(data)
+        if expected is not None:
+            expected = parse_version(
+                expected, field="the expected version (--expected-version, If-Match)", allow_absent=True
+            )
     except KbdError as err:
         raise draft.refuse(err) from None
     final = rules.with_provenance(text, workflow_id=plan.workflow_id, session_id=sid).encode("utf-8")
+    # As its audit records name it: a principal's ID, the local operator's user name.
+    principal = str(actor_fields(actor)["actor"])
     return PreparedNote(host, sid, plan.workflow_id, alias, relpath, att.workflow_id, att.path, att.kb_identity,
-                        tuple(parts), final, actor_fields(actor), text)  # fmt: skip
+                        tuple(parts), final, actor_fields(actor), text, expected, principal)  # fmt: skip
+
+
+def _current(notes_fd: int, note: PreparedNote) -> bytes | None:
+    """The note's bytes now (under the mutex), None when it does not exist. A
+    name that cannot be read as a note (a link, a FIFO, a folder, too large) is
+    the writer's refusal when it asked for a version; otherwise the write goes
+    on as before (and refuses what is not a regular file itself)."""
+    try:
+        return read_file_stat(notes_fd, "/".join(note.parts), limit=MAX_HISTORY_READ, allow_hardlinks=True)[0]
+    except PathNotFound:
+        return None
+    except KbdError:
+        if note.expected is not None:
+            raise
+        return None
+
+
+def _check_expected(note: PreparedNote, old: bytes | None) -> None:
+    """Refuse (NoteVersionConflict, 75) when the note is not at the version its writer expected."""
+    if note.expected is None:
+        return
+    current = ABSENT if old is None else version_of(old)
+    if current != note.expected:
+        raise NoteVersionConflict(
+            f"notes/{'/'.join(note.parts)} in {note.source!r} is at version {current}, not {note.expected}",
+            current=current,
+        )
+
+
+def _record(note: PreparedNote, old: bytes | None, path: str) -> None:
+    """After the rename, under the mutex: the bytes that were there first, when
+    the history never saw them (written outside kbd, or before history), then
+    the new version. The note is written whatever happens here: a history that
+    cannot be recorded is audited, never a refused write after the fact."""
+    host = note.host
+    store = store_for(host.config)
+    who = Who(note.principal, note.sid, note.consumer)
+    try:
+        store.record(note.source, path, note.data, how="write", who=who, expected=note.expected, found=old)
+    except (KbdError, OSError) as exc:
+        host.audit("note_history_failed", source=note.source, path=path, reason=str(exc)[:300])
 
 
 def commit(note: PreparedNote) -> NoteWritten:
@@ -137,39 +198,44 @@ def commit(note: PreparedNote) -> NoteWritten:
     except KbdError as err:
         raise note.refuse(err) from None
     lock_wait, who = config.lock_timeout, {"workflow": note.consumer}
+    path = "/".join(note.parts)
     try:
         with (
             pin_dir(note.kb_path, expect=note.kb_identity) as kb,
             open_notes(kb.fd) as notes_fd,
             notes_lock(config.state_dir, notes_fd, timeout=lock_wait, who=who),
         ):
+            old = _current(notes_fd, note)
+            _check_expected(note, old)  # under the mutex: no writer slips in between
             adds = note_adds(notes_fd, note.parts, len(note.data))
             check_quota(config.state_dir, config.notes_quota, kb.fd, notes_fd, source=note.source, adds=adds)
             replace_note(notes_fd, note.parts, note.data, shared=config.sandbox.grant_group is not None)
+            _record(note, old, "notes/" + path)
     except KbdError as err:
         raise note.refuse(err) from None
     except OSError as exc:
         # A full disk is NoSpace (75), a denied folder PermissionDenied: never one for the other.
         raise note.refuse(from_oserror(exc, what=f"write {note.relpath!r}")) from None
-    path = "/".join(note.parts)
     host.audit("note_written", session=note.sid, workflow_id=note.consumer, source=note.source, alias=note.alias,
                path=path, bytes=len(note.data), **note.who)  # fmt: skip
     with contextlib.suppress(EventRefused):  # a name the feed cannot carry is in the audit record only
         host.events.emit(
             "note.written", workflow_id=note.source, relpath="notes/" + path, by_workflow=note.consumer
         )
-    return NoteWritten(note.source, note.alias, "notes/" + path, len(note.data))
+    return NoteWritten(note.source, note.alias, "notes/" + path, len(note.data), version_of(note.data))
 
 
 def write(
-    sessions: RootSessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor
-) -> NoteWritten:
+    sessions: RootSessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor,
+    expected: str | None = None,
+) -> NoteWritten:  # fmt: skip
     """Write RELPATH (relative to the source's notes/) atomically, with provenance.
 
     Raises (nothing written anywhere): SessionClosed, PermissionDenied (no write
     grant now, or the index), InvalidPath/InvalidInput (bad name, not UTF-8,
     too large, wrong kind of file), PathRefused (a link, a folder or a special
     file on the way or at the name), InjectionRefused, QuotaExceeded, Busy (lock
-    timeout), NoSpace. Every refusal is audited.
+    timeout), NoSpace, NoteVersionConflict (``expected`` given and the note is
+    at another version now). Every refusal is audited.
     """
-    return commit(prepare(sessions, sid, alias, relpath, data, actor=actor))
+    return commit(prepare(sessions, sid, alias, relpath, data, actor=actor, expected=expected))

@@ -59,6 +59,10 @@ ROUTES: dict[tuple[str, str], str] = {
     ("DELETE", "/v1/sessions/{sid}"): "test_closed_session_is_gone",
     ("POST", "/v1/sessions/{sid}/check"): "test_session_check",
     ("POST", "/v1/sessions/{sid}/notes"): "test_session_notes_write",
+    ("GET", "/v1/workflows/{wid}/notes/history"): "test_note_history_if_match_and_routes",
+    ("GET", "/v1/workflows/{wid}/notes/history/version"): "test_note_history_if_match_and_routes",
+    ("GET", "/v1/workflows/{wid}/notes/history/diff"): "test_note_history_if_match_and_routes",
+    ("POST", "/v1/workflows/{wid}/notes/history/restore"): "test_note_history_if_match_and_routes",
     ("GET", "/v1/events"): "test_events_finite_replay",  # the feed itself: test_change_feed.py
     ("GET", "/v1/sessions/{sid}/env"): "test_session_env_and_revoke",
     ("POST", "/v1/sessions/{sid}/revoke"): "test_session_env_and_revoke",
@@ -81,12 +85,16 @@ SAMPLE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/v1/sessions/{sid}/check"): {"path": "/etc/passwd", "mode": "read"},
     ("POST", "/v1/sessions/{sid}/notes"): {"alias": "x", "path": "x.md", "content": "x"},
     ("POST", "/v1/sessions/{sid}/revoke"): {},
+    ("POST", "/v1/workflows/{wid}/notes/history/restore"): {"path": "notes/x.md"},
     ("POST", "/v1/principals"): {"id": "x", "uid": 4242},
     ("POST", "/v1/principals/{pid}/{action}"): {},
     ("POST", "/v1/workflows/{wid}/import"): {"folder": "x", "documents": []},
 }
 SAMPLE_QUERY: dict[str, dict[str, str]] = {
-    "/v1/workflows/{wid}/sources/{alias}/file": {"path": "notes/fact.md"}
+    "/v1/workflows/{wid}/sources/{alias}/file": {"path": "notes/fact.md"},
+    "/v1/workflows/{wid}/notes/history": {"path": "notes/x.md"},
+    "/v1/workflows/{wid}/notes/history/version": {"path": "notes/x.md"},
+    "/v1/workflows/{wid}/notes/history/diff": {"path": "notes/x.md"},
 }
 AUTHENTICATED = sorted(r for r in ROUTES if r != ("GET", "/v1/health"))
 
@@ -980,6 +988,59 @@ def test_session_notes_write(world: World, s: Scenario) -> None:
         timeout=15,
     )
     assert worst.status_code == 201, worst.text
+
+
+def test_note_history_if_match_and_routes(world: World, s: Scenario) -> None:
+    """Issue 13 item 3 over the API: ETag on a written note, If-Match → 412 with
+    the current version (header and envelope), ``"none"`` for a new note, the
+    history routes answering as the CLI does, restore for owners only."""
+    alice = world.as_("alice")
+    r = alice.put(f"/v1/workflows/{s.con_id}/sources",
+                  json={"sources": [{"workflow_id": s.src_id, "alias": "rts", "access": "write"}]})  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert alice.post(f"/v1/workflows/{s.src_id}/writers", json={"workflow_id": s.con_id}).status_code == 200
+    sid = s.open(kind="execution", kb_access="read-write")["session_id"]
+    url = f"/v1/sessions/{sid}/notes"
+    first = alice.post(url, json={"alias": "rts", "path": "h.md", "content": "one\n"},
+                       headers={"If-Match": '"none"'})  # fmt: skip
+    assert first.status_code == 201, first.text
+    v1 = first.json()["version"]
+    assert first.headers["ETag"] == f'"{v1}"'
+    second = alice.post(
+        url, json={"alias": "rts", "path": "h.md", "content": "two\n"}, headers={"If-Match": f'"{v1}"'}
+    )
+    assert second.status_code == 201, second.text
+    v2 = second.json()["version"]
+    stale = alice.post(
+        url, json={"alias": "rts", "path": "h.md", "content": "three\n"}, headers={"If-Match": f'"{v1}"'}
+    )
+    assert stale.status_code == 412, stale.text
+    assert stale.headers["ETag"] == f'"{v2}"' and "Retry-After" not in stale.headers
+    err = stale.json()["error"]
+    assert err["code"] == "note-version-conflict" and err["current_version"] == v2 and v2 in err["message"]
+    world.error(alice.post(url, json={"alias": "rts", "path": "h.md", "content": "x"},
+                                  headers={"If-Match": "W/abc"}), 400, "invalid-input")  # fmt: skip
+    both = alice.post(url, json={"alias": "rts", "path": "h.md", "content": "x", "expected_version": v2},
+                      headers={"If-Match": f'"{v1}"'})  # fmt: skip
+    world.error(both, 400, "usage")
+    base = f"/v1/workflows/{s.src_id}/notes/history"
+    got = world.as_("bob").get(base, params={"path": "notes/h.md"})  # a reader of src
+    assert got.status_code == 200, got.text
+    assert got.json()["current"] == v2 and [v["version"] for v in got.json()["versions"]] == [v2, v1]
+    shown = alice.get(f"{base}/version", params={"path": "notes/h.md", "version": v1})
+    assert shown.status_code == 200 and shown.json()["content"].endswith("one\n")
+    diff = alice.get(f"{base}/diff", params={"path": "notes/h.md"})
+    assert diff.status_code == 200 and "-one\n+two\n" in diff.json()["diff"]
+    world.error(world.as_("dave").get(base, params={"path": "notes/h.md"}), 404, "workflow-not-found")
+    world.error(
+        alice.get(f"{base}/version", params={"path": "notes/h.md", "version": "v1"}), 400, "invalid-input"
+    )
+    world.error(
+        world.as_("bob").post(f"{base}/restore", json={"path": "notes/h.md"}), 403, "permission-denied"
+    )
+    done = alice.post(f"{base}/restore", json={"path": "notes/h.md", "version": v1})
+    assert done.status_code == 200 and done.json()["previous"] == v2, done.text
+    assert (Path(s.src_kb) / "notes" / "h.md").read_bytes() == shown.json()["content"].encode()
 
 
 def test_session_check(world: World, s: Scenario) -> None:

@@ -95,6 +95,31 @@ SCRIPT: list[tuple[str, list[str], bytes | None]] = [
     ("alice", ["ls", "con", "rts"], None),
     ("alice", ["ls", "con", "rts", "notes", "--limit", "1"], None),
     ("alice", ["ls", "con", "rts", "notes", "--limit", "1", "--after", "fact.md", "--json"], None),
+    # Note history (issue 13 item 3): versions differ per run (provenance stamps), so they are masked.
+    (
+        "alice",
+        ["notes", "write", "{SID}", "rts", "remote.md", "--file", "-", "--expected-version", "none"],
+        b"x",
+    ),
+    (
+        "alice",
+        ["notes", "write", "{SID}", "rts", "remote.md", "--file", "-", "--expected-version", "v1"],
+        b"x",
+    ),
+    ("alice", ["notes", "write", "{SID}", "rts", "remote.md", "--file", "-", "--json"], b"# Second take\n"),
+    ("alice", ["notes", "log", "src", "notes/remote.md"], None),
+    ("bob", ["notes", "log", "src", "notes/remote.md", "--json"], None),
+    ("dave", ["notes", "log", "src", "notes/remote.md"], None),
+    ("alice", ["notes", "log", "src", "remote.md"], None),
+    ("alice", ["notes", "show", "src", "notes/remote.md"], None),
+    ("alice", ["notes", "show", "src", "notes/remote.md", "--version", "sha256:" + "0" * 64], None),
+    ("dave", ["notes", "diff", "src", "notes/remote.md"], None),
+    ("alice", ["notes", "diff", "src", "notes/remote.md", "--against", "sha256:" + "1" * 64], None),
+    ("alice", ["notes", "diff", "src", "notes/remote.md", "--json"], None),
+    ("bob", ["notes", "restore", "src", "notes/remote.md"], None),
+    ("alice", ["notes", "restore", "src", "notes/remote.md", "--json"], None),
+    ("alice", ["notes", "restore", "src", "notes/remote.md", "--version", "nope"], None),
+    ("alice", ["notes", "log", "src", "notes/remote.md", "--json"], None),
     ("alice", ["session", "revoke", "{SID}", "--immediate"], None),
     ("alice", ["session", "revoke", "{SID}", "--json"], None),
     ("alice", ["session", "close", "{SID}"], None),
@@ -173,6 +198,10 @@ _RANDOM = (
     (re.compile(r'"token": "[^"]+"'), '"token": "T"'),
     (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"), "TIME"),
     (re.compile(r'"opened_at": [0-9.]+'), '"opened_at": 0'),
+    (re.compile(r"sha256:[0-9a-f]{64}"), "sha256:V"),
+    (re.compile(r'"at": [0-9.]+'), '"at": 0'),
+    # A diff's hunks depend on whether two provenance stamps fell in the same second.
+    (re.compile(r'"diff": "(?:[^"\\]|\\.)*"'), '"diff": "D"'),
 )
 
 

@@ -17,6 +17,7 @@ the code (and the rule, for injections).
 from __future__ import annotations
 
 import calendar
+import hashlib
 import os
 import re
 import stat
@@ -360,9 +361,12 @@ def test_cli_refusals_use_the_contract_exit_codes(world: World) -> None:
 def test_provenance_frontmatter_is_added(world: World) -> None:
     t0 = time.time()
     result = world.write("new.md", b"# Finding\n\nThe cache is rebuilt nightly.\n")
-    assert result == {"workflow_id": "src", "alias": "src", "path": "notes/new.md", "bytes": result["bytes"]}
+    # Issue 13 item 3 added "version": sha256 of the bytes as stored (a new field; the others unchanged).
+    assert result == {"workflow_id": "src", "alias": "src", "path": "notes/new.md", "bytes": result["bytes"],
+                      "version": result["version"]}  # fmt: skip
     data = (world.notes / "new.md").read_bytes()
     assert result["bytes"] == len(data)
+    assert result["version"] == "sha256:" + hashlib.sha256(data).hexdigest()
     lines, body = split_note(data.decode())
     assert body == "# Finding\n\nThe cache is rebuilt nightly.\n"
     assert lines[:2] == ["contributed_by_workflow: con", f"contributed_by_session: {world.sid}"]
@@ -517,7 +521,12 @@ def test_cli_write_then_ls_shows_who_contributed(world: World) -> None:
         "alias": "src",
         "path": "notes/contrib.md",
         "bytes": r.json()["bytes"],
+        "version": r.json()["version"],  # issue 13 item 3: a new field
     }
+    assert (
+        r.json()["version"]
+        == "sha256:" + hashlib.sha256((world.notes / "contrib.md").read_bytes()).hexdigest()
+    )
     note = world.kb.root / "cli-note.md"
     note.write_bytes(b"from a file\n")
     r = world.kb.cli("notes", "write", world.sid, "src", "deep/from-file.md", "--file", str(note))

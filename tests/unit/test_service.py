@@ -297,6 +297,7 @@ def test_a_note_write_returns_what_was_written(kb: KbRoot) -> None:
         "alias": "src",
         "path": "notes/a.md",
         "bytes": written.bytes,
+        "version": written.version,  # issue 13 item 3: a new field
     }
     assert (kb.workflows / "src" / "knowledgebase" / "notes" / "a.md").stat().st_size == written.bytes
 

@@ -1,0 +1,137 @@
+"""Note history, the pure part (issue 13 item 3; DESIGN §11): what a version
+is, how a version string is checked, one log entry, which entries a
+retention setting keeps, and the unified diff of two versions.
+
+A version is ``sha256:<hex>`` of the note file's bytes as stored (provenance
+frontmatter included), so anyone holding the bytes can compute it, and two
+writers who wrote the same bytes wrote the same version. The storage (blobs
+and logs in kbd's state) is :mod:`kbd.state.history`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from kbd.core.layout import NOTES_DIR
+from kbd.core.relpaths import request_parts
+from kbd.errors import InvalidInput, InvalidPath
+
+PREFIX = "sha256:"
+#: ``--expected-version none`` / ``If-Match: "none"``: the note must not exist yet.
+ABSENT = "none"
+_HEX = frozenset("0123456789abcdef")
+#: How a version came to be: a confined write (``kbd notes write``, the API), a
+#: change the post-command audit of a write plan detected, a restore, or bytes
+#: found on disk before a write that were never recorded (written outside kbd).
+HOWS = ("write", "command", "restore", "found")
+
+
+def version_of(data: bytes) -> str:
+    """The version of ``data``: ``sha256:`` and 64 lower-case hex digits."""
+    return PREFIX + hashlib.sha256(data).hexdigest()
+
+
+def is_version(text: str) -> bool:
+    digest = text[len(PREFIX) :]
+    return text.startswith(PREFIX) and len(digest) == 64 and all(c in _HEX for c in digest)
+
+
+def parse_version(raw: str, *, field: str, allow_absent: bool = False) -> str:
+    """``raw`` as a version (or :data:`ABSENT` when ``allow_absent``); raises
+    InvalidInput naming ``field`` otherwise. Surrounding double quotes (an HTTP
+    entity tag, ``If-Match: "sha256:…"``) are accepted and removed."""
+    text = raw.strip()
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        text = text[1:-1]
+    if allow_absent and text == ABSENT:
+        return ABSENT
+    if is_version(text):
+        return text
+    allowed = (
+        f"`sha256:` and 64 lower-case hex digits{' or `none` (must not exist yet)' if allow_absent else ''}"
+    )
+    raise InvalidInput(
+        f"{field} must be {allowed}, not {raw[:80]!r}",
+        hint="`kbd notes log SOURCE_WF RELPATH` lists a note's versions",
+    )
+
+
+def note_relpath(relpath: str) -> str:
+    """A note's path relative to its KB root (``notes/x.md``), normalised; raises
+    InvalidPath for anything that is not a file name beneath ``notes/``."""
+    parts = request_parts(relpath)
+    if len(parts) < 2 or parts[0] != NOTES_DIR:
+        raise InvalidPath(
+            f"RELPATH must name a note beneath notes/, relative to the source's KB root (notes/x.md), "
+            f"not {relpath[:200]!r}"
+        )
+    return "/".join(parts)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One version in a note's log: what (version, previous, size), when, how,
+    and who (principal, session, consumer workflow). ``expected``: the version
+    the writer said it started from (``--expected-version``/``If-Match``), None
+    when it named none: a write whose ``previous`` is not what its writer read
+    is a lost update, visible here."""
+
+    version: str
+    previous: str | None
+    at: float
+    size: int
+    how: str
+    principal: str | None = None
+    session: str | None = None
+    workflow: str | None = None
+    expected: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {"version": self.version, "previous": self.previous, "at": self.at, "size": self.size,
+                "how": self.how, "principal": self.principal, "session": self.session,
+                "workflow": self.workflow, "expected": self.expected}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, object]) -> Entry:
+        def opt(key: str) -> str | None:
+            value = raw.get(key)
+            return value if isinstance(value, str) else None
+
+        at, size = raw.get("at"), raw.get("size")
+        return cls(
+            version=str(raw["version"]), previous=opt("previous"),
+            at=float(at) if isinstance(at, int | float) else 0.0, size=int(size) if isinstance(size, int) else 0,
+            how=str(raw.get("how", "write")), principal=opt("principal"), session=opt("session"),
+            workflow=opt("workflow"), expected=opt("expected"),
+        )  # fmt: skip
+
+
+def retained(entries: Sequence[Entry], *, max_versions: int, max_bytes: int) -> list[Entry]:
+    """The newest entries (oldest first, as given) a retention setting keeps: at
+    most ``max_versions`` entries whose distinct versions add up to at most
+    ``max_bytes``. The newest entry is always kept, whatever its size: the
+    current state of a note is never forgotten."""
+    kept: list[Entry] = []
+    seen: set[str] = set()
+    total = 0
+    for e in reversed(entries):
+        cost = 0 if e.version in seen else e.size
+        if kept and (len(kept) >= max_versions or total + cost > max_bytes):
+            break
+        kept.append(e)
+        seen.add(e.version)
+        total += cost
+    return kept[::-1]
+
+
+def unified_diff(old: bytes, new: bytes, *, old_label: str, new_label: str) -> str:
+    """The unified diff of two versions' text (undecodable bytes replaced)."""
+    a = old.decode("utf-8", "replace").splitlines(keepends=True)
+    b = new.decode("utf-8", "replace").splitlines(keepends=True)
+    lines = difflib.unified_diff(a, b, fromfile=old_label, tofile=new_label)
+    return "".join(
+        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines
+    )
