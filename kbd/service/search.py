@@ -122,11 +122,14 @@ class Candidate:
 
 
 class Searcher(Protocol):
-    """The seam: candidates for ``query`` in ``kbs``, best first, ``limit`` at a
-    time from ``offset``. A searcher never decides access; the caller confirms
-    every candidate against the plan and the file."""
+    """The seam: the best ``limit`` candidates for ``query`` in ``kbs``, best
+    first, the same order on every call while nothing changes. A searcher never
+    decides access; the caller confirms every candidate against the plan and
+    the file."""
 
-    def candidates(self, kbs: Sequence[Scope], query: str, *, limit: int, offset: int) -> list[Candidate]: ...
+    def refresh(self, kb: Scope) -> int: ...
+
+    def candidates(self, kbs: Sequence[Scope], query: str, *, limit: int) -> list[Candidate]: ...
 
 
 # -- the scope (needs the session's plan: under the daemon's state lock) -----------------------
@@ -236,10 +239,12 @@ class FullTextSearcher:
         self.index.apply(key, docs, gone)
         return len(docs)
 
-    def candidates(self, kbs: Sequence[Scope], query: str, *, limit: int, offset: int) -> list[Candidate]:
-        by_key = {k.key: k for k in kbs}
-        rows = self.index.query(rules.match_expression(query), list(by_key), limit=limit, offset=offset)
-        return [Candidate(by_key[r.kb], r) for r in rows]
+    def candidates(self, kbs: Sequence[Scope], query: str, *, limit: int) -> list[Candidate]:
+        match = rules.match_expression(query)
+        found = [Candidate(kb, row) for kb in kbs for row in self.index.query(match, kb.key, limit=limit)]
+        # BM25 first (lower is better in SQLite), then the most recent, then a fixed order.
+        found.sort(key=lambda c: (c.row.score, -c.row.mtime_ns, c.scope.alias or "", c.row.relpath))
+        return found[:limit]
 
 
 def read_doc(kb_fd: int, rel: str, now_ns: int) -> Doc | None:
@@ -282,7 +287,7 @@ def searcher_for(state_dir: Path) -> FullTextSearcher:
 
 def run(
     state_dir: Path, where: SearchScope, query: str, *, limit: int | None = None, include_unreviewed: bool = False,
-    searcher: FullTextSearcher | None = None,
+    searcher: Searcher | None = None,
 ) -> SearchResult:  # fmt: skip
     """Search ``where`` (see the module docstring for what is confirmed and dropped)."""
     rules.match_expression(query)  # a bad query is refused before any work
@@ -292,11 +297,12 @@ def run(
         engine.refresh(kb)
     hits: list[Hit] = []
     dropped = 0
-    batch = size * _OVERSCAN + 10
+    want, done = size * _OVERSCAN + 10, 0
     with _Pins() as pins:
-        for round_ in range(_ROUNDS):
-            found = engine.candidates(where.kbs, query, limit=batch, offset=round_ * batch)
-            confirmed = [(c, ok) for c in found if (ok := _confirm(where.plan, c, pins)) is not None]
+        for _ in range(_ROUNDS):
+            found = engine.candidates(where.kbs, query, limit=want)
+            confirmed = [(c, ok) for c in found[done:] if (ok := _confirm(where.plan, c, pins)) is not None]
+            done = len(found)
             decided = review_store.decisions_for(
                 state_dir,
                 {(c.scope.workflow_id, c.row.relpath, c.row.digest) for c, _ in confirmed
@@ -311,8 +317,9 @@ def run(
                     continue
                 if len(hits) < size:
                     hits.append(hit)
-            if len(hits) >= size or len(found) < batch:
+            if len(hits) >= size or len(found) < want:
                 break
+            want *= 4
     return SearchResult(where.session_id, query, tuple(hits), dropped)
 
 

@@ -1,7 +1,7 @@
 """The full-text search index (DESIGN §11), in kbd's state: never in a source's folder.
 
-``<state>/search/index.sqlite``: one row per indexed file (keyed by the KB
-folder's identity ``st_dev:st_ino`` and the relpath beneath it), with the
+``<state>/search/kb-<dev>-<ino>.sqlite``, one file per KB folder identity:
+one row per indexed file (keyed by its relpath beneath the KB), with the
 lstat signature it had when read, its title, contributor, digest and whether
 the injection gate refused its text; its words in an FTS5 table (BM25).
 
@@ -15,7 +15,6 @@ any ``sqlite3.DatabaseError`` on opening drops the file and starts empty.
 from __future__ import annotations
 
 import contextlib
-import json
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -26,13 +25,11 @@ from kbd.fs.atomic import ensure_private_dir
 from kbd.state.store import from_sqlite
 
 SEARCH_DIR = "search"
-DB_NAME = "index.sqlite"
 SCHEMA_VERSION = 1
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS docs (
     id INTEGER PRIMARY KEY,
-    kb TEXT NOT NULL,
-    relpath TEXT NOT NULL,
+    relpath TEXT NOT NULL UNIQUE,
     ino INTEGER NOT NULL,
     size INTEGER NOT NULL,
     mtime_ns INTEGER NOT NULL,
@@ -41,8 +38,7 @@ CREATE TABLE IF NOT EXISTS docs (
     title TEXT NOT NULL,
     contributed_by TEXT,
     digest TEXT NOT NULL,
-    gated INTEGER NOT NULL,
-    UNIQUE (kb, relpath)
+    gated INTEGER NOT NULL
 );
 CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5(title, body, tokenize = 'unicode61 remove_diacritics 2');
 """
@@ -93,17 +89,27 @@ class Row:
 
 
 class SearchIndex:
-    """The index file, one connection per thread (WAL: readers never wait for a writer)."""
+    """The index: one SQLite file per KB (``kb-<dev>-<ino>.sqlite``), so BM25's
+    corpus statistics — and so a hit's score — come only from that KB, which
+    the session may read whole; nothing about another KB leaks into a score.
+    One connection per thread and KB (WAL: readers never wait for a writer)."""
 
     def __init__(self, state_dir: Path) -> None:
         self.folder = state_dir / SEARCH_DIR
-        self.path = self.folder / DB_NAME
         self._local = threading.local()
-        self._reset_lock = threading.Lock()
+        self._guard = threading.Lock()
+        # Bumped by drop(): every thread's cached connections are reopened.
+        self._generation = 0
 
-    def _connect(self) -> sqlite3.Connection:
+    def path_of(self, kb: str) -> Path:
+        dev, sep, ino = kb.partition(":")
+        if not (sep and dev.isdigit() and ino.isdigit()):
+            raise ValueError(f"internal: a KB key is st_dev:st_ino, not {kb!r}")
+        return self.folder / f"kb-{dev}-{ino}.sqlite"
+
+    def _connect(self, path: Path) -> sqlite3.Connection:
         ensure_private_dir(self.folder, 0o700)
-        con = sqlite3.connect(self.path, timeout=10.0, check_same_thread=False)
+        con = sqlite3.connect(path, timeout=10.0, check_same_thread=False)
         try:
             con.execute("PRAGMA journal_mode=WAL")
             con.execute("PRAGMA synchronous=NORMAL")  # a cache: losing the last write costs a re-read
@@ -119,51 +125,64 @@ class SearchIndex:
             raise
         return con
 
-    def connection(self) -> sqlite3.Connection:
-        con: sqlite3.Connection | None = getattr(self._local, "con", None)
+    def _cache(self) -> dict[str, sqlite3.Connection]:
+        cache: dict[str, sqlite3.Connection] | None = getattr(self._local, "cons", None)
+        if cache is None or getattr(self._local, "generation", None) != self._generation:
+            for con in (cache or {}).values():
+                con.close()
+            cache = self._local.cons = {}
+            self._local.generation = self._generation
+        return cache
+
+    def connection(self, kb: str) -> sqlite3.Connection:
+        cache = self._cache()
+        con = cache.get(kb)
         if con is None:
+            path = self.path_of(kb)
             try:
-                con = self._connect()
+                con = self._connect(path)
             except sqlite3.DatabaseError:
                 # Damaged, truncated or foreign: a cache is rebuilt, never an error.
-                self.drop()
+                self.drop(kb)
                 try:
-                    con = self._connect()
+                    con = self._connect(path)
                 except sqlite3.DatabaseError as exc:
                     raise from_sqlite(exc, what="the search index") from None
-            self._local.con = con
+                cache = self._cache()
+            cache[kb] = con
         return con
 
-    def drop(self) -> None:
-        """Delete the index files (the next use rebuilds them)."""
-        with self._reset_lock:
-            con = getattr(self._local, "con", None)
-            if con is not None:
+    def drop(self, kb: str | None = None) -> None:
+        """Delete one KB's index files, or every one (the next use rebuilds them)."""
+        with self._guard:
+            self._generation += 1
+            for con in self._cache().values():
                 con.close()
-                self._local.con = None
-            for suffix in ("", "-wal", "-shm"):
-                with contextlib.suppress(FileNotFoundError):
-                    (self.folder / (DB_NAME + suffix)).unlink()
+            self._local.cons = {}
+            names = [self.path_of(kb).name] if kb is not None else [
+                p.name for p in self.folder.glob("kb-*.sqlite")] if self.folder.is_dir() else []  # fmt: skip
+            for name in names:
+                for suffix in ("", "-wal", "-shm"):
+                    with contextlib.suppress(FileNotFoundError):
+                        (self.folder / (name + suffix)).unlink()
 
     @contextlib.contextmanager
-    def _use(self) -> Iterator[sqlite3.Connection]:
-        """A connection; a corruption found while using it drops the index (the
-        caller's refresh rebuilds it) and is reported as Busy: retry."""
-        con = self.connection()
+    def _use(self, kb: str) -> Iterator[sqlite3.Connection]:
+        """A connection; a corruption found while using it drops that KB's index
+        (the next refresh rebuilds it) and is reported as Busy: retry."""
+        con = self.connection(kb)
         try:
             yield con
         except sqlite3.DatabaseError as exc:
             with contextlib.suppress(sqlite3.Error):
                 con.rollback()
             if not isinstance(exc, sqlite3.OperationalError):
-                self.drop()
+                self.drop(kb)
             raise from_sqlite(exc, what="the search index") from None
 
     def signatures(self, kb: str) -> dict[str, Signature]:
-        with self._use() as con:
-            rows = con.execute(
-                "SELECT relpath, id, ino, size, mtime_ns, ctime_ns, racy FROM docs WHERE kb = ?", (kb,)
-            ).fetchall()
+        with self._use(kb) as con:
+            rows = con.execute("SELECT relpath, id, ino, size, mtime_ns, ctime_ns, racy FROM docs").fetchall()
         return {
             str(r[0]): Signature(int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), bool(r[6]))
             for r in rows
@@ -173,41 +192,35 @@ class SearchIndex:
         """Replace ``docs`` and delete the ids ``gone`` of KB ``kb``, in one transaction."""
         if not docs and not gone:
             return
-        with self._use() as con, con:
+        with self._use(kb) as con, con:
             for doc_id in gone:
                 con.execute("DELETE FROM docs WHERE id = ?", (doc_id,))
                 con.execute("DELETE FROM fts WHERE rowid = ?", (doc_id,))
             for d in docs:
-                old = con.execute(
-                    "SELECT id FROM docs WHERE kb = ? AND relpath = ?", (kb, d.relpath)
-                ).fetchone()
+                old = con.execute("SELECT id FROM docs WHERE relpath = ?", (d.relpath,)).fetchone()
                 if old is not None:
                     con.execute("DELETE FROM fts WHERE rowid = ?", (old[0],))
                     con.execute("DELETE FROM docs WHERE id = ?", (old[0],))
                 cur = con.execute(
-                    "INSERT INTO docs (kb, relpath, ino, size, mtime_ns, ctime_ns, racy, title, contributed_by, "
-                    "digest, gated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (kb, d.relpath, d.ino, d.size, d.mtime_ns, d.ctime_ns, int(d.racy), d.title, d.contributed_by,
+                    "INSERT INTO docs (relpath, ino, size, mtime_ns, ctime_ns, racy, title, contributed_by, "
+                    "digest, gated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (d.relpath, d.ino, d.size, d.mtime_ns, d.ctime_ns, int(d.racy), d.title, d.contributed_by,
                      d.digest, int(d.gated)),
                 )  # fmt: skip
                 con.execute(
                     "INSERT INTO fts (rowid, title, body) VALUES (?, ?, ?)", (cur.lastrowid, d.title, d.body)
                 )
 
-    def query(self, match: str, kbs: Sequence[str], *, limit: int, offset: int = 0) -> list[Row]:
-        """Matches of the FTS5 expression ``match`` in the KBs ``kbs``, best
-        first (BM25, then the most recently modified)."""
-        if not kbs:
-            return []
-        # BM25 with title words weighing 4 body words. The KB keys go in as one bound JSON array: the SQL text is constant.
+    def query(self, match: str, kb: str, *, limit: int) -> list[Row]:
+        """The best ``limit`` matches of the FTS5 expression ``match`` in KB
+        ``kb`` (BM25 with title words weighing 4 body words, then the most
+        recently modified)."""
         sql = (
-            "SELECT d.kb, d.relpath, d.ino, d.size, d.mtime_ns, d.title, d.contributed_by, d.digest, d.gated, "
+            "SELECT d.relpath, d.ino, d.size, d.mtime_ns, d.title, d.contributed_by, d.digest, d.gated, "
             "bm25(fts, 4.0, 1.0) AS score, snippet(fts, 1, '', '', '…', 16) FROM fts JOIN docs d ON d.id = fts.rowid "
-            "WHERE fts MATCH ? AND d.kb IN (SELECT value FROM json_each(?)) "
-            "ORDER BY score, d.mtime_ns DESC LIMIT ? OFFSET ?"
+            "WHERE fts MATCH ? ORDER BY score, d.mtime_ns DESC LIMIT ?"
         )
-        with self._use() as con:
-            rows = con.execute(sql, (match, json.dumps(list(kbs)), limit, offset)).fetchall()
-        return [Row(str(r[0]), str(r[1]), int(r[2]), int(r[3]), int(r[4]), str(r[5]),
-                    None if r[6] is None else str(r[6]), str(r[7]), bool(r[8]), float(r[9]), str(r[10] or ""))
-                for r in rows]  # fmt: skip
+        with self._use(kb) as con:
+            rows = con.execute(sql, (match, limit)).fetchall()
+        return [Row(kb, str(r[0]), int(r[1]), int(r[2]), int(r[3]), str(r[4]), None if r[5] is None else str(r[5]),
+                    str(r[6]), bool(r[7]), float(r[8]), str(r[9] or "")) for r in rows]  # fmt: skip

@@ -81,8 +81,8 @@ def test_search_finds_own_and_source_hits_in_the_contract_shape(tmp_path: Path) 
     assert own["trust"] == "own" and own["workflow_id"] == "con"
     # --alias narrows to that source; the index lives in kbd's state only.
     assert _where(_search(kb, sid, "zanzibar", "--alias", "rts")) == {("rts", "context/retry.md")}
-    assert (kb.root / "state" / "search" / "index.sqlite").is_file()
-    assert not any(p.name.startswith("index.sqlite") for p in kb.workflows.rglob("*"))
+    assert len(list((kb.root / "state" / "search").glob("kb-*.sqlite"))) == 2
+    assert not any(p.name.endswith(".sqlite") for p in kb.workflows.rglob("*"))
 
 
 def test_refusals_name_the_field(tmp_path: Path) -> None:
@@ -159,12 +159,15 @@ def test_a_corrupt_index_is_rebuilt_not_an_error(tmp_path: Path) -> None:
     kb = _world(tmp_path)
     sid = _sid(kb)
     assert _search(kb, sid, "zanzibar")["hits"]
-    index = kb.root / "state" / "search" / "index.sqlite"
-    for suffix in ("-wal", "-shm"):
-        Path(str(index) + suffix).unlink(missing_ok=True)
-    index.write_bytes(b"this is not a database" * 100)
+    indexes = list((kb.root / "state" / "search").glob("kb-*.sqlite"))
+    assert len(indexes) == 2
+    for index in indexes:
+        for suffix in ("-wal", "-shm"):
+            Path(str(index) + suffix).unlink(missing_ok=True)
+        index.write_bytes(b"this is not a database" * 100)
     assert len(_search(kb, sid, "zanzibar")["hits"]) == 2
-    index.unlink()
+    for index in indexes:
+        index.unlink()
     assert len(_search(kb, sid, "zanzibar")["hits"]) == 2
 
 
