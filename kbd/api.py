@@ -719,9 +719,11 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         aliases = tuple(a for value in alias for a in value.split(",") if a)
         with state.locked():
             where = search_ops.scope(state.sessions, sid, aliases, actor=actor)
-        # Refreshing and reading the index outside the state lock.
-        return search_ops.run(state.host.config.state_dir, where, q, limit=size,
-                              include_unreviewed=include_unreviewed).to_json()  # fmt: skip
+        # Refreshing and reading the index outside the state lock; the daemon's
+        # searcher watches the KBs it searched (a write is found within ~0.1 s).
+        state_dir = state.host.config.state_dir
+        return search_ops.run(state_dir, where, q, limit=size, include_unreviewed=include_unreviewed,
+                              searcher=search_ops.searcher_for(state_dir, watch=True)).to_json()  # fmt: skip
 
     @app.get("/v1/workflows/{wid}/notes/pending")
     def notes_pending(wid: str, actor: Principal = Actor) -> JsonObject:

@@ -29,7 +29,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,8 +55,15 @@ if TYPE_CHECKING:
 MAX_INDEX_BYTES = 2 * 1024 * 1024
 #: Files indexed per KB at most (a walk stops there).
 MAX_INDEX_FILES = 50_000
-#: How long a KB verified by a refresh is trusted without another walk.
+#: How long a KB verified by a refresh is trusted without another walk, when
+#: no watcher covers it (a CLI process; the daemon before its watch is up).
 FRESH_SECONDS = 0.5
+#: With the daemon's KB watcher, a KB is walked again after a reported change,
+#: and at the latest after this long (events can be lost: a full inotify queue,
+#: the watch limit).
+WATCH_BACKSTOP_SECONDS = 10.0
+#: A batch this large may hide lost events: every KB is walked again.
+_LOSSY_BATCH = 2000
 # Candidates fetched per round, as a multiple of the hits asked for (some are
 # dropped: gate, review, a file changed since indexing), and rounds at most.
 _OVERSCAN = 3
@@ -72,6 +79,7 @@ class Scope:
     identity: tuple[int, int]
     alias: str | None  # None: the session's own KB
     workflow_id: str
+    hidden: tuple[str, ...] = ()  # the plan's hidden grants inside this KB (none today)
 
 
 @dataclass(frozen=True)
@@ -131,6 +139,8 @@ class Searcher(Protocol):
 
     def candidates(self, kbs: Sequence[Scope], query: str, *, limit: int) -> list[Candidate]: ...
 
+    def snippet(self, candidate: Candidate, query: str) -> str: ...
+
 
 # -- the scope (needs the session's plan: under the daemon's state lock) -----------------------
 
@@ -163,7 +173,8 @@ def scope_of(plan: Plan, sid: str, aliases: Sequence[str]) -> SearchScope:
         if not isinstance(decide(plan, str(att.path), "read"), LinkCheckNeeded):
             continue  # attached, but this session's mode reads no source
         dev, ino = att.kb_identity
-        kbs.append(Scope(f"{dev}:{ino}", att.path, att.kb_identity, att.alias, att.workflow_id))
+        kbs.append(Scope(f"{dev}:{ino}", att.path, att.kb_identity, att.alias, att.workflow_id,
+                         _hidden_inside(plan, att.path)))  # fmt: skip
     return SearchScope(sid, plan, tuple(kbs))
 
 
@@ -176,7 +187,14 @@ def _own_kb(plan: Plan) -> Scope | None:
             identity = (kb.dev, kb.ino)
     except KbdError:
         return None  # no KB (or a link where it should be): nothing to search
-    return Scope(f"{identity[0]}:{identity[1]}", path, identity, None, plan.workflow_id)
+    return Scope(
+        f"{identity[0]}:{identity[1]}", path, identity, None, plan.workflow_id, _hidden_inside(plan, path)
+    )
+
+
+def _hidden_inside(plan: Plan, kb: Path) -> tuple[str, ...]:
+    """Paths the plan hides strictly inside ``kb`` (the per-hit check's narrowing)."""
+    return tuple(str(g.path) for g in plan.grants if g.mode == "hidden" and kb in g.path.parents)
 
 
 # -- the full-text searcher -------------------------------------------------------------------
@@ -185,38 +203,54 @@ def _own_kb(plan: Plan) -> Scope | None:
 class FullTextSearcher:
     """SQLite FTS5 over the index in ``<state>/search/``, refreshed lazily."""
 
-    def __init__(self, state_dir: Path, *, fresh_seconds: float = FRESH_SECONDS) -> None:
+    def __init__(self, state_dir: Path, *, fresh_seconds: float = FRESH_SECONDS, watch: bool = False) -> None:
         self.index = SearchIndex(state_dir)
         self.fresh_seconds = fresh_seconds
-        self._verified: dict[str, float] = {}
+        self._verified: dict[str, float] = {}  # when the last completed walk *started*
+        self._stale: dict[str, float] = {}  # when the watcher last reported a change
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+        self.watcher = KbWatcher(self.mark_stale) if watch else None
+
+    def _fresh(self, key: str, now: float) -> bool:
+        """Whether ``key``'s entries may be used without a walk: verified after
+        the last change the watcher reported and within the backstop, or, for a
+        KB no watcher covers, within ``fresh_seconds``."""
+        verified = self._verified.get(key)
+        if verified is None:
+            return False
+        if self.watcher is not None and self.watcher.covers(key):
+            return verified > self._stale.get(key, -1.0) and now - verified < WATCH_BACKSTOP_SECONDS
+        return now - verified < self.fresh_seconds
 
     def _lock(self, key: str) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(key, threading.Lock())
 
     def mark_stale(self, key: str | None = None) -> None:
-        """Forget that a KB (or every KB) was verified: the next search walks it."""
+        """A KB (or every KB) changed now: the next search walks it."""
+        now = time.monotonic()
         with self._guard:
-            if key is None:
-                self._verified.clear()
-            else:
-                self._verified.pop(key, None)
+            for k in [key] if key is not None else list(self._verified):
+                self._stale[k] = now
 
     def refresh(self, kb: Scope, *, force: bool = False) -> int:
         """Bring ``kb``'s entries up to date (only changed files are read); the
         number of files read. A KB that cannot be pinned as resolved is skipped
         (its hits are then refused by the confirmation anyway)."""
+        if self.watcher is not None:
+            self.watcher.want(kb)
         with self._lock(kb.key):
             now = time.monotonic()
-            if not force and now - self._verified.get(kb.key, -1e9) < self.fresh_seconds:
+            if not force and self._fresh(kb.key, now):
                 return 0
             try:
                 with confined.pin_dir(kb.path, expect=kb.identity) as pinned:
                     read = self._refresh_pinned(kb.key, pinned.fd)
             except KbdError:
                 return 0
+            # The walk's start: a change reported while it ran is newer, so it
+            # makes the next search walk again.
             self._verified[kb.key] = now
             return read
 
@@ -246,6 +280,85 @@ class FullTextSearcher:
         found.sort(key=lambda c: (c.row.score, -c.row.mtime_ns, c.scope.alias or "", c.row.relpath))
         return found[:limit]
 
+    def snippet(self, candidate: Candidate, query: str) -> str:
+        return self.index.snippet(rules.match_expression(query), candidate.scope.key, candidate.row.id)
+
+
+class KbWatcher:
+    """The daemon's watch on the KBs searched so far: one recursive inotify
+    watch (watchfiles' RustNotify) per generation of the set, drained by one
+    thread; a change anywhere in a KB marks it stale (``on_change(key)``), so
+    a write is searchable within the watch latency plus one walk of that KB.
+    Only an accelerator: a KB is trusted only while :meth:`covers` says its
+    watch is up, walked again at the backstop anyway, and every hit is
+    confirmed on disk whatever the index says."""
+
+    def __init__(self, on_change: Callable[[str | None], None]) -> None:
+        self._on_change = on_change
+        self._wanted: dict[str, str] = {}  # KB path -> key
+        self._watching: frozenset[str] = frozenset()  # keys of the running notifier
+        self._lock = threading.Lock()
+        self._changed = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def covers(self, key: str) -> bool:
+        return key in self._watching
+
+    def want(self, kb: Scope) -> None:
+        path = str(kb.path)
+        with self._lock:
+            if self._wanted.get(path) == kb.key:
+                return
+            self._wanted[path] = kb.key
+            self._changed.set()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="kbd-search-watch", daemon=True)
+                self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        from watchfiles._rust_notify import RustNotify
+
+        while not self._stop.is_set():
+            with self._lock:
+                wanted = dict(self._wanted)
+                self._changed.clear()
+            try:
+                notifier = RustNotify(list(wanted), False, False, 50, True, True)
+            except Exception:
+                self._watching = frozenset()
+                self._stop.wait(1.0)
+                continue
+            try:
+                # Changes before the watch was up were not seen: walk once more,
+                # and only then trust the watch.
+                for key in wanted.values():
+                    self._on_change(key)
+                self._watching = frozenset(wanted.values())
+                while not self._stop.is_set() and not self._changed.is_set():
+                    batch = notifier.watch(10, 5, 200, self._stop)
+                    if isinstance(batch, set):
+                        self._deliver(wanted, batch)
+            except Exception:
+                self._watching = frozenset()
+                self._stop.wait(1.0)
+            finally:
+                notifier.close()
+
+    def _deliver(self, wanted: dict[str, str], batch: set[tuple[int, str]]) -> None:
+        if len(batch) >= _LOSSY_BATCH:
+            self._on_change(None)
+            return
+        for _change, path in batch:
+            for root, key in wanted.items():
+                if path == root or path.startswith(root + "/"):
+                    self._on_change(key)
+
 
 def read_doc(kb_fd: int, rel: str, now_ns: int) -> Doc | None:
     """One file's index entry, read through the confined layer (None: it is no
@@ -274,11 +387,13 @@ _SEARCHERS: dict[Path, FullTextSearcher] = {}
 _SEARCHERS_LOCK = threading.Lock()
 
 
-def searcher_for(state_dir: Path) -> FullTextSearcher:
+def searcher_for(state_dir: Path, *, watch: bool = False) -> FullTextSearcher:
+    """This process's searcher for ``state_dir``; the daemon's (``watch``) keeps
+    a watch on the KBs it has searched."""
     with _SEARCHERS_LOCK:
         found = _SEARCHERS.get(state_dir)
         if found is None:
-            found = _SEARCHERS[state_dir] = FullTextSearcher(state_dir)
+            found = _SEARCHERS[state_dir] = FullTextSearcher(state_dir, watch=watch)
         return found
 
 
@@ -301,34 +416,41 @@ def run(
     with _Pins() as pins:
         for _ in range(_ROUNDS):
             found = engine.candidates(where.kbs, query, limit=want)
-            confirmed = [(c, ok) for c in found[done:] if (ok := _confirm(where.plan, c, pins)) is not None]
-            done = len(found)
-            decided = review_store.decisions_for(
-                state_dir,
-                {(c.scope.workflow_id, c.row.relpath, c.row.digest) for c, _ in confirmed
-                 if rules.contributor(c.scope.workflow_id, c.row.contributed_by) is not None},
-            )  # fmt: skip
-            for c, mtime_ns in confirmed:
+            # Confirmed one at a time, best first, until enough hits are shown.
+            for c in found[done:]:
+                if len(hits) >= size:
+                    break
+                mtime_ns = _confirm(c, pins)
+                if mtime_ns is None:
+                    continue
                 if c.row.gated:
                     dropped += 1
                     continue
-                hit = _hit(c, mtime_ns, decided)
-                if hit.review == "unreviewed" and not include_unreviewed:
+                review = _review(state_dir, c)
+                if review == "unreviewed" and not include_unreviewed:
                     continue
-                if len(hits) < size:
-                    hits.append(hit)
+                hits.append(_hit(c, mtime_ns, review, engine.snippet(c, query)))
+            done = len(found)
             if len(hits) >= size or len(found) < want:
                 break
             want *= 4
     return SearchResult(where.session_id, query, tuple(hits), dropped)
 
 
-def _hit(c: Candidate, mtime_ns: int, decided: dict[tuple[str, str, str], str]) -> Hit:
+def _review(state_dir: Path, c: Candidate) -> rules.Review:
     wid = c.scope.workflow_id
     by = rules.contributor(wid, c.row.contributed_by)
-    review = rules.review_of(wid, by, decided.get((wid, c.row.relpath, c.row.digest)))
+    if by is None:
+        return "own"  # no review store lookup for the source's own files
+    key = (wid, c.row.relpath, c.row.digest)
+    return rules.review_of(wid, by, review_store.decisions_for(state_dir, {key}).get(key))
+
+
+def _hit(c: Candidate, mtime_ns: int, review: rules.Review, snippet: str) -> Hit:
+    wid = c.scope.workflow_id
+    by = rules.contributor(wid, c.row.contributed_by)
     modified = datetime.fromtimestamp(mtime_ns / 1e9, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return Hit(c.scope.alias, wid, c.row.relpath, c.row.title, one_line(" ".join(c.row.snippet.split()), limit=400),
+    return Hit(c.scope.alias, wid, c.row.relpath, c.row.title, one_line(" ".join(snippet.split()), limit=400),
                round(-c.row.score, 6), modified, by, review, rules.trust_of(review, own_kb=c.scope.alias is None))  # fmt: skip
 
 
@@ -356,11 +478,14 @@ class _Pins:
         return None if pinned is None else pinned.fd
 
 
-def _confirm(plan: Plan, c: Candidate, pins: _Pins) -> int | None:
+def _confirm(c: Candidate, pins: _Pins) -> int | None:
     """The file's mtime when the plan lets the session read it and it is still
     the file indexed (same inode, size and mtime, regular, singly linked,
-    reached without a link), else None."""
-    if not isinstance(decide(plan, str(c.scope.path / c.row.relpath), "read"), LinkCheckNeeded):
+    reached without a link), else None. The plan allowed reading the KB
+    (:func:`scope_of`); a grant deeper inside it can only narrow that by
+    hiding (every other mode reads), so the file must lie in no hidden grant."""
+    path = f"{c.scope.path}/{c.row.relpath}"
+    if any(path == h or path.startswith(h + "/") for h in c.scope.hidden):
         return None
     kb_fd = pins.fd(c.scope)
     if kb_fd is None:

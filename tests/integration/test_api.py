@@ -1019,6 +1019,11 @@ def test_session_search_and_review(world: World, s: Scenario) -> None:
         "contributed-unreviewed",
     )
     assert search("quixotic")["hits"] == []
+    # A file the source's own agents write straight to disk is found too (the daemon's KB watch).
+    (Path(s.src_kb) / "context" / "direct.md").write_text("# Direct\nperspicacious\n")
+    while not search("perspicacious")["hits"]:
+        assert time.monotonic() < deadline + 10, "a file written to disk never became searchable"
+        time.sleep(0.05)
     world.error(alice.get(f"/v1/sessions/{sid}/search", params={"q": "!!"}), 400, "usage")
     world.error(alice.get(f"/v1/sessions/{sid}/search", params={"q": "x", "limit": "x"}), 400, "usage")
     world.error(alice.get(f"/v1/sessions/{sid}/search", params={"q": "x", "alias": "nope"}), 404, "not-found")
