@@ -99,9 +99,14 @@ def scan_command_changes(host: Root, plan: Plan, *, since_ns: int) -> list[Comma
     return out
 
 
-def _gate_changes(ch: CommandChanges, budget: int) -> tuple[dict[str, str], bool, int]:
+def _gate_changes(
+    ch: CommandChanges, budget: int, digests: dict[str, str]
+) -> tuple[dict[str, str], bool, int]:
     """Read (within ``budget`` bytes) the files of ``ch`` still as the scan saw
-    them and run the injection gate: (flagged file → rule, budget ran out, budget left)."""
+    them and run the injection gate: (flagged file → rule, budget ran out, budget
+    left). The digest of each file read goes into ``digests`` (review state)."""
+    import hashlib
+
     from kbd.core import injection
     from kbd.fs import datafiles
 
@@ -120,6 +125,7 @@ def _gate_changes(ch: CommandChanges, budget: int) -> tuple[dict[str, str], bool
                 if (st.st_ino, st.st_ctime_ns) != (ino, ctime):
                     continue
                 budget -= len(data)
+                digests[rel] = "sha256:" + hashlib.sha256(data).hexdigest()
                 try:
                     injection.check(data.decode("utf-8", "replace"), ruleset=datafiles.injection_rules())
                 except InjectionRefused as exc:
@@ -174,7 +180,15 @@ def audit_command_changes(host: Root, plan: Plan, sid: str, changes: list[Comman
     budget = MAX_AUDIT_READ_BYTES
     for ch in changes:
         files = [c.rel for c in ch.scan.changed]
-        flagged, out_of_budget, budget = _gate_changes(ch, budget)
+        digests: dict[str, str] = {}
+        flagged, out_of_budget, budget = _gate_changes(ch, budget, digests)
+        if ch.source != plan.workflow_id:
+            # Another workflow's bytes in the source's notes/: unreviewed until
+            # its owner decides (DESIGN §11), provenance frontmatter or not.
+            with contextlib.suppress(KbdError):
+                from kbd.state.reviews import record_contributions
+
+                record_contributions(host.config.state_dir, ch.source, digests, by=plan.workflow_id)
         truncated = ch.scan.truncated or len(files) > MAX_SCAN_FILES or out_of_budget
         # After the gate (which compares each file's ctime with the scan's).
         extra = {"setid_stripped": stripped[:200]} if (stripped := strip_setid(ch)) else {}

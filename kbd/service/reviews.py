@@ -121,6 +121,7 @@ def pending(host: Root, source_wf: str, *, actor: Principal) -> Pending:
     found = _reviewable(host, source_wf, actor, action="pending", relpath=None)
     path, identity = _kb(host, found)
     decided = store.decisions(host.config.state_dir, source_wf)
+    by_command = store.contributed(host.config.state_dir, source_wf)
     out: list[PendingNote] = []
     truncated = False
     with confined.pin_dir(path, expect=identity) as kb:
@@ -130,8 +131,10 @@ def pending(host: Root, source_wf: str, *, actor: Principal) -> Pending:
             except KbdError:
                 continue  # changed into something kbd does not read since the walk
             prov = rules.provenance_fields(data.decode("utf-8", "replace"))
-            by = rules.contributor(source_wf, prov.get("contributed_by_workflow"))
             digest = rules.digest(data)
+            by = rules.contributor(
+                source_wf, prov.get("contributed_by_workflow") or by_command.get((seen.rel, digest))
+            )
             if by is None or decided.get((seen.rel, digest)) is not None:
                 continue
             if len(out) >= MAX_PENDING:
@@ -176,13 +179,15 @@ def _decide(
     ):
         data, st = confined.read_file_stat(kb.fd, rel, limit=MAX_REVIEW_BYTES)
         prov = rules.provenance_fields(data.decode("utf-8", "replace"))
-        contributed_by = rules.contributor(source_wf, prov.get("contributed_by_workflow"))
+        digest = rules.digest(data)
+        key = (source_wf, rel, digest)
+        shell_by = store.lookup(config.state_dir, {key}).get(key, (None, None))[1]
+        contributed_by = rules.contributor(source_wf, prov.get("contributed_by_workflow") or shell_by)
         if contributed_by is None:
             raise InvalidInput(
                 f"{rel!r} in {source_wf!r} is the source's own note (no contribution provenance); "
                 "only contributed notes are reviewed"
             )
-        digest = rules.digest(data)
         if approve:
             store.record(config.state_dir, source_wf, rel, digest, "approved", by=by)
             return Reviewed(

@@ -426,10 +426,10 @@ def run(
                 if c.row.gated:
                     dropped += 1
                     continue
-                review = _review(state_dir, c)
+                review, by = _review(state_dir, c)
                 if review == "unreviewed" and not include_unreviewed:
                     continue
-                hits.append(_hit(c, mtime_ns, review, engine.snippet(c, query)))
+                hits.append(_hit(c, mtime_ns, review, by, engine.snippet(c, query)))
             done = len(found)
             if len(hits) >= size or len(found) < want:
                 break
@@ -437,18 +437,19 @@ def run(
     return SearchResult(where.session_id, query, tuple(hits), dropped)
 
 
-def _review(state_dir: Path, c: Candidate) -> rules.Review:
+def _review(state_dir: Path, c: Candidate) -> tuple[rules.Review, str | None]:
+    """The hit's review status and contributing workflow: by its provenance, or
+    by the review store's record of a shell command's bytes."""
     wid = c.scope.workflow_id
     by = rules.contributor(wid, c.row.contributed_by)
-    if by is None:
-        return "own"  # no review store lookup for the source's own files
     key = (wid, c.row.relpath, c.row.digest)
-    return rules.review_of(wid, by, review_store.decisions_for(state_dir, {key}).get(key))
+    decision, shell_by = review_store.lookup(state_dir, {key}).get(key, (None, None))
+    by = by or rules.contributor(wid, shell_by)
+    return rules.review_of(wid, by, decision), by
 
 
-def _hit(c: Candidate, mtime_ns: int, review: rules.Review, snippet: str) -> Hit:
+def _hit(c: Candidate, mtime_ns: int, review: rules.Review, by: str | None, snippet: str) -> Hit:
     wid = c.scope.workflow_id
-    by = rules.contributor(wid, c.row.contributed_by)
     modified = datetime.fromtimestamp(mtime_ns / 1e9, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return Hit(c.scope.alias, wid, c.row.relpath, c.row.title, one_line(" ".join(snippet.split()), limit=400),
                round(-c.row.score, 6), modified, by, review, rules.trust_of(review, own_kb=c.scope.alias is None))  # fmt: skip

@@ -35,6 +35,14 @@ CREATE TABLE IF NOT EXISTS reviews (
     reviewed_at REAL NOT NULL,
     PRIMARY KEY (source, relpath, digest)
 );
+CREATE TABLE IF NOT EXISTS contributions (
+    source TEXT NOT NULL,
+    relpath TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    by_workflow TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (source, relpath, digest)
+);
 CREATE TABLE IF NOT EXISTS rejected (
     id INTEGER PRIMARY KEY,
     source TEXT NOT NULL,
@@ -93,19 +101,50 @@ def decisions(state_dir: Path, source: str) -> dict[tuple[str, str], str]:
     return {(str(r[0]), str(r[1])): str(r[2]) for r in rows}
 
 
-def decisions_for(state_dir: Path, keys: set[tuple[str, str, str]]) -> dict[tuple[str, str, str], str]:
-    """The decisions recorded for (source, relpath, digest) keys."""
+def lookup(
+    state_dir: Path, keys: set[tuple[str, str, str]]
+) -> dict[tuple[str, str, str], tuple[str | None, str | None]]:
+    """For (source, relpath, digest) keys: (decision or None, the workflow a
+    shell command contributed exactly these bytes from, or None). Keys with
+    neither are left out; a missing store has nothing."""
     if not keys or not (state_dir / DB_NAME).exists():
         return {}
-    out: dict[tuple[str, str, str], str] = {}
+    out: dict[tuple[str, str, str], tuple[str | None, str | None]] = {}
     with _db(state_dir) as con:
         for key in keys:
             row = con.execute(
                 "SELECT status FROM reviews WHERE source = ? AND relpath = ? AND digest = ?", key
             ).fetchone()
-            if row is not None:
-                out[key] = str(row[0])
+            by = con.execute(
+                "SELECT by_workflow FROM contributions WHERE source = ? AND relpath = ? AND digest = ?", key
+            ).fetchone()
+            if row is not None or by is not None:
+                out[key] = (None if row is None else str(row[0]), None if by is None else str(by[0]))
     return out
+
+
+def contributed(state_dir: Path, source: str) -> dict[tuple[str, str], str]:
+    """Bytes shell commands of other workflows wrote into ``source``'s notes/:
+    (relpath, digest) → contributing workflow."""
+    if not (state_dir / DB_NAME).exists():
+        return {}
+    with _db(state_dir) as con:
+        rows = con.execute(
+            "SELECT relpath, digest, by_workflow FROM contributions WHERE source = ?", (source,)
+        ).fetchall()
+    return {(str(r[0]), str(r[1])): str(r[2]) for r in rows}
+
+
+def record_contributions(state_dir: Path, source: str, files: dict[str, str], *, by: str) -> None:
+    """A command of workflow ``by`` left these (relpath → digest) in ``source``'s
+    notes/: they are contributions (unreviewed) though they carry no provenance."""
+    if not files:
+        return
+    with _db(state_dir) as con:
+        con.executemany(
+            "INSERT OR REPLACE INTO contributions VALUES (?, ?, ?, ?, ?)",
+            [(source, rel, digest, by, time.time()) for rel, digest in files.items()],
+        )
 
 
 def record(state_dir: Path, source: str, relpath: str, digest: str, status: str, *, by: str) -> None:

@@ -54,6 +54,9 @@ def _sid(kb: KbRoot, kind: str = "execution", kb_access: str = "read-write") -> 
 
 
 def _search(kb: KbRoot, sid: str, query: str, *extra: str) -> dict[str, Any]:
+    # kb.call runs the CLI in this process: forget the searcher's verification
+    # times, as a new `kbd search` process starts without them.
+    search_ops._SEARCHERS.clear()
     r = kb.call("search", sid, query, "--json", *extra)
     assert r.code == 0, r.err
     data: dict[str, Any] = r.json()
@@ -394,3 +397,36 @@ def test_index_drop_and_reopen(tmp_path: Path) -> None:
     assert index.signatures("1:2") == {}
     index.drop()
     assert index.signatures("1:2") == {}
+
+
+def test_a_note_written_by_a_sandboxed_command_is_an_unreviewed_contribution(tmp_path: Path) -> None:
+    """A real `kbd exec` under a write grant (bubblewrap) writes into the source's
+    notes/ without any provenance: the post-command audit records its bytes as
+    con's contribution, so it is pending, out of search until approved, and an
+    edit by the source's own agents afterwards is the source's own again."""
+    kb = _world(tmp_path)
+    sid = _sid(kb)
+    r = kb.cli(
+        "exec",
+        sid,
+        "--",
+        "sh",
+        "-c",
+        'printf "# Shell\\nzanzibar from a shell\\n" > "$WORKFLOW_KB_RTS/notes/sh.md"',
+    )
+    assert r.code == 0, r.err
+    pend = kb.call("notes", "pending", "src", "--as", "alice", "--json").json()["pending"]
+    assert [(p["relpath"], p["contributed_by_workflow"], p["contributed_at"]) for p in pend] == [
+        ("notes/sh.md", "con", None)
+    ]
+    assert ("rts", "notes/sh.md") not in _where(_search(kb, sid, "zanzibar"))
+    [hit] = [
+        h for h in _search(kb, sid, "shell", "--include-unreviewed")["hits"] if h["relpath"] == "notes/sh.md"
+    ]
+    assert (hit["contributed_by_workflow"], hit["trust"]) == ("con", "contributed-unreviewed")
+    assert kb.call("notes", "review", "src", "notes/sh.md", "--approve", "--as", "alice").code == 0
+    assert ("rts", "notes/sh.md") in _where(_search(kb, sid, "zanzibar"))
+    # The source's owner rewrites it by hand: no contribution record for these bytes.
+    (kb.workflows / "src" / "knowledgebase" / "notes" / "sh.md").write_text("# Shell\nzanzibar, curated\n")
+    [hit] = [h for h in _search(kb, sid, "curated")["hits"]]
+    assert (hit["review"], hit["trust"], hit["contributed_by_workflow"]) == ("own", "source", None)
