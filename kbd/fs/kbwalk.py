@@ -33,8 +33,11 @@ class Seen(NamedTuple):
     ctime_ns: int
 
 
-def walk_notes(kb_fd: int, top: str = "", *, max_files: int, max_bytes: int) -> Iterator[Seen]:
-    """Notes-like regular files beneath ``top`` ("" = the KB itself), in no set order."""
+def walk_notes(
+    kb_fd: int, top: str = "", *, max_files: int, max_bytes: int, folders: list[str] | None = None
+) -> Iterator[Seen]:
+    """Notes-like regular files beneath ``top`` ("" = the KB itself), in no set
+    order; each folder opened is appended to ``folders`` when given."""
     stack = [(top, 0)]
     found = 0
     while stack:
@@ -43,6 +46,8 @@ def walk_notes(kb_fd: int, top: str = "", *, max_files: int, max_bytes: int) -> 
             fd = open_beneath(kb_fd, rel, os.O_RDONLY | os.O_DIRECTORY)
         except KbdError:
             continue  # gone, a link, another mount: nothing below it is ours to read
+        if folders is not None:
+            folders.append(rel)
         try:
             # lstat'ed while the folder is open: a DirEntry of an fd stats relative to it.
             entries = _entries(fd)

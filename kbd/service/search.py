@@ -64,6 +64,9 @@ FRESH_SECONDS = 0.5
 WATCH_BACKSTOP_SECONDS = 10.0
 #: A batch this large may hide lost events: every KB is walked again.
 _LOSSY_BATCH = 2000
+#: Folders of one KB the daemon's watch covers at most (inotify watches are a
+#: per-user budget); a KB with more is verified by the freshness window.
+MAX_WATCH_FOLDERS = 4096
 # Candidates fetched per round, as a multiple of the hits asked for (some are
 # dropped: gate, review, a file changed since indexing), and rounds at most.
 _OVERSCAN = 3
@@ -238,28 +241,29 @@ class FullTextSearcher:
         """Bring ``kb``'s entries up to date (only changed files are read); the
         number of files read. A KB that cannot be pinned as resolved is skipped
         (its hits are then refused by the confirmation anyway)."""
-        if self.watcher is not None:
-            self.watcher.want(kb)
         with self._lock(kb.key):
             now = time.monotonic()
             if not force and self._fresh(kb.key, now):
                 return 0
+            folders: list[str] = []
             try:
                 with confined.pin_dir(kb.path, expect=kb.identity) as pinned:
-                    read = self._refresh_pinned(kb.key, pinned.fd)
+                    read = self._refresh_pinned(kb.key, pinned.fd, folders)
             except KbdError:
                 return 0
+            if self.watcher is not None:
+                self.watcher.want(kb, folders)
             # The walk's start: a change reported while it ran is newer, so it
             # makes the next search walk again.
             self._verified[kb.key] = now
             return read
 
-    def _refresh_pinned(self, key: str, kb_fd: int) -> int:
+    def _refresh_pinned(self, key: str, kb_fd: int, folders: list[str]) -> int:
         known = self.index.signatures(key)
         docs: list[Doc] = []
         seen: set[str] = set()
         now_ns = time.time_ns()
-        for f in walk_notes(kb_fd, max_files=MAX_INDEX_FILES, max_bytes=MAX_INDEX_BYTES):
+        for f in walk_notes(kb_fd, max_files=MAX_INDEX_FILES, max_bytes=MAX_INDEX_BYTES, folders=folders):
             seen.add(f.rel)
             old = known.get(f.rel)
             if old is not None and not old.racy and (old.ino, old.size, old.mtime_ns, old.ctime_ns) == f[1:]:
@@ -285,17 +289,21 @@ class FullTextSearcher:
 
 
 class KbWatcher:
-    """The daemon's watch on the KBs searched so far: one recursive inotify
-    watch (watchfiles' RustNotify) per generation of the set, drained by one
-    thread; a change anywhere in a KB marks it stale (``on_change(key)``), so
-    a write is searchable within the watch latency plus one walk of that KB.
+    """The daemon's watch on the KBs searched so far: every folder the last
+    confined walk of each KB opened, watched non-recursively (as the daemon's
+    own watcher does: a recursive inotify watch would follow a link planted in
+    a KB into whatever it names), in one watchfiles RustNotify rebuilt when
+    the set of folders changes, drained by one thread. A change in a KB's
+    folder marks it stale (``on_change(key)``), so a write is searchable
+    within the watch latency plus one walk of that KB; a new subfolder is a
+    change in its parent, and the walk that follows adds it to the watch.
     Only an accelerator: a KB is trusted only while :meth:`covers` says its
     watch is up, walked again at the backstop anyway, and every hit is
     confirmed on disk whatever the index says."""
 
     def __init__(self, on_change: Callable[[str | None], None]) -> None:
         self._on_change = on_change
-        self._wanted: dict[str, str] = {}  # KB path -> key
+        self._wanted: dict[str, tuple[str, tuple[str, ...]]] = {}  # key -> (KB path, its folders)
         self._watching: frozenset[str] = frozenset()  # keys of the running notifier
         self._lock = threading.Lock()
         self._changed = threading.Event()
@@ -305,12 +313,19 @@ class KbWatcher:
     def covers(self, key: str) -> bool:
         return key in self._watching
 
-    def want(self, kb: Scope) -> None:
-        path = str(kb.path)
+    def want(self, kb: Scope, folders: Sequence[str]) -> None:
+        """Watch ``kb``'s ``folders`` (relative to it, as the walk opened them);
+        a KB with more than MAX_WATCH_FOLDERS is left to the freshness window."""
+        root = str(kb.path)
+        paths = tuple(sorted(f"{root}/{rel}" if rel else root for rel in folders))
         with self._lock:
-            if self._wanted.get(path) == kb.key:
+            if len(paths) > MAX_WATCH_FOLDERS:
+                if self._wanted.pop(kb.key, None) is not None:
+                    self._changed.set()
                 return
-            self._wanted[path] = kb.key
+            if self._wanted.get(kb.key) == (root, paths):
+                return
+            self._wanted[kb.key] = (root, paths)
             self._changed.set()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="kbd-search-watch", daemon=True)
@@ -328,8 +343,9 @@ class KbWatcher:
             with self._lock:
                 wanted = dict(self._wanted)
                 self._changed.clear()
+            paths = sorted({p for _, folders in wanted.values() for p in folders})
             try:
-                notifier = RustNotify(list(wanted), False, False, 50, True, True)
+                notifier = RustNotify(paths, False, False, 50, False, True)
             except Exception:
                 self._watching = frozenset()
                 self._stop.wait(1.0)
@@ -337,9 +353,9 @@ class KbWatcher:
             try:
                 # Changes before the watch was up were not seen: walk once more,
                 # and only then trust the watch.
-                for key in wanted.values():
+                for key in wanted:
                     self._on_change(key)
-                self._watching = frozenset(wanted.values())
+                self._watching = frozenset(wanted)
                 while not self._stop.is_set() and not self._changed.is_set():
                     batch = notifier.watch(10, 5, 200, self._stop)
                     if isinstance(batch, set):
@@ -350,12 +366,12 @@ class KbWatcher:
             finally:
                 notifier.close()
 
-    def _deliver(self, wanted: dict[str, str], batch: set[tuple[int, str]]) -> None:
+    def _deliver(self, wanted: dict[str, tuple[str, tuple[str, ...]]], batch: set[tuple[int, str]]) -> None:
         if len(batch) >= _LOSSY_BATCH:
             self._on_change(None)
             return
         for _change, path in batch:
-            for root, key in wanted.items():
+            for key, (root, _) in wanted.items():
                 if path == root or path.startswith(root + "/"):
                     self._on_change(key)
 

@@ -997,6 +997,8 @@ def test_session_search_and_review(world: World, s: Scenario) -> None:
     )
     assert r.status_code == 200, r.text
     sid = s.open(kind="execution", kb_access="read-write")["session_id"]
+    # A link to / inside a KB: never indexed, and the daemon's watch never follows it.
+    (Path(s.src_kb) / "context" / "everything").symlink_to("/")
 
     def search(q: str, **params: str) -> dict[str, Any]:
         r = alice.get(f"/v1/sessions/{sid}/search", params={"q": q, **params})
