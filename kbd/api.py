@@ -57,6 +57,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kbd.access import AccessLog, note_principal, note_route
 from kbd.core import telemetry
 from kbd.core.events import parse_id
+from kbd.core.knowledge import MAX_LIMIT as MAX_SEARCH_LIMIT
+from kbd.core.knowledge import check_limit, match_expression
 from kbd.core.plan import Plan
 from kbd.core.principals import Principal
 from kbd.core.relpaths import MAX_LS_LIMIT
@@ -80,6 +82,8 @@ from kbd.service import history as history_ops
 from kbd.service import importing as import_ops
 from kbd.service import notes as note_ops
 from kbd.service import principals as principal_ops
+from kbd.service import reviews as review_ops
+from kbd.service import search as search_ops
 from kbd.service import sessions as session_ops
 from kbd.service import workflows as workflow_ops
 from kbd.service.gauges import host_gauges
@@ -235,6 +239,11 @@ class AddPrincipalBody(Strict):
 
 class ForceBody(Strict):
     force: bool = False
+
+
+class ReviewBody(Strict):
+    path: str = Field(description="relative to the source's KB root: notes/...")
+    decision: Literal["approve", "reject"]
 
 
 class CheckBody(Strict):
@@ -579,6 +588,8 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         return who
 
     Actor = Depends(principal)
+    # ?alias=a&alias=b (or alias=a,b): the sources a search is narrowed to.
+    Aliases = Query(default_factory=list)
 
     # health and whoami are async: they never wait for a worker thread.
     @app.get("/v1/health")
@@ -819,6 +830,43 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
             return written.to_json()
         finally:
             state.notes_in_flight -= 1
+
+    @app.get("/v1/sessions/{sid}/search")
+    def search(
+        sid: str, q: str = "", alias: list[str] = Aliases, limit: str | None = None,
+        include_unreviewed: bool = False, actor: Principal = Actor,
+    ) -> JsonObject:  # fmt: skip
+        # Checked in the CLI's order (query, limit, then the session), so both answer alike.
+        match_expression(q)
+        size = None
+        if limit is not None:
+            if not limit.isdigit():
+                raise UsageError(
+                    f"limit (--limit) must be a whole number from 1 to {MAX_SEARCH_LIMIT}, not {limit!r}"
+                )
+            size = check_limit(int(limit))
+        aliases = tuple(a for value in alias for a in value.split(",") if a)
+        with state.locked():
+            where = search_ops.scope(state.sessions, sid, aliases, actor=actor)
+        # Refreshing and reading the index outside the state lock; the daemon's
+        # searcher watches the KBs it searched (a write is found within ~0.1 s).
+        state_dir = state.host.config.state_dir
+        return search_ops.run(state_dir, where, q, limit=size, include_unreviewed=include_unreviewed,
+                              searcher=search_ops.searcher_for(state_dir, watch=True)).to_json()  # fmt: skip
+
+    @app.get("/v1/workflows/{wid}/notes/pending")
+    def notes_pending(wid: str, actor: Principal = Actor) -> JsonObject:
+        with state.locked():
+            found = review_ops.pending(state.host, wid, actor=actor)
+        return found.to_json()
+
+    @app.post("/v1/workflows/{wid}/notes/review")
+    def notes_review(wid: str, body: ReviewBody, actor: Principal = Actor) -> JsonObject:
+        with state.locked():
+            done = review_ops.review(
+                state.host, wid, body.path, approve=body.decision == "approve", actor=actor
+            )
+        return done.to_json()
 
     @app.get(
         EVENTS_PATH,

@@ -825,6 +825,61 @@ def import_batches(
     return out
 
 
+@dataclass(frozen=True)
+class Search(Op):
+    actor_rule: ClassVar[ActorRule] = "operator"
+    sid: str
+    query: str
+    aliases: tuple[str, ...]
+    limit: int | None
+    include_unreviewed: bool
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import search as _search
+
+        return _search.search(ctx.sessions, self.sid, self.query, aliases=self.aliases, limit=self.limit,
+                              include_unreviewed=self.include_unreviewed, actor=actor)  # fmt: skip
+
+    def http(self) -> Request:
+        params = {"q": self.query}
+        if self.aliases:
+            params["alias"] = ",".join(self.aliases)  # aliases never hold a comma
+        if self.limit is not None:
+            params["limit"] = str(self.limit)
+        if self.include_unreviewed:
+            params["include_unreviewed"] = "true"
+        return Request("GET", f"/v1/sessions/{segment(self.sid)}/search", params=params)
+
+
+@dataclass(frozen=True)
+class NotesPending(Op):
+    wf: str
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import reviews as _reviews
+
+        return _reviews.pending(ctx.root, self.wf, actor=_principal(actor))
+
+    def http(self) -> Request:
+        return Request("GET", f"/v1/workflows/{segment(self.wf)}/notes/pending")
+
+
+@dataclass(frozen=True)
+class NotesReview(Op):
+    wf: str
+    relpath: str
+    approve: bool
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import reviews as _reviews
+
+        return _reviews.review(ctx.root, self.wf, self.relpath, approve=self.approve, actor=_principal(actor))
+
+    def http(self) -> Request:
+        body: JsonObject = {"path": self.relpath, "decision": "approve" if self.approve else "reject"}
+        return Request("POST", f"/v1/workflows/{segment(self.wf)}/notes/review", body)
+
+
 # -- principals (the root's operator, or an admin) ---------------------------------------------
 
 

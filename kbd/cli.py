@@ -1006,6 +1006,38 @@ def check_cmd(c: Ctx, sid: str, path: str, mode: str, as_: str | None, as_json: 
         sys.exit(77)
 
 
+@main.command("search")
+@click.argument("sid", shell_complete=_complete_sessions)
+@click.argument("query")
+@click.option(
+    "--alias", "aliases", multiple=True, metavar="A", help="Only this attached source (repeatable)."
+)
+@click.option("--limit", type=int, default=None, help="At most this many hits (1-100, default 10).")
+@click.option(
+    "--include-unreviewed", is_flag=True, help="Also contributed notes no owner has reviewed (labelled)."
+)
+@as_option
+@json_option
+@pass_ctx
+def search_cmd(
+    c: Ctx, sid: str, query: str, aliases: tuple[str, ...], limit: int | None, include_unreviewed: bool,
+    as_: str | None, as_json: bool,
+) -> None:  # fmt: skip
+    """Search every KB session SID may read now (its own and each available source)."""
+    result = c.run(ops.Search(sid, query, aliases, limit, include_unreviewed), as_)
+    if as_json:
+        _emit(result)
+        return
+    for hit in result["hits"]:
+        where = one_line(hit["alias"]) if hit["alias"] is not None else "(own)"
+        click.echo(f"{where}:{one_line(hit['relpath'])}  {one_line(hit['title'])}  [{hit['trust']}]")
+        click.echo(f"    {one_line(hit['snippet'], limit=400)}")
+    n = len(result["hits"])
+    click.echo(f"{n} hit{'s' if n != 1 else ''}" if n else "no hits")
+    if result["dropped_by_gate"]:
+        click.echo(f"{result['dropped_by_gate']} left out: their text matches the prompt-injection patterns")
+
+
 # -- notes ----------------------------------------------------------------------------------
 
 
@@ -1189,6 +1221,56 @@ def notes_restore(
         return
     click.echo(f"restored {one_line(result['relpath'])} in {one_line(result['workflow_id'])} to "
                f"{result['version']} ({result['bytes']} bytes)")  # fmt: skip
+
+
+@notes.command("pending")
+@click.argument("source_wf")
+@as_option
+@json_option
+@pass_ctx
+def notes_pending(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> None:
+    """Contributed notes in SOURCE_WF's notes/ no owner has reviewed (owners and admins)."""
+    result = c.run(ops.NotesPending(source_wf), as_)
+    if as_json:
+        _emit(result)
+        return
+    if not result["pending"]:
+        click.echo(f"no contributions wait for review in {one_line(result['workflow_id'])}")
+    for p in result["pending"]:
+        when = one_line(p["contributed_at"] or "an unknown time")
+        click.echo(f"{one_line(p['relpath'])}  by {one_line(p['contributed_by_workflow'])} at {when}  "
+                   f"{p['digest'][:19]}  ({p['bytes']} bytes)")  # fmt: skip
+    if result["truncated"]:
+        click.echo("(more are waiting: review these first)")
+
+
+@notes.command("review")
+@click.argument("source_wf")
+@click.argument("relpath")
+@click.option("--approve", is_flag=True, help="Approve the note as it is now.")
+@click.option("--reject", is_flag=True, help="Move the note out of notes/ into kbd's state (restorable).")
+@as_option
+@json_option
+@pass_ctx
+def notes_review(
+    c: Ctx, source_wf: str, relpath: str, approve: bool, reject: bool, as_: str | None, as_json: bool
+) -> None:
+    """Approve or reject the contributed note RELPATH (relative to the KB root: notes/x.md)."""
+    if approve == reject:
+        raise UsageError(
+            "pass exactly one of --approve and --reject",
+            hint="kbd notes review SOURCE_WF notes/x.md --approve",
+        )
+    result = c.run(ops.NotesReview(source_wf, relpath, approve), as_)
+    if as_json:
+        _emit(result)
+        return
+    who = f"contributed by {one_line(result['contributed_by_workflow'])} at {one_line(result['contributed_at'] or '?')}"
+    if result["decision"] == "approved":
+        click.echo(f"approved {one_line(result['relpath'])} in {one_line(result['workflow_id'])} ({who})")
+    else:
+        click.echo(f"rejected {one_line(result['relpath'])} in {one_line(result['workflow_id'])} ({who}); "
+                   f"moved out of notes/ and kept as rejected #{result['rejected_id']}")  # fmt: skip
 
 
 # -- principals ----------------------------------------------------------------------------

@@ -103,7 +103,8 @@ def scan_command_changes(host: Root, plan: Plan, *, since_ns: int) -> list[Comma
 def _gate_changes(ch: CommandChanges, budget: int) -> tuple[dict[str, str], bool, int, dict[str, bytes]]:
     """Read (within ``budget`` bytes) the files of ``ch`` still as the scan saw
     them and run the injection gate: (flagged file → rule, budget ran out,
-    budget left, the bytes read by file: what the note history records)."""
+    budget left, the bytes read by file: what the note history records and
+    whose digests the review state keys)."""
     from kbd.core import injection
     from kbd.fs import datafiles
 
@@ -196,6 +197,16 @@ def audit_command_changes(
         files = [c.rel for c in ch.scan.changed]
         flagged, out_of_budget, budget, seen = _gate_changes(ch, budget)
         _record_versions(host, ch, seen, Who(principal, sid, plan.workflow_id))
+        if ch.source != plan.workflow_id:
+            import hashlib
+
+            digests = {rel: "sha256:" + hashlib.sha256(data).hexdigest() for rel, data in seen.items()}
+            # Another workflow's bytes in the source's notes/: unreviewed until
+            # its owner decides (DESIGN §11), provenance frontmatter or not.
+            with contextlib.suppress(KbdError):
+                from kbd.state.reviews import record_contributions
+
+                record_contributions(host.config.state_dir, ch.source, digests, by=plan.workflow_id)
         truncated = ch.scan.truncated or len(files) > MAX_SCAN_FILES or out_of_budget
         # After the gate (which compares each file's ctime with the scan's).
         extra = {"setid_stripped": stripped[:200]} if (stripped := strip_setid(ch)) else {}

@@ -63,6 +63,9 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/workflows/{wid}/notes/history/version"): "test_note_history_if_match_and_routes",
     ("GET", "/v1/workflows/{wid}/notes/history/diff"): "test_note_history_if_match_and_routes",
     ("POST", "/v1/workflows/{wid}/notes/history/restore"): "test_note_history_if_match_and_routes",
+    ("GET", "/v1/sessions/{sid}/search"): "test_session_search_and_review",
+    ("GET", "/v1/workflows/{wid}/notes/pending"): "test_session_search_and_review",
+    ("POST", "/v1/workflows/{wid}/notes/review"): "test_session_search_and_review",
     ("GET", "/v1/events"): "test_events_finite_replay",  # the feed itself: test_change_feed.py
     ("GET", "/v1/sessions/{sid}/env"): "test_session_env_and_revoke",
     ("POST", "/v1/sessions/{sid}/revoke"): "test_session_env_and_revoke",
@@ -84,6 +87,7 @@ SAMPLE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/v1/sessions/{sid}/children"): {},
     ("POST", "/v1/sessions/{sid}/check"): {"path": "/etc/passwd", "mode": "read"},
     ("POST", "/v1/sessions/{sid}/notes"): {"alias": "x", "path": "x.md", "content": "x"},
+    ("POST", "/v1/workflows/{wid}/notes/review"): {"path": "notes/x.md", "decision": "approve"},
     ("POST", "/v1/sessions/{sid}/revoke"): {},
     ("POST", "/v1/workflows/{wid}/notes/history/restore"): {"path": "notes/x.md"},
     ("POST", "/v1/principals"): {"id": "x", "uid": 4242},
@@ -95,6 +99,7 @@ SAMPLE_QUERY: dict[str, dict[str, str]] = {
     "/v1/workflows/{wid}/notes/history": {"path": "notes/x.md"},
     "/v1/workflows/{wid}/notes/history/version": {"path": "notes/x.md"},
     "/v1/workflows/{wid}/notes/history/diff": {"path": "notes/x.md"},
+    "/v1/sessions/{sid}/search": {"q": "x"},
 }
 AUTHENTICATED = sorted(r for r in ROUTES if r != ("GET", "/v1/health"))
 
@@ -1041,6 +1046,75 @@ def test_note_history_if_match_and_routes(world: World, s: Scenario) -> None:
     done = alice.post(f"{base}/restore", json={"path": "notes/h.md", "version": v1})
     assert done.status_code == 200 and done.json()["previous"] == v2, done.text
     assert (Path(s.src_kb) / "notes" / "h.md").read_bytes() == shown.json()["content"].encode()
+
+
+def test_session_search_and_review(world: World, s: Scenario) -> None:
+    """Search over the session's current plan and the review of a contribution,
+    through the daemon: a written note becomes searchable (the daemon verifies
+    a KB at most every FRESH_SECONDS), unreviewed ones only when asked for and
+    labelled; pending and review for the source's owners and admins only."""
+    alice = world.as_("alice")
+    assert alice.post(f"/v1/workflows/{s.src_id}/writers", json={"workflow_id": s.con_id}).status_code == 200
+    r = alice.put(
+        f"/v1/workflows/{s.con_id}/sources",
+        json={"sources": [{"workflow_id": s.src_id, "alias": "rts", "access": "write"}]},
+    )
+    assert r.status_code == 200, r.text
+    sid = s.open(kind="execution", kb_access="read-write")["session_id"]
+    # A link to / inside a KB: never indexed, and the daemon's watch never follows it.
+    (Path(s.src_kb) / "context" / "everything").symlink_to("/")
+
+    def search(q: str, **params: str) -> dict[str, Any]:
+        r = alice.get(f"/v1/sessions/{sid}/search", params={"q": q, **params})
+        assert r.status_code == 200, r.text
+        body: dict[str, Any] = r.json()
+        assert set(body) == {"session_id", "query", "hits", "dropped_by_gate"}
+        return body
+
+    assert [h["relpath"] for h in search("about", alias="rts")["hits"]] == ["context/about.md"]
+    body = {"alias": "rts", "path": "api-found.md", "content": "# Found\nquixotic latency\n"}
+    assert alice.post(f"/v1/sessions/{sid}/notes", json=body).status_code == 201
+    deadline = time.monotonic() + 10
+    while not search("quixotic", include_unreviewed="true")["hits"]:
+        assert time.monotonic() < deadline, "the written note never became searchable"
+        time.sleep(0.05)
+    [hit] = search("quixotic", include_unreviewed="true")["hits"]
+    assert (hit["alias"], hit["relpath"], hit["trust"]) == (
+        "rts",
+        "notes/api-found.md",
+        "contributed-unreviewed",
+    )
+    assert search("quixotic")["hits"] == []
+    # A file the source's own agents write straight to disk is found too (the daemon's KB watch).
+    (Path(s.src_kb) / "context" / "direct.md").write_text("# Direct\nperspicacious\n")
+    while not search("perspicacious")["hits"]:
+        assert time.monotonic() < deadline + 10, "a file written to disk never became searchable"
+        time.sleep(0.05)
+    world.error(alice.get(f"/v1/sessions/{sid}/search", params={"q": "!!"}), 400, "usage")
+    world.error(alice.get(f"/v1/sessions/{sid}/search", params={"q": "x", "limit": "x"}), 400, "usage")
+    world.error(alice.get(f"/v1/sessions/{sid}/search", params={"q": "x", "alias": "nope"}), 404, "not-found")
+
+    pending = alice.get(f"/v1/workflows/{s.src_id}/notes/pending")
+    assert pending.status_code == 200, pending.text
+    assert [p["relpath"] for p in pending.json()["pending"]] == ["notes/api-found.md"]
+    world.error(world.as_("bob").get(f"/v1/workflows/{s.src_id}/notes/pending"), 403, "permission-denied")
+    world.error(world.as_("dave").get(f"/v1/workflows/{s.src_id}/notes/pending"), 404, "workflow-not-found")
+    review = {"path": "notes/api-found.md", "decision": "approve"}
+    world.error(world.as_("carol").post(f"/v1/workflows/{s.src_id}/notes/review", json=review), 403,
+                "permission-denied")  # fmt: skip
+    done = alice.post(f"/v1/workflows/{s.src_id}/notes/review", json=review)
+    assert done.status_code == 200, done.text
+    assert done.json()["decision"] == "approved" and done.json()["contributed_by_workflow"] == s.con_id
+    assert [h["trust"] for h in search("quixotic")["hits"]] == ["contributed-approved"]
+    bad = alice.post(
+        f"/v1/workflows/{s.src_id}/notes/review", json={"path": "notes/x.md", "decision": "maybe"}
+    )
+    assert bad.status_code in (400, 422) and "decision" in bad.text
+    # A detach hides the source's hits at once.
+    assert alice.delete(f"/v1/workflows/{s.con_id}/sources/rts").status_code == 200
+    assert search("quixotic")["hits"] == [] and search("about")["hits"] == [
+        h for h in search("about")["hits"] if h["alias"] is None
+    ]
 
 
 def test_session_check(world: World, s: Scenario) -> None:
