@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import stat
@@ -324,12 +325,16 @@ def current_pyc(data: bytes, *, source_size: int, source_mtime: float) -> bool:
     return len(data) > 16 and data[:4] == MAGIC_NUMBER and fields == expected
 
 
+@functools.cache
 def _helper_bytecode() -> bytes:
     """The helper as a .pyc (magic number, 12 header bytes the interpreter
     skips when it runs a .pyc file, then the code): compiling its source costs
     every command 1.5 ms of the helper's start. The .pyc that importing it
     (kbd.sandbox.landlock does) or installing kbd left in ``__pycache__`` when
-    it is current, else compiled here (once per process)."""
+    it is current, else compiled here. Once per process, and cached: marshal's
+    bytes depend on the interpreter's state (which strings are interned, which
+    objects are shared), so two compiles of one source need not be byte-equal,
+    and the sealed copy every command gets must be the one this answers."""
     import marshal
     from _frozen_importlib_external import MAGIC_NUMBER, cache_from_source  # loaded at startup
 

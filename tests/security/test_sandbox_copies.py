@@ -289,3 +289,10 @@ def test_a_linked_file_is_bound_not_copied(open_folder: Path) -> None:
         assert bwrap._etc_copy(str(target), fds) is not None
     finally:
         fds.close()
+
+
+def test_the_helper_bytecode_is_built_once_so_every_copy_is_the_same_bytes() -> None:
+    # marshal's bytes depend on the interpreter's interning state: a second
+    # compile of the same source can differ (seen on a fresh clone in CI), so
+    # the sealed copy and every later answer must come from one build.
+    assert bwrap._helper_bytecode() is bwrap._helper_bytecode()
