@@ -868,6 +868,16 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
             )
         return done.to_json()
 
+    @app.get("/v1/workflows/{wid}/notes/rejected")
+    def notes_rejected(wid: str, actor: Principal = Actor) -> JsonObject:
+        with state.locked():
+            return review_ops.rejected_notes(state.host, wid, actor=actor).to_json()
+
+    @app.post("/v1/workflows/{wid}/notes/rejected/{rid}/restore")
+    def notes_unreject(wid: str, rid: int, actor: Principal = Actor) -> JsonObject:
+        with state.locked():
+            return review_ops.restore_rejected(state.host, wid, rid, actor=actor).to_json()
+
     @app.get(
         EVENTS_PATH,
         response_class=StreamingResponse,

@@ -865,6 +865,35 @@ class NotesPending(Op):
 
 
 @dataclass(frozen=True)
+class NotesRejected(Op):
+    wf: str
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import reviews as _reviews
+
+        return _reviews.rejected_notes(ctx.root, self.wf, actor=_principal(actor))
+
+    def http(self) -> Request:
+        return Request("GET", f"/v1/workflows/{segment(self.wf)}/notes/rejected")
+
+
+@dataclass(frozen=True)
+class NotesUnreject(Op):
+    wf: str
+    rejected_id: int
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import reviews as _reviews
+
+        if ctx.refusal is not None:
+            raise ctx.refusal
+        return _reviews.restore_rejected(ctx.root, self.wf, self.rejected_id, actor=_principal(actor))
+
+    def http(self) -> Request:
+        return Request("POST", f"/v1/workflows/{segment(self.wf)}/notes/rejected/{self.rejected_id}/restore")
+
+
+@dataclass(frozen=True)
 class NotesReview(Op):
     wf: str
     relpath: str

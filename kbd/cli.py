@@ -1273,6 +1273,39 @@ def notes_review(
                    f"moved out of notes/ and kept as rejected #{result['rejected_id']}")  # fmt: skip
 
 
+@notes.command("rejected")
+@click.argument("source_wf", shell_complete=_complete_workflows)
+@as_option
+@json_option
+@pass_ctx
+def notes_rejected(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> None:
+    """Rejected notes kept for SOURCE_WF (each restorable with `kbd notes unreject`)."""
+    result = c.run(ops.NotesRejected(source_wf), as_)
+    if as_json:
+        _emit(result)
+        return
+    for r in result["rejected"]:
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(r["rejected_at"])))
+        click.echo(f"#{r['id']}  {one_line(r['relpath'])}  rejected by {one_line(r['rejected_by'])} at {at}  "
+                   f"{r['bytes']} bytes")  # fmt: skip
+
+
+@notes.command("unreject")
+@click.argument("source_wf", shell_complete=_complete_workflows)
+@click.argument("rejected_id", type=int, metavar="ID")
+@as_option
+@json_option
+@pass_ctx
+def notes_unreject(c: Ctx, source_wf: str, rejected_id: int, as_: str | None, as_json: bool) -> None:
+    """Put rejected note ID back where it was, byte for byte (unreviewed again)."""
+    result = c.run(ops.NotesUnreject(source_wf, rejected_id), as_)
+    if as_json:
+        _emit(result)
+        return
+    click.echo(f"restored rejected #{result['rejected_id']} to {one_line(result['relpath'])} in "
+               f"{one_line(result['workflow_id'])} (unreviewed)")  # fmt: skip
+
+
 # -- principals ----------------------------------------------------------------------------
 
 

@@ -254,3 +254,20 @@ def restore_rejected(host: Root, source_wf: str, rejected_id: int, *, actor: Pri
     host.audit("note_restored", actor=actor.id, source=source_wf, relpath=kept.relpath, rejected_id=rejected_id,
                digest=kept.digest, at=time.time())  # fmt: skip
     return Restored(source_wf, kept.relpath, rejected_id, kept.digest)
+
+
+@dataclass(frozen=True)
+class RejectedList:
+    workflow_id: str
+    rejected: tuple[store.Rejected, ...]
+
+    def to_json(self) -> JsonObject:
+        return {"workflow_id": self.workflow_id, "rejected": [
+            {"id": r.id, "relpath": r.relpath, "digest": r.digest, "bytes": len(r.data),
+             "rejected_by": r.rejected_by, "rejected_at": r.rejected_at} for r in self.rejected]}  # fmt: skip
+
+
+def rejected_notes(host: Root, source_wf: str, *, actor: Principal) -> RejectedList:
+    """The rejected notes kept for ``source_wf`` that were not restored (owners and admins)."""
+    _reviewable(host, source_wf, actor, action="list rejected", relpath=None)
+    return RejectedList(source_wf, tuple(store.rejected(host.config.state_dir, source_wf)))

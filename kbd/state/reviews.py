@@ -186,6 +186,14 @@ def rejected(state_dir: Path, source: str, *, include_restored: bool = False) ->
 
 
 def mark_restored(state_dir: Path, rejected_id: int) -> None:
-    """A kept note was put back (it stays kept: the record is history)."""
+    """A kept note was put back (it stays kept: the record is history), and the
+    rejection of its bytes is withdrawn with it: a restored note is unreviewed
+    again, pending and out of search, until someone decides anew."""
     with _db(state_dir) as con:
+        row = con.execute(
+            "SELECT source, relpath, digest FROM rejected WHERE id = ?", (rejected_id,)
+        ).fetchone()
         con.execute("UPDATE rejected SET restored_at = ? WHERE id = ?", (time.time(), rejected_id))
+        if row is not None:
+            con.execute("DELETE FROM reviews WHERE source = ? AND relpath = ? AND digest = ? AND status = 'rejected'",
+                        (row[0], row[1], row[2]))  # fmt: skip

@@ -66,6 +66,11 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/sessions/{sid}/search"): "test_session_search_and_review",
     ("GET", "/v1/workflows/{wid}/notes/pending"): "test_session_search_and_review",
     ("POST", "/v1/workflows/{wid}/notes/review"): "test_session_search_and_review",
+    ("GET", "/v1/workflows/{wid}/notes/rejected"): "test_a_rejected_note_is_kept_and_restorable",
+    (
+        "POST",
+        "/v1/workflows/{wid}/notes/rejected/{rid}/restore",
+    ): "test_a_rejected_note_is_kept_and_restorable",
     ("GET", "/v1/events"): "test_events_finite_replay",  # the feed itself: test_change_feed.py
     ("GET", "/v1/sessions/{sid}/env"): "test_session_env_and_revoke",
     ("POST", "/v1/sessions/{sid}/revoke"): "test_session_env_and_revoke",
@@ -1349,3 +1354,36 @@ def test_import_takes_documents_never_a_path(world: World, s: Scenario) -> None:
     world.error(world.as_("alice").post(f"/v1/workflows/{s.p}nosuch/import", json=body), 404,
                 "workflow-not-found")  # fmt: skip
     assert written.read_bytes() == before
+
+
+def test_a_rejected_note_is_kept_and_restorable(world: World, s: Scenario) -> None:
+    alice = world.as_("alice")
+    alice.put(f"/v1/workflows/{s.con_id}/sources",
+              json={"sources": [{"workflow_id": s.src_id, "alias": "rts", "access": "write"}]})  # fmt: skip
+    alice.post(f"/v1/workflows/{s.src_id}/writers", json={"workflow_id": s.con_id})
+    sid = s.open(kind="execution", kb_access="read-write")["session_id"]
+    wrote = alice.post(
+        f"/v1/sessions/{sid}/notes", json={"alias": "rts", "path": "doubt.md", "content": "# D\n"}
+    )
+    assert wrote.status_code == 201, wrote.text
+    note = Path(s.src_kb) / "notes" / "doubt.md"
+    before = note.read_bytes()
+    done = alice.post(
+        f"/v1/workflows/{s.src_id}/notes/review", json={"path": "notes/doubt.md", "decision": "reject"}
+    )
+    assert done.status_code == 200 and not note.exists(), done.text
+    rid = done.json()["rejected_id"]
+    kept = alice.get(f"/v1/workflows/{s.src_id}/notes/rejected")
+    assert [(r["id"], r["relpath"], r["bytes"]) for r in kept.json()["rejected"]] == [
+        (rid, "notes/doubt.md", len(before))
+    ]
+    world.error(world.as_("carol").get(f"/v1/workflows/{s.src_id}/notes/rejected"), 403, "permission-denied")
+    world.error(world.as_("dave").get(f"/v1/workflows/{s.src_id}/notes/rejected"), 404, "workflow-not-found")
+    world.error(world.as_("carol").post(f"/v1/workflows/{s.src_id}/notes/rejected/{rid}/restore"), 403,
+                "permission-denied")  # fmt: skip
+    back = alice.post(f"/v1/workflows/{s.src_id}/notes/rejected/{rid}/restore")
+    assert back.status_code == 200 and note.read_bytes() == before, back.text
+    assert alice.get(f"/v1/workflows/{s.src_id}/notes/rejected").json()["rejected"] == []
+    world.error(alice.post(f"/v1/workflows/{s.src_id}/notes/rejected/{rid}/restore"), 404, "not-found")
+    pending = alice.get(f"/v1/workflows/{s.src_id}/notes/pending").json()["pending"]
+    assert "notes/doubt.md" in [p["relpath"] for p in pending]  # unreviewed again

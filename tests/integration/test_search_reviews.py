@@ -22,7 +22,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kbd.core import knowledge
-from kbd.service import reviews as review_ops
 from kbd.service import search as search_ops
 from kbd.service.sessions import RootSessions
 from kbd.state import audit
@@ -263,8 +262,11 @@ def test_review_flow_approve_edit_reject_restore(tmp_path: Path) -> None:
     )
     host = kb.host()
     alice = host.actor("alice")
-    back = review_ops.restore_rejected(host, "src", done["rejected_id"], actor=alice)
-    assert back.relpath == "notes/finding.md" and note.read_bytes() == before
+    listed = kb.call("notes", "rejected", "src", "--as", "alice", "--json").json()["rejected"]
+    assert [r["id"] for r in listed] == [done["rejected_id"]]
+    back = kb.call("notes", "unreject", "src", str(done["rejected_id"]), "--as", "alice", "--json")
+    assert back.code == 0 and back.json()["relpath"] == "notes/finding.md" and note.read_bytes() == before
+    del alice
     records = [
         r for r in audit.read(host.config.state_dir) if r["event"] in ("note_reviewed", "note_restored")
     ]
