@@ -153,10 +153,12 @@ def strict_check(text: str) -> dict[str, str]:
             family = re.sub(r"_(bucket|sum|count)$", "", name) if types.get(current) == "histogram" else name
             assert family == current and family not in done, line
             if name.endswith("_bucket"):
-                le = re.search(r',?le="([^"]*)"', labels)
+                # le is the last label; a label value may itself hold ",}" or 'le="'
+                # (only backslash, quote and newline are escaped), so cut at the end.
+                le = re.search(r'(\{|,)le="([^"]*)"\}$', labels)
                 assert le, line
-                series = labels.replace(le.group(0), "")
-                buckets.setdefault(series, []).append((le.group(1), float(value)))
+                series = "" if le.group(1) == "{" else labels[: le.start()] + "}"
+                buckets.setdefault(series, []).append((le.group(2), float(value)))
             elif name.endswith("_count") and types[current] == "histogram":
                 counts[labels] = float(value)
     for series, seen in buckets.items():
@@ -164,7 +166,7 @@ def strict_check(text: str) -> dict[str, str]:
         assert values == sorted(values) and seen[-1][0] == "+Inf", series
         les = [float(le) for le, _ in seen]
         assert les == sorted(les), series
-        assert counts[series.replace("{,", "{").replace(",}", "}")] == values[-1], series
+        assert counts[series] == values[-1], series
     return types
 
 
