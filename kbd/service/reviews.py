@@ -132,8 +132,9 @@ def pending(host: Root, source_wf: str, *, actor: Principal) -> Pending:
                 continue  # changed into something kbd does not read since the walk
             prov = rules.provenance_fields(data.decode("utf-8", "replace"))
             digest = rules.digest(data)
+            # What kbd saw a command write outranks what the bytes claim.
             by = rules.contributor(
-                source_wf, prov.get("contributed_by_workflow") or by_command.get((seen.rel, digest))
+                source_wf, by_command.get((seen.rel, digest)) or prov.get("contributed_by_workflow")
             )
             if by is None or decided.get((seen.rel, digest)) is not None:
                 continue
@@ -182,7 +183,7 @@ def _decide(
         digest = rules.digest(data)
         key = (source_wf, rel, digest)
         shell_by = store.lookup(config.state_dir, {key}).get(key, (None, None))[1]
-        contributed_by = rules.contributor(source_wf, prov.get("contributed_by_workflow") or shell_by)
+        contributed_by = rules.contributor(source_wf, shell_by or prov.get("contributed_by_workflow"))
         if contributed_by is None:
             raise InvalidInput(
                 f"{rel!r} in {source_wf!r} is the source's own note (no contribution provenance); "

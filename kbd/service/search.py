@@ -457,10 +457,10 @@ def _review(state_dir: Path, c: Candidate) -> tuple[rules.Review, str | None]:
     """The hit's review status and contributing workflow: by its provenance, or
     by the review store's record of a shell command's bytes."""
     wid = c.scope.workflow_id
-    by = rules.contributor(wid, c.row.contributed_by)
     key = (wid, c.row.relpath, c.row.digest)
     decision, shell_by = review_store.lookup(state_dir, {key}).get(key, (None, None))
-    by = by or rules.contributor(wid, shell_by)
+    # What kbd saw a command write outranks what the bytes claim.
+    by = rules.contributor(wid, shell_by) or rules.contributor(wid, c.row.contributed_by)
     return rules.review_of(wid, by, decision), by
 
 

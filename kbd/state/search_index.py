@@ -26,7 +26,8 @@ from kbd.fs.atomic import ensure_private_dir
 from kbd.state.store import from_sqlite
 
 SEARCH_DIR = "search"
-SCHEMA_VERSION = 1
+# 2: provenance read to the block's real end (rows of 1 may hold a wrong contributor).
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS docs (
     id INTEGER PRIMARY KEY,

@@ -1,0 +1,93 @@
+"""A contribution cannot pass for the source's own note (issue 13 item 2; DESIGN §11).
+
+Adversarial provenance, real CLI, real files, a real sandboxed command: the
+frontmatter a contributor controls must never make its note the source's own
+(out of the review queue, trusted in search), nor name another contributor
+than the one kbd saw write it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kbd.service import search as search_ops
+from tests.helpers import KbRoot
+
+TEAM = {"owners": ["alice"], "editors": ["carol"], "readers": ["bob"]}
+
+
+def _world(tmp_path: Path) -> tuple[KbRoot, str]:
+    kb = KbRoot.create(tmp_path / "root")
+    kb.workflow("src", access={**TEAM, "allowed_kb_writers": ["con"]})
+    kb.workflow("con", access=TEAM, sources=[{"workflow_id": "src", "alias": "rts", "access": "write"}])
+    kb.workflow("other", access=TEAM)
+    return kb, kb.open_session("con", kind="execution", kb_access="read-write", actor="alice")
+
+
+def _pending(kb: KbRoot) -> dict[str, str]:
+    r = kb.call("notes", "pending", "src", "--as", "alice", "--json")
+    assert r.code == 0, r.err
+    return {p["relpath"]: p["contributed_by_workflow"] for p in r.json()["pending"]}
+
+
+def _hits(kb: KbRoot, sid: str, query: str, *extra: str) -> dict[str, Any]:
+    search_ops._SEARCHERS.clear()
+    r = kb.call("search", sid, query, "--json", "--alias", "rts", *extra)
+    assert r.code == 0, r.err
+    return {h["relpath"]: h for h in r.json()["hits"]}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # A line starting with --- that the writer keeps inside the block but a
+        # reader stopping at the first "\n---" took for its end.
+        b"---\n---x\n---\n# Sneaky\nquokka lives here\n",
+        b"---\ntags: a\n--- \n---\n# Sneaky\nquokka lives here\n",
+        # More frontmatter lines than a reader looked at: kbd's stamp comes last.
+        b"---\n" + b"".join(b"k%d: v\n" % i for i in range(80)) + b"---\n# Sneaky\nquokka lives here\n",
+    ],
+    ids=["dash-line", "dash-space", "long-head"],
+)
+def test_kbd_notes_write_cannot_pass_a_contribution_off_as_the_sources_own(
+    tmp_path: Path, text: bytes
+) -> None:
+    kb, sid = _world(tmp_path)
+    r = kb.call("notes", "write", sid, "rts", "sneaky.md", "--file", "-", input=text)
+    assert r.code == 0, r.err
+    assert _pending(kb) == {"notes/sneaky.md": "con"}
+    assert "notes/sneaky.md" not in _hits(kb, sid, "quokka")
+    hit = _hits(kb, sid, "quokka", "--include-unreviewed")["notes/sneaky.md"]
+    assert (hit["review"], hit["trust"], hit["contributed_by_workflow"]) == (
+        "unreviewed", "contributed-unreviewed", "con"
+    )  # fmt: skip
+    assert kb.call("notes", "review", "src", "notes/sneaky.md", "--approve", "--as", "alice").code == 0
+    assert _pending(kb) == {}
+
+
+def test_a_commands_note_claiming_the_source_or_another_workflow_is_still_cons(tmp_path: Path) -> None:
+    """A real sandboxed command under a write grant writes frontmatter naming the
+    source itself (or a third workflow): kbd saw con write those bytes, so they
+    are con's unreviewed contribution, reviewable by the owner."""
+    kb, sid = _world(tmp_path)
+    script = (
+        'printf -- "---\\ncontributed_by_workflow: src\\n---\\n# Self\\nquokka one\\n" > "$WORKFLOW_KB_RTS/notes/self.md"'
+        ' && printf -- "---\\ncontributed_by_workflow: other\\n---\\n# Framed\\nquokka two\\n"'
+        ' > "$WORKFLOW_KB_RTS/notes/framed.md"'
+    )
+    r = kb.cli("exec", sid, "--", "sh", "-c", script)
+    assert r.code == 0, r.err
+    assert _pending(kb) == {"notes/self.md": "con", "notes/framed.md": "con"}
+    hits = _hits(kb, sid, "quokka", "--include-unreviewed")
+    assert {k: (h["trust"], h["contributed_by_workflow"]) for k, h in hits.items()} == {
+        "notes/self.md": ("contributed-unreviewed", "con"),
+        "notes/framed.md": ("contributed-unreviewed", "con"),
+    }
+    assert _hits(kb, sid, "quokka") == {}
+    r = kb.call("notes", "review", "src", "notes/self.md", "--reject", "--as", "alice", "--json")
+    assert r.code == 0, r.err
+    assert r.json()["contributed_by_workflow"] == "con"
+    assert not (kb.workflows / "src" / "knowledgebase" / "notes" / "self.md").exists()
