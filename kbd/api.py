@@ -677,7 +677,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     ) -> JsonObject:  # fmt: skip
         size = None
         if limit is not None:
-            if not limit.isdigit():
+            if not (limit.isascii() and limit.isdigit()):  # "²".isdigit(), but int("²") fails
                 raise UsageError(f"limit must be a whole number from 1 to {MAX_LS_LIMIT}, not {limit!r}")
             size = int(limit)
         with state.locked():
@@ -840,7 +840,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         match_expression(q)
         size = None
         if limit is not None:
-            if not limit.isdigit():
+            if not (limit.isascii() and limit.isdigit()):  # "²".isdigit(), but int("²") fails
                 raise UsageError(
                     f"limit (--limit) must be a whole number from 1 to {MAX_SEARCH_LIMIT}, not {limit!r}"
                 )

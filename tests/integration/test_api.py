@@ -1122,6 +1122,24 @@ def test_session_search_and_review(world: World, s: Scenario) -> None:
     ]
 
 
+def test_search_answers_hostile_queries_and_limits_as_usage_errors(world: World, s: Scenario) -> None:
+    """FTS5 syntax (column filters, NEAR, prefixes, quotes) is searched as words,
+    never run; a limit that is not plain ASCII digits ("²" passes str.isdigit
+    but not int()) is a 400 usage error, never a 500."""
+    alice = world.as_("alice")
+    sid = s.open(kind="execution", kb_access="read-write")["session_id"]
+    for q in ("title:about", "NEAR(about context, 1)", "abo*", '"about', "about AND NOT x", "{title}: about"):
+        r = alice.get(f"/v1/sessions/{sid}/search", params={"q": q})
+        assert r.status_code == 200, (q, r.text)
+    for limit in ("²", "١٠١", "0", "-1", "1e1", " 1"):
+        world.error(
+            alice.get(f"/v1/sessions/{sid}/search", params={"q": "about", "limit": limit}), 400, "usage"
+        )
+    world.error(alice.get(f"/v1/sessions/{sid}/search", params={"q": "a" * 501}), 400, "usage")
+    # The listing's limit had the same check.
+    world.error(alice.get(f"/v1/workflows/{s.con_id}/sources/rts/dir", params={"limit": "²"}), 400, "usage")
+
+
 def test_session_check(world: World, s: Scenario) -> None:
     # con may write into src's notes/ (the owner consented), so the plan has a contributor grant.
     assert (
