@@ -136,7 +136,9 @@ def pending(host: Root, source_wf: str, *, actor: Principal) -> Pending:
             by = rules.contributor(
                 source_wf, by_command.get((seen.rel, digest)) or prov.get("contributed_by_workflow")
             )
-            if by is None or decided.get((seen.rel, digest)) is not None:
+            # Rejected bytes still in notes/ were written back after the
+            # rejection took them out: pending again, not hidden by it.
+            if by is None or decided.get((seen.rel, digest)) == "approved":
                 continue
             if len(out) >= MAX_PENDING:
                 truncated = True

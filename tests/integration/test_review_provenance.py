@@ -91,3 +91,21 @@ def test_a_commands_note_claiming_the_source_or_another_workflow_is_still_cons(t
     assert r.code == 0, r.err
     assert r.json()["contributed_by_workflow"] == "con"
     assert not (kb.workflows / "src" / "knowledgebase" / "notes" / "self.md").exists()
+
+
+def test_rejected_bytes_written_again_are_pending_again(tmp_path: Path) -> None:
+    """A command writes a note, the owner rejects it (it leaves notes/), the
+    command writes the very same bytes back: they stand in notes/ again, so the
+    owner must see them in the queue, not have them hidden by the old decision."""
+    kb, sid = _world(tmp_path)
+    script = 'printf "# Back\\nquokka again\\n" > "$WORKFLOW_KB_RTS/notes/back.md"'
+    assert kb.cli("exec", sid, "--", "sh", "-c", script).code == 0
+    assert _pending(kb) == {"notes/back.md": "con"}
+    assert kb.call("notes", "review", "src", "notes/back.md", "--reject", "--as", "alice").code == 0
+    assert _pending(kb) == {}
+    assert kb.cli("exec", sid, "--", "sh", "-c", script).code == 0
+    assert (kb.workflows / "src" / "knowledgebase" / "notes" / "back.md").exists()
+    assert _pending(kb) == {"notes/back.md": "con"}
+    assert "notes/back.md" not in _hits(kb, sid, "quokka")
+    assert kb.call("notes", "review", "src", "notes/back.md", "--reject", "--as", "alice").code == 0
+    assert not (kb.workflows / "src" / "knowledgebase" / "notes" / "back.md").exists()
