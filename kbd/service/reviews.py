@@ -37,6 +37,7 @@ from kbd.fs.registry import Found
 from kbd.service import JsonObject
 from kbd.service.root import Root
 from kbd.state import reviews as store
+from kbd.state.history import Who, store_for
 
 #: A file larger than any note kbd writes is no contribution kbd can vouch for.
 MAX_REVIEW_BYTES = 2 * MAX_NOTE_BYTES
@@ -253,6 +254,10 @@ def restore_rejected(host: Root, source_wf: str, rejected_id: int, *, actor: Pri
         else:
             raise PathRefused(f"{kept.relpath!r} exists again; move it away first", why="exists")
         replace_note(notes_fd, tuple(parts[1:]), kept.data, shared=config.sandbox.grant_group is not None)
+        # A write kbd performs into notes/: a version in the note's history (DESIGN §11).
+        store_for(config).record(
+            source_wf, kept.relpath, kept.data, how="unreject", who=Who(actor.id, None, None)
+        )
     store.mark_restored(config.state_dir, rejected_id)
     host.audit("note_restored", actor=actor.id, source=source_wf, relpath=kept.relpath, rejected_id=rejected_id,
                digest=kept.digest, at=time.time())  # fmt: skip

@@ -8,6 +8,7 @@ than the one kbd saw write it.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,22 @@ def test_rejected_bytes_written_again_are_pending_again(tmp_path: Path) -> None:
     assert "notes/back.md" not in _hits(kb, sid, "quokka")
     assert kb.call("notes", "review", "src", "notes/back.md", "--reject", "--as", "alice").code == 0
     assert not (kb.workflows / "src" / "knowledgebase" / "notes" / "back.md").exists()
+
+
+def test_unreject_is_a_version_in_the_notes_history(tmp_path: Path) -> None:
+    """Putting a rejected note back is a write kbd performs into notes/: its
+    history shows it (by whom, how), like every other such write."""
+    kb, sid = _world(tmp_path)
+    r = kb.call("notes", "write", sid, "rts", "h.md", "--file", "-", input=b"# H\nquokka\n")
+    assert r.code == 0, r.err
+    r = kb.call("notes", "review", "src", "notes/h.md", "--reject", "--as", "alice", "--json")
+    assert r.code == 0, r.err
+    back = kb.call("notes", "unreject", "src", str(r.json()["rejected_id"]), "--as", "alice")
+    assert back.code == 0, back.err
+    log = kb.call("notes", "log", "src", "notes/h.md", "--as", "alice", "--json")
+    assert log.code == 0, log.err
+    newest = log.json()["versions"][0]
+    on_disk = (kb.workflows / "src" / "knowledgebase" / "notes" / "h.md").read_bytes()
+    assert log.json()["current"] == newest["version"] == r.json()["digest"]
+    assert (newest["how"], newest["principal"]) == ("unreject", "alice")
+    assert newest["version"] == "sha256:" + hashlib.sha256(on_disk).hexdigest()
