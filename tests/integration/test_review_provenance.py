@@ -9,12 +9,15 @@ than the one kbd saw write it.
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kbd.service import search as search_ops
+from kbd.service.sessions import RootSessions
 from tests.helpers import KbRoot
 
 TEAM = {"owners": ["alice"], "editors": ["carol"], "readers": ["bob"]}
@@ -129,3 +132,38 @@ def test_unreject_is_a_version_in_the_notes_history(tmp_path: Path) -> None:
     assert log.json()["current"] == newest["version"] == r.json()["digest"]
     assert (newest["how"], newest["principal"]) == ("unreject", "alice")
     assert newest["version"] == "sha256:" + hashlib.sha256(on_disk).hexdigest()
+
+
+def test_an_approved_note_rewritten_in_place_does_not_keep_its_approval(tmp_path: Path) -> None:
+    """Between a KB's refresh and a hit's confirmation, a contributor rewrites an
+    approved note in place with other bytes of the same size and sets its mtime
+    back (utime): the index still holds the approved bytes' digest, so the hit
+    must be dropped (ctime moved), never shown as contributed-approved."""
+    kb, sid = _world(tmp_path)
+    r = kb.call("notes", "write", sid, "rts", "ok.md", "--file", "-", input=b"# Ok\nquokka approved text\n")
+    assert r.code == 0, r.err
+    assert kb.call("notes", "review", "src", "notes/ok.md", "--approve", "--as", "alice").code == 0
+    host = kb.host()
+    sessions = RootSessions(host)
+    where = search_ops.scope(sessions, sid, ["rts"], actor=host.actor("alice"))
+    # A searcher that trusts its last walk for a minute (as the daemon's does between walks).
+    engine = search_ops.FullTextSearcher(host.config.state_dir, fresh_seconds=60.0)
+    found = search_ops.run(host.config.state_dir, where, "quokka", searcher=engine)
+    assert [(h.relpath, h.trust) for h in found.hits] == [("notes/ok.md", "contributed-approved")]
+    note = kb.workflows / "src" / "knowledgebase" / "notes" / "ok.md"
+    before = os.stat(note)
+    data = note.read_bytes()
+    time.sleep(0.02)
+    with open(note, "r+b") as f:  # the same inode, the same size, other bytes
+        f.write(data.replace(b"approved text", b"injected text"))
+    os.utime(note, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(note).st_mtime_ns == before.st_mtime_ns and os.stat(note).st_size == before.st_size
+    again = search_ops.run(host.config.state_dir, where, "quokka", searcher=engine)
+    assert again.hits == ()
+    # A fresh walk reads the new bytes: unreviewed, so out of the default results.
+    fresh = search_ops.FullTextSearcher(host.config.state_dir)
+    assert search_ops.run(host.config.state_dir, where, "quokka", searcher=fresh).hits == ()
+    relabelled = search_ops.run(
+        host.config.state_dir, where, "injected", include_unreviewed=True, searcher=fresh
+    )
+    assert [(h.relpath, h.trust) for h in relabelled.hits] == [("notes/ok.md", "contributed-unreviewed")]
