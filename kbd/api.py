@@ -244,6 +244,9 @@ class ForceBody(Strict):
 class ReviewBody(Strict):
     path: str = Field(description="relative to the source's KB root: notes/...")
     decision: Literal["approve", "reject"]
+    expected_version: str | None = Field(
+        default=None, description="the version (digest) reviewed: refused (412) when the note changed since"
+    )
 
 
 class CheckBody(Strict):
@@ -864,7 +867,12 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     def notes_review(wid: str, body: ReviewBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             done = review_ops.review(
-                state.host, wid, body.path, approve=body.decision == "approve", actor=actor
+                state.host,
+                wid,
+                body.path,
+                approve=body.decision == "approve",
+                actor=actor,
+                expected=body.expected_version,
             )
         return done.to_json()
 

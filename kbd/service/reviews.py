@@ -26,10 +26,19 @@ from pathlib import Path
 
 from kbd.core import audience
 from kbd.core import knowledge as rules
+from kbd.core.history import parse_version
 from kbd.core.layout import KB_DIR, NOTES_DIR
 from kbd.core.notes import MAX_NOTE_BYTES
 from kbd.core.principals import Principal
-from kbd.errors import InvalidInput, KbdError, NotFound, PathRefused, PermissionDenied, SourceUnavailable
+from kbd.errors import (
+    InvalidInput,
+    KbdError,
+    NoteVersionConflict,
+    NotFound,
+    PathRefused,
+    PermissionDenied,
+    SourceUnavailable,
+)
 from kbd.fs import confined
 from kbd.fs.kbwalk import walk_notes
 from kbd.fs.notes import notes_lock, open_notes, replace_note
@@ -150,16 +159,21 @@ def pending(host: Root, source_wf: str, *, actor: Principal) -> Pending:
     return Pending(source_wf, tuple(out), truncated)
 
 
-def review(host: Root, source_wf: str, relpath: str, *, approve: bool, actor: Principal) -> Reviewed:
+def review(
+    host: Root, source_wf: str, relpath: str, *, approve: bool, actor: Principal, expected: str | None = None
+) -> Reviewed:
     """Approve the note's current bytes, or reject it: keep it in kbd's state and
-    move it out of ``notes/``. RELPATH is relative to the KB root (``notes/x.md``)."""
+    move it out of ``notes/``. RELPATH is relative to the KB root (``notes/x.md``).
+    ``expected``: the version (digest) the reviewer saw (``kbd notes pending``);
+    the decision is refused (75) when the note's bytes are no longer those."""
     action = "approve" if approve else "reject"
     found = _reviewable(host, source_wf, actor, action=action, relpath=relpath)
     try:
         parts = rules.review_parts(relpath)
+        want = None if expected is None else parse_version(expected, field="--expected-version")
         path, identity = _kb(host, found)
         rel = "/".join(parts)
-        result = _decide(host, source_wf, rel, path, identity, approve=approve, by=actor.id)
+        result = _decide(host, source_wf, rel, path, identity, approve=approve, by=actor.id, expected=want)
     except KbdError as err:
         host.audit_refusal("note_review_refused", err, actor=actor, action=action, source=source_wf,
                            relpath=relpath[:200])  # fmt: skip
@@ -171,8 +185,9 @@ def review(host: Root, source_wf: str, relpath: str, *, approve: bool, actor: Pr
 
 
 def _decide(
-    host: Root, source_wf: str, rel: str, path: Path, identity: tuple[int, int], *, approve: bool, by: str
-) -> Reviewed:
+    host: Root, source_wf: str, rel: str, path: Path, identity: tuple[int, int], *, approve: bool, by: str,
+    expected: str | None = None,
+) -> Reviewed:  # fmt: skip
     config = host.config
     with (
         confined.pin_dir(path, expect=identity) as kb,
@@ -184,6 +199,13 @@ def _decide(
         data, st = confined.read_file_stat(kb.fd, rel, limit=MAX_REVIEW_BYTES)
         prov = rules.provenance_fields(data.decode("utf-8", "replace"))
         digest = rules.digest(data)
+        if expected is not None and digest != expected:
+            # The contributor changed the note since the reviewer read it: a
+            # decision on bytes they never saw is refused, not recorded.
+            raise NoteVersionConflict(
+                f"{rel!r} in {source_wf!r} changed since version {expected}; it is now {digest}",
+                current=digest, hint=f"`kbd notes pending {source_wf}` shows it again; review the new bytes",
+            )  # fmt: skip
         key = (source_wf, rel, digest)
         shell_by = store.lookup(config.state_dir, {key}).get(key, (None, None))[1]
         contributed_by = rules.contributor(source_wf, shell_by or prov.get("contributed_by_workflow"))

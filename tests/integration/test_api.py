@@ -1111,6 +1111,20 @@ def test_session_search_and_review(world: World, s: Scenario) -> None:
     assert done.status_code == 200, done.text
     assert done.json()["decision"] == "approved" and done.json()["contributed_by_workflow"] == s.con_id
     assert [h["trust"] for h in search("quixotic")["hits"]] == ["contributed-approved"]
+    # A decision on bytes the reviewer did not see: 412 with the current version, nothing recorded.
+    body = {"alias": "rts", "path": "api-found.md", "content": "# Found\nquixotic, rewritten\n"}
+    assert alice.post(f"/v1/sessions/{sid}/notes", json=body).status_code == 201
+    stale = {**review, "expected_version": done.json()["digest"]}
+    refused = alice.post(f"/v1/workflows/{s.src_id}/notes/review", json=stale)
+    assert refused.status_code == 412, refused.text
+    err = refused.json()["error"]
+    [now] = alice.get(f"/v1/workflows/{s.src_id}/notes/pending").json()["pending"]
+    assert (
+        err["code"] == "note-version-conflict"
+        and err["current_version"] == now["digest"] != stale["expected_version"]
+    )
+    assert alice.post(f"/v1/workflows/{s.src_id}/notes/review", json={**review, "expected_version": now["digest"]}
+                      ).status_code == 200  # fmt: skip
     bad = alice.post(
         f"/v1/workflows/{s.src_id}/notes/review", json={"path": "notes/x.md", "decision": "maybe"}
     )

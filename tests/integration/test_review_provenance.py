@@ -167,3 +167,33 @@ def test_an_approved_note_rewritten_in_place_does_not_keep_its_approval(tmp_path
         host.config.state_dir, where, "injected", include_unreviewed=True, searcher=fresh
     )
     assert [(h.relpath, h.trust) for h in relabelled.hits] == [("notes/ok.md", "contributed-unreviewed")]
+
+
+def test_a_review_applies_only_to_the_bytes_the_reviewer_saw(tmp_path: Path) -> None:
+    """The owner reads a pending note (version d1), the contributor rewrites it,
+    the owner approves: with --expected-version d1 the approval is refused (75,
+    audited, nothing recorded) instead of approving bytes nobody read."""
+    kb, sid = _world(tmp_path)
+    assert (
+        kb.call("notes", "write", sid, "rts", "v.md", "--file", "-", input=b"# V\nquokka benign\n").code == 0
+    )
+    [seen] = kb.call("notes", "pending", "src", "--as", "alice", "--json").json()["pending"]
+    assert (
+        kb.call("notes", "write", sid, "rts", "v.md", "--file", "-", input=b"# V\nquokka swapped\n").code == 0
+    )
+    for decision in ("--approve", "--reject"):
+        r = kb.call("notes", "review", "src", "notes/v.md", decision, "--expected-version", seen["digest"],
+                    "--as", "alice")  # fmt: skip
+        assert r.code == 75 and "changed since version" in r.err, r.err
+    assert (kb.workflows / "src" / "knowledgebase" / "notes" / "v.md").exists()
+    assert _hits(kb, sid, "quokka") == {}  # still unreviewed
+    [now] = kb.call("notes", "pending", "src", "--as", "alice", "--json").json()["pending"]
+    assert now["digest"] != seen["digest"]
+    bad = kb.call(
+        "notes", "review", "src", "notes/v.md", "--approve", "--expected-version", "v1", "--as", "alice"
+    )
+    assert bad.code == 65 and "--expected-version" in bad.err
+    ok = kb.call("notes", "review", "src", "notes/v.md", "--approve", "--expected-version", now["digest"],
+                 "--as", "alice", "--json")  # fmt: skip
+    assert ok.code == 0 and ok.json()["digest"] == now["digest"], ok.err
+    assert _hits(kb, sid, "quokka")["notes/v.md"]["trust"] == "contributed-approved"
