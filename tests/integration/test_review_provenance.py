@@ -197,3 +197,16 @@ def test_a_review_applies_only_to_the_bytes_the_reviewer_saw(tmp_path: Path) -> 
                  "--as", "alice", "--json")  # fmt: skip
     assert ok.code == 0 and ok.json()["digest"] == now["digest"], ok.err
     assert _hits(kb, sid, "quokka")["notes/v.md"]["trust"] == "contributed-approved"
+
+
+def test_a_commands_note_too_big_for_the_audit_is_still_a_contribution(tmp_path: Path) -> None:
+    """A real sandboxed command writes a note over the audit's per-file read
+    cap (but under the search index's): kbd cannot vouch for it, so it must
+    never be searched as the source's own (trust "source", shown by default)."""
+    kb, sid = _world(tmp_path)
+    script = '{ printf "# Big\\nquokka big\\n"; head -c 1300000 /dev/zero | tr "\\0" "a"; } > "$WORKFLOW_KB_RTS/notes/big.md"'
+    r = kb.cli("exec", sid, "--", "sh", "-c", script)
+    assert r.code == 0, r.err
+    assert (kb.workflows / "src" / "knowledgebase" / "notes" / "big.md").stat().st_size > 1024 * 1024
+    assert "notes/big.md" not in _hits(kb, sid, "quokka")
+    assert _pending(kb) == {"notes/big.md": "con"}
