@@ -244,6 +244,9 @@ class ForceBody(Strict):
 class ReviewBody(Strict):
     path: str = Field(description="relative to the source's KB root: notes/...")
     decision: Literal["approve", "reject"]
+    expected_version: str | None = Field(
+        default=None, description="the version (digest) reviewed: refused (412) when the note changed since"
+    )
 
 
 class CheckBody(Strict):
@@ -677,7 +680,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     ) -> JsonObject:  # fmt: skip
         size = None
         if limit is not None:
-            if not limit.isdigit():
+            if not (limit.isascii() and limit.isdigit()):  # "²".isdigit(), but int("²") fails
                 raise UsageError(f"limit must be a whole number from 1 to {MAX_LS_LIMIT}, not {limit!r}")
             size = int(limit)
         with state.locked():
@@ -840,7 +843,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         match_expression(q)
         size = None
         if limit is not None:
-            if not limit.isdigit():
+            if not (limit.isascii() and limit.isdigit()):  # "²".isdigit(), but int("²") fails
                 raise UsageError(
                     f"limit (--limit) must be a whole number from 1 to {MAX_SEARCH_LIMIT}, not {limit!r}"
                 )
@@ -864,7 +867,12 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     def notes_review(wid: str, body: ReviewBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             done = review_ops.review(
-                state.host, wid, body.path, approve=body.decision == "approve", actor=actor
+                state.host,
+                wid,
+                body.path,
+                approve=body.decision == "approve",
+                actor=actor,
+                expected=body.expected_version,
             )
         return done.to_json()
 

@@ -898,14 +898,18 @@ class NotesReview(Op):
     wf: str
     relpath: str
     approve: bool
+    expected: str | None = None
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
         from kbd.service import reviews as _reviews
 
-        return _reviews.review(ctx.root, self.wf, self.relpath, approve=self.approve, actor=_principal(actor))
+        return _reviews.review(ctx.root, self.wf, self.relpath, approve=self.approve, actor=_principal(actor),
+                               expected=self.expected)  # fmt: skip
 
     def http(self) -> Request:
         body: JsonObject = {"path": self.relpath, "decision": "approve" if self.approve else "reject"}
+        if self.expected is not None:
+            body["expected_version"] = self.expected
         return Request("POST", f"/v1/workflows/{segment(self.wf)}/notes/review", body)
 
 

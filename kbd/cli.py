@@ -1249,19 +1249,27 @@ def notes_pending(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> Non
 @click.argument("relpath")
 @click.option("--approve", is_flag=True, help="Approve the note as it is now.")
 @click.option("--reject", is_flag=True, help="Move the note out of notes/ into kbd's state (restorable).")
+@click.option(
+    "--expected-version",
+    "expected",
+    metavar="V",
+    default=None,
+    help="Decide only if the note is still version V (the digest `kbd notes pending` showed); else exit 75.",
+)
 @as_option
 @json_option
 @pass_ctx
 def notes_review(
-    c: Ctx, source_wf: str, relpath: str, approve: bool, reject: bool, as_: str | None, as_json: bool
-) -> None:
+    c: Ctx, source_wf: str, relpath: str, approve: bool, reject: bool, expected: str | None, as_: str | None,
+    as_json: bool,
+) -> None:  # fmt: skip
     """Approve or reject the contributed note RELPATH (relative to the KB root: notes/x.md)."""
     if approve == reject:
         raise UsageError(
             "pass exactly one of --approve and --reject",
             hint="kbd notes review SOURCE_WF notes/x.md --approve",
         )
-    result = c.run(ops.NotesReview(source_wf, relpath, approve), as_)
+    result = c.run(ops.NotesReview(source_wf, relpath, approve, expected), as_)
     if as_json:
         _emit(result)
         return

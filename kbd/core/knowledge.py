@@ -28,8 +28,6 @@ MAX_QUERY_CHARS = 500
 MAX_QUERY_TERMS = 32
 DEFAULT_LIMIT = 10
 MAX_LIMIT = 100
-# Frontmatter lines kbd reads back; a longer head is not provenance.
-_HEAD_LINES = 64
 # A word of a query: letters, digits and underscores in any script (FTS5's
 # unicode61 tokenizer splits on everything else, so nothing is lost).
 _TERM = re.compile(r"\w+", re.UNICODE)
@@ -41,14 +39,21 @@ def digest(data: bytes) -> str:
 
 
 def _frontmatter(text: str) -> tuple[list[str], str]:
-    """The ``---`` block's lines and the body after it (no block: [], text)."""
+    """The ``---`` block's lines and the body after it (no block: [], text).
+
+    The block ends where :func:`kbd.core.notes.with_provenance` ends it: at a
+    line that is exactly ``---``. A contributor's lines come first in it and
+    kbd's stamp last, so a reader that stopped earlier (at a line merely
+    starting with ``---``, or after so many lines) would miss the stamp and
+    take a contribution for the source's own note."""
     if not text.startswith("---\n"):
         return [], text
-    end = text.find("\n---", 3)
+    end = text.find("\n---\n", 3)
     if end == -1:
-        return [], text
-    rest = text[end + 4 :]
-    return text[4:end].split("\n")[:_HEAD_LINES], rest[1:] if rest.startswith("\n") else rest
+        if not text.endswith("\n---"):
+            return [], text
+        end = len(text) - 4
+    return text[4:end].split("\n"), text[end + 5 :]
 
 
 def provenance_fields(text: str) -> dict[str, str]:

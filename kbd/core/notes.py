@@ -97,7 +97,11 @@ def provenance_of(head: bytes) -> str | None:
     text = head.decode("utf-8", "replace")
     if not text.startswith("---\n"):
         return None
-    end = text.find("\n---", 3)
+    # The block ends at a line that is exactly ``---``, as with_provenance ends
+    # it (its stamp comes after the contributor's own lines).
+    end = text.find("\n---\n", 3)
+    if end == -1 and text.endswith("\n---"):
+        end = len(text) - 4
     for line in text[4 : end if end != -1 else None].split("\n"):
         key, _, value = line.partition(":")
         if key.strip() == "contributed_by_workflow":

@@ -134,6 +134,56 @@ def _gate_changes(ch: CommandChanges, budget: int) -> tuple[dict[str, str], bool
     return flagged, out_of_budget, budget, seen
 
 
+#: What a contribution's digest is computed for when the gate did not read it
+#: (over its per-file cap or its budget): files up to the search index's and the
+#: review queue's cap, within this many bytes per command.
+MAX_DIGEST_FILE_BYTES = 2 * MAX_NOTE_BYTES
+MAX_DIGEST_BYTES = 4 * MAX_AUDIT_READ_BYTES
+
+
+def _digests_unread(ch: CommandChanges, seen: Mapping[str, bytes]) -> dict[str, str]:
+    """The ``sha256:`` digests of the changed files the gate did not read (too
+    big for it, or past its budget), still as the scan saw them, hashed without
+    keeping them: another workflow's bytes must be recorded as its contribution
+    whatever their size, or search and the review queue would take a note kbd
+    cannot vouch for for the source's own."""
+    import hashlib
+    import stat
+
+    out: dict[str, str] = {}
+    budget = MAX_DIGEST_BYTES
+    try:
+        with pin_dir(ch.kb_path, expect=ch.kb_identity) as kb:
+            for rel, ino, ctime in ch.scan.changed[:MAX_SCAN_FILES]:
+                if rel in seen:
+                    continue
+                if budget <= 0:
+                    break
+                try:
+                    # O_NONBLOCK: a FIFO planted under the name never blocks the audit.
+                    fd = open_beneath(kb.fd, rel, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+                except KbdError:
+                    continue
+                try:
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode) or (st.st_ino, st.st_ctime_ns) != (ino, ctime):
+                        continue
+                    if st.st_size > MAX_DIGEST_FILE_BYTES:
+                        continue  # neither indexed nor queued for review: nothing to vouch for
+                    h = hashlib.sha256()
+                    while chunk := os.read(fd, 1 << 16):
+                        h.update(chunk)
+                        budget -= len(chunk)
+                    out[rel] = "sha256:" + h.hexdigest()
+                except OSError:
+                    continue
+                finally:
+                    os.close(fd)
+    except KbdError:
+        pass
+    return out
+
+
 def _record_versions(host: Root, ch: CommandChanges, seen: dict[str, bytes], who: Who) -> None:
     """Each changed note the audit read, as a version (how: ``command``) unless
     its history already ends with these bytes. A file changed again since the
@@ -201,6 +251,7 @@ def audit_command_changes(
             import hashlib
 
             digests = {rel: "sha256:" + hashlib.sha256(data).hexdigest() for rel, data in seen.items()}
+            digests.update(_digests_unread(ch, seen))
             # Another workflow's bytes in the source's notes/: unreviewed until
             # its owner decides (DESIGN §11), provenance frontmatter or not.
             with contextlib.suppress(KbdError):

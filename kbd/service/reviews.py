@@ -26,10 +26,19 @@ from pathlib import Path
 
 from kbd.core import audience
 from kbd.core import knowledge as rules
+from kbd.core.history import parse_version
 from kbd.core.layout import KB_DIR, NOTES_DIR
 from kbd.core.notes import MAX_NOTE_BYTES
 from kbd.core.principals import Principal
-from kbd.errors import InvalidInput, KbdError, NotFound, PathRefused, PermissionDenied, SourceUnavailable
+from kbd.errors import (
+    InvalidInput,
+    KbdError,
+    NoteVersionConflict,
+    NotFound,
+    PathRefused,
+    PermissionDenied,
+    SourceUnavailable,
+)
 from kbd.fs import confined
 from kbd.fs.kbwalk import walk_notes
 from kbd.fs.notes import notes_lock, open_notes, replace_note
@@ -37,6 +46,7 @@ from kbd.fs.registry import Found
 from kbd.service import JsonObject
 from kbd.service.root import Root
 from kbd.state import reviews as store
+from kbd.state.history import Who, store_for
 
 #: A file larger than any note kbd writes is no contribution kbd can vouch for.
 MAX_REVIEW_BYTES = 2 * MAX_NOTE_BYTES
@@ -132,10 +142,13 @@ def pending(host: Root, source_wf: str, *, actor: Principal) -> Pending:
                 continue  # changed into something kbd does not read since the walk
             prov = rules.provenance_fields(data.decode("utf-8", "replace"))
             digest = rules.digest(data)
+            # What kbd saw a command write outranks what the bytes claim.
             by = rules.contributor(
-                source_wf, prov.get("contributed_by_workflow") or by_command.get((seen.rel, digest))
+                source_wf, by_command.get((seen.rel, digest)) or prov.get("contributed_by_workflow")
             )
-            if by is None or decided.get((seen.rel, digest)) is not None:
+            # Rejected bytes still in notes/ were written back after the
+            # rejection took them out: pending again, not hidden by it.
+            if by is None or decided.get((seen.rel, digest)) == "approved":
                 continue
             if len(out) >= MAX_PENDING:
                 truncated = True
@@ -146,16 +159,21 @@ def pending(host: Root, source_wf: str, *, actor: Principal) -> Pending:
     return Pending(source_wf, tuple(out), truncated)
 
 
-def review(host: Root, source_wf: str, relpath: str, *, approve: bool, actor: Principal) -> Reviewed:
+def review(
+    host: Root, source_wf: str, relpath: str, *, approve: bool, actor: Principal, expected: str | None = None
+) -> Reviewed:
     """Approve the note's current bytes, or reject it: keep it in kbd's state and
-    move it out of ``notes/``. RELPATH is relative to the KB root (``notes/x.md``)."""
+    move it out of ``notes/``. RELPATH is relative to the KB root (``notes/x.md``).
+    ``expected``: the version (digest) the reviewer saw (``kbd notes pending``);
+    the decision is refused (75) when the note's bytes are no longer those."""
     action = "approve" if approve else "reject"
     found = _reviewable(host, source_wf, actor, action=action, relpath=relpath)
     try:
         parts = rules.review_parts(relpath)
+        want = None if expected is None else parse_version(expected, field="--expected-version")
         path, identity = _kb(host, found)
         rel = "/".join(parts)
-        result = _decide(host, source_wf, rel, path, identity, approve=approve, by=actor.id)
+        result = _decide(host, source_wf, rel, path, identity, approve=approve, by=actor.id, expected=want)
     except KbdError as err:
         host.audit_refusal("note_review_refused", err, actor=actor, action=action, source=source_wf,
                            relpath=relpath[:200])  # fmt: skip
@@ -167,8 +185,9 @@ def review(host: Root, source_wf: str, relpath: str, *, approve: bool, actor: Pr
 
 
 def _decide(
-    host: Root, source_wf: str, rel: str, path: Path, identity: tuple[int, int], *, approve: bool, by: str
-) -> Reviewed:
+    host: Root, source_wf: str, rel: str, path: Path, identity: tuple[int, int], *, approve: bool, by: str,
+    expected: str | None = None,
+) -> Reviewed:  # fmt: skip
     config = host.config
     with (
         confined.pin_dir(path, expect=identity) as kb,
@@ -180,9 +199,16 @@ def _decide(
         data, st = confined.read_file_stat(kb.fd, rel, limit=MAX_REVIEW_BYTES)
         prov = rules.provenance_fields(data.decode("utf-8", "replace"))
         digest = rules.digest(data)
+        if expected is not None and digest != expected:
+            # The contributor changed the note since the reviewer read it: a
+            # decision on bytes they never saw is refused, not recorded.
+            raise NoteVersionConflict(
+                f"{rel!r} in {source_wf!r} changed since version {expected}; it is now {digest}",
+                current=digest, hint=f"`kbd notes pending {source_wf}` shows it again; review the new bytes",
+            )  # fmt: skip
         key = (source_wf, rel, digest)
         shell_by = store.lookup(config.state_dir, {key}).get(key, (None, None))[1]
-        contributed_by = rules.contributor(source_wf, prov.get("contributed_by_workflow") or shell_by)
+        contributed_by = rules.contributor(source_wf, shell_by or prov.get("contributed_by_workflow"))
         if contributed_by is None:
             raise InvalidInput(
                 f"{rel!r} in {source_wf!r} is the source's own note (no contribution provenance); "
@@ -250,6 +276,10 @@ def restore_rejected(host: Root, source_wf: str, rejected_id: int, *, actor: Pri
         else:
             raise PathRefused(f"{kept.relpath!r} exists again; move it away first", why="exists")
         replace_note(notes_fd, tuple(parts[1:]), kept.data, shared=config.sandbox.grant_group is not None)
+        # A write kbd performs into notes/: a version in the note's history (DESIGN §11).
+        store_for(config).record(
+            source_wf, kept.relpath, kept.data, how="unreject", who=Who(actor.id, None, None)
+        )
     store.mark_restored(config.state_dir, rejected_id)
     host.audit("note_restored", actor=actor.id, source=source_wf, relpath=kept.relpath, rejected_id=rejected_id,
                digest=kept.digest, at=time.time())  # fmt: skip

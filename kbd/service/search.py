@@ -17,7 +17,7 @@ most that often (a write is searchable within about a second).
 
 Every candidate is then confirmed: the plan's path guard must allow reading
 it, and the file is reopened beneath the pinned KB (no link, no special file,
-singly linked) with the same inode, size and mtime as indexed; anything else
+singly linked) with the same inode, size, mtime and ctime as indexed; anything else
 is dropped. Hits whose text the injection gate refuses are dropped and
 counted (``dropped_by_gate``); unreviewed contributions are left out unless
 asked for, and labelled when included.
@@ -457,10 +457,10 @@ def _review(state_dir: Path, c: Candidate) -> tuple[rules.Review, str | None]:
     """The hit's review status and contributing workflow: by its provenance, or
     by the review store's record of a shell command's bytes."""
     wid = c.scope.workflow_id
-    by = rules.contributor(wid, c.row.contributed_by)
     key = (wid, c.row.relpath, c.row.digest)
     decision, shell_by = review_store.lookup(state_dir, {key}).get(key, (None, None))
-    by = by or rules.contributor(wid, shell_by)
+    # What kbd saw a command write outranks what the bytes claim.
+    by = rules.contributor(wid, shell_by) or rules.contributor(wid, c.row.contributed_by)
     return rules.review_of(wid, by, decision), by
 
 
@@ -497,7 +497,7 @@ class _Pins:
 
 def _confirm(c: Candidate, pins: _Pins) -> int | None:
     """The file's mtime when the plan lets the session read it and it is still
-    the file indexed (same inode, size and mtime, regular, singly linked,
+    the file indexed (same inode, size, mtime and ctime, regular, singly linked,
     reached without a link), else None. The plan allowed reading the KB
     (:func:`scope_of`); a grant deeper inside it can only narrow that by
     hiding (every other mode reads), so the file must lie in no hidden grant."""
@@ -517,7 +517,11 @@ def _confirm(c: Candidate, pins: _Pins) -> int | None:
         os.close(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
         return None
-    if (st.st_ino, st.st_size, st.st_mtime_ns) != (c.row.ino, c.row.size, c.row.mtime_ns):
+    # ctime too: an in-place rewrite of the same size with its mtime set back
+    # (utime) must not keep the indexed bytes' digest, and so their review.
+    if (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) != (
+        c.row.ino, c.row.size, c.row.mtime_ns, c.row.ctime_ns
+    ):  # fmt: skip
         return None
     return st.st_mtime_ns
 

@@ -26,7 +26,8 @@ from kbd.fs.atomic import ensure_private_dir
 from kbd.state.store import from_sqlite
 
 SEARCH_DIR = "search"
-SCHEMA_VERSION = 1
+# 2: provenance read to the block's real end (rows of 1 may hold a wrong contributor).
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS docs (
     id INTEGER PRIMARY KEY,
@@ -82,6 +83,7 @@ class Row:
     ino: int
     size: int
     mtime_ns: int
+    ctime_ns: int
     title: str
     contributed_by: str | None
     digest: str
@@ -226,12 +228,12 @@ class SearchIndex:
                 return []
             score = {int(r[0]): float(r[1]) for r in ranked}
             rows = con.execute(
-                "SELECT id, relpath, ino, size, mtime_ns, title, contributed_by, digest, gated FROM docs "
+                "SELECT id, relpath, ino, size, mtime_ns, ctime_ns, title, contributed_by, digest, gated FROM docs "
                 "WHERE id IN (SELECT value FROM json_each(?))",
                 (json.dumps(list(score)),),
             ).fetchall()
-        out = [Row(kb, int(r[0]), str(r[1]), int(r[2]), int(r[3]), int(r[4]), str(r[5]),
-                   None if r[6] is None else str(r[6]), str(r[7]), bool(r[8]), score[int(r[0])]) for r in rows]  # fmt: skip
+        out = [Row(kb, int(r[0]), str(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), str(r[6]),
+                   None if r[7] is None else str(r[7]), str(r[8]), bool(r[9]), score[int(r[0])]) for r in rows]  # fmt: skip
         out.sort(key=lambda row: (row.score, -row.mtime_ns, row.relpath))
         return out
 

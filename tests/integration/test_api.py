@@ -1111,6 +1111,20 @@ def test_session_search_and_review(world: World, s: Scenario) -> None:
     assert done.status_code == 200, done.text
     assert done.json()["decision"] == "approved" and done.json()["contributed_by_workflow"] == s.con_id
     assert [h["trust"] for h in search("quixotic")["hits"]] == ["contributed-approved"]
+    # A decision on bytes the reviewer did not see: 412 with the current version, nothing recorded.
+    body = {"alias": "rts", "path": "api-found.md", "content": "# Found\nquixotic, rewritten\n"}
+    assert alice.post(f"/v1/sessions/{sid}/notes", json=body).status_code == 201
+    stale = {**review, "expected_version": done.json()["digest"]}
+    refused = alice.post(f"/v1/workflows/{s.src_id}/notes/review", json=stale)
+    assert refused.status_code == 412, refused.text
+    err = refused.json()["error"]
+    [now] = alice.get(f"/v1/workflows/{s.src_id}/notes/pending").json()["pending"]
+    assert (
+        err["code"] == "note-version-conflict"
+        and err["current_version"] == now["digest"] != stale["expected_version"]
+    )
+    assert alice.post(f"/v1/workflows/{s.src_id}/notes/review", json={**review, "expected_version": now["digest"]}
+                      ).status_code == 200  # fmt: skip
     bad = alice.post(
         f"/v1/workflows/{s.src_id}/notes/review", json={"path": "notes/x.md", "decision": "maybe"}
     )
@@ -1120,6 +1134,24 @@ def test_session_search_and_review(world: World, s: Scenario) -> None:
     assert search("quixotic")["hits"] == [] and search("about")["hits"] == [
         h for h in search("about")["hits"] if h["alias"] is None
     ]
+
+
+def test_search_answers_hostile_queries_and_limits_as_usage_errors(world: World, s: Scenario) -> None:
+    """FTS5 syntax (column filters, NEAR, prefixes, quotes) is searched as words,
+    never run; a limit that is not plain ASCII digits ("²" passes str.isdigit
+    but not int()) is a 400 usage error, never a 500."""
+    alice = world.as_("alice")
+    sid = s.open(kind="execution", kb_access="read-write")["session_id"]
+    for q in ("title:about", "NEAR(about context, 1)", "abo*", '"about', "about AND NOT x", "{title}: about"):
+        r = alice.get(f"/v1/sessions/{sid}/search", params={"q": q})
+        assert r.status_code == 200, (q, r.text)
+    for limit in ("²", "\u0661\u0660\u0661", "0", "-1", "1e1", " 1"):
+        world.error(
+            alice.get(f"/v1/sessions/{sid}/search", params={"q": "about", "limit": limit}), 400, "usage"
+        )
+    world.error(alice.get(f"/v1/sessions/{sid}/search", params={"q": "a" * 501}), 400, "usage")
+    # The listing's limit had the same check.
+    world.error(alice.get(f"/v1/workflows/{s.con_id}/sources/rts/dir", params={"limit": "²"}), 400, "usage")
 
 
 def test_session_check(world: World, s: Scenario) -> None:

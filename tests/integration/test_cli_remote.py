@@ -34,6 +34,8 @@ TEAM = {"owners": ["alice"], "editors": ["carol"], "readers": ["bob"]}
 PIDS = ("alice", "bob", "carol", "dave", "ops", "svc")
 
 # (principal, argv, stdin). {SID}: the session the script opened last.
+_STALE = "sha256:" + "0" * 64  # a well-formed version no note has
+
 SCRIPT: list[tuple[str, list[str], bytes | None]] = [
     ("alice", ["workflows", "list"], None),
     ("alice", ["workflows", "list", "--json"], None),
@@ -113,6 +115,9 @@ SCRIPT: list[tuple[str, list[str], bytes | None]] = [
     ("alice", ["notes", "unreject", "src", "999"], None),
     ("alice", ["notes", "unreject", "src", "1", "--json"], None),
     ("alice", ["notes", "rejected", "src", "--json"], None),
+    # A decision on bytes other than those reviewed: 75 with the current version; a bad version 65.
+    ("alice", ["notes", "review", "src", "notes/second.md", "--approve", "--expected-version", _STALE], None),
+    ("alice", ["notes", "review", "src", "notes/second.md", "--reject", "--expected-version", "v1"], None),
     ("alice", ["notes", "review", "src", "context/about.md", "--approve"], None),
     ("alice", ["notes", "review", "src", "notes/remote.md"], None),
     ("alice", ["read", "con", "rts", "notes/remote.md"], None),
