@@ -230,7 +230,7 @@ def strip_setid(ch: CommandChanges) -> list[str]:
 
 
 def audit_command_changes(
-    host: Root, plan: Plan, sid: str, changes: list[CommandChanges], *, principal: str | None = None
+    host: Root, plan: Plan, sid: str, changes: list[CommandChanges], *, principal: str | None
 ) -> None:
     """Audit (after the notes mutexes are released) the changed files found by
     :func:`scan_command_changes`, and which of them the injection gate would have

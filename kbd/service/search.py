@@ -25,6 +25,7 @@ asked for, and labelled when included.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import threading
@@ -71,6 +72,8 @@ MAX_WATCH_FOLDERS = 4096
 # dropped: gate, review, a file changed since indexing), and rounds at most.
 _OVERSCAN = 3
 _ROUNDS = 4
+
+log = logging.getLogger("kbd.search")
 
 
 @dataclass(frozen=True)
@@ -346,7 +349,9 @@ class KbWatcher:
             paths = sorted({p for _, folders in wanted.values() for p in folders})
             try:
                 notifier = RustNotify(paths, False, False, 50, False, True)
-            except Exception:
+            except Exception as exc:
+                # Not watched means every search re-checks its KBs (still correct, slower): say why.
+                log.warning("search watch unavailable, searches re-check their KBs: %s", exc)
                 self._watching = frozenset()
                 self._stop.wait(1.0)
                 continue
@@ -360,7 +365,8 @@ class KbWatcher:
                     batch = notifier.watch(10, 5, 200, self._stop)
                     if isinstance(batch, set):
                         self._deliver(wanted, batch)
-            except Exception:
+            except Exception as exc:
+                log.warning("search watch failed, searches re-check their KBs until it is back: %s", exc)
                 self._watching = frozenset()
                 self._stop.wait(1.0)
             finally:
