@@ -20,6 +20,7 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from tests.helpers import KbRoot
+from tests.integration.daemon import issue_tokens, serving
 
 TEAM = {"owners": ["alice"], "editors": ["carol"], "readers": ["bob"]}
 ALL_TOOLS = {"kb_sources", "kb_list", "kb_read", "kb_search", "kb_check", "kb_write_note"}
@@ -46,9 +47,11 @@ def _world(tmp_path: Path) -> KbRoot:
 Step = Callable[[ClientSession], Awaitable[None]]
 
 
-def _drive(kb: KbRoot, sid: str, steps: Step, *, as_: str = "alice") -> None:
-    """Run ``steps`` against a real ``kbd mcp`` process over stdio."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KBD_")}
+def _drive(
+    kb: KbRoot, sid: str, steps: Step, *, as_: str = "alice", env: dict[str, str] | None = None
+) -> None:
+    """Run ``steps`` against a real ``kbd mcp`` process over stdio (``env``: KBD_* for it)."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("KBD_")}, **(env or {})}
     params = StdioServerParameters(
         command=sys.executable, args=["-m", "kbd", "--root", str(kb.root), "mcp", sid, "--as", as_], env=env
     )
@@ -181,3 +184,104 @@ def test_malformed_arguments_are_tool_errors(tmp_path: Path) -> None:
         assert "kb_sources" in await _tools(client)
 
     _drive(kb, sid, steps)
+
+
+def test_revoke_and_detach_take_effect_on_the_next_call(tmp_path: Path) -> None:
+    kb = _world(tmp_path)
+    sid = kb.open_session("con", kind="execution", kb_access="read-write", actor="alice")
+    note = {"alias": "rts", "relpath": "late.md", "content": "x\n"}
+
+    async def steps(client: ClientSession) -> None:
+        assert await _tools(client) == ALL_TOOLS
+        r = kb.call("writers", "revoke", "src", "con", "--as", "alice")
+        assert r.code == 0, r.err
+        assert await _tools(client) == ALL_TOOLS - {"kb_write_note"}
+        await _error(client, "kb_write_note", note, "permission-denied")
+        r = kb.call("sources", "detach", "con", "rts", "--as", "alice")
+        assert r.code == 0, r.err
+        assert await _tools(client) == {"kb_sources", "kb_check"}
+        await _error(client, "kb_read", {"alias": "rts", "relpath": "context/retry.md"}, "permission-denied")
+        assert (await _call(client, "kb_sources", {})).structured_content["sources"] == []
+
+    _drive(kb, sid, steps)
+    assert not (kb.workflows / "src" / "knowledgebase" / "notes" / "late.md").exists()
+
+
+def test_through_the_daemon(tmp_path: Path) -> None:
+    """A caller that is not the root's owner: every tool call is one request to the daemon."""
+    kb = _world(tmp_path)
+    sid = kb.open_session("con", kind="execution", kb_access="read-write", actor="alice")
+    tokens = issue_tokens(kb.root, ["alice"])
+    src_kb = kb.workflows / "src" / "knowledgebase"
+
+    async def steps(client: ClientSession) -> None:
+        assert await _tools(client) == ALL_TOOLS
+        read = await _call(client, "kb_read", {"alias": "rts", "relpath": "context/retry.md"})
+        assert not read.is_error and "zanzibar is the code word" in _text(read), _text(read)
+        wrote = await _call(
+            client, "kb_write_note", {"alias": "rts", "relpath": "remote.md", "content": "r\n"}
+        )
+        assert not wrote.is_error, _text(wrote)
+        await _error(client, "kb_read", {"alias": "rts", "relpath": "context/escape.md"}, "path-refused")
+        sibling = await _call(
+            client, "kb_check", {"path": str(src_kb / "notes-evil" / "x.md"), "mode": "write"}
+        )
+        assert sibling.structured_content["allowed"] is False, _text(sibling)
+
+    with serving(kb.root, sock=tmp_path / "kbd.sock", home=tmp_path / "home") as daemon:
+        _drive(kb, sid, steps, env={"KBD_SOCKET": str(daemon.sock), "KBD_TOKEN": tokens["alice"]})
+
+        async def stranger(client: ClientSession) -> None:
+            # An unknown token: the daemon answers nothing, so nothing is offered (fail closed).
+            assert await _tools(client) == set()
+            await _error(client, "kb_sources", {}, "unauthenticated")
+
+        _drive(kb, sid, stranger, env={"KBD_SOCKET": str(daemon.sock), "KBD_TOKEN": "not-a-token"})
+    assert (src_kb / "notes" / "remote.md").read_text().endswith("---\nr\n")
+
+
+READS = ["context/retry.md", "context/inner.md", "context/escape.md", "../x", "notes-evil/x.md", "nosuch.md"]
+WRITES = ["ok.md", "inner.md", "out.md", "dangling.md", "../notes-evil/y.md", "sub/../z.md"]
+
+
+def _cli_code(r: Any) -> str | None:
+    """kbd's error code from a CLI answer (None: it succeeded)."""
+    if r.code == 0:
+        return None
+    return str(r.err.split("]", 1)[0].removeprefix("error["))
+
+
+def test_same_answers_as_the_cli(tmp_path: Path) -> None:
+    """kb_read and kb_write_note refuse exactly what `kbd read` and `kbd notes write`
+    refuse, with the same code: links inside the KB, links out of it, a dangling
+    leaf link, '..', the notes-evil sibling (readable as KB content, never as notes/)."""
+    kb = _world(tmp_path)
+    notes = kb.workflows / "src" / "knowledgebase" / "notes"
+    (notes.parent / "context" / "inner.md").symlink_to("about.md")
+    (notes / "inner.md").symlink_to("fact.md")
+    (notes / "dangling.md").symlink_to("nowhere.md")
+    sid = kb.open_session("con", kind="execution", kb_access="read-write", actor="alice")
+    cli: dict[str, str | None] = {}
+    for p in READS:
+        cli[f"r:{p}"] = _cli_code(kb.call("read", "con", "rts", p, "--as", "alice"))
+    for p in WRITES:
+        cli[f"w:{p}"] = _cli_code(
+            kb.call(
+                "notes", "write", sid, "rts", f"cli-{p}" if p == "ok.md" else p, "--as", "alice", input=b"c\n"
+            )
+        )
+    mcp: dict[str, str | None] = {}
+
+    async def steps(client: ClientSession) -> None:
+        for p in READS:
+            r = await _call(client, "kb_read", {"alias": "rts", "relpath": p})
+            mcp[f"r:{p}"] = _text(r).split("]", 1)[0].removeprefix("error[") if r.is_error else None
+        for p in WRITES:
+            r = await _call(client, "kb_write_note", {"alias": "rts", "relpath": p, "content": "c\n"})
+            mcp[f"w:{p}"] = _text(r).split("]", 1)[0].removeprefix("error[") if r.is_error else None
+
+    _drive(kb, sid, steps)
+    assert mcp == cli
+    assert cli["r:context/retry.md"] is None and cli["w:ok.md"] is None  # the scenario has both kinds
+    assert cli["r:context/escape.md"] == "path-refused" and cli["w:out.md"] == "path-refused"
+    assert not (notes / "nowhere.md").exists() and (notes / "ok.md").exists()
