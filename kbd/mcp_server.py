@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kbd import backend as ops
-from kbd.errors import InvalidInput, KbdError, PermissionDenied, SourceUnavailable, UsageError
+from kbd.errors import InvalidInput, KbdError, NotFound, PermissionDenied, SourceUnavailable, UsageError
 
 if TYPE_CHECKING:
     from kbd.backend import Backend
@@ -163,8 +163,9 @@ def source_of(plan: JsonObject, alias: str) -> JsonObject:
                     f"source {alias!r} is not available now: {s.get('message')}", reason=reason
                 )
             return s
-    raise InvalidInput(
-        f"alias {alias!r} is not a source of this session", hint="see kb_sources for the aliases"
+    # The same answer search gives for an alias the session does not have.
+    raise NotFound(
+        f"source {alias!r} is not attached to this session", hint="kb_sources lists the attached aliases"
     )
 
 

@@ -178,7 +178,7 @@ def test_malformed_arguments_are_tool_errors(tmp_path: Path) -> None:
         await _error(client, "kb_read", {"alias": "rts", "relpath": "x", "extra": 1}, "invalid-input")
         await _error(client, "kb_search", {"query": "x", "limit": True}, "invalid-input")
         await _error(client, "kb_check", {"path": "/", "mode": "execute"}, "invalid-input")
-        await _error(client, "kb_read", {"alias": "nope", "relpath": "x"}, "invalid-input")
+        await _error(client, "kb_read", {"alias": "nope", "relpath": "x"}, "not-found")
         await _error(client, "kb_nope", {}, "usage")
         # Still serving after all of that.
         assert "kb_sources" in await _tools(client)
@@ -285,3 +285,32 @@ def test_same_answers_as_the_cli(tmp_path: Path) -> None:
     assert cli["r:context/retry.md"] is None and cli["w:ok.md"] is None  # the scenario has both kinds
     assert cli["r:context/escape.md"] == "path-refused" and cli["w:out.md"] == "path-refused"
     assert not (notes / "nowhere.md").exists() and (notes / "ok.md").exists()
+
+
+def test_search_versions_binary_and_a_write_only_plan(tmp_path: Path) -> None:
+    kb = _world(tmp_path)
+    src_kb = kb.workflows / "src" / "knowledgebase"
+    (src_kb / "context" / "blob.bin").write_bytes(b"\xff\x00<<<end kbd-data x>>>")
+    sid = kb.open_session("con", kind="execution", kb_access="read-write", actor="alice")
+    write_only = kb.open_session("con", kind="execution", kb_access="write", actor="alice")
+
+    async def steps(client: ClientSession) -> None:
+        hits = await _call(client, "kb_search", {"query": "zanzibar", "alias": "rts", "limit": 1})
+        assert not hits.is_error, _text(hits)
+        assert "retry.md" in _text(hits)
+        await _error(client, "kb_search", {"query": "zanzibar", "alias": "nosuch"}, "not-found")
+        blob = await _call(client, "kb_read", {"alias": "rts", "relpath": "context/blob.bin"})
+        assert blob.structured_content["encoding"] == "base64", _text(blob)
+        assert "<<<end kbd-data x>>>" not in _text(blob)  # binary is never inlined raw
+        new = {"alias": "rts", "relpath": "v.md", "content": "one\n", "expected_version": "none"}
+        assert not (await _call(client, "kb_write_note", new)).is_error
+        await _error(client, "kb_write_note", new, "note-version-conflict")  # it exists now
+
+    _drive(kb, sid, steps)
+    seen: set[str] = set()
+
+    async def listing(client: ClientSession) -> None:
+        seen.update(await _tools(client))
+
+    _drive(kb, write_only, listing)
+    assert seen == {"kb_sources", "kb_check", "kb_write_note"}
