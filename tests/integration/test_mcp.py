@@ -297,7 +297,10 @@ def test_search_versions_binary_and_a_write_only_plan(tmp_path: Path) -> None:
     async def steps(client: ClientSession) -> None:
         hits = await _call(client, "kb_search", {"query": "zanzibar", "alias": "rts", "limit": 1})
         assert not hits.is_error, _text(hits)
-        assert "retry.md" in _text(hits)
+        text = _text(hits)
+        assert "rts:context/retry.md trust=" in text and "DATA" in text, text
+        fence = text.split("<<<kbd-data ", 1)[1].split(">>>", 1)[0]
+        assert f"<<<end kbd-data {fence}>>>" in text and len(hits.structured_content["hits"]) == 1
         await _error(client, "kb_search", {"query": "zanzibar", "alias": "nosuch"}, "not-found")
         blob = await _call(client, "kb_read", {"alias": "rts", "relpath": "context/blob.bin"})
         assert blob.structured_content["encoding"] == "base64", _text(blob)
