@@ -317,3 +317,24 @@ def test_search_versions_binary_and_a_write_only_plan(tmp_path: Path) -> None:
 
     _drive(kb, write_only, listing)
     assert seen == {"kb_sources", "kb_check", "kb_write_note"}
+
+
+def test_a_link_swapped_in_and_a_session_closed_between_calls(tmp_path: Path) -> None:
+    kb = _world(tmp_path)
+    retry = kb.workflows / "src" / "knowledgebase" / "context" / "retry.md"
+    secret = kb.workflows / "other" / "knowledgebase" / "context" / "secret.md"
+    sid = kb.open_session("con", kind="execution", kb_access="read-write", actor="alice")
+    args = {"alias": "rts", "relpath": "context/retry.md"}
+
+    async def steps(client: ClientSession) -> None:
+        assert not (await _call(client, "kb_read", args)).is_error
+        retry.unlink()
+        retry.symlink_to(secret)  # the same name, now a link out of the KB
+        text = await _error(client, "kb_read", args, "path-refused")
+        assert "zanzibar secret" not in text
+        r = kb.call("session", "close", sid, "--as", "alice")
+        assert r.code == 0, r.err
+        assert await _tools(client) == set()
+        await _error(client, "kb_sources", {}, "session-closed")
+
+    _drive(kb, sid, steps)
