@@ -192,9 +192,17 @@ def to_op(sid: str, plan: JsonObject, name: str, args: dict[str, Any]) -> ops.Op
             raise PermissionDenied(
                 f"source {args['alias']!r} is not writable in this session", hint="see kb_sources"
             )
-        return ops.NoteWrite(sid, args["alias"], args["relpath"], args["content"].encode(),
+        return ops.NoteWrite(sid, args["alias"], args["relpath"], _utf8(args["content"]),
                              args.get("expected_version"))  # fmt: skip
     raise UsageError(f"no tool {name!r}", hint="see tools/list")
+
+
+def _utf8(content: str) -> bytes:
+    try:
+        return content.encode()
+    except UnicodeEncodeError:  # a lone surrogate ("\\ud800") is valid JSON, not text
+        raise InvalidInput("kb_write_note: argument 'content' is not valid Unicode text (a lone surrogate)",
+                           hint="send the note as UTF-8 text") from None  # fmt: skip
 
 
 # -- rendering ------------------------------------------------------------------------------
