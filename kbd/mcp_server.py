@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kbd import backend as ops
+from kbd import boundary
 from kbd.errors import InvalidInput, KbdError, NotFound, PermissionDenied, SourceUnavailable, UsageError
 
 if TYPE_CHECKING:
@@ -255,7 +256,8 @@ def render_search(result: JsonObject, nonce: str) -> str:
 
 
 def error_text(err: KbdError) -> str:
-    return f"error[{err.code}] {err.message} (hint: {err.hint})"
+    """The CLI's error lines (``error[code]: message``, ``hint: …``), as DESIGN §12 asks."""
+    return boundary.error_text(err).rstrip("\n")
 
 
 # -- the server -----------------------------------------------------------------------------

@@ -85,7 +85,7 @@ async def _error(client: ClientSession, name: str, args: dict[str, Any], code: s
     result = await _call(client, name, args)
     text = _text(result)
     assert result.is_error, text
-    assert text.startswith(f"error[{code}] "), text
+    assert text.startswith(f"error[{code}]: "), text
     assert "Traceback" not in text
     return text
 

@@ -82,5 +82,5 @@ def test_file_text_cannot_close_its_fence() -> None:
 
 
 def test_error_text_starts_with_the_code() -> None:
-    assert m.error_text(NotFound("gone", hint="look")) == "error[not-found] gone (hint: look)"
-    assert m.error_text(KbdError("boom")).startswith("error[internal] boom")
+    assert m.error_text(NotFound("gone", hint="look")) == "error[not-found]: gone\nhint: look"
+    assert m.error_text(KbdError("boom")).startswith("error[internal]: boom\nhint: ")
