@@ -30,12 +30,19 @@ INTERNAL_EXIT = 70
 SIGPIPE_EXIT = 128 + signal.SIGPIPE
 
 
-def print_error(err: KbdError) -> None:
-    """``error[code]: message`` and ``hint: …`` on stderr (best effort: a closed
-    stderr must not turn one error into another)."""
+def error_text(err: KbdError) -> str:
+    """``error[code]: message`` and ``hint: …`` lines: the one shape of an error
+    for a person, on the CLI's stderr and in an MCP tool error (kbd mcp)."""
     lines = f"error[{err.code}]: {err.message}\n"
     if err.hint:
         lines += f"hint: {err.hint}\n"
+    return lines
+
+
+def print_error(err: KbdError) -> None:
+    """:func:`error_text` on stderr (best effort: a closed stderr must not turn
+    one error into another)."""
+    lines = error_text(err)
     try:
         sys.stderr.write(lines)
         sys.stderr.flush()

@@ -1006,6 +1006,17 @@ def check_cmd(c: Ctx, sid: str, path: str, mode: str, as_: str | None, as_json: 
         sys.exit(77)
 
 
+@main.command("mcp")
+@click.argument("sid", shell_complete=_complete_sessions)
+@as_option
+@pass_ctx
+def mcp_cmd(c: Ctx, sid: str, as_: str | None) -> None:
+    """Serve session SID's knowledge tools over MCP on stdin/stdout (DESIGN §12)."""
+    from kbd import mcp_server
+
+    mcp_server.serve(c.via, sid, as_)
+
+
 @main.command("search")
 @click.argument("sid", shell_complete=_complete_sessions)
 @click.argument("query")
