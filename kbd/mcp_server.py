@@ -14,9 +14,11 @@ result is rendered) are pure functions below; the MCP SDK is touched only in
 
 from __future__ import annotations
 
+import posixpath
 import secrets
 import sys
-from collections.abc import Mapping
+import urllib.parse
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -198,6 +200,87 @@ def to_op(sid: str, plan: JsonObject, name: str, args: dict[str, Any]) -> ops.Op
     raise UsageError(f"no tool {name!r}", hint="see tools/list")
 
 
+# -- client roots: they may only narrow ----------------------------------------------------
+
+
+def root_paths(uris: Iterable[str]) -> tuple[str, ...]:
+    """The client's roots as absolute, normalised host paths. A root that is not
+    a local ``file:`` URI names no place on this host, so it admits nothing:
+    dropping it only narrows (a list of such roots admits no path at all)."""
+    out: list[str] = []
+    for uri in uris:
+        parts = urllib.parse.urlsplit(uri)
+        if parts.scheme != "file" or parts.netloc not in ("", "localhost") or parts.query or parts.fragment:
+            continue
+        path = urllib.parse.unquote(parts.path)
+        if not path.startswith("/") or "\x00" in path:
+            continue
+        out.append(posixpath.normpath(path))
+    return tuple(out)
+
+
+def within(path: str, roots: tuple[str, ...] | None) -> bool:
+    """Is ``path`` at or beneath one of ``roots``, component by component (never a
+    string prefix: ``…/notes-evil`` is not beneath ``…/notes``, CVE-2025-53110)?
+    ``None``: the client declared no roots, so nothing is narrowed."""
+    if roots is None:
+        return True
+    target = posixpath.normpath(path)
+    return any(target == r or target.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def _kb_path(plan: JsonObject, alias: str | None) -> str | None:
+    """The host folder of source ``alias`` (None: the session's own KB)."""
+    if alias is None:
+        own = [
+            g.get("path")
+            for g in plan.get("grants", [])
+            if isinstance(g, dict) and g.get("origin") == "local_kb"
+        ]
+        return min((p for p in own if isinstance(p, str)), key=len, default=None)
+    for s in _sources(plan):
+        if s.get("alias") == alias and isinstance(s.get("path"), str):
+            return str(s["path"])
+    return None
+
+
+def target_of(plan: JsonObject, name: str, args: Mapping[str, Any]) -> str | None:
+    """The host path a tool call touches, joined lexically (the operation itself
+    refuses ``..`` and links); None for kb_sources and kb_search, which are
+    narrowed by what they answer instead."""
+    if name in ("kb_list", "kb_read", "kb_write_note"):
+        base = _kb_path(plan, args["alias"])
+        if base is None:
+            return None  # not available: the operation answers with the reason
+        rel = args["reldir"] if name == "kb_list" else args["relpath"]
+        below = f"notes/{rel}" if name == "kb_write_note" else rel
+        return posixpath.join(base, below)
+    if name == "kb_check":
+        return str(args["path"])
+    return None
+
+
+def check_roots(plan: JsonObject, name: str, args: Mapping[str, Any], roots: tuple[str, ...] | None) -> None:
+    """Refuse a call whose path lies outside every client root: the plan decides
+    what is allowed, roots only take away (an MCP client cannot widen a grant)."""
+    target = target_of(plan, name, args)
+    if target is not None and not within(target, roots):
+        raise PermissionDenied(
+            f"{name}: the path is outside the roots this MCP client declared",
+            hint="the client's roots narrow what this session may use; they never widen it",
+        )
+
+
+def narrow_hits(plan: JsonObject, result: JsonObject, roots: tuple[str, ...] | None) -> JsonObject:
+    """Search hits outside the client's roots are dropped and counted."""
+    if roots is None:
+        return result
+    hits = [h for h in result.get("hits", []) if isinstance(h, dict)]
+    kept = [h for h in hits if (base := _kb_path(plan, h.get("alias"))) is not None
+            and within(posixpath.join(base, str(h.get("relpath"))), roots)]  # fmt: skip
+    return {**result, "hits": kept, "dropped_by_roots": len(hits) - len(kept)}
+
+
 def _utf8(content: str) -> bytes:
     try:
         return content.encode()
@@ -268,15 +351,32 @@ class Session:
 
     def __init__(self, via: Backend, sid: str, as_: str | None) -> None:
         self.via, self.sid, self.as_ = via, sid, as_
+        # The client's roots (None: it declared none, nothing is narrowed). Set by
+        # serve() from roots/list before a call, never from a tool argument.
+        self.roots: tuple[str, ...] | None = None
+        # The tool names last listed to the client, and those the plan allowed at
+        # the last call: when they differ, the client is told to list again.
+        self.listed: frozenset[str] | None = None
+        self.current: frozenset[str] | None = None
 
     def plan(self) -> JsonObject:
         return self.via.run(ops.SessionShow(self.sid), as_=self.as_)
 
     def tools(self) -> tuple[ToolSpec, ...]:
         try:
-            return allowed_tools(self.plan())
+            tools = allowed_tools(self.plan())
         except KbdError:
-            return ()  # fail closed: a session we cannot see (closed, revoked, gone) offers nothing
+            tools = ()  # fail closed: a session we cannot see (closed, revoked, gone) offers nothing
+        self.listed = self.current = frozenset(t.name for t in tools)
+        return tools
+
+    def list_changed(self) -> bool:
+        """Has the plan changed what may be listed since the client last listed?
+        (True once per change: the client is expected to list again.)"""
+        if self.listed is None or self.current is None or self.current == self.listed:
+            return False
+        self.listed = self.current
+        return True
 
     def call(self, name: str, arguments: Mapping[str, Any] | None) -> tuple[str, JsonObject]:
         """(text, structured result) of one tool call; a KbdError for any refusal."""
@@ -284,11 +384,17 @@ class Session:
         if spec is None:
             raise UsageError(f"no tool {name!r}", hint="see tools/list")
         args = parse_args(spec, arguments)
-        plan = self.plan()
+        try:
+            plan = self.plan()
+        except KbdError:
+            self.current = frozenset()
+            raise
+        self.current = frozenset(t.name for t in allowed_tools(plan))
         if spec not in allowed_tools(plan):
             raise PermissionDenied(f"tool {name!r} is not available under this session's current plan",
                                    hint="see tools/list and kb_sources")  # fmt: skip
         op = to_op(self.sid, plan, name, args)
+        check_roots(plan, name, args, self.roots)
         if op is None:
             view = sources_view(plan)
             return _json_text(view), view
@@ -297,6 +403,7 @@ class Session:
             prov = provenance(plan, args["alias"])
             return render_file(result, prov, secrets.token_hex(12)), {**result, "provenance": prov}
         if name == "kb_search":
+            result = narrow_hits(plan, result, self.roots)
             return render_search(result, secrets.token_hex(12)), result
         if name in ("kb_list", "kb_write_note"):
             result = {**result, "provenance": provenance(plan, args["alias"])}
@@ -311,32 +418,82 @@ def _json_text(value: JsonObject) -> str:
 
 def serve(via: Backend, sid: str, as_: str | None) -> None:
     """Serve MCP on stdin/stdout until the client closes it."""
+    import os
+    import warnings
+
     import anyio
     import mcp_types as types
-    from mcp.server.lowlevel import Server
+    from mcp import MCPDeprecationWarning
+    from mcp.server.lowlevel import NotificationOptions, Server
     from mcp.server.stdio import stdio_server
 
     session = Session(via, sid, as_)
+    roots_stale = True  # asked again after notifications/roots/list_changed
+
+    async def refresh_roots(ctx: Any) -> None:
+        """Ask a client that declared roots for them (once, and again after it says
+        they changed). A client that declared roots but cannot list them gets
+        nothing admitted: fail closed, and ask again at the next call."""
+        nonlocal roots_stale
+        caps = ctx.session.client_capabilities
+        if caps is None or caps.roots is None:
+            session.roots = None
+            return
+        if not roots_stale:
+            return
+        try:
+            with warnings.catch_warnings():
+                # SEP-2577 deprecates roots for protocol 2026-07-28; clients still send them.
+                warnings.simplefilter("ignore", MCPDeprecationWarning)
+                listed = await ctx.session.list_roots()
+        except Exception as exc:
+            print(f"kbd mcp: the client declared roots but roots/list failed ({type(exc).__name__}): "
+                  "admitting no path until it answers", file=sys.stderr)  # fmt: skip
+            session.roots = ()
+            return
+        # realpath: a root given through a link names where the link points; the
+        # plan's paths are canonical. Resolving a root can only move what it
+        # admits, never past the plan, which every call still checks.
+        session.roots = tuple(os.path.realpath(r) for r in root_paths(str(root.uri) for root in listed.roots))
+        roots_stale = False
+
+    async def roots_changed(_ctx: Any, _params: Any) -> None:
+        nonlocal roots_stale
+        roots_stale = True
 
     async def list_tools(_ctx: Any, _params: Any) -> types.ListToolsResult:
         return types.ListToolsResult(tools=[types.Tool(name=t.name, description=t.description,
                                                        input_schema=t.input_schema()) for t in session.tools()])  # fmt: skip
 
-    async def call_tool(_ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         try:
+            await refresh_roots(ctx)
             text, structured = session.call(params.name, params.arguments)
+            result = types.CallToolResult(
+                content=[types.TextContent(text=text)], structured_content=structured
+            )
         except KbdError as err:
-            return types.CallToolResult(content=[types.TextContent(text=error_text(err))], is_error=True)
+            result = types.CallToolResult(content=[types.TextContent(text=error_text(err))], is_error=True)
         except Exception as exc:  # never a traceback or a host path to the client
             print(f"kbd mcp: internal error in {params.name}: {type(exc).__name__}", file=sys.stderr)
             internal = KbdError("an internal error occurred in kbd")
-            return types.CallToolResult(content=[types.TextContent(text=error_text(internal))], is_error=True)
-        return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=structured)
+            result = types.CallToolResult(
+                content=[types.TextContent(text=error_text(internal))], is_error=True
+            )
+        if session.list_changed():
+            # A detach, a revoke or a closed session changed what this plan offers.
+            await ctx.session.send_tool_list_changed()
+        return result
 
-    server: Server[Any] = Server("kbd", on_list_tools=list_tools, on_call_tool=call_tool)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MCPDeprecationWarning)
+        server: Server[Any] = Server(
+            "kbd", on_list_tools=list_tools, on_call_tool=call_tool, on_roots_list_changed=roots_changed
+        )
 
     async def main() -> None:
         async with stdio_server() as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
+            options = server.create_initialization_options(NotificationOptions(tools_changed=True))
+            await server.run(read_stream, write_stream, options)
 
     anyio.run(main)

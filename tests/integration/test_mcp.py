@@ -21,6 +21,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from tests.helpers import KbRoot
 from tests.integration.daemon import issue_tokens, serving
+from tests.mcp_client import Roots, mcp_client
 
 TEAM = {"owners": ["alice"], "editors": ["carol"], "readers": ["bob"]}
 ALL_TOOLS = {"kb_sources", "kb_list", "kb_read", "kb_search", "kb_check", "kb_write_note"}
@@ -338,3 +339,132 @@ def test_a_link_swapped_in_and_a_session_closed_between_calls(tmp_path: Path) ->
         await _error(client, "kb_sources", {}, "session-closed")
 
     _drive(kb, sid, steps)
+
+
+# -- client roots: they narrow, never widen (issue 14) -----------------------------------
+
+
+def _uri(path: Path | str) -> str:
+    return Path(path).as_uri()
+
+
+def test_roots_narrow_what_the_plan_allows(tmp_path: Path) -> None:
+    kb = _world(tmp_path)
+    src_kb = kb.workflows / "src" / "knowledgebase"
+    (src_kb / "notes" / "zz.md").write_text("# Z\nzanzibar in notes\n")
+    sid = kb.open_session("con", kind="execution", kb_access="read-write", actor="alice")
+    roots = Roots([_uri(src_kb / "notes")])
+    with mcp_client(kb.root, sid, roots=roots) as c:
+        assert c.tools() == ALL_TOOLS  # roots narrow calls, the plan decides the listing
+        assert c.call("kb_read", {"alias": "rts", "relpath": "notes/zz.md"}).code is None
+        assert c.call("kb_read", {"alias": "rts", "relpath": "context/retry.md"}).code == "permission-denied"
+        assert c.call("kb_list", {"alias": "rts", "reldir": "."}).code == "permission-denied"
+        assert c.call("kb_list", {"alias": "rts", "reldir": "notes"}).code is None
+        # The prefix sibling is not beneath notes/ (CVE-2025-53110), whatever '..' says.
+        assert c.call("kb_list", {"alias": "rts", "reldir": "notes-evil"}).code == "permission-denied"
+        assert (
+            c.call("kb_read", {"alias": "rts", "relpath": "notes/../notes-evil/x.md"}).code
+            == "permission-denied"
+        )
+        checked = c.call("kb_check", {"path": str(src_kb / "context" / "retry.md"), "mode": "read"})
+        assert checked.code == "permission-denied", checked.text
+        assert c.call("kb_write_note", {"alias": "rts", "relpath": "r.md", "content": "r\n"}).code is None
+        hits = c.call("kb_search", {"query": "zanzibar"})
+        assert hits.code is None and hits.structured is not None, hits.text
+        assert [h["relpath"] for h in hits.structured["hits"]] == ["notes/zz.md"]
+        assert hits.structured["dropped_by_roots"] >= 1  # context/retry.md matched and was dropped
+        assert "Backoff" not in hits.text
+
+        # Roots change mid-conversation: the client says so, the next call follows.
+        roots.uris = [_uri(src_kb / "context")]
+        c.roots_changed()
+        assert c.call("kb_read", {"alias": "rts", "relpath": "context/retry.md"}).code is None
+        assert c.call("kb_write_note", {"alias": "rts", "relpath": "s.md", "content": "s\n"}).code == (
+            "permission-denied"
+        )
+        # No roots at all: nothing path-based is admitted.
+        roots.uris = []
+        c.roots_changed()
+        assert c.call("kb_read", {"alias": "rts", "relpath": "context/retry.md"}).code == "permission-denied"
+        assert c.call("kb_sources", {}).code is None  # names and states only: not a path
+    assert (src_kb / "notes" / "r.md").exists() and not (src_kb / "notes" / "s.md").exists()
+
+
+def test_roots_that_try_to_widen_change_nothing(tmp_path: Path) -> None:
+    kb = _world(tmp_path)
+    src_kb = kb.workflows / "src" / "knowledgebase"
+    other = kb.workflows / "other" / "knowledgebase"
+    sid = kb.open_session("con", kind="execution", kb_access="read", actor="alice")
+    link = tmp_path / "via-link"
+    link.symlink_to(src_kb / "notes")
+    roots = Roots([_uri("/"), _uri(other), _uri(src_kb / "notes-evil"), _uri(link)])
+    with mcp_client(kb.root, sid, roots=roots) as c:
+        assert "kb_write_note" not in c.tools()  # a read plan, whatever the roots
+        assert c.call("kb_write_note", {"alias": "rts", "relpath": "w.md", "content": "w\n"}).code == (
+            "permission-denied"
+        )
+        # '/' admits only what the plan already allows.
+        assert c.call("kb_read", {"alias": "rts", "relpath": "context/escape.md"}).code == "path-refused"
+        for path in ("/etc/passwd", str(other / "context" / "secret.md"), str(src_kb / "notes" / "n.md")):
+            answer = c.call("kb_check", {"path": path, "mode": "write"})
+            assert answer.code is None and answer.structured is not None, answer.text
+            assert answer.structured["allowed"] is False, (path, answer.text)
+        assert "zanzibar secret" not in c.call("kb_search", {"query": "zanzibar"}).text
+        # Without '/', a root through a link names the folder it points to.
+        roots.uris = [_uri(link)]
+        c.roots_changed()
+        assert c.call("kb_list", {"alias": "rts", "reldir": "notes"}).code is None
+        assert c.call("kb_list", {"alias": "rts", "reldir": "context"}).code == "permission-denied"
+    assert not (src_kb / "notes" / "w.md").exists()
+
+
+def test_the_client_is_told_when_the_tool_list_changes(tmp_path: Path) -> None:
+    kb = _world(tmp_path)
+    sid = kb.open_session("con", kind="execution", kb_access="read-write", actor="alice")
+    with mcp_client(kb.root, sid) as c:
+        assert c.tools() == ALL_TOOLS
+        assert c.call("kb_sources", {}).code is None
+        assert "notifications/tools/list_changed" not in c.notices  # nothing changed yet
+        assert kb.call("writers", "revoke", "src", "con", "--as", "alice").code == 0
+        assert c.call("kb_sources", {}).code is None
+        c.tools()  # a round trip: the notification was sent before the call's answer
+        assert c.notices.count("notifications/tools/list_changed") == 1
+        assert c.call("kb_sources", {}).code is None  # unchanged since the client listed again
+        c.tools()
+        assert c.notices.count("notifications/tools/list_changed") == 1
+
+
+def test_raw_json_rpc_with_a_lone_surrogate_changes_nothing(tmp_path: Path) -> None:
+    """A lone surrogate is valid JSON (``"\\ud800"``) but not text; the SDK's own
+    client cannot even send it, so this speaks the wire format by hand. The SDK
+    drops such a message before kbd sees it (or kbd refuses it as invalid-input):
+    either way nothing is written and the server goes on answering."""
+    import json
+    import subprocess
+
+    kb = _world(tmp_path)
+    sid = kb.open_session("con", kind="execution", kb_access="read-write", actor="alice")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KBD_")}
+    lines = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    ]  # fmt: skip
+    call = ('{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "kb_write_note", '
+            '"arguments": {"alias": "rts", "relpath": "s.md", "content": "a\\ud800b"}}}')  # fmt: skip
+    after = {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}
+    stdin = "".join(json.dumps(x) + "\n" for x in lines) + call + "\n" + json.dumps(after) + "\n"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kbd", "--root", str(kb.root), "mcp", sid, "--as", "alice"],
+        input=stdin, capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    answers = {m.get("id"): m for m in map(json.loads, proc.stdout.splitlines())}
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    if 2 in answers:  # answered: then as kbd's refusal, never a success
+        result = answers[2].get("result") or {}
+        assert result.get("isError") is True or "error" in answers[2], answers[2]
+        if result:
+            assert result["content"][0]["text"].startswith("error[invalid-input]: "), result
+    assert {t["name"] for t in answers[3]["result"]["tools"]} == ALL_TOOLS  # still serving
+    assert not (kb.workflows / "src" / "knowledgebase" / "notes" / "s.md").exists()

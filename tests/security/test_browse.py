@@ -1,4 +1,5 @@
-"""Consumer-scoped browsing through the real CLI (upstream T1e, T7c-e, T11c)."""
+"""Consumer-scoped browsing through the real CLI and a real ``kbd mcp`` (upstream
+T1e, T7c-e, T11c; issue 14: the same cases through both interfaces)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import KbRoot
+from tests.interfaces import INTERFACES, interface
 
 
 @pytest.fixture
@@ -56,17 +58,21 @@ def test_read_and_list(attached: tuple[KbRoot, Path]) -> None:
         ("notes/fact.md/.", 66, "path-not-found"),
     ],
 )
+@pytest.mark.parametrize("via", INTERFACES)
 def test_paths_outside_or_odd_are_refused(
-    attached: tuple[KbRoot, Path], relpath: str, code: int, error: str
+    attached: tuple[KbRoot, Path], relpath: str, code: int, error: str, via: str
 ) -> None:
     kb, _ = attached
-    r = kb.call("read", "con", "rts", relpath, "--as", "alice")
-    assert r.code == code, r.err
-    assert r.err.startswith(f"error[{error}]")
-    assert str(kb.root) not in r.err and "/workflows/" not in r.err  # no host paths in errors
+    sid = kb.open_session("con", kind="execution", kb_access="read", actor="alice")
+    with interface(via, kb, "con", sid) as i:
+        got = i.read("rts", relpath)
+    assert got.error == error, got.text
+    assert got.exit in (code, None)  # None: MCP has no exit codes
+    assert str(kb.root) not in got.text and "/workflows/" not in got.text  # no host paths in errors
 
 
-def test_links_special_files_and_size(attached: tuple[KbRoot, Path]) -> None:
+@pytest.mark.parametrize("via", INTERFACES)
+def test_links_special_files_and_size(attached: tuple[KbRoot, Path], via: str) -> None:
     kb, src = attached
     notes = src / "knowledgebase" / "notes"
     (notes / "leak.md").symlink_to("../../credentials/token")
@@ -76,26 +82,27 @@ def test_links_special_files_and_size(attached: tuple[KbRoot, Path]) -> None:
     os.mkfifo(notes / "pipe")
     (notes / "big.md").write_bytes(b"x" * (2 * 1024 * 1024 + 1))
     (notes / "max.md").write_bytes(b"y" * (2 * 1024 * 1024))
-    for name, why in [
-        ("leak.md", "symbolic link"),
-        ("inside.md", "symbolic link"),
-        ("sub/persona.md", "symbolic link"),
-        ("hard.md", "hard links"),
-        ("pipe", "not a regular file"),
-        ("big.md", "larger than"),
-    ]:
-        r = kb.cli("read", "con", "rts", f"notes/{name}", "--as", "alice")
-        assert r.code == 77, (name, r.err)
-        assert why in r.err, (name, r.err)
-        assert "secret" not in r.out
-    assert len(kb.cli("read", "con", "rts", "notes/max.md", "--as", "alice").out) == 2 * 1024 * 1024
-    listing = {
-        e["name"]: e["type"]
-        for e in kb.cli("ls", "con", "rts", "notes", "--as", "alice", "--json").json()["entries"]
-    }
-    assert listing["leak.md"] == "symlink" and listing["sub"] == "symlink" and listing["pipe"] == "other"
-    r = kb.cli("ls", "con", "rts", "notes/sub", "--as", "alice")
-    assert r.code == 77 and "persona" not in r.out
+    sid = kb.open_session("con", kind="execution", kb_access="read", actor="alice")
+    with interface(via, kb, "con", sid) as i:
+        for name, why in [
+            ("leak.md", "symbolic link"),
+            ("inside.md", "symbolic link"),
+            ("sub/persona.md", "symbolic link"),
+            ("hard.md", "hard links"),
+            ("pipe", "not a regular file"),
+            ("big.md", "larger than"),
+        ]:
+            got = i.read("rts", f"notes/{name}")
+            assert got.error == "path-refused" and got.exit in (77, None), (name, got.text)
+            assert why in got.text, (name, got.text)
+            assert "secret" not in got.text
+        assert "y" * (2 * 1024 * 1024) in i.read("rts", "notes/max.md").text
+        listed = i.ls("rts", "notes")
+        assert listed.data is not None, listed.text
+        listing = {e["name"]: e["type"] for e in listed.data["entries"]}
+        assert listing["leak.md"] == "symlink" and listing["sub"] == "symlink" and listing["pipe"] == "other"
+        got = i.ls("rts", "notes/sub")
+        assert got.error == "path-refused" and got.exit in (77, None) and "persona" not in got.text
 
 
 def test_alias_rules(attached: tuple[KbRoot, Path]) -> None:

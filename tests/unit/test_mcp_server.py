@@ -84,3 +84,55 @@ def test_file_text_cannot_close_its_fence() -> None:
 def test_error_text_starts_with_the_code() -> None:
     assert m.error_text(NotFound("gone", hint="look")) == "error[not-found]: gone\nhint: look"
     assert m.error_text(KbdError("boom")).startswith("error[internal]: boom\nhint: ")
+
+
+# -- client roots ---------------------------------------------------------------------------
+
+
+def test_root_uris_become_paths_and_foreign_ones_admit_nothing() -> None:
+    assert m.root_paths(["file:///srv/kb/notes/", "file://localhost/a%20b", "file:///x/./y/../z"]) == (
+        "/srv/kb/notes",
+        "/a b",
+        "/x/z",
+    )
+    # Another host, another scheme, a query, a relative path or a NUL: no place here.
+    foreign = ["file://evil.example/srv", "https://x/srv", "file:///srv?q=1", "file:srv", "file:///a%00b"]
+    assert m.root_paths(foreign) == ()
+
+
+@pytest.mark.parametrize(
+    ("path", "admitted"),
+    [
+        ("/kb/notes", True),
+        ("/kb/notes/a.md", True),
+        ("/kb/notes/sub/../b.md", True),
+        ("/kb/notes-evil/x.md", False),  # CVE-2025-53110: not a string prefix
+        ("/kb/notes/../context/x.md", False),
+        ("/kb", False),
+        ("/kb/context/x.md", False),
+    ],
+)
+def test_within_roots_is_by_component(path: str, admitted: bool) -> None:
+    assert m.within(path, ("/kb/notes",)) is admitted
+    assert m.within(path, None) is True  # no roots declared: nothing narrowed
+    assert m.within(path, ()) is False  # an empty list admits nothing
+    assert m.within(path, ("/",)) is True  # '/' admits all, and the plan still decides
+
+
+def test_roots_check_the_path_a_call_touches() -> None:
+    plan = _plan("read-write", ("rts", True, True))
+    roots = ("/host/x/notes",)
+    m.check_roots(plan, "kb_write_note", {"alias": "rts", "relpath": "a.md"}, roots)
+    m.check_roots(plan, "kb_read", {"alias": "rts", "relpath": "notes/a.md"}, roots)
+    with pytest.raises(KbdError, match="outside the roots") as info:
+        m.check_roots(plan, "kb_read", {"alias": "rts", "relpath": "context/a.md"}, roots)
+    assert info.value.code == "permission-denied"
+    with pytest.raises(KbdError, match="outside the roots"):
+        m.check_roots(plan, "kb_check", {"path": "/host/x/notes-evil/a.md", "mode": "read"}, roots)
+    hits = {"hits": [{"alias": "rts", "relpath": "notes/a.md"}, {"alias": "rts", "relpath": "context/b.md"},
+                     {"alias": None, "relpath": "notes/own.md"}]}  # fmt: skip
+    narrowed = m.narrow_hits(plan, hits, roots)
+    assert (
+        narrowed["hits"] == [{"alias": "rts", "relpath": "notes/a.md"}] and narrowed["dropped_by_roots"] == 2
+    )
+    assert m.narrow_hits(plan, hits, None) == hits

@@ -42,6 +42,7 @@ from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
 from kbd.state import audit
 from tests.helpers import OPERATOR, Entry, KbRoot, snapshot
+from tests.interfaces import INTERFACES, interface
 
 ISO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
 INDEX_BYTES = b'{"notes": ["fact.md"]}\n'
@@ -231,6 +232,19 @@ def test_bad_paths_are_refused_and_nothing_is_written(world: World, case: str) -
     assert (world.src / "soul" / "secret.md").read_text() == "soul-secret\n"
     assert sorted(os.listdir(world.src / "soul")) == ["secret.md"]
     assert not os.path.lexists(world.src / "soul" / "planted.md")
+
+
+@pytest.mark.parametrize("via", INTERFACES)
+def test_path_and_index_refusals_are_the_same_through_each_interface(world: World, via: str) -> None:
+    """PATH_REFUSALS and INDEX_LOOKALIKES through `kbd notes write` and MCP's
+    kb_write_note (issue 14): the same code for every case, nothing written."""
+    before = tree(world.kb.root)
+    cases = {**{c: PATH_REFUSALS[c][:2] for c in PATH_REFUSALS},
+             **{f"index:{r}": (r, "permission-denied") for r in INDEX_LOOKALIKES}}  # fmt: skip
+    with interface(via, world.kb, "con", world.sid) as i:
+        got = {case: i.write_note("src", relpath, "a note\n").error for case, (relpath, _) in cases.items()}
+    assert got == {case: code for case, (_, code) in cases.items()}
+    assert tree(world.kb.root) == before
 
 
 DATA_REFUSALS: dict[str, bytes] = {
