@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEMO_ROOT ?= .demo
 
-.PHONY: venv demo test lint typecheck unit security bench nightly clean
+.PHONY: venv demo mcp-example test lint typecheck unit security bench nightly clean
 
 # An editable install in setuptools' `compat` mode: one static .pth line (this
 # folder) instead of the import-hook finder of the default mode, whose imports
@@ -29,6 +29,10 @@ venv: $(BIN)/kbd
 demo: venv
 	@bash scripts/demo.sh $(BIN)/kbd $(DEMO_ROOT)
 
+# An agent's side of `kbd mcp`: the README's registration, every tool called once.
+mcp-example: venv
+	$(BIN)/python scripts/mcp-example.py
+
 lint: venv
 	$(BIN)/ruff check kbd tests bench
 	$(BIN)/ruff format --check kbd tests bench
@@ -51,7 +55,7 @@ nightly: venv
 # DESIGN §8 figures. Bytecode is compiled first, as an installed package has it.
 bench: venv
 	$(BIN)/python -m compileall -q kbd >/dev/null
-	for b in paths registry sessions api api_load access_log exec cli notes gate live import search; do echo; $(BIN)/python bench/$$b.py || exit 1; done
+	for b in paths registry sessions api api_load access_log exec cli notes gate live import search mcp_read; do echo; $(BIN)/python bench/$$b.py || exit 1; done
 
 clean:
 	rm -rf $(VENV) $(DEMO_ROOT) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info

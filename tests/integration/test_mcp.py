@@ -468,3 +468,34 @@ def test_raw_json_rpc_with_a_lone_surrogate_changes_nothing(tmp_path: Path) -> N
             assert result["content"][0]["text"].startswith("error[invalid-input]: "), result
     assert {t["name"] for t in answers[3]["result"]["tools"]} == ALL_TOOLS  # still serving
     assert not (kb.workflows / "src" / "knowledgebase" / "notes" / "s.md").exists()
+
+
+def test_the_readme_registration_and_the_example_run(tmp_path: Path) -> None:
+    """The README's `mcpServers` snippet is valid and, filled in, starts a working
+    server; `make mcp-example` (scripts/mcp-example.py) runs end to end."""
+    import json
+    import re
+    import subprocess
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    block = re.search(r"<!-- mcp-registration -->\n```json\n(.*?)\n```", readme, re.S)
+    assert block, "README lost its MCP registration snippet"
+    server = json.loads(block.group(1))["mcpServers"]["kbd"]
+    assert server["command"] == "kbd" and server["args"][0] == "mcp" and "KBD_ROOT" in server["env"]
+    kb = _world(tmp_path)
+    sid = kb.open_session("con", kind="execution", kb_access="read", actor="alice")
+    args = [sid if a.startswith("s_") else a for a in server["args"]]
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("KBD_")}, "KBD_ROOT": str(kb.root)}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "kbd", *args], env=env)
+
+    async def main() -> None:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            assert await _tools(client) == ALL_TOOLS - {"kb_write_note"}
+
+    anyio.run(main)
+    example = Path(__file__).parents[2] / "scripts" / "mcp-example.py"
+    run = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr
+    assert "## kb_write_note security from-agent.md\n{" in run.stdout  # written
+    assert "## kb_read a path out of the KB   (a tool error)\nerror[invalid-path]" in run.stdout
