@@ -499,3 +499,41 @@ def test_the_readme_registration_and_the_example_run(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     assert "## kb_write_note security from-agent.md\n{" in run.stdout  # written
     assert "## kb_read a path out of the KB   (a tool error)\nerror[invalid-path]" in run.stdout
+
+
+def test_two_agents_writing_at_once_lose_nothing(tmp_path: Path) -> None:
+    """Two `kbd mcp` processes (two agents of one session) write notes at the same
+    time: every note lands whole, and of two creations of one new note
+    (`expected_version: none`) exactly one wins, the other is a version conflict."""
+    import threading
+
+    kb = _world(tmp_path)
+    sid = kb.open_session("con", kind="execution", kb_access="read-write", actor="alice")
+    notes = kb.workflows / "src" / "knowledgebase" / "notes"
+    outcomes: dict[str, list[str | None]] = {"a": [], "b": []}
+    start = threading.Barrier(2)
+
+    def agent(name: str) -> None:
+        with mcp_client(kb.root, sid) as c:
+            start.wait(timeout=60)
+            for i in range(15):
+                body = f"# {name}{i}\n" + f"{name}{i} " * 200 + "\n"
+                got = c.call("kb_write_note", {"alias": "rts", "relpath": f"{name}/{i}.md", "content": body})
+                outcomes[name].append(got.code)
+            first = c.call("kb_write_note", {"alias": "rts", "relpath": "first.md", "content": f"{name}\n",
+                                             "expected_version": "none"})  # fmt: skip
+            outcomes[name].append(first.code)
+
+    threads = [threading.Thread(target=agent, args=(n,)) for n in outcomes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert all(code is None for n in outcomes for code in outcomes[n][:15]), outcomes
+    for name in outcomes:
+        for i in range(15):
+            assert (notes / name / f"{i}.md").read_text().endswith(f"{name}{i} " * 200 + "\n")
+    assert sorted([outcomes["a"][15], outcomes["b"][15]], key=str) == [None, "note-version-conflict"], (
+        outcomes
+    )
+    assert (notes / "first.md").read_text().split("---\n")[-1] in ("a\n", "b\n")
