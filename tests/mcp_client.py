@@ -104,3 +104,57 @@ def mcp_client(
         with portal.wrap_async_context_manager(session):
             portal.call(session.initialize)
             yield McpClient(portal, session, roots, notices)
+
+
+def raw_exchange(
+    argv: list[str],
+    lines: Sequence[bytes],
+    *,
+    env: dict[str, str],
+    wait_for: set[int] | None = None,
+    timeout: float = 100,
+) -> dict[int, Any]:
+    """Speak JSON-RPC lines to a ``kbd mcp`` process by hand (what the SDK client
+    would refuse to send): write ``lines``, read until every request id among
+    them (or in ``wait_for``) is answered, then close stdin. stdin stays open until then because the
+    SDK's server cancels requests still in flight when its input ends."""
+    import json  # not orjson: these lines may hold what orjson rightly refuses
+    import subprocess
+    import threading
+
+    wanted = wait_for if wait_for is not None else {m["id"] for m in map(json.loads, lines) if "id" in m}
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            cwd="/")  # fmt: skip
+    killer = threading.Timer(timeout, proc.kill)
+    killer.start()
+    answers: dict[int, Any] = {}
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(b"".join(line.rstrip(b"\n") + b"\n" for line in lines))
+        proc.stdin.flush()
+        while not wanted <= set(answers):
+            line = proc.stdout.readline()
+            if not line:
+                break
+            message = json.loads(line)
+            if "id" in message:
+                answers[message["id"]] = message
+        _, err = proc.communicate()  # closes stdin: the server ends
+    finally:
+        killer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err.decode(errors="replace")
+    assert wanted <= set(answers), (answers, err.decode(errors="replace"))
+    assert b"Traceback" not in err, err.decode(errors="replace")
+    return answers
+
+
+def initialize_lines() -> list[bytes]:
+    """An ``initialize`` request (id 0) and the ``initialized`` notification."""
+    import orjson
+
+    init = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    return [orjson.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init}),
+            orjson.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"})]  # fmt: skip

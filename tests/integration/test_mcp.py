@@ -21,7 +21,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from tests.helpers import KbRoot
 from tests.integration.daemon import issue_tokens, serving
-from tests.mcp_client import Roots, mcp_client
+from tests.mcp_client import Roots, initialize_lines, mcp_client, raw_exchange
 
 TEAM = {"owners": ["alice"], "editors": ["carol"], "readers": ["bob"]}
 ALL_TOOLS = {"kb_sources", "kb_list", "kb_read", "kb_search", "kb_check", "kb_write_note"}
@@ -437,33 +437,20 @@ def test_the_client_is_told_when_the_tool_list_changes(tmp_path: Path) -> None:
 def test_raw_json_rpc_with_a_lone_surrogate_changes_nothing(tmp_path: Path) -> None:
     """A lone surrogate is valid JSON (``"\\ud800"``) but not text; the SDK's own
     client cannot even send it, so this speaks the wire format by hand. The SDK
-    drops such a message before kbd sees it (or kbd refuses it as invalid-input):
-    either way nothing is written and the server goes on answering."""
-    import json
-    import subprocess
-
+    drops the line before kbd sees it (or kbd refuses it as invalid-input):
+    either way nothing is written and the server goes on."""
     kb = _world(tmp_path)
     sid = kb.open_session("con", kind="execution", kb_access="read-write", actor="alice")
     env = {k: v for k, v in os.environ.items() if not k.startswith("KBD_")}
-    lines = [
-        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
-        {"jsonrpc": "2.0", "method": "notifications/initialized"},
-    ]  # fmt: skip
-    call = ('{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "kb_write_note", '
-            '"arguments": {"alias": "rts", "relpath": "s.md", "content": "a\\ud800b"}}}')  # fmt: skip
-    after = {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}
-    stdin = "".join(json.dumps(x) + "\n" for x in lines) + call + "\n" + json.dumps(after) + "\n"
-    proc = subprocess.run(
-        [sys.executable, "-m", "kbd", "--root", str(kb.root), "mcp", sid, "--as", "alice"],
-        input=stdin, capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    answers = {m.get("id"): m for m in map(json.loads, proc.stdout.splitlines())}
-    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
-    if 2 in answers:  # answered: then as kbd's refusal, never a success
+    call = (b'{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "kb_write_note", '
+            b'"arguments": {"alias": "rts", "relpath": "s.md", "content": "a\\ud800b"}}}')  # fmt: skip
+    after = b'{"jsonrpc": "2.0", "id": 3, "method": "tools/list"}'
+    argv = [sys.executable, "-m", "kbd", "--root", str(kb.root), "mcp", sid, "--as", "alice"]
+    # The SDK drops a line it cannot decode without an answer, so wait for id 3 only.
+    answers = raw_exchange(argv, [*initialize_lines(), call, after], env=env, wait_for={0, 3})
+    if 2 in answers:  # answered: then as a refusal, never a success
         result = answers[2].get("result") or {}
-        assert result.get("isError") is True or "error" in answers[2], answers[2]
+        assert "error" in answers[2] or result.get("isError") is True, answers[2]
         if result:
             assert result["content"][0]["text"].startswith("error[invalid-input]: "), result
     assert {t["name"] for t in answers[3]["result"]["tools"]} == ALL_TOOLS  # still serving

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -29,6 +30,7 @@ import yaml
 
 from tests.helpers import KbRoot
 from tests.integration import daemon
+from tests.mcp_client import initialize_lines, raw_exchange
 
 REPO = Path(__file__).parents[2]
 
@@ -249,3 +251,56 @@ def test_a_closed_folder_before_the_socket_is_named_as_such(host: Host) -> None:
     # The stranger cannot read kbd.yaml, so kbd tries <root>/state/run/kbd.sock behind a closed folder.
     code, _, err = _kbd(host.stranger, "sources", "list", "mine", root=host.kb.root)
     assert code == 77 and "a folder on its path is closed to you" in err and "KBD_SOCKET" in err, err
+
+
+def test_a_builder_runs_kbd_mcp_through_the_daemon(host: Host) -> None:
+    """`kbd mcp SID` run by the builder herself (issue 14): every tool call goes
+    through the daemon as her principal, and answers what the root answers."""
+    root = host.kb.root
+    lib = host.kb.workflows / "lib" / "knowledgebase"
+    (lib / "context" / "guide.md").write_text("# Guide\nwombat rules\n")
+    assert _kbd(host.builder, "sources", "attach", "mine", "lib", "--alias", "lib", root=root)[0] == 0
+    code, out, err = _kbd(host.builder, "session", "open", "mine", "--kind", "execution", "--kb-access", "read",
+                          "--json", root=root)  # fmt: skip
+    assert code == 0, err
+    sid = orjson.loads(out)["session_id"]
+    theirs = host.kb.open_session("theirs", kind="execution", kb_access="read", actor="bob")
+    try:
+        calls = [
+            ("tools/list", {}),
+            ("tools/call", {"name": "kb_read", "arguments": {"alias": "lib", "relpath": "context/guide.md"}}),
+            ("tools/call", {"name": "kb_read", "arguments": {"alias": "lib", "relpath": "../workflow.json"}}),
+        ]
+        answers = _mcp(host.builder, root, sid, calls)
+        assert {t["name"] for t in answers[1]["result"]["tools"]} == {"kb_sources", "kb_list", "kb_read",
+                                                                      "kb_search", "kb_check"}  # fmt: skip
+        read = answers[2]["result"]
+        assert not read.get("isError") and "wombat rules" in read["content"][0]["text"], read
+        assert read["content"][0]["text"].startswith("kbd file lib:context/guide.md")
+        refused = answers[3]["result"]
+        assert refused["isError"] and refused["content"][0]["text"].startswith("error[invalid-path]: ")
+        # Another principal's session: nothing offered, and a call says why.
+        stranger = _mcp(host.builder, root, theirs, [("tools/list", {}), ("tools/call", {"name": "kb_sources",
+                                                                                  "arguments": {}})])  # fmt: skip
+        assert stranger[1]["result"]["tools"] == []
+        text = stranger[2]["result"]["content"][0]["text"]
+        assert text.startswith(("error[permission-denied]", "error[not-found]")) and str(root) not in text, (
+            text
+        )
+    finally:
+        host.kb.call("session", "close", sid)
+        host.kb.call("session", "close", theirs)
+        assert _kbd(host.builder, "sources", "detach", "mine", "lib", root=root)[0] == 0
+
+
+def _mcp(uid: int, root: Path, sid: str, calls: list[tuple[str, dict[str, Any]]]) -> dict[int, Any]:
+    """``kbd mcp SID`` as user ``uid`` over raw JSON-RPC lines: the answers by id."""
+    lines = initialize_lines()
+    lines += [
+        orjson.dumps({"jsonrpc": "2.0", "id": i, "method": m, "params": p})
+        for i, (m, p) in enumerate(calls, 1)
+    ]
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "PYTHONPATH": str(REPO), "LANG": "C.UTF-8"}
+    argv = ["setpriv", "--reuid", str(uid), "--regid", str(pwd.getpwuid(uid).pw_gid), "--init-groups",
+            sys.executable, "-m", "kbd", "--root", str(root), "mcp", sid]  # fmt: skip
+    return raw_exchange(argv, lines, env=env)
