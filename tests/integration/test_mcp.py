@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -612,3 +613,22 @@ def test_own_kb_search_hits_are_narrowed_by_where_they_lie(tmp_path: Path) -> No
             assert hits.code is None and hits.structured is not None, hits.text
             assert [h["relpath"] for h in hits.structured["hits"]] == ["notes/n.md"], (kind, hits.text)
             assert hits.structured["dropped_by_roots"] == 1 and "launch codes" not in hits.text, kind
+
+
+@pytest.mark.parametrize(("extra", "env"), [(["--as", ""], {}), ([], {"KBD_AS": ""})])
+def test_an_empty_as_is_a_usage_error_before_serving(
+    tmp_path: Path, extra: list[str], env: dict[str, str]
+) -> None:
+    """DESIGN §10: an explicitly empty `--as ""` or `KBD_AS=` is exit 2 on every
+    command; `kbd mcp` must not start a server that acts as nobody in particular."""
+    import subprocess
+
+    kb = _world(tmp_path)
+    sid = kb.open_session("con", kind="execution", kb_access="read", actor="alice")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KBD_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "kbd", "--root", str(kb.root), "mcp", sid, *extra],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, env={**clean, **env}, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert proc.stderr.startswith("error[usage]: ") and proc.stdout == "", proc.stderr
