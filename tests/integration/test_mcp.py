@@ -656,3 +656,42 @@ def test_a_notes_frontmatter_cannot_add_lines_outside_the_search_fence(tmp_path:
         True,
         True,
     ]
+
+
+def test_a_client_that_never_answers_roots_list_gets_refusals_not_a_hang(tmp_path: Path) -> None:
+    """A client that declared roots but never answers roots/list must not hang
+    every tool call forever: after a bounded wait no path is admitted (fail
+    closed), and calls that touch no path still answer."""
+    import time
+
+    from kbd.mcp_server import ROOTS_WAIT_SECONDS
+
+    kb = _world(tmp_path)
+    sid = kb.open_session("con", kind="execution", kb_access="read", actor="alice")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KBD_")}
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "kbd", "--root", str(kb.root), "mcp", sid, "--as", "alice"],
+        env=env,
+    )
+
+    async def never(context: Any) -> types.ListRootsResult:
+        del context
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def main() -> None:
+        async with (
+            stdio_client(params) as (read, write),
+            ClientSession(read, write, list_roots_callback=never) as client,
+        ):
+            await client.initialize()
+            with anyio.fail_after(ROOTS_WAIT_SECONDS + 60):
+                started = time.monotonic()
+                await _error(
+                    client, "kb_read", {"alias": "rts", "relpath": "context/retry.md"}, "permission-denied"
+                )
+                assert time.monotonic() - started >= ROOTS_WAIT_SECONDS - 1
+                assert not (await _call(client, "kb_sources", {})).is_error
+
+    anyio.run(main)
