@@ -695,3 +695,22 @@ def test_a_client_that_never_answers_roots_list_gets_refusals_not_a_hang(tmp_pat
                 assert not (await _call(client, "kb_sources", {})).is_error
 
     anyio.run(main)
+
+
+def test_a_refused_write_is_audited_as_the_clis_is(tmp_path: Path) -> None:
+    """kb_write_note under a plan that cannot write (a read plan, a builder) gets the
+    CLI's refusal, and the audit log records it (note_refused, naming the session)
+    exactly as for `kbd notes write`: an agent's refused write leaves a trace."""
+    from kbd.state import audit
+
+    kb = _world(tmp_path)
+    sids = [kb.open_session("con", kind=kind, kb_access=access, actor="alice")
+            for kind, access in (("execution", "read"), ("builder", "read-write"))]  # fmt: skip
+    for sid in sids:
+        with mcp_client(kb.root, sid) as c:
+            assert "kb_write_note" not in c.tools()
+            refused = c.call("kb_write_note", {"alias": "rts", "relpath": "r.md", "content": "x\n"})
+            assert refused.code == "permission-denied", refused.text
+    records = [r for r in audit.read(kb.root / "state") if r["event"] == "note_refused"]
+    assert sorted(r["session"] for r in records) == sorted(sids), records
+    assert not (kb.workflows / "src" / "knowledgebase" / "notes" / "r.md").exists()
