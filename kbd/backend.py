@@ -123,6 +123,8 @@ class Backend(Protocol):
 
     def run(self, op: Op, *, as_: str | None) -> JsonObject: ...
 
+    def refresh(self) -> None: ...
+
 
 class Direct:
     """Operations on a root this process may read and write itself."""
@@ -148,6 +150,14 @@ class Direct:
         if rule == "operator":
             return auth.named_or_operator(principals, flag=as_, env=env, operator=LocalOperator.current())
         return auth.named_or_mapped(principals, flag=as_, env=env, uid=os.getuid())
+
+    def refresh(self) -> None:
+        """Re-read the root's kbd.yaml and principals.yaml when they changed. A
+        CLI command opens the root once and ends; a long-lived interface on it
+        (``kbd mcp``) calls this before every operation, so a principal disabled
+        a moment ago is refused at once, as the daemon refuses it."""
+        if self._ctx is not None:
+            self._ctx.root.refresh()
 
     def run(self, op: Op, *, as_: str | None) -> JsonObject:
         check_names(op)
@@ -186,6 +196,9 @@ class Remote:
                 f"--as/KBD_AS names {named!r}",
                 hint=f"present {named}'s token (KBD_TOKEN or --token-file), or leave --as out",
             )
+
+    def refresh(self) -> None:
+        """Nothing to re-read here: the daemon refreshes its root at every request."""
 
     def run(self, op: Op, *, as_: str | None) -> JsonObject:
         check_names(op)

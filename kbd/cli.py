@@ -1013,7 +1013,11 @@ def check_cmd(c: Ctx, sid: str, path: str, mode: str, as_: str | None, as_json: 
 def mcp_cmd(c: Ctx, sid: str, as_: str | None) -> None:
     """Serve session SID's knowledge tools over MCP on stdin/stdout (DESIGN §12)."""
     from kbd import mcp_server
+    from kbd.core.principals import named_principal
 
+    # An empty --as/KBD_AS is a usage error (exit 2) here too, before serving: not
+    # a server that starts and then refuses every call.
+    named_principal(as_, os.environ.get("KBD_AS"))
     mcp_server.serve(c.via, sid, as_)
 
 

@@ -12,8 +12,18 @@ from kbd import mcp_server as m
 from kbd.errors import InvalidInput, KbdError, NotFound, SourceUnavailable
 
 
-def _plan(effective: str, *sources: tuple[str, bool, bool]) -> dict[str, Any]:
-    return {"workflow_id": "con", "session_id": "s_1", "effective_kb_access": effective,
+def _plan(
+    effective: str, *sources: tuple[str, bool, bool], kind_writes_sources: bool = True
+) -> dict[str, Any]:
+    # As kbd.core.plan builds it: notes/ is a write grant only when the source is
+    # available, its writer grant holds, the mode writes and the kind writes sources.
+    writes = effective in ("write", "read-write") and kind_writes_sources
+    grants = [{"path": "/host/con", "mode": "write", "origin": "own"}] + [
+        {"path": "/host/x/notes", "mode": "write", "origin": f"kb_write:{a}"}
+        for a, ok, w in sources
+        if ok and w and writes
+    ]
+    return {"workflow_id": "con", "session_id": "s_1", "effective_kb_access": effective, "grants": grants,
             "sources": [{"alias": a, "workflow_id": "src", "label": "Src", "available": ok, "reason": None if ok else
                          "not_found", "message": "m", "write": {"available": w} if w else None, "path": "/host/x"}
                         for a, ok, w in sources]}  # fmt: skip
@@ -38,6 +48,27 @@ def _plan(effective: str, *sources: tuple[str, bool, bool]) -> dict[str, Any]:
 def test_allowed_tools_follow_the_plan(effective: str, sources: list[tuple[str, bool, bool]],
                                        expected: set[str]) -> None:  # fmt: skip
     assert {t.name for t in m.allowed_tools(_plan(effective, *sources))} == expected
+
+
+def test_a_writer_grant_is_not_writable_in_a_kind_that_never_writes_sources() -> None:
+    """builder and kb_maintenance plans read a source the owner granted writes on,
+    but have no write grant into its notes/: no kb_write_note, and writable is false."""
+    plan = _plan("read-write", ("rts", True, True), kind_writes_sources=False)
+    assert "kb_write_note" not in {t.name for t in m.allowed_tools(plan)}
+    assert [s["writable"] for s in m.sources_view(plan)["sources"]] == [False]
+
+
+def test_own_kb_hits_are_narrowed_where_the_own_kb_lies() -> None:
+    """An own-KB hit (alias None) lies under the workflow folder's knowledgebase/,
+    whichever local_kb grants the kind has (kb_maintenance: only notes/)."""
+    plan = {**_plan("read-write"), "grants": [{"path": "/host/con", "mode": "read", "origin": "own"},
+                                              {"path": "/host/con/knowledgebase/notes", "mode": "write",
+                                               "origin": "local_kb"}]}  # fmt: skip
+    hits = {"hits": [{"alias": None, "relpath": "notes/n.md"}, {"alias": None, "relpath": "context/c.md"}]}
+    narrowed = m.narrow_hits(plan, hits, ("/host/con/knowledgebase/notes",))
+    assert (
+        narrowed["hits"] == [{"alias": None, "relpath": "notes/n.md"}] and narrowed["dropped_by_roots"] == 1
+    )
 
 
 @pytest.mark.parametrize(
