@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from kbd import backend as ops
 from kbd import boundary
 from kbd.core.identifiers import one_line
+from kbd.core.knowledge import MAX_LIMIT, check_limit
 from kbd.core.layout import KB_DIR
 from kbd.errors import InvalidInput, KbdError, NotFound, PermissionDenied, SourceUnavailable, UsageError
 
@@ -72,7 +73,11 @@ TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "kb_list",
         "List one folder of a source's knowledge base (names only; links are listed, never followed).",
-        (_ALIAS, Arg("reldir", str, True, "folder relative to the KB root; '.' for the root")),
+        (
+            _ALIAS,
+            Arg("reldir", str, True, "folder relative to the KB root; '.' for the root"),
+            Arg("after", str, False, "the previous page's `next`: list the names after it"),
+        ),
         "read",
     ),
     ToolSpec(
@@ -185,19 +190,27 @@ def source_of(plan: JsonObject, alias: str) -> JsonObject:
     )
 
 
-def to_op(sid: str, plan: JsonObject, name: str, args: dict[str, Any]) -> ops.Op | None:
-    """The one operation a tool call is (None: kb_sources, answered from the plan)."""
+def to_op(
+    sid: str, plan: JsonObject, name: str, args: dict[str, Any], *, narrowed: bool = False
+) -> ops.Op | None:
+    """The one operation a tool call is (None: kb_sources, answered from the plan);
+    ``narrowed``: the client declared roots."""
     wf = str(plan["workflow_id"])
     if name == "kb_sources":
         return None
     if name == "kb_list":
         source_of(plan, args["alias"])
-        return ops.Ls(wf, args["alias"], args["reldir"], None, None)
+        return ops.Ls(wf, args["alias"], args["reldir"], None, args.get("after"))
     if name == "kb_read":
         source_of(plan, args["alias"])
         return ops.Read(wf, args["alias"], args["relpath"])
     if name == "kb_search":
         aliases = (args["alias"],) if "alias" in args else ()
+        if narrowed:
+            # Hits outside the client's roots are dropped afterwards, so ask for
+            # the most there may be, and cut to the caller's limit after that.
+            check_limit(args.get("limit"))
+            return ops.Search(sid, args["query"], aliases, MAX_LIMIT, False)
         return ops.Search(sid, args["query"], aliases, args.get("limit"), False)
     if name == "kb_check":
         if args["mode"] not in ("read", "write"):
@@ -284,14 +297,17 @@ def check_roots(plan: JsonObject, name: str, args: Mapping[str, Any], roots: tup
         )
 
 
-def narrow_hits(plan: JsonObject, result: JsonObject, roots: tuple[str, ...] | None) -> JsonObject:
-    """Search hits outside the client's roots are dropped and counted."""
+def narrow_hits(
+    plan: JsonObject, result: JsonObject, roots: tuple[str, ...] | None, *, limit: int | None = None
+) -> JsonObject:
+    """Search hits outside the client's roots are dropped and counted; then at
+    most ``limit`` (the caller's, or the default) are kept."""
     if roots is None:
         return result
     hits = [h for h in result.get("hits", []) if isinstance(h, dict)]
     kept = [h for h in hits if (base := _kb_path(plan, h.get("alias"))) is not None
             and within(posixpath.join(base, str(h.get("relpath"))), roots)]  # fmt: skip
-    return {**result, "hits": kept, "dropped_by_roots": len(hits) - len(kept)}
+    return {**result, "hits": kept[: check_limit(limit)], "dropped_by_roots": len(hits) - len(kept)}
 
 
 def _utf8(content: str) -> bytes:
@@ -415,7 +431,7 @@ class Session:
             # notes service itself: see to_op.)
             raise PermissionDenied(f"tool {name!r} is not available under this session's current plan",
                                    hint="see tools/list and kb_sources")  # fmt: skip
-        op = to_op(self.sid, plan, name, args)
+        op = to_op(self.sid, plan, name, args, narrowed=self.roots is not None)
         check_roots(plan, name, args, self.roots)
         if op is None:
             view = sources_view(plan)
@@ -425,7 +441,7 @@ class Session:
             prov = provenance(plan, args["alias"])
             return render_file(result, prov, secrets.token_hex(12)), {**result, "provenance": prov}
         if name == "kb_search":
-            result = narrow_hits(plan, result, self.roots)
+            result = narrow_hits(plan, result, self.roots, limit=args.get("limit"))
             return render_search(result, secrets.token_hex(12)), result
         if name in ("kb_list", "kb_write_note"):
             result = {**result, "provenance": provenance(plan, args["alias"])}

@@ -524,3 +524,26 @@ def test_two_agents_writing_at_once_lose_nothing(tmp_path: Path) -> None:
         outcomes
     )
     assert (notes / "first.md").read_text().split("---\n")[-1] in ("a\n", "b\n")
+
+
+def test_search_limit_applies_after_the_roots_and_listings_page(tmp_path: Path) -> None:
+    kb = _world(tmp_path)
+    src_kb = kb.workflows / "src" / "knowledgebase"
+    for i in range(12):  # more matches outside the roots than the limit
+        (src_kb / "context" / f"c{i:02}.md").write_text(f"# C{i}\nquokka quokka quokka {i}\n")
+    for i in range(3):
+        (src_kb / "notes" / f"n{i}.md").write_text(f"# N{i}\nquokka {i}\n")
+    for i in range(1005):
+        (src_kb / "notes-evil" / f"f{i:04}.md").write_text("x\n")
+    sid = kb.open_session("con", kind="execution", kb_access="read", actor="alice")
+    with mcp_client(kb.root, sid, roots=Roots([_uri(src_kb / "notes"), _uri(src_kb / "notes-evil")])) as c:
+        hits = c.call("kb_search", {"query": "quokka", "limit": 2})
+        assert hits.structured is not None, hits.text
+        assert [h["relpath"][:7] for h in hits.structured["hits"]] == ["notes/n", "notes/n"]
+        assert c.call("kb_search", {"query": "quokka", "limit": 0}).code == "usage"
+        first = c.call("kb_list", {"alias": "rts", "reldir": "notes-evil"})
+        assert first.structured is not None and first.structured["truncated"] is True, first.text
+        rest = c.call("kb_list", {"alias": "rts", "reldir": "notes-evil", "after": first.structured["next"]})
+        assert rest.structured is not None, rest.text
+        names = [e["name"] for e in first.structured["entries"] + rest.structured["entries"]]
+        assert names == sorted(names) and len(names) == 1006  # x.md and f0000..f1004
