@@ -36,10 +36,10 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 import uvicorn
@@ -575,8 +575,10 @@ async def _follow(page: Page, last: str | None) -> AsyncIterator[bytes]:
     feed = _direct_feed(page)
     yield f"retry: {SSE_RETRY_MS}\n".encode()
     live = await run_in_threadpool(page.live)
-    frames = feed.stream(lambda: _principal_now(page), since=last, follow=True, ping=LIVE_CHECK_INTERVAL)
-    try:
+    # The feed's generator is closed with this one (its subscriber leaves at once, not at collection).
+    frames = cast("AsyncGenerator[bytes, None]", feed.stream(lambda: _principal_now(page), since=last,
+                                                             follow=True, ping=LIVE_CHECK_INTERVAL))  # fmt: skip
+    async with contextlib.aclosing(frames):
         async for chunk in frames:
             if page.stopping is not None and page.stopping.is_set():
                 return
@@ -588,9 +590,6 @@ async def _follow(page: Page, last: str | None) -> AsyncIterator[bytes]:
                 yield b": ping\n\n"
                 continue
             yield _EVENT_LINE.sub(b"", chunk)
-    finally:
-        with contextlib.suppress(AttributeError):
-            await frames.aclose()  # type: ignore[attr-defined]
 
 
 def _direct_feed(page: Page) -> Feed:

@@ -33,7 +33,7 @@ ORIGIN = f"http://127.0.0.1:{PORT}"
         f"2130706433:{PORT}",
         f"127.0.0.1.:{PORT}",
         f"user@127.0.0.1:{PORT}",
-    ],  # fmt: skip
+    ],
 )
 def test_only_the_bound_host_and_port(host: str | None) -> None:
     assert not security.host_ok(host, PORT)
@@ -96,7 +96,7 @@ def test_refusal_codes_are_the_contract() -> None:
         "x\\y.js",
         "index.html\n",
         "ÿ.js",
-    ],  # fmt: skip
+    ],
 )
 def test_asset_names_that_are_never_served(name: str) -> None:
     assert security.asset_type(name) is None
