@@ -558,3 +558,37 @@ def test_through_the_daemon_with_a_token(tmp_path: Path) -> None:
             s for s in kb.cli("session", "list", "--all", "--json").json()["sessions"] if not s["closed"]
         ]
         assert open_now == [], open_now
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_stops_the_server_with_an_open_stream_and_exit_0(world: KbRoot, sig: str) -> None:
+    import signal
+    import threading
+
+    from tests.integration.ui import start_ui
+
+    ui = start_ui(world.root, "--as", "bob")
+    try:
+        c = ui.login()
+        assert c.get("/api/workflows/con/search", params={"q": "src"}).status_code == 200
+        opened = threading.Event()
+
+        def hold() -> None:
+            with c.stream("GET", "/api/events", timeout=httpx.Timeout(15, read=30)) as r:
+                opened.set()
+                for _ in r.iter_lines():
+                    pass
+
+        t = threading.Thread(target=hold, daemon=True)
+        t.start()
+        assert opened.wait(10)
+        start = time.monotonic()
+        ui.proc.send_signal(getattr(signal, sig))
+        code = ui.proc.wait(timeout=15)
+        assert code == 0 and time.monotonic() - start < 5, (code, time.monotonic() - start, ui.stderr)
+        t.join(timeout=10)
+        assert not t.is_alive(), "the event stream was not ended by the shutdown"
+    finally:
+        ui.kill()
+    assert "closed 1 search session" in ui.stderr and "Traceback" not in ui.stderr, ui.stderr
+    assert [s for s in sessions_of(world) if not s["closed"]] == []
