@@ -159,8 +159,14 @@ def frontmatter_title(lines: list[str]) -> str | None:
     for line in lines:
         m = _KEY.match(line)
         if m and m.group(1) == "title":
-            value = _unquote(m.group(2))
-            return None if value in ("", "|", ">", "|-", ">-", "~", "null") else value
+            # Only an UNQUOTED null or block marker is no title: "null" in quotes
+            # is the word (hypothesis found a document titled "null").
+            raw = m.group(2).split(" #", 1)[0].strip()
+            return (
+                None
+                if raw in ("", "|", ">", "|-", ">-", "~", "null", "Null", "NULL")
+                else _unquote(m.group(2))
+            )
     return None
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import unicodedata
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kbd.core import importing as imp
@@ -95,6 +95,8 @@ def test_the_first_h1_is_the_title_and_leaves_the_body(title: str, lines: list[s
     assert imp.derive("ENG/x.md", f"# {title}\n{body}".encode(), folder="docs") == doc
 
 
+@example(fm="null", h1="0")
+@example(fm="NULL", h1="0")
 @given(TITLE, TITLE)
 def test_a_frontmatter_title_overrides_the_h1(fm: str, h1: str) -> None:
     quoted = '"' + fm.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -144,3 +146,10 @@ def test_outcomes() -> None:
     for other in (b"hand-written\n", imp.derive("ENG/y.md", b"# T\n", folder="f").data):
         what, reason = imp.outcome(newer, other, update=True)
         assert what == "skipped" and reason is not None and "not an import of ENG/x.md" in reason
+
+
+@pytest.mark.parametrize(("value", "title"), [("null", "H"), ("~", "H"), ("NULL", "H"), ('"null"', "null"),
+                                              ("'Null'", "Null"), ("0", "0")])  # fmt: skip
+def test_only_an_unquoted_null_is_no_title(value: str, title: str) -> None:
+    doc = imp.derive("D/x.md", f"---\ntitle: {value}\n---\n# H\nbody\n".encode(), folder="f")
+    assert doc.title == title
