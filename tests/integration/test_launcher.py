@@ -155,17 +155,15 @@ def test_changed_limits_let_the_old_stubs_go(launcher: spawn.Launcher) -> None:
 def test_descriptors_land_on_exactly_their_numbers_even_when_they_collide(
     launcher: spawn.Launcher, tmp_path: Path
 ) -> None:
-    """Descriptor 40 must become 41 and 41 become 40 (a naive dup2 loop would
-    overwrite one with the other); nothing else is open in the command."""
-    (r1, w1), (r2, w2) = os.pipe(), os.pipe()
+    """Descriptor A must become B and B become A (a naive dup2 loop would
+    overwrite one with the other); nothing else is open in the command. A and B
+    are the pipes' own numbers: dup2 over fixed numbers in this process would
+    close whatever else holds them (a flake seen under the full suite)."""
+    (a, w1), (b, w2) = os.pipe(), os.pipe()
     os.write(w1, b"one")
     os.write(w2, b"two")
     os.close(w1)
     os.close(w2)
-    os.dup2(r1, 40)
-    os.dup2(r2, 41)
-    os.close(r1)
-    os.close(r2)
     out = tmp_path / "out"
     script = (
         "import os\n"
@@ -174,16 +172,18 @@ def test_descriptors_land_on_exactly_their_numbers_even_when_they_collide(
         "        return bool(os.fstat(fd))\n"
         "    except OSError:\n"
         "        return False\n"
-        "print(os.read(40, 9).decode(), os.read(41, 9).decode(), [fd for fd in range(1024) if is_open(fd)])\n"
+        f"print(os.read({a}, 9).decode(), os.read({b}, 9).decode(), [fd for fd in range(1024) if is_open(fd)])\n"
     )
-    with open(out, "wb") as fh, open(os.devnull, "rb") as null:
-        stub = launcher.take(LIMITS)
-        assert stub is not None
-        rc = _run(stub, ["/usr/bin/python3", "-I", "-S", "-c", script],
-                  fds=[null.fileno(), fh.fileno(), fh.fileno(), 41, 40], targets=[0, 1, 2, 40, 41])  # fmt: skip
-    os.close(40)
-    os.close(41)
-    assert (rc, out.read_text()) == (0, "two one [0, 1, 2, 40, 41]\n")
+    try:
+        with open(out, "wb") as fh, open(os.devnull, "rb") as null:
+            stub = launcher.take(LIMITS)
+            assert stub is not None
+            rc = _run(stub, ["/usr/bin/python3", "-I", "-S", "-c", script],
+                      fds=[null.fileno(), fh.fileno(), fh.fileno(), b, a], targets=[0, 1, 2, a, b])  # fmt: skip
+    finally:
+        os.close(a)
+        os.close(b)
+    assert (rc, out.read_text()) == (0, f"two one {sorted([0, 1, 2, a, b])}\n")
 
 
 def test_a_failed_exec_is_reported_and_the_stub_is_reaped(launcher: spawn.Launcher) -> None:
