@@ -27,7 +27,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
-COOKIE_NAME = "kbd_ui"
+COOKIE_PREFIX = "kbd_ui_"
 CSRF_HEADER = "x-kbd-csrf"
 BIND_HOST = "127.0.0.1"
 
@@ -146,20 +146,27 @@ def asset_type(name: str) -> str | None:
     return ASSET_TYPES.get(name[dot:].lower()) if dot > 0 else None
 
 
-def cookie_header(value: str) -> str:
+def cookie_name(port: int) -> str:
+    """``kbd_ui_PORT``: browsers keep cookies per host, not per port, so two
+    ``kbd ui`` servers on 127.0.0.1 (two principals, two roots) would otherwise
+    overwrite each other's cookie and log each other's pages out."""
+    return f"{COOKIE_PREFIX}{port}"
+
+
+def cookie_header(value: str, port: int) -> str:
     """The Set-Cookie for the session: script cannot read it (HttpOnly), no
     other site's request carries it (SameSite=Strict). No ``Secure``: the page
     is plain HTTP on loopback, where a Secure cookie would not be sent back."""
-    return f"{COOKIE_NAME}={value}; HttpOnly; SameSite=Strict; Path=/"
+    return f"{cookie_name(port)}={value}; HttpOnly; SameSite=Strict; Path=/"
 
 
-def cookie_from(header: str | None) -> str | None:
-    """The ``kbd_ui`` value in a Cookie header (the last one wins as browsers send it once)."""
+def cookie_from(header: str | None, port: int) -> str | None:
+    """This server's cookie in a Cookie header (the last one wins as browsers send it once)."""
     if not header:
         return None
-    found = None
+    wanted, found = cookie_name(port), None
     for part in header.split(";"):
         name, sep, value = part.strip().partition("=")
-        if sep and name == COOKIE_NAME:
+        if sep and name == wanted:
             found = value
     return found

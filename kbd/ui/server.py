@@ -261,7 +261,7 @@ class Guard:
             return None
         return security.check_api(
             str(scope.get("method", "GET")),
-            cookie=security.cookie_from(_header(scope, b"cookie")),
+            cookie=security.cookie_from(_header(scope, b"cookie"), self.page.port),
             session_cookie=self.page.gate.cookie,
             csrf=_header(scope, security.CSRF_HEADER.encode()),
             session_csrf=self.page.gate.csrf,
@@ -360,9 +360,9 @@ def create_app(page: Page) -> ASGIApp:
                 return _refusal_response(security.BAD_TOKEN, api=False)
             # The token leaves the address bar (and history) at once.
             return RedirectResponse(
-                "/", status_code=303, headers={"set-cookie": security.cookie_header(cookie)}
+                "/", status_code=303, headers={"set-cookie": security.cookie_header(cookie, page.port)}
             )
-        given = security.cookie_from(request.headers.get("cookie"))
+        given = security.cookie_from(request.headers.get("cookie"), page.port)
         if not security.same(given, page.gate.cookie):
             return _refusal_response(security.NO_COOKIE, api=False)
         return _asset_response("index.html")

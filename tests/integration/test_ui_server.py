@@ -176,7 +176,9 @@ def test_token_is_one_time_and_cookie_flags(world: KbRoot) -> None:
         assert r.status_code == 303 and r.headers["location"] == "/", r.headers
         cookie = r.headers["set-cookie"]
         name_value, *flags = [p.strip() for p in cookie.split(";")]
-        assert name_value.startswith("kbd_ui=") and len(name_value) > len("kbd_ui=") + 40
+        assert (
+            name_value.startswith(f"kbd_ui_{ui.port}=") and len(name_value) > len(f"kbd_ui_{ui.port}=") + 40
+        )
         assert set(flags) == {"HttpOnly", "SameSite=Strict", "Path=/"}, cookie
         assert ui.token not in cookie
         page = c.get("/")
@@ -189,7 +191,7 @@ def test_token_is_one_time_and_cookie_flags(world: KbRoot) -> None:
         assert other.get("/", params={"token": ui.token}).status_code == 403
         assert other.get("/api/workflows").status_code == 403
         # A forged cookie is no cookie.
-        forged = ui.client(cookies={"kbd_ui": "x" * 43})
+        forged = ui.client(cookies={f"kbd_ui_{ui.port}": "x" * 43})
         assert forged.get("/api/workflows").json()["error"]["code"] == "ui-unauthenticated"
         assert forged.get("/").status_code == 403
 
@@ -283,7 +285,7 @@ def raw_get(ui: Ui, cookie: str, path: str) -> tuple[int, bytes]:
     try:
         conn.putrequest("GET", path, skip_host=True, skip_accept_encoding=True)
         conn.putheader("Host", f"127.0.0.1:{ui.port}")
-        conn.putheader("Cookie", f"kbd_ui={cookie}")
+        conn.putheader("Cookie", f"kbd_ui_{ui.port}={cookie}")
         conn.endheaders()
         r = conn.getresponse()
         return r.status, r.read()
@@ -292,7 +294,7 @@ def raw_get(ui: Ui, cookie: str, path: str) -> tuple[int, bytes]:
 
 
 def test_asset_traversal_is_refused(alice: Ui, alice_client: httpx.Client) -> None:
-    cookie = alice_client.cookies["kbd_ui"]
+    cookie = alice_client.cookies[f"kbd_ui_{alice.port}"]
     for path in ("/assets/../server.py", "/assets/..%2fserver.py", "/assets/%2e%2e%2fserver.py",
                  "/assets/%2e%2e/server.py", "/assets/..", "/assets/.hidden.js", "/assets//etc/passwd",
                  "/assets/%2fetc%2fpasswd", "/assets/..%5cserver.py", "/assets/sub/app.js",
@@ -303,7 +305,7 @@ def test_asset_traversal_is_refused(alice: Ui, alice_client: httpx.Client) -> No
 
 
 def test_browse_traversal_and_links_out_are_refused(alice: Ui, alice_client: httpx.Client) -> None:
-    cookie = alice_client.cookies["kbd_ui"]
+    cookie = alice_client.cookies[f"kbd_ui_{alice.port}"]
     for base in ("/api/workflows/con/own", "/api/workflows/con/sources/rts"):
         for q in ("../workflow.json", "..%2fworkflow.json", "%2e%2e/workflow.json", "/etc/passwd",
                   "%2Fetc%2Fpasswd", "notes/../../credentials/token", "../credentials/token",
@@ -632,3 +634,18 @@ def test_every_read_route_answers_the_cli_s_json(world: KbRoot, alice_client: ht
     cli = world.cli("read", "con", "nosuch", "x", "--as", "alice")
     assert page.status_code == 404 and cli.code == 66
     assert f"error[{page.json()['error']['code']}]" in cli.err, (page.text, cli.err)
+
+
+def test_two_pages_on_one_host_keep_their_own_cookies(world: KbRoot) -> None:
+    """Browsers keep cookies per host, not per port: a second `kbd ui` (here bob's)
+    must not log the first one's page out by overwriting its cookie."""
+    jar = httpx.Cookies()  # one browser's cookie jar for 127.0.0.1
+    with serving_ui(world.root, "--as", "alice") as first, serving_ui(world.root, "--as", "bob") as second:
+        for ui in (first, second):
+            with httpx.Client(base_url=f"http://127.0.0.1:{ui.port}", cookies=jar) as c:
+                assert c.get("/", params={"token": ui.token}).status_code == 303
+                jar.update(c.cookies)
+        for ui, who in ((first, "alice"), (second, "bob")):
+            with httpx.Client(base_url=f"http://127.0.0.1:{ui.port}", cookies=jar) as c:
+                me = c.get("/api/me")
+                assert me.status_code == 200 and me.json()["principal"] == who, me.text

@@ -60,7 +60,7 @@ class Ui:
         c = self.client()
         r = c.get("/", params={"token": self.token})
         assert r.status_code == 303, (r.status_code, r.text)
-        assert c.cookies.get("kbd_ui"), r.headers
+        assert c.cookies.get(f"kbd_ui_{self.port}"), r.headers
         me = c.get("/api/me")
         assert me.status_code == 200, me.text
         self.csrf = me.json()["csrf"]

@@ -117,12 +117,15 @@ def test_an_asset_name_is_one_plain_segment(name: str) -> None:
 
 
 def test_cookie_header_and_parsing() -> None:
-    header = security.cookie_header("abc")
-    assert header == "kbd_ui=abc; HttpOnly; SameSite=Strict; Path=/"
-    assert security.cookie_from("a=1; kbd_ui=abc; b=2") == "abc"
-    assert security.cookie_from("xkbd_ui=abc") is None
-    assert security.cookie_from(None) is None
-    assert security.cookie_from("kbd_ui") is None
+    header = security.cookie_header("abc", 8123)
+    assert header == "kbd_ui_8123=abc; HttpOnly; SameSite=Strict; Path=/"
+    assert security.cookie_from("a=1; kbd_ui_8123=abc; b=2", 8123) == "abc"
+    # Another kbd ui on another port of the same host: its cookie is not ours.
+    assert security.cookie_from("kbd_ui_9000=zzz; kbd_ui_8123=abc", 8123) == "abc"
+    assert security.cookie_from("kbd_ui_9000=zzz", 8123) is None
+    assert security.cookie_from("xkbd_ui_8123=abc", 8123) is None
+    assert security.cookie_from(None, 8123) is None
+    assert security.cookie_from("kbd_ui_8123", 8123) is None
 
 
 def test_csp_allows_no_inline_script_and_no_other_origin() -> None:
