@@ -52,6 +52,12 @@ def print_error(err: KbdError) -> None:
 
 def internal_error(exc: BaseException) -> KbdError:
     """A KbdError (code ``internal``, exit 70) for an exception kbd did not expect."""
+    if isinstance(exc, BaseExceptionGroup):
+        # An async server's task group wraps the real failure: name it, not the group.
+        leaves = _leaves(exc)
+        if len(leaves) == 1:
+            return internal_error(leaves[0])
+        return KbdError("unexpected errors: " + "; ".join(f"{type(e).__name__}: {e}" for e in leaves[:3]))
     if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
         return from_oserror(exc, what="finish the command")
     if isinstance(exc, OSError):
@@ -60,6 +66,13 @@ def internal_error(exc: BaseException) -> KbdError:
             hint="check the root's permissions; run `kbd doctor`",
         )
     return KbdError(f"unexpected {type(exc).__name__}: {exc}")
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out.extend(_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    return out
 
 
 def die_of_sigpipe() -> NoReturn:

@@ -80,7 +80,12 @@ def mcp_client(
 ) -> Iterator[McpClient]:
     """``kbd --root ROOT mcp SID [--as P]`` as a real process; with ``roots`` the
     client declares the roots capability and answers roots/list from it."""
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("KBD_")}, **(env or {})}
+    # KBD_DEBUG: should the server ever fail, its traceback lands in the test's output.
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("KBD_")},
+        "KBD_DEBUG": "1",
+        **(env or {}),
+    }
     args = ["-m", "kbd", "--root", str(root), "mcp", sid, *(["--as", as_] if as_ else []), *extra]
     params = StdioServerParameters(command=sys.executable, args=args, env=env)
 

@@ -52,7 +52,12 @@ def _drive(
     kb: KbRoot, sid: str, steps: Step, *, as_: str = "alice", env: dict[str, str] | None = None
 ) -> None:
     """Run ``steps`` against a real ``kbd mcp`` process over stdio (``env``: KBD_* for it)."""
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("KBD_")}, **(env or {})}
+    # KBD_DEBUG: should the server ever fail, its traceback lands in the test's output.
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("KBD_")},
+        "KBD_DEBUG": "1",
+        **(env or {}),
+    }
     params = StdioServerParameters(
         command=sys.executable, args=["-m", "kbd", "--root", str(kb.root), "mcp", sid, "--as", as_], env=env
     )
