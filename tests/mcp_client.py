@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import anyio
 import mcp_types as types
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+
+T = TypeVar("T")
+CALL_SECONDS = 60
 
 
 @dataclass
@@ -55,11 +59,21 @@ class McpClient:
         self._portal, self._session, self.roots = portal, session, roots
         self.notices = notices  # methods of the server's notifications, in order
 
+    def _within(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``fn(*args)`` on the client's loop, failing after CALL_SECONDS: a
+        server that died must fail the test, not hang it until pytest-timeout."""
+
+        async def bounded() -> T:
+            with anyio.fail_after(CALL_SECONDS):
+                return await fn(*args)
+
+        return self._portal.call(bounded)
+
     def tools(self) -> set[str]:
-        return {t.name for t in self._portal.call(self._session.list_tools).tools}
+        return {t.name for t in self._within(self._session.list_tools).tools}
 
     def call(self, name: str, arguments: dict[str, Any]) -> Answer:
-        result = self._portal.call(self._session.call_tool, name, arguments)
+        result = self._within(self._session.call_tool, name, arguments)
         assert isinstance(result, types.CallToolResult)
         return Answer.of(result)
 

@@ -63,7 +63,7 @@ def _drive(
     )
 
     async def main() -> None:
-        with anyio.fail_after(120):
+        with anyio.fail_after(90):  # before pytest-timeout (120 s), so transports are closed
             async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
                 await client.initialize()
                 await steps(client)
