@@ -403,6 +403,9 @@ class Session:
             tools = allowed_tools(self.plan())
         except KbdError:
             tools = ()  # fail closed: a session we cannot see (closed, revoked, gone) offers nothing
+        except Exception as exc:  # never the server's end: offer nothing, say why on stderr
+            print(f"kbd mcp: internal error listing tools: {type(exc).__name__}", file=sys.stderr)
+            tools = ()
         self.listed = self.current = frozenset(t.name for t in tools)
         return tools
 
