@@ -1,0 +1,115 @@
+"""Fixtures of the browser tests: one Chromium for the run, and per test a
+temporary root served by a real daemon (its watcher feeds the change feed) with
+real `kbd ui` processes in front of it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, BrowserContext, Playwright, sync_playwright
+
+from tests.browser.harness import UiServer, Watched, chromium_or_fail, new_context, sign_in, start_ui
+from tests.helpers import KbRoot
+from tests.integration import daemon as daemons
+
+SHOTS_ENV = "KBD_SCREENSHOTS"
+
+
+@pytest.fixture(scope="session")
+def playwright() -> Iterator[Playwright]:
+    with sync_playwright() as pw:
+        yield pw
+
+
+@pytest.fixture(scope="session")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    executable = chromium_or_fail()  # a hard failure with the fix, never a skip
+    launched = playwright.chromium.launch(executable_path=executable, headless=True)
+    try:
+        yield launched
+    finally:
+        launched.close()
+
+
+@pytest.fixture(scope="session")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where screenshots go: $KBD_SCREENSHOTS (`make screenshots`: docs/screenshots), else a tmp folder."""
+    given = os.environ.get(SHOTS_ENV)
+    folder = Path(given) if given else tmp_path_factory.mktemp("screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@dataclass
+class World:
+    """A root, its daemon, and the `kbd ui` servers and browser contexts a test opened."""
+
+    kb: KbRoot
+    daemon: daemons.Daemon
+    browser: Browser
+    uis: list[UiServer] = field(default_factory=list)
+    contexts: list[BrowserContext] = field(default_factory=list)
+    pages: list[Watched] = field(default_factory=list)
+
+    @property
+    def root(self) -> Path:
+        return self.kb.root
+
+    def ui(self, as_: str, workflow: str | None = None, *, args: tuple[str, ...] = ()) -> UiServer:
+        server = start_ui(self.root, as_=as_, workflow=workflow, args=args)
+        self.uis.append(server)
+        return server
+
+    def context(self, viewport: dict[str, int] | None = None) -> BrowserContext:
+        ctx = new_context(self.browser, viewport=viewport)
+        self.contexts.append(ctx)
+        return ctx
+
+    def open(
+        self, as_: str, workflow: str | None = None, *, viewport: dict[str, int] | None = None
+    ) -> tuple[UiServer, BrowserContext, Watched]:
+        """`kbd ui WF --as P` and a signed-in page showing WF."""
+        server = self.ui(as_, workflow)
+        ctx = self.context(viewport)
+        page = sign_in(ctx, server, workflow=workflow)
+        self.pages.append(page)
+        return server, ctx, page
+
+    def watched(self, page: Watched) -> Watched:
+        self.pages.append(page)
+        return page
+
+    def close(self) -> None:
+        """Every page was clean (no CSP violation, no dialog); every `kbd ui` exits 0 on SIGTERM."""
+        problems: list[BaseException] = []
+        for page in self.pages:
+            try:
+                if not page.page.is_closed():
+                    page.assert_clean()
+            except BaseException as exc:
+                problems.append(exc)
+        for ctx in self.contexts:
+            with contextlib.suppress(Exception):
+                ctx.close()
+        for server in self.uis:
+            try:
+                server.stop()
+            except BaseException as exc:
+                problems.append(exc)
+        if problems:
+            raise problems[0]
+
+
+@pytest.fixture
+def world(kb: KbRoot, browser: Browser) -> Iterator[World]:
+    with daemons.serving(kb.root) as served:
+        w = World(kb=kb, daemon=served, browser=browser)
+        try:
+            yield w
+        finally:
+            w.close()
