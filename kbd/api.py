@@ -126,6 +126,14 @@ class ReplaceSourcesBody(Strict):
     expected_version: str | None = None
 
 
+class AccessBody(Strict):
+    access: str = Field(description="read or write (checked by the operation, as on the root)")
+    expected_version: str | None = Field(
+        default=None,
+        description="the manifest version the change was decided on: refused (409) when it moved",
+    )
+
+
 class GrantBody(Strict):
     workflow_id: str
 
@@ -528,6 +536,15 @@ async def _too_large(send: Send) -> None:
 HTTP_ERRORS: dict[int, type[KbdError]] = {400: InvalidInput, 404: NotFound, 405: MethodNotAllowed}
 
 
+def _ls_limit(limit: str | None) -> int | None:
+    """A listing's ``limit`` query value as a number (the operation checks its range)."""
+    if limit is None:
+        return None
+    if not (limit.isascii() and limit.isdigit()):  # "²".isdigit(), but int("²") fails
+        raise UsageError(f"limit must be a whole number from 1 to {MAX_LS_LIMIT}, not {limit!r}")
+    return int(limit)
+
+
 def _error(err: KbdError) -> JSONResponse:
     status, envelope, headers = http_answer(err)
     return JSONResponse(envelope, status_code=status, headers=headers)
@@ -661,6 +678,13 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         with state.locked():
             return workflow_ops.detach(state.host, wid, alias, actor=actor).to_json()
 
+    @app.patch("/v1/workflows/{wid}/sources/{alias}", response_model=AttachmentModel)
+    def set_access(wid: str, alias: str, body: AccessBody, actor: Principal = Actor) -> JsonObject:
+        with state.locked():
+            att = workflow_ops.set_access(state.host, wid, alias, body.access, actor=actor,
+                                          expected_version=body.expected_version)  # fmt: skip
+            return att.to_json()
+
     @app.get("/v1/workflows/{wid}/candidates")
     def candidates(wid: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
@@ -678,15 +702,26 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         wid: str, alias: str, path: str = "", limit: str | None = None, after: str | None = None,
         actor: Principal = Actor,
     ) -> JsonObject:  # fmt: skip
-        size = None
-        if limit is not None:
-            if not (limit.isascii() and limit.isdigit()):  # "²".isdigit(), but int("²") fails
-                raise UsageError(f"limit must be a whole number from 1 to {MAX_LS_LIMIT}, not {limit!r}")
-            size = int(limit)
+        size = _ls_limit(limit)
         with state.locked():
             att = browse_ops.attachment(state.host, wid, alias, actor=actor)
         # The listing outside the state lock.
         return browse_ops.list_dir(att, wid, alias, path, limit=size, after=after).to_json()
+
+    @app.get("/v1/workflows/{wid}/kb/file")
+    def read_own_file(wid: str, path: str, actor: Principal = Actor) -> JsonObject:
+        with state.locked():
+            att = browse_ops.own_kb(state.host, wid, actor=actor)
+        return browse_ops.read_file(att, wid, None, path).to_json()
+
+    @app.get("/v1/workflows/{wid}/kb/dir")
+    def list_own_dir(
+        wid: str, path: str = "", limit: str | None = None, after: str | None = None, actor: Principal = Actor
+    ) -> JsonObject:
+        size = _ls_limit(limit)
+        with state.locked():
+            att = browse_ops.own_kb(state.host, wid, actor=actor)
+        return browse_ops.list_dir(att, wid, None, path, limit=size, after=after).to_json()
 
     @app.get("/v1/workflows/{wid}/notes/history")
     def note_log(wid: str, path: str, actor: Principal = Actor) -> JsonObject:

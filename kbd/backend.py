@@ -432,6 +432,28 @@ class SetSources(Op):
 
 
 @dataclass(frozen=True)
+class SetAccess(Op):
+    """Change one attachment's access (``kbd sources access``), atomically."""
+
+    wf: str
+    alias: str
+    access: str
+    expected_version: str | None
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import workflows as _workflows
+
+        return _workflows.set_access(ctx.root, self.wf, self.alias, self.access, actor=_principal(actor),
+                                     expected_version=self.expected_version)  # fmt: skip
+
+    def http(self) -> Request:
+        body: JsonObject = {"access": self.access}
+        if self.expected_version is not None:
+            body["expected_version"] = self.expected_version
+        return Request("PATCH", f"/v1/workflows/{segment(self.wf)}/sources/{segment(self.alias)}", body)
+
+
+@dataclass(frozen=True)
 class Candidates(Op):
     wf: str
 
@@ -750,6 +772,50 @@ class Ls(Op):
         return Request(
             "GET", f"/v1/workflows/{segment(self.wf)}/sources/{segment(self.alias)}/dir", params=params
         )
+
+
+#: The ALIAS that names the workflow's own KB in `kbd read`/`kbd ls`: never an alias (DESIGN §2).
+OWN_KB = "."
+
+
+@dataclass(frozen=True)
+class OwnRead(Op):
+    """A file of the workflow's own KB (``kbd read WF . RELPATH``)."""
+
+    wf: str
+    relpath: str
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import browse as _browse
+
+        return _browse.read_own(ctx.root, self.wf, self.relpath, actor=_principal(actor))
+
+    def http(self) -> Request:
+        return Request("GET", f"/v1/workflows/{segment(self.wf)}/kb/file", params={"path": self.relpath})
+
+
+@dataclass(frozen=True)
+class OwnLs(Op):
+    """A folder of the workflow's own KB (``kbd ls WF . [RELDIR]``)."""
+
+    wf: str
+    reldir: str
+    limit: int | None
+    after: str | None
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+        from kbd.service import browse as _browse
+
+        return _browse.ls_own(ctx.root, self.wf, self.reldir, actor=_principal(actor), limit=self.limit,
+                              after=self.after)  # fmt: skip
+
+    def http(self) -> Request:
+        params = {"path": self.reldir}
+        if self.limit is not None:
+            params["limit"] = str(self.limit)
+        if self.after is not None:
+            params["after"] = self.after
+        return Request("GET", f"/v1/workflows/{segment(self.wf)}/kb/dir", params=params)
 
 
 @dataclass(frozen=True)

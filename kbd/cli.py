@@ -665,6 +665,30 @@ def sources_detach(c: Ctx, wf: str, alias: str, as_: str | None, as_json: bool) 
         click.echo(f"detached {alias} from {wf}")
 
 
+@sources.command("access")
+@click.argument("wf", shell_complete=_complete_workflows)
+@click.argument("alias", shell_complete=_complete_aliases)
+@click.argument("access", type=click.Choice(["read", "write"]))
+@click.option(
+    "--expected-version",
+    metavar="VERSION",
+    help="Refuse (exit 75) unless the manifest is at this version.",
+)
+@as_option
+@json_option
+@pass_ctx
+def sources_access(
+    c: Ctx, wf: str, alias: str, access: str, expected_version: str | None, as_: str | None, as_json: bool
+) -> None:
+    """Change the access of WF's attachment ALIAS (read or write), nothing else."""
+    a = c.run(ops.SetAccess(wf, alias, access, expected_version), as_)
+    if as_json:
+        _emit(a)
+        return
+    click.echo(f"{wf}: {alias} is now attached with {access} access")
+    click.echo(_attachment_line(a))
+
+
 @sources.command("set")
 @click.argument("wf", shell_complete=_complete_workflows)
 @click.option(
@@ -1015,6 +1039,25 @@ def mcp_cmd(c: Ctx, sid: str, as_: str | None) -> None:
     from kbd import mcp_server
 
     mcp_server.serve(c.via, sid, as_)
+
+
+@main.command("ui")
+@click.argument("wf", required=False, default=None, shell_complete=_complete_workflows)
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="Port on 127.0.0.1 (0: a free one).")  # fmt: skip
+@click.option("--no-browser", is_flag=True, help="Do not open a browser; just print the URL.")
+@as_option
+@pass_ctx
+def ui_cmd(c: Ctx, wf: str | None, port: int, no_browser: bool, as_: str | None) -> None:
+    """Serve the Knowledge page (attach, grant, browse, review) for you on 127.0.0.1.
+
+    Prints a one-time URL as stdout's first line (it logs the browser in once),
+    opens a browser unless --no-browser, and runs until Ctrl-C or SIGTERM. The
+    page acts as the principal the CLI would (through the daemon when you
+    cannot use the root yourself), and every action is re-checked there."""
+    from kbd.ui import server
+
+    server.serve(c.via, root=c.root, workflow=wf, port=port, as_=as_, open_browser=not no_browser)
 
 
 @main.command("search")
@@ -1505,8 +1548,10 @@ def serve_cmd(c: Ctx, socket_path: Path | None, fd: int | None, log_level: str) 
 @json_option
 @pass_ctx
 def read_cmd(c: Ctx, wf: str, alias: str, relpath: str, as_: str | None, as_json: bool) -> None:
-    """Print a file of WF's attached KB ALIAS (RELPATH relative to the KB root)."""
-    result = c.run(ops.Read(wf, alias, relpath), as_)
+    """Print a file of WF's attached KB ALIAS (RELPATH relative to the KB root).
+    ALIAS `.` is WF's own KB."""
+    op = ops.OwnRead(wf, relpath) if alias == ops.OWN_KB else ops.Read(wf, alias, relpath)
+    result = c.run(op, as_)
     if as_json:
         _emit(result)
         return
@@ -1536,8 +1581,10 @@ def ls_cmd(
     as_: str | None,
     as_json: bool,
 ) -> None:
-    """List a folder of WF's attached KB ALIAS (default: the KB root), in name order, one page at a time."""
-    page = c.run(ops.Ls(wf, alias, reldir, limit, after), as_)
+    """List a folder of WF's attached KB ALIAS (default: the KB root), in name order, one page at a time.
+    ALIAS `.` is WF's own KB."""
+    own = alias == ops.OWN_KB
+    page = c.run(ops.OwnLs(wf, reldir, limit, after) if own else ops.Ls(wf, alias, reldir, limit, after), as_)
     if as_json:
         _emit(page)
         return

@@ -47,7 +47,7 @@ class Entry(TypedDict):
 @dataclass(frozen=True)
 class FileRead:
     workflow_id: str
-    alias: str
+    alias: str | None  # None: the workflow's own KB (as search hits say)
     path: str
     data: bytes
 
@@ -68,7 +68,7 @@ class Listing:
     following page, or None when this page ends the folder."""
 
     workflow_id: str
-    alias: str
+    alias: str | None  # None: the workflow's own KB
     path: str
     entries: tuple[Entry, ...]
     truncated: bool
@@ -96,7 +96,38 @@ def attachment(host: Root, wid: str, alias: str, *, actor: Principal) -> Attachm
     )
 
 
-def read_file(att: Attachment, wid: str, alias: str, relpath: str) -> FileRead:
+def own_kb(host: Root, wid: str, *, actor: Principal) -> Attachment:
+    """``wid``'s own KB, for an actor who may inspect ``wid`` (as the attached
+    ones are: the same confinement, caps and refusals follow). Its folder must
+    pass the very checks an attached KB passes (not a link, not another mount,
+    present): a workflow's own ``knowledgebase`` symlinked to its private
+    folders is refused here too, with the reason code."""
+    found = workflows.inspectable(host, wid, actor)
+    probe = host.probe_kb(found.folder.path)
+    if probe.problem is not None:
+        raise SourceUnavailable(
+            f"{wid!r}'s own knowledge base is unavailable: {probe.problem.reason}: {probe.problem.message}",
+            reason=probe.problem.reason,
+        )
+    m = found.manifest
+    return Attachment(alias="", workflow_id=m.id, label=m.label, access="read", available=True, reason=None,
+                      message=None, write=None, path=found.folder.kb_path, source_folder=found.folder.path,
+                      kb_identity=probe.identity)  # fmt: skip
+
+
+def read_own(host: Root, wid: str, relpath: str, *, actor: Principal) -> FileRead:
+    """A file of ``wid``'s own KB (``kbd read WF . RELPATH``)."""
+    return read_file(own_kb(host, wid, actor=actor), wid, None, relpath)
+
+
+def ls_own(
+    host: Root, wid: str, reldir: str, *, actor: Principal, limit: int | None = None, after: str | None = None
+) -> Listing:
+    """One page of a folder of ``wid``'s own KB (``kbd ls WF . [RELDIR]``)."""
+    return list_dir(own_kb(host, wid, actor=actor), wid, None, reldir, limit=limit, after=after)
+
+
+def read_file(att: Attachment, wid: str, alias: str | None, relpath: str) -> FileRead:
     """A regular, singly-linked file inside the source's KB (≤ 2 MiB), for an
     attachment just resolved; needs no registry (the daemon calls it outside its
     state lock: the index reader may retry). ``relpath`` follows
@@ -122,7 +153,13 @@ def _page_size(limit: int | None) -> int:
 
 
 def list_dir(
-    att: Attachment, wid: str, alias: str, reldir: str, *, limit: int | None = None, after: str | None = None
+    att: Attachment,
+    wid: str,
+    alias: str | None,
+    reldir: str,
+    *,
+    limit: int | None = None,
+    after: str | None = None,
 ) -> Listing:
     """One page of a folder of the source's KB, in name order, for an attachment
     just resolved; needs no registry (the daemon lists outside its state lock):

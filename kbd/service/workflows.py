@@ -124,6 +124,9 @@ class WorkflowDetail:
     allowed_kb_writers: tuple[str, ...]
     candidates: tuple[Candidate, ...]
     can_manage: bool
+    # May the actor grant/revoke writers into this KB and review contributions
+    # to its notes/ (its owners and admins)? What a page needs to offer those.
+    can_grant: bool = False
 
     @property
     def writes_into(self) -> list[str]:
@@ -145,6 +148,7 @@ class WorkflowDetail:
             "allowed_kb_writers": list(self.allowed_kb_writers),
             "candidates": [c.to_json() for c in self.candidates],
             "can_manage": self.can_manage,
+            "can_grant": self.can_grant,
         }
 
 
@@ -223,7 +227,8 @@ def list_workflows(root: Root, *, actor: Principal) -> WorkflowList:
     return WorkflowList(tuple(rows))
 
 
-def _inspectable(root: Root, wid: str, actor: Principal) -> Found:
+def inspectable(root: Root, wid: str, actor: Principal) -> Found:
+    """``wid``'s folder, for an actor who may inspect it (else not found: IDs cannot be probed)."""
     found = root.workflow(wid)
     audience.require_inspectable(actor, found.manifest, wid)
     return found
@@ -231,7 +236,7 @@ def _inspectable(root: Root, wid: str, actor: Principal) -> Found:
 
 def show(root: Root, wid: str, *, actor: Principal) -> WorkflowDetail:
     """Everything a builder needs: attachments, write grants, candidates."""
-    found = _inspectable(root, wid, actor)
+    found = inspectable(root, wid, actor)
     m = found.manifest
     return WorkflowDetail(
         workflow_id=m.id, label=m.label, path=str(found.folder.path), version=m.version,
@@ -239,20 +244,20 @@ def show(root: Root, wid: str, *, actor: Principal) -> WorkflowDetail:
         readers=tuple(m.access.readers), sources=tuple(root.resolve(m)),
         allowed_kb_writers=tuple(m.access.allowed_kb_writers),
         candidates=candidates(root, wid, actor=actor).candidates,
-        can_manage=audience.can_manage_sources(actor, m),
+        can_manage=audience.can_manage_sources(actor, m), can_grant=audience.can_grant_writers(actor, m),
     )  # fmt: skip
 
 
 def sources(root: Root, wid: str, *, actor: Principal) -> SourcesView:
     """``wid``'s attachments as resolved now (refused to an actor who may not inspect it)."""
-    m = _inspectable(root, wid, actor).manifest
+    m = inspectable(root, wid, actor).manifest
     return SourcesView(m.id, m.version, tuple(root.resolve(m)))
 
 
 def candidates(root: Root, wid: str, *, actor: Principal) -> CandidateList:
     """Workflow IDs ``wid`` could attach now: readable by its whole audience,
     on this host, not itself, not ambiguous, KB present. Labels, never paths."""
-    consumer = _inspectable(root, wid, actor).manifest
+    consumer = inspectable(root, wid, actor).manifest
     attached = {e.workflow_id for e in consumer.entries}
     out: list[Candidate] = []
     for folder in root.registry.folders():
@@ -274,7 +279,7 @@ def candidates(root: Root, wid: str, *, actor: Principal) -> CandidateList:
 def writers(root: Root, source_id: str, *, actor: Principal) -> WritersView:
     """The consumers ``source_id``'s owners let write into its notes/ (each
     marked when it no longer exists)."""
-    m = _inspectable(root, source_id, actor).manifest
+    m = inspectable(root, source_id, actor).manifest
     rows = tuple(WriterRow(w, isinstance(root.registry.find(w), Found)) for w in m.access.allowed_kb_writers)
     return WritersView(m.id, rows, m.is_legacy)
 
@@ -327,6 +332,38 @@ def set_sources(
 
     saved = _save_sources(root, wid, actor, build, action="set", expected_version=expected_version)
     return SourcesView(saved.id, saved.version, tuple(root.resolve(saved)))
+
+
+ACCESS_MODES = ("read", "write")
+
+
+def set_access(
+    root: Root, wid: str, alias: str, access: str, *, actor: Principal, expected_version: str | None = None
+) -> Attachment:
+    """Change the access of ``wid``'s attachment ``alias`` to ``access`` in one
+    locked read-modify-write of its manifest (every other entry unchanged):
+    refused when the manifest is no longer at ``expected_version`` (when one
+    is given), so a change decided on an older view never lands. The new
+    attachment as resolved now; a ``write`` whose grant is missing is saved as
+    write-pending, as an attach with write access is."""
+    if access not in ACCESS_MODES:
+        raise InvalidInput(f"access must be 'read' or 'write', not {access[:40]!r}")
+
+    def build(current: Manifest) -> list[SourceRef]:
+        if not any(e.alias == alias for e in current.entries):
+            raise NotFound(
+                f"workflow {wid!r} has no attachment with alias {alias!r}",
+                hint=f"`kbd sources list {wid}` shows the attached aliases",
+            )
+        entries = [r.to_json() for r in _current_refs(current)]
+        for entry in entries:
+            if entry["alias"] == alias:
+                entry["access"] = access
+        return validate_sources(entries, self_id=current.id)
+
+    saved = _save_sources(root, wid, actor, build, action="access", source=alias,
+                          expected_version=expected_version)  # fmt: skip
+    return next(a for a in root.resolve(saved) if a.alias == alias)
 
 
 def _require_manage(actor: Principal, m: Manifest) -> None:

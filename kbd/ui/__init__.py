@@ -1,0 +1,8 @@
+"""``kbd ui``: the Knowledge page (issue 15, DESIGN §13), a local web server for one principal.
+
+:mod:`kbd.ui.security` decides what the web surface lets through (pure);
+:mod:`kbd.ui.server` serves the page's assets and its JSON API, every route one
+:class:`kbd.backend.Op` run through the CLI's backend (directly on the root,
+or through the daemon) as the principal resolved at start-up. The assets in
+``kbd/ui/assets/`` ship in the wheel as package data.
+"""
