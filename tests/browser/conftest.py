@@ -50,7 +50,7 @@ class World:
     """A root, its daemon, and the `kbd ui` servers and browser contexts a test opened."""
 
     kb: KbRoot
-    daemon: daemons.Daemon
+    daemon: daemons.Daemon | None
     browser: Browser
     uis: list[UiServer] = field(default_factory=list)
     contexts: list[BrowserContext] = field(default_factory=list)
@@ -80,6 +80,11 @@ class World:
         self.pages.append(page)
         return server, ctx, page
 
+    def stop_daemon(self) -> None:
+        assert self.daemon is not None
+        self.daemon.stop()
+        self.daemon = None
+
     def watched(self, page: Watched) -> Watched:
         self.pages.append(page)
         return page
@@ -107,9 +112,12 @@ class World:
 
 @pytest.fixture
 def world(kb: KbRoot, browser: Browser) -> Iterator[World]:
-    with daemons.serving(kb.root) as served:
-        w = World(kb=kb, daemon=served, browser=browser)
+    w = World(kb=kb, daemon=daemons.start(kb.root), browser=browser)
+    try:
+        yield w
+    finally:
         try:
-            yield w
-        finally:
             w.close()
+        finally:
+            if w.daemon is not None:
+                w.daemon.stop()
