@@ -99,7 +99,9 @@ class UiServer:
             code = self.proc.wait(timeout=STOP_TIMEOUT)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"kbd ui did not exit within {STOP_TIMEOUT}s of SIGTERM\n{self.stderr}") from None
+            raise AssertionError(
+                f"kbd ui did not exit within {STOP_TIMEOUT}s of SIGTERM\n{self.stderr}"
+            ) from None
         self._reap()
         assert code == 0, f"kbd ui exited {code} after SIGTERM\n{self.stderr}"
         assert "Traceback" not in self.stderr, self.stderr
@@ -140,7 +142,9 @@ def start_ui(root: Path, *, as_: str, workflow: str | None = None, args: tuple[s
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=STOP_TIMEOUT)
-        raise AssertionError(f"kbd ui printed no URL line (got {text!r}); stderr:\n{err.data.decode(errors='replace')}")
+        raise AssertionError(
+            f"kbd ui printed no URL line (got {text!r}); stderr:\n{err.data.decode(errors='replace')}"
+        )
     return UiServer(proc=proc, url=text, port=int(match.group(1)), _out=out, _err=err)
 
 

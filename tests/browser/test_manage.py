@@ -58,7 +58,9 @@ def test_attach_access_and_detach_write_workflow_json_as_the_cli_does(world: Wor
     page = watched.page
 
     attach_in_page(page, "wf_extra", "extra", "write")
-    r = cli.cli("sources", "attach", worlds.MAIN, "wf_extra", "--alias", "extra", "--access", "write", "--as", "alice")
+    r = cli.cli(
+        "sources", "attach", worlds.MAIN, "wf_extra", "--alias", "extra", "--access", "write", "--as", "alice"
+    )
     assert r.code == 0, r.err
     assert worlds.manifest(world.kb) == worlds.manifest(cli)
     expect(card(page, "extra")).to_contain_text("waiting for the owner's grant")
@@ -122,7 +124,9 @@ def test_a_reader_sees_no_manage_controls_and_forged_changes_are_refused(world: 
     for method, path, body in forged:
         answer = page.evaluate(FORGE, [method, path, body])
         assert answer["status"] in (403, 404), (method, path, answer)
-        assert answer["data"]["error"]["code"] in ("permission-denied", "not-found", "workflow-not-found"), answer
+        assert answer["data"]["error"]["code"] in ("permission-denied", "not-found", "workflow-not-found"), (
+            answer
+        )
     assert snapshot(world.root, skip=("state",)) == before, "a refused change touched the root"
 
 

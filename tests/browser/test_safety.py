@@ -22,8 +22,10 @@ from tests.helpers import snapshot
 ASSETS = Path(__file__).resolve().parents[2] / "kbd" / "ui" / "assets"
 
 HOSTILE_LABEL = '<img src=x onerror="alert(1)">'
-HOSTILE_NAME = '<img src=x onerror=alert(2)>.md'
-HOSTILE_TEXT = "# <script>alert(3)</script>\n<img src=x onerror=\"fetch('/x')\">\n[link](javascript:alert(4))\n"
+HOSTILE_NAME = "<img src=x onerror=alert(2)>.md"
+HOSTILE_TEXT = (
+    "# <script>alert(3)</script>\n<img src=x onerror=\"fetch('/x')\">\n[link](javascript:alert(4))\n"
+)
 
 
 def requests_to_x(requests: list[str]) -> list[str]:
@@ -139,7 +141,9 @@ def test_every_asset_is_free_of_inline_code_and_html_injection() -> None:
     assert re.search(r"\son[a-z]+=", html) is None, "an on*= handler attribute"
     assert re.search(r"(src|href)=\"(https?:)?//", html) is None, "a third-party asset"
     # Comments left out (the file's header names the sinks it never uses).
-    js = "\n".join(ln for ln in (ASSETS / "app.js").read_text().splitlines() if not ln.lstrip().startswith("//"))
+    js = "\n".join(
+        ln for ln in (ASSETS / "app.js").read_text().splitlines() if not ln.lstrip().startswith("//")
+    )
     for sink in (".innerHTML", ".outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
         assert sink not in js, f"app.js uses {sink}"
     assert "http://" not in js and "https://" not in js, "app.js names another origin"
@@ -148,7 +152,7 @@ def test_every_asset_is_free_of_inline_code_and_html_injection() -> None:
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the stdlib's name
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 

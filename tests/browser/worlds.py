@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +9,7 @@ from tests.helpers import KbRoot
 
 MAIN = "wf_main"
 # An unknown top-level field: every save through the page must keep it untouched.
-CUSTOM = {"x_custom": {"keep": [1, "two", {"three": None}], "note": "kept by kbd"}}
+CUSTOM: dict[str, Any] = {"x_custom": {"keep": [1, "two", {"three": None}], "note": "kept by kbd"}}
 SECRET = "SOUL-SECRET-7f3a"
 
 
@@ -58,7 +57,7 @@ def plant_links(kb_dir: Path) -> dict[str, str]:
         "soul-dir": "../../soul",
     }
     for name, target in links.items():
-        os.symlink(target, kb_dir / "notes" / name)
+        (kb_dir / "notes" / name).symlink_to(target)
     return links
 
 

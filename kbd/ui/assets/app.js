@@ -26,7 +26,7 @@
     lastEventId: null,
     seq: 0, // bumps on every workflow switch: late answers for another workflow are dropped
   };
-  const LIVE_REFRESH_MS = 120; // coalesces a burst of events into one refresh (well within the 1 s budget)
+  const LIVE_REFRESH_MS = 30; // coalesces a burst of events (a save is often two) into one refresh
   const LIST_LIMIT = 500;
 
   const $ = (id) => document.getElementById(id);
@@ -218,9 +218,12 @@
     const seq = S.seq;
     if (!wid) { renderHead(); return; }
     let detail;
+    // The cards' request goes out beside the workflow's (the cards are what a change shows first).
+    const cards = loadSources(wid, seq);
     try {
       detail = await api(wfPath(wid));
     } catch (err) {
+      await cards;
       if (seq !== S.seq) return;
       S.detail = null;
       S.rights = { manage: false, grant: false };
@@ -231,7 +234,7 @@
     if (seq !== S.seq) return;
     S.detail = detail;
     S.rights = { manage: Boolean(detail.rights && detail.rights.manage), grant: Boolean(detail.rights && detail.rights.grant) };
-    const jobs = [loadSources(wid, seq)];
+    const jobs = [cards];
     if (S.rights.manage) jobs.push(loadCandidates(wid, seq));
     if (S.rights.grant) jobs.push(loadWriters(wid, seq), loadPending(wid, seq));
     await Promise.all(jobs);
@@ -346,11 +349,14 @@
       actions.append(button("Browse", "open", () => openKb(att.alias, ""),
         { "data-key": `open:${att.alias}`, "aria-label": `Browse ${att.alias}` }));
     }
-    if (S.rights.manage) {
+    if (S.rights.manage && ok) {
+      // An unavailable attachment is repaired at its source or detached: its access cannot resolve anew.
       const other = att.access === "write" ? "read" : "write";
       actions.append(button(other === "write" ? "Allow writing" : "Make read-only", "access",
         () => changeAccess(att, other), { "data-key": `access:${att.alias}`, "data-to": other,
           "aria-label": `Change ${att.alias} to ${other}` }));
+    }
+    if (S.rights.manage) {
       if (S.confirming === att.alias) {
         actions.append(el("span", { class: "confirm", role: "group", "aria-label": `Confirm detaching ${att.alias}` },
           el("span", { text: `Detach ${att.alias}?` }),
