@@ -100,3 +100,14 @@ kill "$serve_pid"; wait "$serve_pid" || true
 trap - EXIT
 step "$kbd" audit
 printf '\ndemo root left at %s (KBD_ROOT=%s kbd --help)\n' "$root" "$root"
+# The Knowledge page: checked here (it starts and prints its one-time URL), then how to open it.
+"$kbd" ui wf_perf --as alice --no-browser >"$root/state/ui.url" 2>/dev/null &
+ui_pid=$!
+for _ in $(seq 200); do [ -s "$root/state/ui.url" ] && break; sleep 0.05; done
+grep -q '^http://127\.0\.0\.1:[0-9]*/?token=' "$root/state/ui.url" || { echo "kbd ui did not start"; kill "$ui_pid"; exit 1; }
+kill "$ui_pid"; wait "$ui_pid" || true
+rm -f "$root/state/ui.url"
+printf '\n# The Knowledge page (attach, grant, browse, review; live) for alice on this demo root:\n'
+printf '#   KBD_ROOT=%s %s ui wf_perf --as alice\n' "$root" "$kbd"
+printf '# It prints a one-time http://127.0.0.1:PORT/?token=... URL and opens your browser (--no-browser: open it\n'
+printf '# yourself); Ctrl-C stops it. Start `kbd serve` beside it to make the page live for hand edits too.\n'

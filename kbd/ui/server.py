@@ -36,10 +36,10 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 import uvicorn
@@ -444,7 +444,7 @@ def create_app(page: Page) -> ASGIApp:
     async def events(request: Request) -> Response:
         last = request.headers.get("last-event-id") or None
         stream = _relay(page, last) if isinstance(page.via, ops.Remote) else _follow(page, last)
-        return StreamingResponse(stream, media_type="text/event-stream",
+        return StreamingResponse(_until_stopped(stream, page), media_type="text/event-stream",
                                  headers={"x-accel-buffering": "no"})  # fmt: skip
 
     wf = "/api/workflows/{wid}"
@@ -518,7 +518,36 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-async def _relay(page: Page, last: str | None) -> AsyncIterator[bytes]:
+async def _until_stopped(frames: AsyncGenerator[bytes, None], page: Page) -> AsyncIterator[bytes]:
+    """``frames`` until they end or the server stops: an open stream never holds up
+    the shutdown (SIGTERM/SIGINT) waiting for its next event or ping."""
+    stopping = page.stopping
+    if stopping is None:  # not served by UiServer (no shutdown to wait for)
+        async with contextlib.aclosing(frames):
+            async for frame in frames:
+                yield frame
+        return
+    stop = asyncio.ensure_future(stopping.wait())
+    try:
+        while True:
+            nxt = asyncio.ensure_future(anext(frames))
+            done, _ = await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if nxt not in done:
+                nxt.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await nxt
+                return
+            try:
+                frame = nxt.result()
+            except StopAsyncIteration:
+                return
+            yield frame
+    finally:
+        stop.cancel()
+        await frames.aclose()
+
+
+async def _relay(page: Page, last: str | None) -> AsyncGenerator[bytes, None]:
     """The daemon's change feed for the connection's principal, re-framed as
     ``id:``/``data:`` (the page reads ``type`` from the JSON). A dropped
     upstream ends the stream; the browser reconnects with Last-Event-ID."""
@@ -568,15 +597,17 @@ async def _sse_items(lines: AsyncIterator[str], page: Page) -> AsyncIterator[byt
                 data.append(value)
 
 
-async def _follow(page: Page, last: str | None) -> AsyncIterator[bytes]:
+async def _follow(page: Page, last: str | None) -> AsyncGenerator[bytes, None]:
     """On the root: its shared event log, as the daemon's feed delivers it
     (visibility decided per event for the page's principal, now); a
     ``resync`` when a daemon starts or stops (whether manifest events flow)."""
     feed = _direct_feed(page)
     yield f"retry: {SSE_RETRY_MS}\n".encode()
     live = await run_in_threadpool(page.live)
-    frames = feed.stream(lambda: _principal_now(page), since=last, follow=True, ping=LIVE_CHECK_INTERVAL)
-    try:
+    # The feed's generator is closed with this one (its subscriber leaves at once, not at collection).
+    frames = cast("AsyncGenerator[bytes, None]", feed.stream(lambda: _principal_now(page), since=last,
+                                                             follow=True, ping=LIVE_CHECK_INTERVAL))  # fmt: skip
+    async with contextlib.aclosing(frames):
         async for chunk in frames:
             if page.stopping is not None and page.stopping.is_set():
                 return
@@ -588,9 +619,6 @@ async def _follow(page: Page, last: str | None) -> AsyncIterator[bytes]:
                 yield b": ping\n\n"
                 continue
             yield _EVENT_LINE.sub(b"", chunk)
-    finally:
-        with contextlib.suppress(AttributeError):
-            await frames.aclose()  # type: ignore[attr-defined]
 
 
 def _direct_feed(page: Page) -> Feed:

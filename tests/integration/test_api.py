@@ -46,6 +46,9 @@ ROUTES: dict[tuple[str, str], str] = {
     ("PUT", "/v1/workflows/{wid}/sources"): "test_put_sources_with_expected_version",
     ("POST", "/v1/workflows/{wid}/sources"): "test_editor_can_attach",
     ("DELETE", "/v1/workflows/{wid}/sources/{alias}"): "test_owner_detaches",
+    ("PATCH", "/v1/workflows/{wid}/sources/{alias}"): "test_set_access_is_one_locked_change",
+    ("GET", "/v1/workflows/{wid}/kb/file"): "test_own_kb_is_browsed_with_the_attached_kbs_rules",
+    ("GET", "/v1/workflows/{wid}/kb/dir"): "test_own_kb_is_browsed_with_the_attached_kbs_rules",
     ("GET", "/v1/workflows/{wid}/candidates"): "test_candidates",
     ("GET", "/v1/workflows/{wid}/sources/{alias}/file"): "test_browse_file_rules_match_the_cli",
     ("GET", "/v1/workflows/{wid}/sources/{alias}/dir"): "test_browse_dir",
@@ -87,6 +90,7 @@ ROUTES: dict[tuple[str, str], str] = {
 SAMPLE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("PUT", "/v1/workflows/{wid}/sources"): {"sources": []},
     ("POST", "/v1/workflows/{wid}/sources"): {"workflow_id": "x", "alias": "x"},
+    ("PATCH", "/v1/workflows/{wid}/sources/{alias}"): {"access": "read"},
     ("POST", "/v1/workflows/{wid}/writers"): {"workflow_id": "x"},
     ("POST", "/v1/sessions"): {"workflow_id": "x", "kind": "builder"},
     ("POST", "/v1/sessions/{sid}/children"): {},
@@ -101,6 +105,7 @@ SAMPLE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
 }
 SAMPLE_QUERY: dict[str, dict[str, str]] = {
     "/v1/workflows/{wid}/sources/{alias}/file": {"path": "notes/fact.md"},
+    "/v1/workflows/{wid}/kb/file": {"path": "notes/fact.md"},
     "/v1/workflows/{wid}/notes/history": {"path": "notes/x.md"},
     "/v1/workflows/{wid}/notes/history/version": {"path": "notes/x.md"},
     "/v1/workflows/{wid}/notes/history/diff": {"path": "notes/x.md"},
@@ -443,6 +448,31 @@ def test_owner_detaches(world: World, s: Scenario) -> None:
     world.error(world.as_("alice").delete(f"/v1/workflows/{s.con_id}/sources/rts"), 404, "not-found")
 
 
+def test_set_access_is_one_locked_change(world: World, s: Scenario) -> None:
+    """Issue 15: PATCH changes one attachment's access, every other byte kept; refused
+    (409, nothing written) when the manifest moved past expected_version; managers only."""
+    url = f"/v1/workflows/{s.con_id}/sources/rts"
+    c = world.as_("carol")  # an editor
+    v1 = c.get(f"/v1/workflows/{s.con_id}/sources").json()["version"]
+    r = c.patch(url, json={"access": "write", "expected_version": v1})
+    assert r.status_code == 200, r.text
+    assert r.json()["access"] == "write" and r.json()["write"]["reason"] == "write_not_granted"
+    doc = s.w.kb.read_manifest(s.con)
+    assert doc["knowledgebase_sources"] == [{"workflow_id": s.src_id, "alias": "rts", "access": "write"}]
+    before = s.manifest_bytes(s.con)
+    world.error(c.patch(url, json={"access": "read", "expected_version": v1}), 409, "version-conflict")
+    world.error(world.as_("bob").patch(url, json={"access": "read"}), 403, "permission-denied")
+    world.error(world.as_("dave").patch(url, json={"access": "read"}), 404, "workflow-not-found")
+    world.error(c.patch(url, json={"access": "admin"}), 400, "invalid-input")
+    world.error(c.patch(url, json={"access": "read", "x": 1}), 400, "invalid-input")
+    world.error(
+        c.patch(f"/v1/workflows/{s.con_id}/sources/nosuch", json={"access": "read"}), 404, "not-found"
+    )
+    assert s.manifest_bytes(s.con) == before
+    r = c.patch(url, json={"access": "read"})
+    assert r.status_code == 200 and r.json()["write"] is None, r.text
+
+
 def test_put_sources_with_expected_version(world: World, s: Scenario) -> None:
     s.workflow("lib", access=TEAM)
     c = world.as_("carol")
@@ -653,6 +683,29 @@ def test_browse_file_rules_match_the_cli(odd: Browse, relpath: str, status: int,
     assert cli.code != 0 and "secret" not in cli.out
     m = CLI_ERROR.search(cli.err)
     assert m is not None and m.group("code") == code, cli.err
+
+
+@pytest.mark.parametrize(("relpath", "status", "code", "why"), FILE_RULES, ids=[r[0] for r in FILE_RULES])
+def test_own_kb_is_browsed_with_the_attached_kbs_rules(
+    odd: Browse, relpath: str, status: int, code: str, why: str
+) -> None:
+    """Issue 15: a workflow's own KB (``kbd read WF .``, GET …/kb/file|dir) answers every
+    trap exactly as the same KB answers when attached (same confinement, caps, codes)."""
+    relpath = relpath.replace("ABS_KB", odd.s.src_kb)
+    w, src = odd.s.w, odd.s.src_id
+    r = w.as_("alice").get(f"/v1/workflows/{src}/kb/file", params={"path": relpath})
+    assert why in w.error(r, status, code) and "secret" not in r.text
+    cli = w.kb.call("read", src, ".", relpath, "--as", "alice")
+    assert cli.code != 0 and "secret" not in cli.out
+    m = CLI_ERROR.search(cli.err)
+    assert m is not None and m.group("code") == code, cli.err
+    own = w.as_("alice").get(f"/v1/workflows/{src}/kb/dir", params={"path": "notes"}).json()
+    attached = odd.dir("notes").json()
+    assert own == {**attached, "workflow_id": src, "alias": None}
+    ok = w.as_("bob").get(f"/v1/workflows/{src}/kb/file", params={"path": "notes/fact.md"}).json()
+    assert ok == {"workflow_id": src, "alias": None, "path": "notes/fact.md", "size": 8, "encoding": "utf-8",
+                  "content": "odd-src\n"}  # fmt: skip
+    w.error(w.as_("dave").get(f"/v1/workflows/{src}/kb/dir"), 404, "workflow-not-found")
 
 
 def test_browse_file_reads_regular_files_and_the_daemon_survives_a_fifo(odd: Browse) -> None:

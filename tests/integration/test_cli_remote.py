@@ -55,6 +55,13 @@ SCRIPT: list[tuple[str, list[str], bytes | None]] = [
     ("bob", ["sources", "attach", "con", "lib", "--alias", "other"], None),
     ("alice", ["sources", "detach", "con", "extra"], None),
     ("alice", ["sources", "detach", "con", "extra"], None),
+    # Issue 15: one attachment's access, in one locked change (and only at a version, when given).
+    ("alice", ["sources", "access", "con", "rts", "write", "--json"], None),
+    ("alice", ["sources", "access", "con", "rts", "read"], None),
+    ("alice", ["sources", "access", "con", "nosuch", "read"], None),
+    ("dave", ["sources", "access", "con", "rts", "write"], None),
+    ("carol", ["sources", "access", "con", "rts", "write"], None),
+    ("alice", ["sources", "access", "con", "rts", "write", "--expected-version", "v0"], None),
     (
         "alice",
         ["sources", "set", "con", "--file", "-"],
@@ -128,6 +135,15 @@ SCRIPT: list[tuple[str, list[str], bytes | None]] = [
     ("alice", ["ls", "con", "rts"], None),
     ("alice", ["ls", "con", "rts", "notes", "--limit", "1"], None),
     ("alice", ["ls", "con", "rts", "notes", "--limit", "1", "--after", "fact.md", "--json"], None),
+    # Issue 15: ALIAS "." is the workflow's own KB (never an alias), browsed with the same rules.
+    ("alice", ["read", "con", ".", "notes/fact.md"], None),
+    ("alice", ["read", "con", ".", "context/about.md", "--json"], None),
+    ("alice", ["read", "con", ".", "../workflow.json"], None),
+    ("alice", ["read", "con", ".", "credentials/token"], None),
+    ("dave", ["read", "con", ".", "notes/fact.md"], None),
+    ("alice", ["ls", "con", "."], None),
+    ("alice", ["ls", "con", ".", "notes", "--limit", "1", "--json"], None),
+    ("dave", ["ls", "con", "."], None),
     # Note history (issue 13 item 3): versions differ per run (provenance stamps), so they are masked.
     (
         "alice",

@@ -90,6 +90,10 @@ def test_wheel_holds_the_package_and_its_data_and_nothing_else(built: Built) -> 
     assert not missing, f"modules left out of the wheel (add their package to pyproject): {sorted(missing)}"
     data = {f"kbd/policies/{p.name}" for p in (REPO / "policies").glob("*.yaml")}
     data |= {f"kbd/sandbox_profiles/{p.name}" for p in (REPO / "sandbox-profiles").glob("*.sb")}
+    # The Knowledge page's assets (kbd ui serves them from the package: no CDN, DESIGN §13).
+    assets = {f"kbd/ui/assets/{p.name}" for p in (REPO / "kbd" / "ui" / "assets").iterdir()}
+    assert {"kbd/ui/assets/index.html", "kbd/ui/assets/app.js", "kbd/ui/assets/app.css"} <= assets
+    data |= assets
     assert data and data <= names, sorted(data - names)
     assert {"kbd/py.typed", "kbd/sandbox/landlock_helper.py", "kbd/__main__.py"} <= names
     info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))

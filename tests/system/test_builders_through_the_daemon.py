@@ -249,3 +249,45 @@ def test_a_closed_folder_before_the_socket_is_named_as_such(host: Host) -> None:
     # The stranger cannot read kbd.yaml, so kbd tries <root>/state/run/kbd.sock behind a closed folder.
     code, _, err = _kbd(host.stranger, "sources", "list", "mine", root=host.kb.root)
     assert code == 77 and "a folder on its path is closed to you" in err and "KBD_SOCKET" in err, err
+
+
+def test_the_builder_s_knowledge_page_goes_through_the_daemon(host: Host) -> None:
+    """Issue 15: `kbd ui` run by a real non-root builder acts as her principal through the
+    daemon (she cannot use the root): its changes are the daemon's, its feed relays the
+    daemon's (a hand edit arrives within 1 s), and SIGTERM closes the session it opened."""
+    import threading
+    import time
+
+    from tests.integration.test_ui_server import read_events
+    from tests.integration.ui import serving_ui
+
+    root = host.kb.root
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "PYTHONPATH": str(REPO), "LANG": "C.UTF-8",
+           "KBD_ROOT": str(root)}  # fmt: skip
+    prefix = ["setpriv", "--reuid", str(host.builder), "--regid", str(pwd.getpwuid(host.builder).pw_gid),
+              "--init-groups"]  # fmt: skip
+    mine = host.kb.workflows / "mine"
+    with serving_ui(root, prefix=prefix, env=env, with_root=False, cwd="/") as ui:
+        c = ui.login()
+        me = c.get("/api/me").json()
+        assert (me["principal"], me["mode"], me["live"]) == ("alice", "daemon", True), me
+        assert c.get("/api/workflows/mine").json()["rights"] == {"manage": True, "grant": True}
+        assert c.get("/api/workflows/lib").json()["rights"] == {"manage": False, "grant": False}  # a reader
+        assert c.get("/api/workflows/theirs").status_code == 404  # not hers to see
+        r = ui.change(c, "POST", "/api/workflows/mine/sources", {"workflow_id": "lib", "alias": "lib"})
+        assert r.status_code == 200, r.text
+        assert [s["alias"] for s in host.kb.read_manifest(mine)["knowledgebase_sources"]] == ["lib"]
+        r = ui.change(c, "POST", "/api/workflows/lib/sources", {"workflow_id": "mine", "alias": "mine"})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "permission-denied", r.text
+        assert c.get("/api/workflows/mine/search", params={"q": "lib"}).status_code == 200
+        got: list[tuple[float, dict[str, object]]] = []
+        t = threading.Thread(target=lambda: got.extend(read_events(c, time.monotonic() + 10)))
+        t.start()
+        time.sleep(1.0)
+        edited = time.monotonic()
+        host.kb.edit(mine, knowledgebase_sources=[])  # a hand detach
+        t.join(timeout=30)
+        assert got and got[0][1]["workflow_id"] == "mine", got
+        assert got[0][0] - edited < 1.0, got[0][0] - edited
+    sessions = orjson.loads(host.kb.cli("session", "list", "--all", "--json").out)["sessions"]
+    assert [s for s in sessions if not s["closed"]] == [], sessions
