@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Playwright, sync_playwright
 
-from tests.browser.harness import UiServer, Watched, chromium_or_fail, new_context, sign_in, start_ui
+from tests.browser.harness import Watched, chromium_or_fail, new_context, open_ui, sign_in
 from tests.helpers import KbRoot
 from tests.integration import daemon as daemons
+from tests.integration.ui import Ui
 
 SHOTS_ENV = "KBD_SCREENSHOTS"
 
@@ -52,7 +53,7 @@ class World:
     kb: KbRoot
     daemon: daemons.Daemon | None
     browser: Browser
-    uis: list[UiServer] = field(default_factory=list)
+    uis: list[Ui] = field(default_factory=list)
     contexts: list[BrowserContext] = field(default_factory=list)
     pages: list[Watched] = field(default_factory=list)
 
@@ -60,8 +61,8 @@ class World:
     def root(self) -> Path:
         return self.kb.root
 
-    def ui(self, as_: str, workflow: str | None = None, *, args: tuple[str, ...] = ()) -> UiServer:
-        server = start_ui(self.root, as_=as_, workflow=workflow, args=args)
+    def ui(self, as_: str, workflow: str | None = None) -> Ui:
+        server = open_ui(self.root, as_=as_, workflow=workflow)
         self.uis.append(server)
         return server
 
@@ -72,7 +73,7 @@ class World:
 
     def open(
         self, as_: str, workflow: str | None = None, *, viewport: dict[str, int] | None = None
-    ) -> tuple[UiServer, BrowserContext, Watched]:
+    ) -> tuple[Ui, BrowserContext, Watched]:
         """`kbd ui WF --as P` and a signed-in page showing WF."""
         server = self.ui(as_, workflow)
         ctx = self.context(viewport)
@@ -98,14 +99,16 @@ class World:
                     page.assert_clean()
             except BaseException as exc:
                 problems.append(exc)
-        for ctx in self.contexts:
-            with contextlib.suppress(Exception):
-                ctx.close()
+        # The servers stop first, with the pages' event streams still open: the
+        # shutdown must end them (a server that waits for a stream fails here).
         for server in self.uis:
             try:
                 server.stop()
             except BaseException as exc:
                 problems.append(exc)
+        for ctx in self.contexts:
+            with contextlib.suppress(Exception):
+                ctx.close()
         if problems:
             raise problems[0]
 

@@ -1,9 +1,9 @@
 """The real parts the browser tests drive: a `kbd ui --no-browser` process and
 Debian's Chromium through Playwright (never a downloaded browser build).
 
-`UiServer` starts `python -m kbd --root ROOT ui [WF] --no-browser --as P`, reads
-the one-time URL from its first stdout line (a pump thread and a queue with a
-timeout: never a sleep), and on stop sends SIGTERM and asserts a clean exit.
+`open_ui` starts `python -m kbd --root ROOT ui [WF] --no-browser --as P` with the
+integration tests' helper (tests/integration/ui.py: the one-time URL from its
+first stdout line; SIGTERM and a clean exit at the end).
 
 `Watched` wraps a Playwright page with what every test checks afterwards: the
 Content-Security-Policy violations the page reported (a listener installed
@@ -14,26 +14,17 @@ made (so a hostile `<img src=x>` that loaded would be seen).
 from __future__ import annotations
 
 import os
-import queue
-import re
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from playwright.sync_api import Browser, BrowserContext, Page, Request, expect
 
-from tests.integration.daemon import clean_env
+from tests.integration.ui import Ui, start_ui
 
 CHROMIUM = Path("/usr/bin/chromium")
-START_TIMEOUT = 30.0
-STOP_TIMEOUT = 15.0
-URL_LINE = re.compile(r"^http://127\.0\.0\.1:(\d+)/\?token=([A-Za-z0-9_-]+)$")
 WIDE = {"width": 1280, "height": 800}
 NARROW = {"width": 400, "height": 860}
 # Installed into every page before its own scripts: records CSP violations.
@@ -42,6 +33,28 @@ window.__csp = [];
 document.addEventListener('securitypolicyviolation', (e) => {
   window.__csp.push({directive: e.violatedDirective, blocked: e.blockedURI, sample: e.sample});
 });
+// When each change-feed frame reached the page (wall clock, ms): a late refresh says where the time went.
+window.__sse = [];
+if (window.EventSource) {
+  const Original = window.EventSource;
+  window.EventSource = function (url, init) {
+    const source = new Original(url, init);
+    source.addEventListener('message', (e) => window.__sse.push([Date.now(), e.data.slice(0, 120)]));
+    return source;
+  };
+  window.EventSource.prototype = Original.prototype;
+  Object.assign(window.EventSource, {CONNECTING: 0, OPEN: 1, CLOSED: 2});
+}
+// And each API request: [start, ms, path].
+window.__fetches = [];
+{
+  const originalFetch = window.fetch;
+  window.fetch = async (...args) => {
+    const t = Date.now();
+    try { return await originalFetch(...args); }
+    finally { window.__fetches.push([t, Date.now() - t, String(args[0]).slice(0, 80)]); }
+  };
+}
 """
 
 
@@ -57,95 +70,14 @@ def chromium_or_fail() -> str:
     return str(CHROMIUM)
 
 
-class _Pump(threading.Thread):
-    def __init__(self, stream: IO[bytes], lines: queue.Queue[bytes | None] | None) -> None:
-        super().__init__(daemon=True)
-        self.stream = stream
-        self.lines = lines
-        self.data = bytearray()
-
-    def run(self) -> None:
-        try:
-            for line in iter(self.stream.readline, b""):
-                self.data += line
-                if self.lines is not None:
-                    self.lines.put(line)
-        finally:
-            if self.lines is not None:
-                self.lines.put(None)
+def url_of(ui: Ui) -> str:
+    """The one-time URL `kbd ui` printed (it works once)."""
+    return f"{ui.base}/?token={ui.token}"
 
 
-@dataclass
-class UiServer:
-    proc: subprocess.Popen[bytes]
-    url: str  # the one-time URL (token included)
-    port: int
-    _out: _Pump
-    _err: _Pump
-
-    @property
-    def origin(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def stderr(self) -> str:
-        return self._err.data.decode(errors="replace")
-
-    def stop(self) -> None:
-        """SIGTERM; assert exit 0 within the timeout and no traceback."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(timeout=STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(
-                f"kbd ui did not exit within {STOP_TIMEOUT}s of SIGTERM\n{self.stderr}"
-            ) from None
-        self._reap()
-        assert code == 0, f"kbd ui exited {code} after SIGTERM\n{self.stderr}"
-        assert "Traceback" not in self.stderr, self.stderr
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=STOP_TIMEOUT)
-        self._reap()
-
-    def _reap(self) -> None:
-        self._out.join(timeout=STOP_TIMEOUT)
-        self._err.join(timeout=STOP_TIMEOUT)
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
-
-
-def start_ui(root: Path, *, as_: str, workflow: str | None = None, args: tuple[str, ...] = ()) -> UiServer:
-    argv = [sys.executable, "-m", "kbd", "--root", str(root), *args, "ui"]
-    if workflow is not None:
-        argv.append(workflow)
-    argv += ["--no-browser", "--as", as_]
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=clean_env(Path(os.environ["HOME"])))  # fmt: skip
-    assert proc.stdout is not None and proc.stderr is not None
-    lines: queue.Queue[bytes | None] = queue.Queue()
-    out, err = _Pump(proc.stdout, lines), _Pump(proc.stderr, None)
-    out.start()
-    err.start()
-    try:
-        first = lines.get(timeout=START_TIMEOUT)
-    except queue.Empty:
-        first = b""
-    text = (first or b"").decode(errors="replace").rstrip("\n")
-    match = URL_LINE.match(text)
-    if match is None:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=STOP_TIMEOUT)
-        raise AssertionError(
-            f"kbd ui printed no URL line (got {text!r}); stderr:\n{err.data.decode(errors='replace')}"
-        )
-    return UiServer(proc=proc, url=text, port=int(match.group(1)), _out=out, _err=err)
+def open_ui(root: Path, *, as_: str, workflow: str | None = None) -> Ui:
+    """`kbd --root ROOT ui [WF] --no-browser --as P` (tests/integration/ui.py starts it)."""
+    return start_ui(root, *([workflow] if workflow is not None else []), "--as", as_)
 
 
 @dataclass
@@ -197,16 +129,16 @@ def new_context(browser: Browser, *, viewport: dict[str, int] | None = None) -> 
     return context
 
 
-def sign_in(context: BrowserContext, ui: UiServer, *, workflow: str | None = None) -> Watched:
+def sign_in(context: BrowserContext, ui: Ui, *, workflow: str | None = None) -> Watched:
     """Open the one-time URL in a fresh page (the token becomes the context's cookie)
     and wait until the page has loaded its workflow (if one is named)."""
     watched = watch(context)
-    watched.page.goto(ui.url)
+    watched.page.goto(url_of(ui))
     ready(watched.page, workflow)
     return watched
 
 
-def second_page(context: BrowserContext, ui: UiServer, *, workflow: str | None = None) -> Watched:
+def second_page(context: BrowserContext, ui: Ui, *, workflow: str | None = None) -> Watched:
     """Another tab of the same browser (same cookie): the token works once."""
     watched = watch(context)
     watched.page.goto(f"{ui.origin}/" + (f"#wf={workflow}" if workflow else ""))

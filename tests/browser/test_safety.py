@@ -16,7 +16,7 @@ from playwright.sync_api import Page, expect
 
 from tests.browser import worlds
 from tests.browser.conftest import World
-from tests.browser.harness import new_context, watch
+from tests.browser.harness import new_context, url_of, watch
 from tests.helpers import snapshot
 
 ASSETS = Path(__file__).resolve().parents[2] / "kbd" / "ui" / "assets"
@@ -225,8 +225,8 @@ def test_a_browser_without_the_cookie_gets_nothing(world: World) -> None:
     assert first is not None and first.status == 403
     used = world.context()
     used_page = used.new_page()
-    used_page.goto(ui.url)  # the token works once ...
-    again = page.goto(ui.url)  # ... and never again
+    used_page.goto(url_of(ui))  # the token works once ...
+    again = page.goto(url_of(ui))  # ... and never again
     assert again is not None and again.status == 403
     try:
         answer = page.evaluate("async () => (await fetch('/api/workflows')).status")

@@ -26,7 +26,6 @@
     lastEventId: null,
     seq: 0, // bumps on every workflow switch: late answers for another workflow are dropped
   };
-  const LIVE_REFRESH_MS = 30; // coalesces a burst of events (a save is often two) into one refresh
   const LIST_LIMIT = 500;
 
   const $ = (id) => document.getElementById(id);
@@ -187,6 +186,8 @@
     S.kb = { alias: null, path: "" };
     S.file = null;
     S.confirming = null;
+    stale.review = true;
+    stale.browser = true;
     $("hits").replaceChildren();
     $("search-note").textContent = "";
     for (const id of ["src-error", "attach-error", "writers-error", "pending-error", "browser-error", "search-error"]) {
@@ -213,55 +214,63 @@
     try { await refreshing; } finally { refreshing = null; }
   }
 
+  // What the next refresh reloads beyond the workflow itself. One request,
+  // GET /api/workflows/{wid}, carries the head, the cards (its `sources`), the
+  // attach choices (`candidates`) and the rights; the grantor's panels and the
+  // browser are reloaded only when an event (or an action) concerns them.
+  const stale = { review: true, browser: true };
+
   async function refreshOnce() {
     const wid = S.wid;
     const seq = S.seq;
     if (!wid) { renderHead(); return; }
+    const review = stale.review;
+    const browser = stale.browser;
+    stale.review = false;
+    stale.browser = false;
+    const known = Boolean(S.detail && S.detail.workflow_id === wid);
+    // The grantor's panels load beside the workflow (with the rights known so far).
+    const side = known && S.rights.grant && review ? loadReview(wid, seq) : null;
     let detail;
-    // The cards' request goes out beside the workflow's (the cards are what a change shows first).
-    const cards = loadSources(wid, seq);
     try {
       detail = await api(wfPath(wid));
     } catch (err) {
-      await cards;
+      if (side) await side;
       if (seq !== S.seq) return;
       S.detail = null;
+      S.sources = [];
+      S.candidates = [];
       S.rights = { manage: false, grant: false };
       renderHead(err);
       renderAll();
+      await refreshBrowser(seq);
       return;
     }
     if (seq !== S.seq) return;
+    const hadGrant = known && S.rights.grant;
     S.detail = detail;
+    S.sources = detail.sources || [];
+    S.candidates = detail.candidates || [];
     S.rights = { manage: Boolean(detail.rights && detail.rights.manage), grant: Boolean(detail.rights && detail.rights.grant) };
-    const jobs = [cards];
-    if (S.rights.manage) jobs.push(loadCandidates(wid, seq));
-    if (S.rights.grant) jobs.push(loadWriters(wid, seq), loadPending(wid, seq));
-    await Promise.all(jobs);
-    if (seq !== S.seq) return;
+    clearError("src-error");
+    const shown = S.kb.alias;
     renderHead();
-    renderAll();
-    await refreshBrowser(seq);
+    renderCards();
+    renderAttach();
+    renderKbSelect(); // falls back to the own KB when the one shown is gone
+    renderSearchScope();
+    if (S.rights.grant && (side || review || !hadGrant)) {
+      await (side || loadReview(wid, seq));
+      if (seq !== S.seq) return;
+    }
+    renderWriters();
+    renderPending();
+    if (browser || shown !== S.kb.alias) await refreshBrowser(seq);
+    else renderKbStatus();
   }
 
-  async function loadSources(wid, seq) {
-    try {
-      const data = await api(wfPath(wid, "/sources"));
-      if (seq !== S.seq) return;
-      S.sources = data.sources || [];
-      clearError("src-error");
-    } catch (err) {
-      if (seq === S.seq) { S.sources = []; showError("src-error", err); }
-    }
-  }
-  async function loadCandidates(wid, seq) {
-    try {
-      const data = await api(wfPath(wid, "/candidates"));
-      if (seq === S.seq) S.candidates = data.candidates || [];
-    } catch (err) {
-      if (seq === S.seq) { S.candidates = []; showError("attach-error", err); }
-    }
-  }
+  const loadReview = (wid, seq) => Promise.all([loadWriters(wid, seq), loadPending(wid, seq)]);
+
   async function loadWriters(wid, seq) {
     try {
       const data = await api(wfPath(wid, "/writers"));
@@ -497,6 +506,7 @@
     } catch (err) {
       showError("writers-error", err);
     }
+    stale.review = true;
     await refreshWorkflow();
   }
 
@@ -508,6 +518,7 @@
     } catch (err) {
       showError("writers-error", err);
     }
+    stale.review = true;
     await refreshWorkflow();
   }
 
@@ -544,6 +555,8 @@
     } catch (err) {
       showError("pending-error", err);
     }
+    stale.browser = true; // a rejected note leaves notes/
+    stale.review = true;
     await refreshWorkflow();
   }
 
@@ -763,21 +776,27 @@
     badgeEl.textContent = text;
   }
 
-  let pending = null;
+  // Coalescing without timers: a hidden tab's timers are throttled to one a
+  // second, its network events are not. The first event starts a refresh at
+  // once; events meanwhile are folded into one more refresh after it.
   const wanted = { workflows: false, workflow: false };
-  function schedule(what) {
+  let draining = false;
+  async function schedule(what) {
     for (const k of what) wanted[k] = true;
-    if (pending) return;
-    pending = setTimeout(async () => {
-      pending = null;
-      const todo = { ...wanted };
-      wanted.workflows = false;
-      wanted.workflow = false;
-      const jobs = [];
-      if (todo.workflows) jobs.push(loadWorkflows());
-      if (todo.workflow) jobs.push(refreshWorkflow());
-      await Promise.all(jobs);
-    }, LIVE_REFRESH_MS);
+    if (draining) return;
+    draining = true;
+    try {
+      while (wanted.workflow || wanted.workflows) {
+        const todo = { ...wanted };
+        wanted.workflows = false;
+        wanted.workflow = false;
+        // The shown workflow first (what a change shows), then the list.
+        if (todo.workflow) await refreshWorkflow();
+        if (todo.workflows) await loadWorkflows();
+      }
+    } finally {
+      draining = false;
+    }
   }
 
   // Which panels an event touches: the selected workflow, or one of its sources (cards
@@ -789,11 +808,24 @@
     try { data = JSON.parse(ev.data); } catch (_) { return; }
     const type = data.type || ev.type;
     const wid = data.workflow_id;
-    if (type === "resync") { schedule(["workflows", "workflow"]); return; }
+    if (type === "resync") {
+      stale.review = true;
+      stale.browser = true;
+      schedule(["workflows", "workflow"]);
+      return;
+    }
     if (type === "workflow.changed") schedule(["workflows"]);
     if (!S.wid) return;
-    const related = wid === S.wid || S.sources.some((s) => s.workflow_id === wid);
-    if (related && /^(workflow|sources|writers|note)\./.test(type)) schedule(["workflow"]);
+    const own = wid === S.wid;
+    const source = S.sources.find((s) => s.workflow_id === wid);
+    if (!own && !source) return;
+    if (!/^(workflow|sources|writers|note)\./.test(type)) return;
+    // A hand edit of the manifest may change its writers too (it comes as workflow.changed).
+    if (own && type !== "sources.changed") stale.review = true;
+    if (type === "note.written" && (own ? S.kb.alias === null : source && source.alias === S.kb.alias)) {
+      stale.browser = true;
+    }
+    schedule(["workflow"]);
   }
 
   const EVENT_TYPES = ["workflow.changed", "sources.changed", "writers.changed", "note.written", "resync"];
