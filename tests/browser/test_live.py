@@ -138,3 +138,16 @@ def test_the_badge_says_when_the_page_is_not_live(world: World) -> None:
     badge = watched.page.locator("#live")
     assert badge.get_attribute("data-live") == "off"
     assert "not live" in badge.inner_text()
+
+
+def test_closing_a_tab_leaves_the_server_and_the_other_tabs_well(world: World) -> None:
+    """A closed tab drops its event stream: kbd ui goes on serving the others (and
+    exits 0 without a traceback at the end, which the fixture checks)."""
+    worlds.build(world.kb)
+    ui, ctx, first = world.open("alice", worlds.MAIN)
+    for _ in range(2):
+        tab = second_page(ctx, ui, workflow=worlds.MAIN)
+        tab.page.close()
+    change = cli(world, "sources", "detach", worlds.MAIN, "gone", "--as", "alice")
+    within_budget([first.page], change, "gone", "a CLI detach after other tabs closed", present=False)
+    assert "Traceback" not in ui.stderr, ui.stderr
