@@ -61,8 +61,8 @@ class World:
     def root(self) -> Path:
         return self.kb.root
 
-    def ui(self, as_: str, workflow: str | None = None) -> Ui:
-        server = open_ui(self.root, as_=as_, workflow=workflow)
+    def ui(self, as_: str | None, workflow: str | None = None, *, args: tuple[str, ...] = ()) -> Ui:
+        server = open_ui(self.root, as_=as_, workflow=workflow, args=args)
         self.uis.append(server)
         return server
 
@@ -72,14 +72,21 @@ class World:
         return ctx
 
     def open(
-        self, as_: str, workflow: str | None = None, *, viewport: dict[str, int] | None = None
-    ) -> tuple[Ui, BrowserContext, Watched]:
+        self, as_: str | None, workflow: str | None = None, *, viewport: dict[str, int] | None = None,
+        args: tuple[str, ...] = (),
+    ) -> tuple[Ui, BrowserContext, Watched]:  # fmt: skip
         """`kbd ui WF --as P` and a signed-in page showing WF."""
-        server = self.ui(as_, workflow)
+        server = self.ui(as_, workflow, args=args)
         ctx = self.context(viewport)
         page = sign_in(ctx, server, workflow=workflow)
         self.pages.append(page)
         return server, ctx, page
+
+    def restart_daemon(self) -> daemons.Daemon:
+        """A fresh daemon (it reads principals.yaml, tokens included, when it starts)."""
+        self.stop_daemon()
+        self.daemon = daemons.start(self.root)
+        return self.daemon
 
     def stop_daemon(self) -> None:
         assert self.daemon is not None

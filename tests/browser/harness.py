@@ -75,9 +75,9 @@ def url_of(ui: Ui) -> str:
     return f"{ui.base}/?token={ui.token}"
 
 
-def open_ui(root: Path, *, as_: str, workflow: str | None = None) -> Ui:
-    """`kbd --root ROOT ui [WF] --no-browser --as P` (tests/integration/ui.py starts it)."""
-    return start_ui(root, *([workflow] if workflow is not None else []), "--as", as_)
+def open_ui(root: Path, *, as_: str | None, workflow: str | None = None, args: tuple[str, ...] = ()) -> Ui:
+    """`kbd --root ROOT ui ARGS… [WF] --no-browser [--as P]` (tests/integration/ui.py starts it)."""
+    return start_ui(root, *args, *([workflow] if workflow else []), *(["--as", as_] if as_ else []))
 
 
 @dataclass

@@ -60,7 +60,8 @@ def test_search_labels_each_hit_with_its_trust_and_review(world: World) -> None:
     expect(hits).to_have_count(2)
     src = page.locator('.hit:has(code:text-is("notes/router.md"))')
     expect(src).to_have_attribute("data-trust", "source")
-    expect(src).to_contain_text("review: own")
+    expect(src).to_have_attribute("data-review", "own")
+    expect(src).to_contain_text("source's own")
     expect(page.locator("#search-note")).to_contain_text("2 hits")
     # A hit opens in the browser.
     src.locator('[data-action="open"]').click()
@@ -89,6 +90,7 @@ def rich_world(kb: KbRoot) -> str:
     audience = {"owners": ["carol"], "readers": ["alice", "bob"]}
     kb.workflow("wf_platform", label="RTS platform", access=audience)
     kb.workflow("wf_research", label="Research notes", access=audience)
+    kb.workflow("wf_forecast", label="Forecasts", access=audience)  # a candidate to attach
     (kb.workflows / "wf_platform" / "knowledgebase" / "notes" / "services.md").write_text(
         "# Services\nrouter, sfu\n"
     )

@@ -11,6 +11,7 @@ from playwright.sync_api import Page, expect
 from tests.browser import worlds
 from tests.browser.conftest import World
 from tests.helpers import KbRoot, snapshot
+from tests.integration import daemon as daemons
 
 # The script a forged request runs inside the reader's own page: it has the
 # cookie (the browser sends it) and reads the CSRF token as the page does, so
@@ -214,3 +215,32 @@ def test_keyboard_alone_selects_a_workflow_and_attaches(world: World) -> None:
     expect(card(page, "kbd_extra")).to_be_visible()
     doc: dict[str, Any] = worlds.doc(world.kb)
     assert {"workflow_id": "wf_extra", "alias": "kbd_extra", "access": "read"} in doc["knowledgebase_sources"]
+
+
+def test_through_the_daemon_the_page_changes_workflow_json_as_the_cli_does(
+    world: World, tmp_path: Path
+) -> None:
+    """`kbd ui --socket S --token-file F`: every action goes through the daemon as the token's principal."""
+    worlds.build(world.kb)
+    cli = twin(tmp_path)
+    token_file = tmp_path / "alice.token"
+    token_file.write_text(daemons.issue_tokens(world.root, ["alice"])["alice"])
+    token_file.chmod(0o600)
+    served = world.restart_daemon()
+    args = ("--socket", str(served.sock), "--token-file", str(token_file))
+    _, _, watched = world.open(None, worlds.MAIN, args=args)
+    page = watched.page
+    expect(page.locator("#who")).to_contain_text("alice")
+    expect(page.locator("#who")).to_contain_text("through the daemon")
+    expect(page.locator("#live")).to_have_attribute("data-live", "on")
+
+    attach_in_page(page, "wf_extra", "extra", "read")
+    r = cli.cli(
+        "sources", "attach", worlds.MAIN, "wf_extra", "--alias", "extra", "--access", "read", "--as", "alice"
+    )
+    assert r.code == 0, r.err
+    assert worlds.manifest(world.kb) == worlds.manifest(cli)
+    detach_in_page(page, "src")
+    r = cli.cli("sources", "detach", worlds.MAIN, "src", "--as", "alice")
+    assert r.code == 0, r.err
+    assert worlds.manifest(world.kb) == worlds.manifest(cli)

@@ -748,7 +748,7 @@
   }
 
   const TRUST = {
-    own: ["own", "ok"], source: ["source", "ok"],
+    own: ["own KB", "ok"], source: ["source's own", "ok"],
     "contributed-approved": ["contributed · approved", "ok"], "contributed-unreviewed": ["contributed · unreviewed", "warn"],
   };
   function renderHits(data) {
@@ -763,7 +763,8 @@
         h.title || h.relpath),
         el("p", { class: "hit-meta" },
           badge(h.alias === null ? "own" : h.alias, "kb"), " ", el("code", { text: h.relpath }), " ",
-          badge(trustText, trustKind), " ", badge(`review: ${h.review}`, h.review === "unreviewed" ? "warn" : "muted"),
+          badge(trustText, trustKind), " ",
+          h.review === "own" ? null : badge(`review: ${h.review}`, h.review === "unreviewed" ? "warn" : "ok"),
           h.contributed_by_workflow ? el("span", { class: "muted", text: ` by ${h.contributed_by_workflow}` }) : null),
         el("p", { class: "snippet", text: h.snippet || "" }));
     }));
