@@ -23,7 +23,6 @@
     kb: { alias: null, path: "" }, // alias null = the workflow's own KB
     file: null, // the file shown in the viewer: {alias, path}
     confirming: null, // the alias whose detach waits for a confirmation
-    lastEventId: null,
     seq: 0, // bumps on every workflow switch: late answers for another workflow are dropped
   };
   const LIST_LIMIT = 500;
@@ -803,13 +802,12 @@
   // Which panels an event touches: the selected workflow, or one of its sources (cards
   // show the sources' labels, availability and write grants), or everything on resync.
   function onEvent(ev) {
-    if (ev.lastEventId && ev.lastEventId === S.lastEventId) return; // the same frame seen twice
-    S.lastEventId = ev.lastEventId || S.lastEventId;
     let data;
     try { data = JSON.parse(ev.data); } catch (_) { return; }
     const type = data.type || ev.type;
     const wid = data.workflow_id;
     if (type === "resync") {
+      refreshMe(); // a daemon started or stopped: is the page live now?
       stale.review = true;
       stale.browser = true;
       schedule(["workflows", "workflow"]);
@@ -830,25 +828,42 @@
   }
 
   const EVENT_TYPES = ["workflow.changed", "sources.changed", "writers.changed", "note.written", "resync"];
-  function follow() {
-    if (!S.me || !S.me.live) {
-      setLive(false, "not live — reload to refresh");
-      return;
+  // The badge is "live" only while the stream is open AND the server says changes
+  // reach it (/api/me `live`: on the root, a daemon must run to see hand edits).
+  let streamOpen = false;
+  function showLive() {
+    const live = Boolean(S.me && S.me.live);
+    if (streamOpen && live) setLive(true, "live");
+    else if (live) setLive(false, "connecting…");
+    else setLive(false, "not live — reload to refresh");
+  }
+  async function refreshMe() {
+    try {
+      S.me = await api("/api/me");
+    } catch (err) {
+      alertError(err);
     }
+    showLive();
+  }
+
+  function follow() {
     if (typeof EventSource === "undefined") { setLive(false, "not live — reload to refresh"); return; }
     const source = new EventSource("/api/events");
     let dropped = false;
     source.onopen = () => {
-      setLive(true, "live");
-      if (dropped) { dropped = false; schedule(["workflows", "workflow"]); }
+      streamOpen = true;
+      showLive();
+      if (dropped) { dropped = false; schedule(["workflows", "workflow"]); refreshMe(); }
     };
     source.onerror = () => {
       dropped = true;
+      streamOpen = false;
       setLive(false, source.readyState === EventSource.CLOSED ? "not live — reload to refresh" : "reconnecting…");
     };
     source.onmessage = onEvent;
     // Frames that name their type (`event: …`) do not reach onmessage.
     for (const t of EVENT_TYPES) source.addEventListener(t, onEvent);
+    showLive();
   }
 
   // -- start -------------------------------------------------------------------------------------------
