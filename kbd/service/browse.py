@@ -102,7 +102,7 @@ def own_kb(host: Root, wid: str, *, actor: Principal) -> Attachment:
     pass the very checks an attached KB passes (not a link, not another mount,
     present): a workflow's own ``knowledgebase`` symlinked to its private
     folders is refused here too, with the reason code."""
-    found = workflows.inspectable(host, wid, actor)
+    found = workflows.inspectable(host, wid, actor=actor)
     probe = host.probe_kb(found.folder.path)
     if probe.problem is not None:
         raise SourceUnavailable(

@@ -227,7 +227,7 @@ def list_workflows(root: Root, *, actor: Principal) -> WorkflowList:
     return WorkflowList(tuple(rows))
 
 
-def inspectable(root: Root, wid: str, actor: Principal) -> Found:
+def inspectable(root: Root, wid: str, *, actor: Principal) -> Found:
     """``wid``'s folder, for an actor who may inspect it (else not found: IDs cannot be probed)."""
     found = root.workflow(wid)
     audience.require_inspectable(actor, found.manifest, wid)
@@ -236,7 +236,7 @@ def inspectable(root: Root, wid: str, actor: Principal) -> Found:
 
 def show(root: Root, wid: str, *, actor: Principal) -> WorkflowDetail:
     """Everything a builder needs: attachments, write grants, candidates."""
-    found = inspectable(root, wid, actor)
+    found = inspectable(root, wid, actor=actor)
     m = found.manifest
     return WorkflowDetail(
         workflow_id=m.id, label=m.label, path=str(found.folder.path), version=m.version,
@@ -250,14 +250,14 @@ def show(root: Root, wid: str, *, actor: Principal) -> WorkflowDetail:
 
 def sources(root: Root, wid: str, *, actor: Principal) -> SourcesView:
     """``wid``'s attachments as resolved now (refused to an actor who may not inspect it)."""
-    m = inspectable(root, wid, actor).manifest
+    m = inspectable(root, wid, actor=actor).manifest
     return SourcesView(m.id, m.version, tuple(root.resolve(m)))
 
 
 def candidates(root: Root, wid: str, *, actor: Principal) -> CandidateList:
     """Workflow IDs ``wid`` could attach now: readable by its whole audience,
     on this host, not itself, not ambiguous, KB present. Labels, never paths."""
-    consumer = inspectable(root, wid, actor).manifest
+    consumer = inspectable(root, wid, actor=actor).manifest
     attached = {e.workflow_id for e in consumer.entries}
     out: list[Candidate] = []
     for folder in root.registry.folders():
@@ -279,7 +279,7 @@ def candidates(root: Root, wid: str, *, actor: Principal) -> CandidateList:
 def writers(root: Root, source_id: str, *, actor: Principal) -> WritersView:
     """The consumers ``source_id``'s owners let write into its notes/ (each
     marked when it no longer exists)."""
-    m = inspectable(root, source_id, actor).manifest
+    m = inspectable(root, source_id, actor=actor).manifest
     rows = tuple(WriterRow(w, isinstance(root.registry.find(w), Found)) for w in m.access.allowed_kb_writers)
     return WritersView(m.id, rows, m.is_legacy)
 

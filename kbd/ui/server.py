@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import anyio
 import orjson
 import uvicorn
 from starlette.applications import Starlette
@@ -528,23 +529,30 @@ async def _until_stopped(frames: AsyncGenerator[bytes, None], page: Page) -> Asy
                 yield frame
         return
     stop = asyncio.ensure_future(stopping.wait())
+    nxt: asyncio.Future[bytes] | None = None
     try:
         while True:
             nxt = asyncio.ensure_future(anext(frames))
             done, _ = await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
             if nxt not in done:
-                nxt.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await nxt
-                return
+                return  # the server stops (finally: the pending step is cancelled)
             try:
                 frame = nxt.result()
             except StopAsyncIteration:
                 return
+            nxt = None
             yield frame
     finally:
         stop.cancel()
-        await frames.aclose()
+        # Shielded: this runs under the request's cancelled scope too (the client
+        # left). The pending step must finish unwinding before the generator is
+        # closed (closing a generator that is still running fails).
+        with anyio.CancelScope(shield=True):
+            if nxt is not None and not nxt.done():
+                nxt.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await nxt
+            await frames.aclose()
 
 
 async def _relay(page: Page, last: str | None) -> AsyncGenerator[bytes, None]:

@@ -592,3 +592,19 @@ def test_a_signal_stops_the_server_with_an_open_stream_and_exit_0(world: KbRoot,
         ui.kill()
     assert "closed 1 search session" in ui.stderr and "Traceback" not in ui.stderr, ui.stderr
     assert [s for s in sessions_of(world) if not s["closed"]] == []
+
+
+def test_pages_that_leave_their_event_stream_leave_no_error(world: KbRoot) -> None:
+    """A browser closes its EventSource at any moment (a reload, a closed tab): the
+    stream ends cleanly, whatever it was waiting for (regression: closing it while it
+    waited for the next event raised in the server)."""
+    with serving_ui(world.root, "--as", "alice") as ui:
+        c = ui.login()
+        for i in range(40):
+            with c.stream("GET", "/api/events") as r:
+                assert r.status_code == 200
+                if i % 2:
+                    next(r.iter_lines())  # the first frame, then gone
+        time.sleep(0.5)
+        assert c.get("/api/me").status_code == 200
+    assert "Traceback" not in ui.stderr and "Exception" not in ui.stderr, ui.stderr
