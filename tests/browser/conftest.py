@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Playwright, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Playwright, expect, sync_playwright
 
 from tests.browser.harness import Watched, chromium_or_fail, new_context, open_ui, sign_in
 from tests.helpers import KbRoot
@@ -19,15 +19,20 @@ from tests.integration import daemon as daemons
 from tests.integration.ui import Ui
 
 SHOTS_ENV = "KBD_SCREENSHOTS"
+# A page's state is awaited up to this long (the default 5 s is short on a loaded
+# 2-core machine); the live tests measure their 1 s budget themselves.
+expect.set_options(timeout=10_000)
 
 
-@pytest.fixture(scope="session")
+# Package scope: Playwright's sync API runs an asyncio loop on this thread while
+# it is started, so it must stop when tests/browser is done (later tests call asyncio.run).
+@pytest.fixture(scope="package")
 def playwright() -> Iterator[Playwright]:
     with sync_playwright() as pw:
         yield pw
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser(playwright: Playwright) -> Iterator[Browser]:
     executable = chromium_or_fail()  # a hard failure with the fix, never a skip
     launched = playwright.chromium.launch(executable_path=executable, headless=True)
