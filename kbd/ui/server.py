@@ -171,7 +171,8 @@ class SearchSessions:
         raise AssertionError("unreachable")
 
     def _forget(self, wid: str, sid: str, err: KbdError) -> bool:
-        if isinstance(err, NotFound) and err.code not in ("session-not-found", "not-found"):
+        # Only the session itself gone (not-found); a workflow that is gone stays an error.
+        if isinstance(err, NotFound) and err.code != "not-found":
             return False
         with self._mutex:
             if self._sids.get(wid) == sid:
@@ -279,9 +280,6 @@ def _error(err: KbdError) -> JSONResponse:
 
 def _json(data: JsonObject) -> Response:
     return Response(orjson.dumps(data), media_type="application/json")
-
-
-Handler = Callable[[Request], Any]
 
 
 def _api(fn: Callable[[Request], JsonObject]) -> Callable[[Request], Any]:

@@ -608,3 +608,27 @@ def test_pages_that_leave_their_event_stream_leave_no_error(world: KbRoot) -> No
         time.sleep(0.5)
         assert c.get("/api/me").status_code == 200
     assert "Traceback" not in ui.stderr and "Exception" not in ui.stderr, ui.stderr
+
+
+def test_every_read_route_answers_the_cli_s_json(world: KbRoot, alice_client: httpx.Client) -> None:
+    """Each route is the CLI's operation: the same JSON as its `--json` (as the same principal)."""
+    pairs = [
+        ("/api/workflows/con/sources", ["sources", "list", "con"]),
+        ("/api/workflows/con/candidates", ["sources", "candidates", "con"]),
+        ("/api/workflows/src/writers", ["writers", "list", "src"]),
+        ("/api/workflows/src/notes/pending", ["notes", "pending", "src"]),
+        ("/api/workflows/con/own/dir?path=notes", ["ls", "con", ".", "notes"]),
+        ("/api/workflows/con/own/file?path=context/about.md", ["read", "con", ".", "context/about.md"]),
+        ("/api/workflows/con/sources/rts/dir?path=", ["ls", "con", "rts"]),
+        ("/api/workflows/con/sources/rts/file?path=notes/fact.md", ["read", "con", "rts", "notes/fact.md"]),
+    ]
+    for path, argv in pairs:
+        page = alice_client.get(path)
+        cli = world.cli(*argv, "--as", "alice", "--json")
+        assert page.status_code == 200 and cli.code == 0, (path, page.text, cli.err)
+        assert page.json() == cli.json(), path
+    # And the same refusal: code and status as the daemon would answer.
+    page = alice_client.get("/api/workflows/con/sources/nosuch/file", params={"path": "x"})
+    cli = world.cli("read", "con", "nosuch", "x", "--as", "alice")
+    assert page.status_code == 404 and cli.code == 66
+    assert f"error[{page.json()['error']['code']}]" in cli.err, (page.text, cli.err)
