@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEMO_ROOT ?= .demo
 
-.PHONY: venv demo mcp-example test lint typecheck unit security bench nightly clean
+.PHONY: venv demo mcp-example test lint typecheck unit security bench nightly screenshots clean
 
 # An editable install in setuptools' `compat` mode: one static .pth line (this
 # folder) instead of the import-hook finder of the default mode, whose imports
@@ -46,6 +46,12 @@ test: lint typecheck
 
 security: venv
 	$(BIN)/pytest -q tests/security
+
+# The Knowledge page's screenshots (each panel at 1280x800, and a 400 px wide
+# window), taken by the browser tests in Debian's Chromium (apt-get install
+# chromium), into docs/screenshots/. Only knowledge-page.png is committed.
+screenshots: venv
+	KBD_SCREENSHOTS=$(CURDIR)/docs/screenshots $(BIN)/pytest -q tests/browser/test_browse.py -k screenshots
 
 # Longer hypothesis runs for a nightly job (5,000 examples a property: far beyond
 # the 120 s per-test timeout that guards `make test`).
