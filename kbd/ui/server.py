@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import importlib.resources
 import logging
+import os
 import re
 import socket
 import sys
@@ -257,6 +258,8 @@ class Guard:
     def _refusal(self, scope: Scope, api: bool) -> security.Refusal | None:
         if not security.host_ok(_header(scope, b"host"), self.page.port):
             return security.WRONG_HOST
+        if not security.peer_ok(_peer_uid(scope, self.page.port), os.getuid()):
+            return security.OTHER_USER
         if not api:
             return None
         return security.check_api(
@@ -268,6 +271,18 @@ class Guard:
             origin=_header(scope, b"origin"),
             port=self.page.port,
         )
+
+
+def _peer_uid(scope: Scope, port: int) -> int | None:
+    """Who holds the client end of this connection (None: not known: refused)."""
+    client = scope.get("client")
+    if not client:
+        return None
+    try:
+        table = Path("/proc/net/tcp").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    return security.peer_uid(table, int(client[1]), port)
 
 
 # -- answers -------------------------------------------------------------------------------------
