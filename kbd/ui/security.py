@@ -31,6 +31,7 @@ from __future__ import annotations
 import hmac
 import re
 import secrets
+import socket
 from dataclasses import dataclass
 
 COOKIE_PREFIX = "kbd_ui_"
@@ -91,16 +92,20 @@ def host_ok(host: str | None, port: int) -> bool:
     return host == f"{BIND_HOST}:{port}"
 
 
-def peer_uid(tcp_table: str, client_port: int, server_port: int) -> int | None:
-    """The uid owning the client end of the loopback connection ``client_port``
-    → ``server_port``, from ``/proc/net/tcp``'s text; None: no such socket
-    (gone, or a time-wait remnant whose owner the kernel no longer keeps)."""
-    local = f"0100007F:{client_port:04X}"
+def peer_uid(tcp_table: str, client: tuple[str, int], server_port: int) -> int | None:
+    """The uid owning the client end (``client``: its IPv4 address and port) of
+    the connection to 127.0.0.1:``server_port``, from ``/proc/net/tcp``'s text;
+    None: no such socket (gone, a time-wait remnant whose owner the kernel no
+    longer keeps, or not IPv4)."""
+    try:
+        local = f"{int.from_bytes(socket.inet_aton(client[0]), 'little'):08X}:{client[1]:04X}"
+    except OSError:
+        return None
     remote = f"0100007F:{server_port:04X}"
     for line in tcp_table.splitlines()[1:]:
         cols = line.split()
-        # sl local rem st tx:rx tr:when retrnsmt uid timeout inode ...
-        if len(cols) >= 10 and cols[1] == local and cols[2] == remote and cols[3] != "06":  # 06: TIME_WAIT
+        # sl local rem st tx:rx tr:when retrnsmt uid timeout inode ...; st 06 is TIME_WAIT
+        if len(cols) >= 10 and cols[1] == local and cols[2] == remote and cols[3] != "06":
             return int(cols[7]) if cols[7].isdigit() else None
     return None
 

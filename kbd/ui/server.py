@@ -282,7 +282,7 @@ def _peer_uid(scope: Scope, port: int) -> int | None:
         table = Path("/proc/net/tcp").read_text(encoding="ascii", errors="replace")
     except OSError:
         return None
-    return security.peer_uid(table, int(client[1]), port)
+    return security.peer_uid(table, (str(client[0]), int(client[1])), port)
 
 
 # -- answers -------------------------------------------------------------------------------------
@@ -456,6 +456,10 @@ def create_app(page: Page) -> ASGIApp:
         return searches.search(_param(r, "wid"), q.get("q", ""), aliases, _limit(q.get("limit")))
 
     async def events(request: Request) -> Response:
+        if request.method == "HEAD":
+            # No stream: a HEAD's answer has no body, and an endless one never ends its
+            # response (the generator ran, unseen, for as long as the connection lived).
+            return Response(media_type="text/event-stream")
         last = request.headers.get("last-event-id") or None
         stream = _relay(page, last) if isinstance(page.via, ops.Remote) else _follow(page, last)
         return StreamingResponse(_until_stopped(stream, page), media_type="text/event-stream",

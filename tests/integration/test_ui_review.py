@@ -90,9 +90,12 @@ def test_peer_uid_reads_the_client_end_of_the_connection() -> None:
         "   1: 0100007F:C350 0100007F:1F90 01 00000000:00000000 00:00000000 00000000  1000        0 12 1\n"
         "   2: 0100007F:C351 0100007F:1F90 06 00000000:00000000 03:00000000 00000000     0        0 0 3\n"
     )
-    assert security.peer_uid(table, 0xC350, 0x1F90) == 1000  # the client's socket, not the server's
-    assert security.peer_uid(table, 0xC351, 0x1F90) is None  # time-wait: owner unknown
-    assert security.peer_uid(table, 0xC352, 0x1F90) is None
+    lo = "127.0.0.1"
+    assert security.peer_uid(table, (lo, 0xC350), 0x1F90) == 1000  # the client's socket, not the server's
+    assert security.peer_uid(table, (lo, 0xC351), 0x1F90) is None  # time-wait: owner unknown
+    assert security.peer_uid(table, (lo, 0xC352), 0x1F90) is None
+    assert security.peer_uid(table, ("127.0.0.2", 0xC350), 0x1F90) is None  # another source address
+    assert security.peer_uid(table, ("::1", 0xC350), 0x1F90) is None
     assert security.peer_ok(1000, 1000) and security.peer_ok(0, 1000)
     assert not security.peer_ok(1001, 1000) and not security.peer_ok(None, 1000)
 
@@ -100,3 +103,12 @@ def test_peer_uid_reads_the_client_end_of_the_connection() -> None:
 def test_the_page_is_served_to_its_own_user(alice: Ui) -> None:
     with httpx.Client(base_url=alice.base, timeout=15) as c:
         assert c.get("/assets/app.js").status_code == 200
+
+
+def test_head_on_the_event_stream_answers_and_the_connection_stays_usable(alice: Ui) -> None:
+    c = alice.login()
+    with httpx.Client(base_url=alice.base, cookies=c.cookies, timeout=5) as h:
+        head = h.head("/api/events")
+        assert head.status_code == 200 and head.headers["content-type"].startswith("text/event-stream"), head
+        # Same keep-alive connection: the HEAD's response has ended, the next request is answered.
+        assert h.get("/api/me").status_code == 200
