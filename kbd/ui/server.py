@@ -69,6 +69,8 @@ SEARCH_KIND = "reviewer_strategic"
 LIVE_CHECK_INTERVAL = 2.0
 #: EventSource reconnects this soon (ms) after a stream ends.
 SSE_RETRY_MS = 500
+#: ... and this late after the daemon refused the feed.
+REFUSED_RETRY_MS = 15_000
 MAX_BODY = 64 * 1024
 GRACEFUL_SHUTDOWN = 2
 
@@ -593,6 +595,10 @@ async def _relay(page: Page, last: str | None) -> AsyncGenerator[bytes, None]:
             http.stream("GET", "/v1/events", params={"follow": "true"}, headers=headers) as r,
         ):
             if r.status_code >= 400:
+                # The page refetches everything on a resync and EventSource reconnects after
+                # `retry`: at the stream's 500 ms that was a refetch storm against the daemon
+                # for as long as the refusal lasts (a disabled principal, a revoked token).
+                yield f"retry: {REFUSED_RETRY_MS}\n\n".encode()
                 yield _resync_frame("feed-refused")
                 return
             async for item in _sse_items(r.aiter_lines(), page):

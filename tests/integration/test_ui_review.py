@@ -12,17 +12,26 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from kbd.ui import security
 from tests.helpers import KbRoot
+from tests.integration import daemon
 from tests.integration.ui import Ui, serving_ui
+from tests.system import test_builders_through_the_daemon as builders
+from tests.system.test_builders_through_the_daemon import REPO, Host
 
 pytestmark = pytest.mark.timeout(300)
+
+#: Real Unix users (a builder, a stranger) and a daemon on a service root (issue 12's fixture).
+host = builders.host
 
 NOBODY = 65534
 #: One request from a process of uid NOBODY: prints the status, the Set-Cookie and the body.
@@ -36,14 +45,20 @@ print(json.dumps({"status": r.status, "set_cookie": r.getheader("set-cookie"), "
 """
 
 
-def as_other_user(ui: Ui, path: str, cookie: str = "") -> dict[str, object]:
-    """GET ``path`` from a process of another local user (uid 65534)."""
+def request_as(uid: int, ui: Ui, path: str, cookie: str = "") -> dict[str, object]:
+    """GET ``path`` from a process of local user ``uid`` (its own primary group)."""
     if os.getuid() != 0:
         pytest.fail("these tests run as root, to start a process of another uid")
-    out = subprocess.run(["/usr/bin/python3", "-I", "-c", CLIENT, str(ui.port), path, cookie], user=NOBODY,
-                         group=NOBODY, extra_groups=[], cwd="/", capture_output=True, timeout=30, check=True)  # fmt: skip
+    gid = pwd.getpwuid(uid).pw_gid
+    out = subprocess.run(["/usr/bin/python3", "-I", "-c", CLIENT, str(ui.port), path, cookie], user=uid,
+                         group=gid, extra_groups=[], cwd="/", capture_output=True, timeout=30, check=True)  # fmt: skip
     answer: dict[str, object] = json.loads(out.stdout)
     return answer
+
+
+def as_other_user(ui: Ui, path: str, cookie: str = "") -> dict[str, object]:
+    """GET ``path`` from a process of another local user (uid 65534)."""
+    return request_as(NOBODY, ui, path, cookie)
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +127,51 @@ def test_head_on_the_event_stream_answers_and_the_connection_stays_usable(alice:
         assert head.status_code == 200 and head.headers["content-type"].startswith("text/event-stream"), head
         # Same keep-alive connection: the HEAD's response has ended, the next request is answered.
         assert h.get("/api/me").status_code == 200
+
+
+def test_a_builder_s_page_serves_her_own_programs_and_not_another_user(host: Host) -> None:
+    """`kbd ui` run by a real non-root builder (through the daemon): her own processes
+    are served (her browser), a stranger holding her cookie is not, root is."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "PYTHONPATH": str(REPO), "LANG": "C.UTF-8",
+           "KBD_ROOT": str(host.kb.root)}  # fmt: skip
+    prefix = ["setpriv", "--reuid", str(host.builder), "--regid", str(pwd.getpwuid(host.builder).pw_gid),
+              "--init-groups"]  # fmt: skip
+    with serving_ui(host.kb.root, prefix=prefix, env=env, with_root=False, cwd="/") as ui:
+        mine = request_as(host.builder, ui, f"/?token={ui.token}")
+        assert mine["status"] == 303 and mine["set_cookie"], mine
+        cookie = str(mine["set_cookie"]).split(";")[0]
+        me = request_as(host.builder, ui, "/api/me", cookie)
+        assert me["status"] == 200 and json.loads(str(me["body"]))["principal"] == "alice", me
+        stolen = request_as(host.stranger, ui, "/api/me", cookie)
+        assert stolen["status"] == 403 and json.loads(str(stolen["body"]))["error"]["code"] == "ui-peer", (
+            stolen
+        )
+        with httpx.Client(base_url=ui.base, timeout=15) as root_client:  # root: allowed
+            assert root_client.get("/api/me", headers={"Cookie": cookie}).status_code == 200
+
+
+def test_a_refused_feed_is_not_retried_twice_a_second(tmp_path: Path) -> None:
+    """Through the daemon, a principal disabled mid-session: the daemon refuses the feed;
+    the stream says resync and ends, and tells EventSource to wait before reconnecting
+    (each reconnect is a resync: the page refetches every panel from the daemon)."""
+    kb = KbRoot.create(tmp_path / "root")
+    kb.workflow("wf", access={"owners": ["bob"]})
+    token_file = tmp_path / "bob.token"
+    token_file.write_text(daemon.issue_tokens(kb.root, ["bob"])["bob"])
+    os.chmod(token_file, 0o600)
+    with (
+        daemon.serving(kb.root) as served,
+        serving_ui(kb.root, "--socket", str(served.sock), "--token-file", str(token_file)) as ui,
+    ):
+        c = ui.login()
+        people = yaml.safe_load((kb.root / "principals.yaml").read_text())
+        for p in people["principals"]:
+            if p["id"] == "bob":
+                p["disabled"] = True
+        (kb.root / "principals.yaml").write_text(yaml.safe_dump(people))
+        assert c.get("/api/workflows").status_code in (401, 403)
+        with c.stream("GET", "/api/events", timeout=15) as r:
+            text = "".join(r.iter_text())
+        assert '"feed-refused"' in text, text
+        retries = [int(line[len("retry: ") :]) for line in text.splitlines() if line.startswith("retry: ")]
+        assert retries and retries[-1] >= 5000, text
