@@ -14,6 +14,12 @@ principal's rights:
   ``X-KBD-CSRF``, learnt from ``/api/me`` by same-origin script only) and a
   same-origin **Origin** header: a form or ``fetch`` from another origin can
   send neither.
+* The **peer** of every connection must be a process of the user who runs
+  ``kbd ui`` (or root): 127.0.0.1 is shared by every local user, and a
+  browser sends a host's cookies to every port of it, so another user's web
+  server on 127.0.0.1 may learn the cookie, and another user may read the
+  one-time URL from the browser's command line (``ps``). Neither can then
+  connect as someone else (:func:`peer_uid` reads the kernel's socket table).
 * Every answer carries a strict **Content-Security-Policy** (no inline script,
   no other origin) and the usual anti-framing/sniffing headers.
 
@@ -25,6 +31,7 @@ from __future__ import annotations
 import hmac
 import re
 import secrets
+import socket
 from dataclasses import dataclass
 
 COOKIE_PREFIX = "kbd_ui_"
@@ -85,6 +92,30 @@ def host_ok(host: str | None, port: int) -> bool:
     return host == f"{BIND_HOST}:{port}"
 
 
+def peer_uid(tcp_table: str, client: tuple[str, int], server_port: int) -> int | None:
+    """The uid owning the client end (``client``: its IPv4 address and port) of
+    the connection to 127.0.0.1:``server_port``, from ``/proc/net/tcp``'s text;
+    None: no such socket (gone, a time-wait remnant whose owner the kernel no
+    longer keeps, or not IPv4)."""
+    try:
+        local = f"{int.from_bytes(socket.inet_aton(client[0]), 'little'):08X}:{client[1]:04X}"
+    except OSError:
+        return None
+    remote = f"0100007F:{server_port:04X}"
+    for line in tcp_table.splitlines()[1:]:
+        cols = line.split()
+        # sl local rem st tx:rx tr:when retrnsmt uid timeout inode ...; st 06 is TIME_WAIT
+        if len(cols) >= 10 and cols[1] == local and cols[2] == remote and cols[3] != "06":
+            return int(cols[7]) if cols[7].isdigit() else None
+    return None
+
+
+def peer_ok(uid: int | None, own_uid: int) -> bool:
+    """The connection is this user's (or root's: root can read this process's
+    memory anyway, so refusing it would protect nothing)."""
+    return uid is not None and uid in (own_uid, 0)
+
+
 @dataclass(frozen=True)
 class Refusal:
     """Why a request is refused: a 403 with this code and message."""
@@ -98,6 +129,11 @@ WRONG_HOST = Refusal(
     "ui-host",
     "this page answers only to the Host 127.0.0.1 with the port kbd ui bound",
     "open the URL `kbd ui` printed, exactly as printed (not localhost, not another name)",
+)
+OTHER_USER = Refusal(
+    "ui-peer",
+    "this page answers only to programs of the user who started kbd ui",
+    "open the URL in your own browser, as the user who ran `kbd ui`",
 )
 NO_COOKIE = Refusal(
     "ui-unauthenticated",

@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import importlib.resources
 import logging
+import os
 import re
 import socket
 import sys
@@ -68,6 +69,8 @@ SEARCH_KIND = "reviewer_strategic"
 LIVE_CHECK_INTERVAL = 2.0
 #: EventSource reconnects this soon (ms) after a stream ends.
 SSE_RETRY_MS = 500
+#: ... and this late after the daemon refused the feed.
+REFUSED_RETRY_MS = 15_000
 MAX_BODY = 64 * 1024
 GRACEFUL_SHUTDOWN = 2
 
@@ -257,6 +260,8 @@ class Guard:
     def _refusal(self, scope: Scope, api: bool) -> security.Refusal | None:
         if not security.host_ok(_header(scope, b"host"), self.page.port):
             return security.WRONG_HOST
+        if not security.peer_ok(_peer_uid(scope, self.page.port), os.getuid()):
+            return security.OTHER_USER
         if not api:
             return None
         return security.check_api(
@@ -268,6 +273,18 @@ class Guard:
             origin=_header(scope, b"origin"),
             port=self.page.port,
         )
+
+
+def _peer_uid(scope: Scope, port: int) -> int | None:
+    """Who holds the client end of this connection (None: not known: refused)."""
+    client = scope.get("client")
+    if not client:
+        return None
+    try:
+        table = Path("/proc/net/tcp").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    return security.peer_uid(table, (str(client[0]), int(client[1])), port)
 
 
 # -- answers -------------------------------------------------------------------------------------
@@ -441,6 +458,10 @@ def create_app(page: Page) -> ASGIApp:
         return searches.search(_param(r, "wid"), q.get("q", ""), aliases, _limit(q.get("limit")))
 
     async def events(request: Request) -> Response:
+        if request.method == "HEAD":
+            # No stream: a HEAD's answer has no body, and an endless one never ends its
+            # response (the generator ran, unseen, for as long as the connection lived).
+            return Response(media_type="text/event-stream")
         last = request.headers.get("last-event-id") or None
         stream = _relay(page, last) if isinstance(page.via, ops.Remote) else _follow(page, last)
         return StreamingResponse(_until_stopped(stream, page), media_type="text/event-stream",
@@ -574,6 +595,10 @@ async def _relay(page: Page, last: str | None) -> AsyncGenerator[bytes, None]:
             http.stream("GET", "/v1/events", params={"follow": "true"}, headers=headers) as r,
         ):
             if r.status_code >= 400:
+                # The page refetches everything on a resync and EventSource reconnects after
+                # `retry`: at the stream's 500 ms that was a refetch storm against the daemon
+                # for as long as the refusal lasts (a disabled principal, a revoked token).
+                yield f"retry: {REFUSED_RETRY_MS}\n\n".encode()
                 yield _resync_frame("feed-refused")
                 return
             async for item in _sse_items(r.aiter_lines(), page):
