@@ -777,14 +777,20 @@ class Ls(Op):
                           after=self.after)  # fmt: skip
 
     def http(self) -> Request:
-        params = {"path": self.reldir}
-        if self.limit is not None:
-            params["limit"] = str(self.limit)
-        if self.after is not None:
-            params["after"] = self.after
+        params = _page_params(self.reldir, self.limit, self.after)
         return Request(
             "GET", f"/v1/workflows/{segment(self.wf)}/sources/{segment(self.alias)}/dir", params=params
         )
+
+
+def _page_params(reldir: str, limit: int | None, after: str | None) -> dict[str, str]:
+    """The query of one page of a folder listing (``…/dir``)."""
+    params = {"path": reldir}
+    if limit is not None:
+        params["limit"] = str(limit)
+    if after is not None:
+        params["after"] = after
+    return params
 
 
 #: The ALIAS that names the workflow's own KB in `kbd read`/`kbd ls`: never an alias (DESIGN §2).
@@ -823,11 +829,7 @@ class OwnLs(Op):
                               after=self.after)  # fmt: skip
 
     def http(self) -> Request:
-        params = {"path": self.reldir}
-        if self.limit is not None:
-            params["limit"] = str(self.limit)
-        if self.after is not None:
-            params["after"] = self.after
+        params = _page_params(self.reldir, self.limit, self.after)
         return Request("GET", f"/v1/workflows/{segment(self.wf)}/kb/dir", params=params)
 
 

@@ -120,6 +120,16 @@ def _json_wanted(ctx: click.Context, _param: click.Parameter, value: bool) -> bo
     return value or (obj is not None and obj.json)
 
 
+def manifest_version_option(f: F) -> F:
+    """``--expected-version VERSION``: change the manifest only if it is still at
+    VERSION (exit 75 otherwise), so a builder never overwrites a change made meanwhile."""
+    return click.option(
+        "--expected-version",
+        metavar="VERSION",
+        help="Refuse (exit 75) unless the manifest is at this version.",
+    )(f)
+
+
 def json_option(f: F) -> F:
     return click.option(
         "--json", "as_json", is_flag=True, callback=_json_wanted, help="Print JSON (the contract's shapes)."
@@ -669,11 +679,7 @@ def sources_detach(c: Ctx, wf: str, alias: str, as_: str | None, as_json: bool) 
 @click.argument("wf", shell_complete=_complete_workflows)
 @click.argument("alias", shell_complete=_complete_aliases)
 @click.argument("access", type=click.Choice(["read", "write"]))
-@click.option(
-    "--expected-version",
-    metavar="VERSION",
-    help="Refuse (exit 75) unless the manifest is at this version.",
-)
+@manifest_version_option
 @as_option
 @json_option
 @pass_ctx
@@ -698,11 +704,7 @@ def sources_access(
     metavar="F|-",
     help="JSON array of entries; - reads stdin; [] detaches all.",
 )
-@click.option(
-    "--expected-version",
-    metavar="VERSION",
-    help="Refuse (exit 75) unless the manifest is at this version.",
-)
+@manifest_version_option
 @as_option
 @json_option
 @pass_ctx
