@@ -42,7 +42,7 @@ typecheck: venv
 
 # The whole suite: lint, strict types, every test (security suite on the CI hypothesis profile).
 test: lint typecheck
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
 
 security: venv
 	$(BIN)/pytest -q tests/security
