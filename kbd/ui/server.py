@@ -162,11 +162,18 @@ class SearchSessions:
                 sid = self._sids[wid] = str(plan["session_id"])
             return sid
 
-    def search(self, wid: str, query: str, aliases: tuple[str, ...], limit: int | None) -> JsonObject:
+    def search(
+        self,
+        wid: str,
+        query: str,
+        aliases: tuple[str, ...],
+        limit: int | None,
+        include_unreviewed: bool = False,
+    ) -> JsonObject:
         for attempt in (1, 2):
             sid = self._sid(wid)
             try:
-                return self.page.run(ops.Search(sid, query, aliases, limit, False))
+                return self.page.run(ops.Search(sid, query, aliases, limit, include_unreviewed))
             except (SessionClosed, NotFound) as err:
                 # Closed or gone behind our back (`kbd session close`): open a new one, once.
                 if attempt == 2 or not self._forget(wid, sid, err):
@@ -351,6 +358,15 @@ def _param(request: Request, name: str) -> str:
     return str(request.path_params[name])
 
 
+def _flag(value: str | None, name: str) -> bool:
+    """A yes/no query parameter: absent or ``false`` is no, ``true`` is yes."""
+    if value in (None, "", "false"):
+        return False
+    if value == "true":
+        return True
+    raise InvalidInput(f"{name} must be true or false, not {value[:40]!r}")
+
+
 def _limit(value: str | None, name: str = "limit") -> int | None:
     if value is None or value == "":
         return None
@@ -455,7 +471,8 @@ def create_app(page: Page) -> ASGIApp:
     def search(r: Request) -> JsonObject:
         q = r.query_params
         aliases = tuple(a for v in q.getlist("alias") for a in v.split(",") if a)
-        return searches.search(_param(r, "wid"), q.get("q", ""), aliases, _limit(q.get("limit")))
+        unreviewed = _flag(q.get("include_unreviewed"), "include_unreviewed")
+        return searches.search(_param(r, "wid"), q.get("q", ""), aliases, _limit(q.get("limit")), unreviewed)
 
     async def events(request: Request) -> Response:
         if request.method == "HEAD":

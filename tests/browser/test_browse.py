@@ -80,6 +80,29 @@ def test_search_labels_each_hit_with_its_trust_and_review(world: World) -> None:
     expect(error.locator(".hint")).to_contain_text("hint: ")
 
 
+def test_unreviewed_contributions_are_found_only_when_asked_for(world: World) -> None:
+    """The search box's "include unreviewed contributions" (as `kbd search
+    --include-unreviewed`): a grantor reviewing contributions finds them, labelled."""
+    worlds.build(world.kb)
+    r = world.kb.cli("writers", "grant", "wf_cost", worlds.MAIN, "--as", "carol")
+    assert r.code == 0, r.err
+    sid = world.kb.open_session(worlds.MAIN, kind="execution", kb_access="read-write", actor="alice")
+    r = world.kb.cli(
+        "notes", "write", sid, "cost", "quokka.md", "--as", "alice", input=b"# Quokka\nquokka spend\n"
+    )
+    assert r.code == 0, r.err
+    _, _, watched = world.open("alice", worlds.MAIN)
+    page = watched.page
+    hits = page.locator('[data-panel="search"] .hit')
+    search(page, "quokka")
+    expect(page.locator("#search-note")).to_contain_text("0 hits")
+    page.locator("#search-unreviewed").check()
+    search(page, "quokka")
+    expect(hits).to_have_count(1)
+    expect(hits.first).to_have_attribute("data-trust", "contributed-unreviewed")
+    expect(hits.first).to_have_attribute("data-review", "unreviewed")
+
+
 def rich_world(kb: KbRoot) -> str:
     """A world worth a picture: a grantor (carol) with writers, a pending contribution, attachments of every status."""
     worlds.build(kb)

@@ -462,6 +462,11 @@ def test_search_opens_one_reviewer_session_and_sigterm_closes_it(tmp_path: Path)
         assert {h["alias"] for h in hits} == {"rts"} and all(h["relpath"] != "notes/leak.md" for h in hits)
         assert c.get("/api/workflows/con/search", params={"q": "con", "alias": "rts"}).json()["hits"] == []
         assert c.get("/api/workflows/private/search", params={"q": "x"}).status_code == 404
+        bad = c.get("/api/workflows/con/search", params={"q": "src", "include_unreviewed": "yes"})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid-input", bad.text
+        assert "include_unreviewed" in bad.json()["error"]["message"]
+        both = c.get("/api/workflows/con/search", params={"q": "src", "include_unreviewed": "true"})
+        assert both.status_code == 200, both.text
         opened = [s for s in sessions_of(kb) if not s["closed"]]
         assert [(s["workflow_id"], s["kind"], s["kb_access"]) for s in opened] == [
             ("con", "reviewer_strategic", "read")

@@ -735,7 +735,8 @@
     const seq = S.seq;
     $("search-note").textContent = "Searching…";
     try {
-      const data = await api(wfPath(S.wid, `/search?q=${enc(q)}&limit=20${alias ? `&alias=${enc(alias)}` : ""}`));
+      const unreviewed = $("search-unreviewed").checked ? "&include_unreviewed=true" : "";
+      const data = await api(wfPath(S.wid, `/search?q=${enc(q)}&limit=20${alias ? `&alias=${enc(alias)}` : ""}${unreviewed}`));
       if (seq !== S.seq) return;
       renderHits(data);
     } catch (err) {
