@@ -214,7 +214,13 @@ class Watcher:
     # -- public API --------------------------------------------------------
     def set_segment(self, name: str, paths: Iterable[Path | str]) -> None:
         """Watch exactly ``paths`` (folders; missing ones are skipped) as segment
-        ``name``, replacing what it watched before; no paths removes it."""
+        ``name``, replacing what it watched before; no paths removes it.
+
+        While the watcher runs, the new watch is in place when this returns (or
+        the segment is reported unhealthy). The old watch ends first (it drops
+        what it had not delivered yet), so a change made during the call may
+        raise no event at all: the caller looks at the folders once more after
+        it (the daemon verifies)."""
         wanted = tuple(sorted({str(p) for p in paths}))
         with self._lock:
             old = self._segments.pop(name, None)

@@ -60,7 +60,7 @@ from kbd.core.plan import Plan, grants_shrunk
 from kbd.core.watching import PathChange, WatchBatch, WatchHealth
 from kbd.errors import KbdError
 from kbd.fs import datafiles
-from kbd.fs.registry import RegistryDelta
+from kbd.fs.registry import Registry, RegistryDelta
 from kbd.fs.watch import Watcher
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
@@ -75,6 +75,8 @@ DEGRADED_VERIFY = 1.0
 HEALTHY_SWEEP = 30.0
 # More folders added since the watch segments were built than this: rebuild them.
 MAX_DELTA_FOLDERS = 256
+# Rebuilt watches looked at again (each look may find more to watch) at most this often per pass.
+REWATCH_ROUNDS = 3
 # The same resync reason within this window is one loss of continuity, not two.
 RESYNC_QUIET = 1.0
 POLICY_NAMES = (datafiles.KINDS_NAME, datafiles.INJECTION_NAME)
@@ -317,16 +319,11 @@ class LiveState:
                 self._resync("rescan")
             found: list[Changed] = []
             touched, new_sources = self._diff(registry.index(), found)
-            grown = self._grow_segments(delta, new_sources, rebuild=rebuild or delta.full)
-            if grown:
-                # What changed in a new folder before its watch existed was not
-                # reported: look once more now that it is watched, so whoever
-                # sees an event for it may rely on later changes being pushed.
-                registry.apply([PathChange("modified", str(p)) for p in sorted(grown)])
-                more, sources_more = self._diff(registry.index(), found)
+            rewatched = self._grow_segments(delta, new_sources, rebuild=rebuild or delta.full)
+            if rewatched:
+                more, config_more = self._look_again(registry, new_sources, found)
                 touched |= more
-                if sources_more - new_sources:
-                    self._grow_segments(RegistryDelta(), sources_more - new_sources, rebuild=False)
+                config_changed = config_changed or config_more
             for wid, m_old, m_new, folder in found:
                 self._observe(wid, m_old, m_new, folder)
             touched |= self._touched_by_paths(work.changes, registry.index())
@@ -337,6 +334,35 @@ class LiveState:
             for row in self._affected(rows, touched, everything=config_changed, procs=work.verify,
                                       new_sessions=self._new_procs(work.changes)):  # fmt: skip
                 self._replan(row, trigger=trigger)
+
+    def _look_again(
+        self, registry: Registry, new_sources: set[str], found: list[Changed]
+    ) -> tuple[set[str], bool]:
+        """Verify once more after watch segments were (re)built. A change made
+        before a new watch was in place raised no event: in a folder new to the
+        watch, and in every folder of a rebuilt segment between its old watch's
+        end (which also drops what it had not delivered yet) and its new one's
+        start (:meth:`Watcher.set_segment` returns with the new watch in place).
+        Looking now, so whoever sees an event may rely on every later change
+        being pushed, instead of leaving it to the periodic verifier. Folders
+        and sources the look finds are watched in turn (bounded: a tree that
+        keeps growing is left to the next pass). The IDs touched, and whether
+        the config changed."""
+        touched: set[str] = set()
+        config_changed = False
+        known = set(new_sources)
+        for round_ in range(1, REWATCH_ROUNDS + 1):
+            config_changed = self._refresh_config() or config_changed
+            delta = registry.verify_now()
+            if delta.full:
+                self._resync("rescan")
+            more, sources_more = self._diff(registry.index(), found)
+            touched |= more
+            fresh = sources_more - known
+            known |= fresh
+            if round_ == REWATCH_ROUNDS or not self._grow_segments(delta, fresh, rebuild=delta.full):
+                break
+        return touched, config_changed
 
     def _apply(self, work: _Work) -> RegistryDelta:
         if not work.changes:
@@ -600,10 +626,10 @@ class LiveState:
         self._delta.clear()
         self.watcher.set_segment("delta", [])
 
-    def _grow_segments(self, delta: RegistryDelta, new_sources: set[str], *, rebuild: bool) -> set[Path]:
+    def _grow_segments(self, delta: RegistryDelta, new_sources: set[str], *, rebuild: bool) -> bool:
         """Watch folders that entered the index (and the KBs newly attached)
         in a small ``delta`` segment; rebuild every segment when it grew large
-        or the registry was rescanned. The folders newly watched."""
+        or the registry was rescanned. Whether any segment was (re)built."""
         added = set(delta.folders_added)
         for path in list(added):
             if (path / KB_DIR).is_dir():
@@ -614,10 +640,10 @@ class LiveState:
                 added.add(next(iter(paths)) / KB_DIR)
         if rebuild or len(self._delta | added) > MAX_DELTA_FOLDERS:
             self._set_segments(self._registry.watch_paths())
-            return set()
+            return True
         new = added - self._delta
         if not new:
-            return set()
+            return False
         self._delta |= new
         self.watcher.set_segment("delta", sorted(self._delta))
-        return new
+        return True

@@ -426,6 +426,37 @@ def test_a_hand_edit_and_a_cli_edit_give_the_same_events(world: KbRoot) -> None:
                           "relpath", "by_workflow"}  # fmt: skip
 
 
+def test_a_hand_edit_made_while_the_watcher_rebuilds_a_segment_is_pushed_within_a_second(
+    world: KbRoot,
+) -> None:
+    """A workflow that appears makes the daemon rebuild the watch segment of
+    the folders added since it started, ``user``'s among them: an edit of
+    ``user`` made between the old watch's end and the new one's start raised no
+    event (it waited for the periodic verifier, 10 s). The edits are spread over
+    the 300 ms after each new workflow, so some land inside the rebuild."""
+    kb = world
+    with serving(kb.root):
+        kb.workflow("user", access={"owners": ["alice"]}, sources=[{"workflow_id": "src", "alias": "src"}])
+        wait_for(lambda: of_type(kb.root, "workflow.changed", workflow_id="user"), 2, "user added")
+        late = []
+        for i in range(40):
+            kb.workflow(f"new{i}", access={"owners": ["alice"]}, kb=False)
+            time.sleep((i % 10) * 0.03)
+            seen = len(of_type(kb.root, "sources.changed", workflow_id="user"))
+            attached = [] if i % 2 == 0 else [{"workflow_id": "src", "alias": "src"}]
+            _replace_manifest(kb.workflows / "user", knowledgebase_sources=attached)
+            start = time.monotonic()
+            while len(of_type(kb.root, "sources.changed", workflow_id="user")) == seen:
+                if time.monotonic() - start > 1.0:
+                    late.append(i)
+                    break
+                time.sleep(0.01)
+            if late:
+                # Let the verifier catch up so the next edit starts from a clean slate.
+                break
+        assert not late, f"the edit after new workflow {late} was not pushed within 1 s"
+
+
 def test_a_session_opened_while_the_daemon_runs_gets_plan_changed_without_running_commands(
     world: KbRoot,
 ) -> None:
