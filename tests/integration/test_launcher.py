@@ -53,8 +53,11 @@ def _stub_cgroups(pid: int) -> list[str]:
 def _children(pid: int) -> list[int]:
     out = []
     for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as fh:
-            out += [int(p) for p in fh.read().split()]
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as fh:
+                out += [int(p) for p in fh.read().split()]
+        except FileNotFoundError:
+            continue  # a thread that ended since the listing (the daemon's pools come and go)
     return out
 
 
