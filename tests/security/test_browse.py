@@ -34,41 +34,40 @@ def test_read_and_list(attached: tuple[KbRoot, Path]) -> None:
     assert kb.cli("read", "con", "rts", "notes/fact.md", "--as", "alice").out == "updated\n"
 
 
-@pytest.mark.parametrize(
-    ("relpath", "code", "error"),
-    [
-        ("../workflow.json", 65, "invalid-path"),
-        ("../credentials/token", 65, "invalid-path"),
-        ("notes/../../soul", 65, "invalid-path"),
-        ("/etc/passwd", 65, "invalid-path"),
-        ("notes", 77, "path-refused"),
-        ("notes/missing.md", 66, "path-not-found"),
-        ("notes/fact.md/x", 66, "path-not-found"),
-        ("..%2fworkflow.json", 66, "path-not-found"),
-        # Issue 9 item 9 (contract change): a backslash is refused by name (it was
-        # read literally and not found).
-        ("..\\workflow.json", 65, "invalid-path"),
-        ("notes\\fact.md", 65, "invalid-path"),
-        ("notes/evil\nWORKFLOW_KB_X=1.md", 65, "invalid-path"),
-        ("notes/a\x1b[31m.md", 65, "invalid-path"),
-        ("notes/a\x7f.md", 65, "invalid-path"),
-        ("notes/a\u0085.md", 65, "invalid-path"),
-        ("notes/a\u009b.md", 65, "invalid-path"),
-        ("notes/fact.md/", 66, "path-not-found"),
-        ("notes/fact.md/.", 66, "path-not-found"),
-    ],
-)
+ODD_PATHS: list[tuple[str, int, str]] = [
+    ("../workflow.json", 65, "invalid-path"),
+    ("../credentials/token", 65, "invalid-path"),
+    ("notes/../../soul", 65, "invalid-path"),
+    ("/etc/passwd", 65, "invalid-path"),
+    ("notes", 77, "path-refused"),
+    ("notes/missing.md", 66, "path-not-found"),
+    ("notes/fact.md/x", 66, "path-not-found"),
+    ("..%2fworkflow.json", 66, "path-not-found"),
+    # Issue 9 item 9 (contract change): a backslash is refused by name (it was
+    # read literally and not found).
+    ("..\\workflow.json", 65, "invalid-path"),
+    ("notes\\fact.md", 65, "invalid-path"),
+    ("notes/evil\nWORKFLOW_KB_X=1.md", 65, "invalid-path"),
+    ("notes/a\x1b[31m.md", 65, "invalid-path"),
+    ("notes/a\x7f.md", 65, "invalid-path"),
+    ("notes/a\u0085.md", 65, "invalid-path"),
+    ("notes/a\u009b.md", 65, "invalid-path"),
+    ("notes/fact.md/", 66, "path-not-found"),
+    ("notes/fact.md/.", 66, "path-not-found"),
+]
+
+
 @pytest.mark.parametrize("via", INTERFACES)
-def test_paths_outside_or_odd_are_refused(
-    attached: tuple[KbRoot, Path], relpath: str, code: int, error: str, via: str
-) -> None:
+def test_paths_outside_or_odd_are_refused(attached: tuple[KbRoot, Path], via: str) -> None:
+    """Every ODD_PATHS case through one interface (one MCP server for all of them)."""
     kb, _ = attached
     sid = kb.open_session("con", kind="execution", kb_access="read", actor="alice")
     with interface(via, kb, "con", sid) as i:
-        got = i.read("rts", relpath)
-    assert got.error == error, got.text
-    assert got.exit in (code, None)  # None: MCP has no exit codes
-    assert str(kb.root) not in got.text and "/workflows/" not in got.text  # no host paths in errors
+        for relpath, code, error in ODD_PATHS:
+            got = i.read("rts", relpath)
+            assert got.error == error, (relpath, got.text)
+            assert got.exit in (code, None), (relpath, got.exit)  # None: MCP has no exit codes
+            assert str(kb.root) not in got.text and "/workflows/" not in got.text, relpath  # no host paths
 
 
 @pytest.mark.parametrize("via", INTERFACES)
