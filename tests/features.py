@@ -154,6 +154,7 @@ PROBES = {
     "requires_userns": "the test needs user namespaces (bwrap --unshare-user / --disable-userns)",
     "requires_landlock": "the test needs Landlock (requires_landlock(abi=N): ABI N or newer)",
     "requires_cgroup": "the test needs a writable cgroup v2 hierarchy with cgroup.kill",
+    "requires_root": "the test hands files to other users (chown), which only root may do",
 }
 
 
@@ -167,6 +168,8 @@ def missing(marker: str, abi: int = 1) -> str | None:
         return missing_landlock(abi)
     if marker == "requires_cgroup":
         return missing_cgroup()
+    if marker == "requires_root":
+        return None if os.geteuid() == 0 else f"running as uid {os.geteuid()}, not root"
     raise ValueError(f"unknown feature marker {marker!r}")
 
 
