@@ -211,6 +211,33 @@ def replace_note(notes_fd: int, parts: tuple[str, ...], data: bytes, *, shared: 
         os.close(parent)
 
 
+def remove_note(notes_fd: int, parts: tuple[str, ...]) -> bool:
+    """Remove the regular file at ``parts`` beneath ``notes/`` (never through a
+    link; a folder, link or special file at the name is refused with
+    PathRefused); False when there is nothing there. The caller holds the
+    mutex. The folder is synced, as after a write."""
+    import stat
+
+    from kbd.errors import PathRefused
+
+    try:
+        parent = open_beneath(notes_fd, "/".join(parts[:-1]), os.O_RDONLY | os.O_DIRECTORY)
+    except PathNotFound:
+        return False
+    try:
+        try:
+            st = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISREG(st.st_mode):
+            raise PathRefused(f"notes/{'/'.join(parts)} is not a regular file; only notes are removed")
+        os.unlink(parts[-1], dir_fd=parent)
+        os.fsync(parent)
+        return True
+    finally:
+        os.close(parent)
+
+
 # -- the index ------------------------------------------------------------------------------------
 
 

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from kbd.core.config import LimitsConfig
+    from kbd.sandbox.staging import Staging
 
 HELPER_SOURCE = Path(__file__).with_name("landlock_helper.py")
 PYTHON = "/usr/bin/python3"
@@ -89,6 +90,9 @@ class Fds:
 
     fds: list[int] = field(default_factory=list)
     handed: list[int] = field(default_factory=list)
+    # Staged notes/ overlays the launcher step attaches before bwrap runs
+    # (kbd.sandbox.staging.Area.attach, with the handed descriptor's number).
+    attach: list[dict[str, object]] = field(default_factory=list)
 
     def add(self, fd: int, *, hand: bool = True) -> int:
         self.fds.append(fd)
@@ -102,6 +106,7 @@ class Fds:
                 os.close(fd)
         self.fds.clear()
         self.handed.clear()
+        self.attach.clear()
 
 
 def _open_path(path: Path, fds: Fds, *, kb_roots: dict[Path, int]) -> int:
@@ -122,6 +127,26 @@ def _open_path(path: Path, fds: Fds, *, kb_roots: dict[Path, int]) -> int:
     if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
         raise SandboxSetupError(f"grant {path.name!r} is neither a folder nor a regular file")
     return fd
+
+
+def _staged_fd(dest: str, op: str, staging: Staging | None, fds: Fds) -> int | None:
+    """The descriptor a staged ``notes/`` (its overlay) or its ``_index.json``
+    (beneath the overlay) is bound from; None for any other grant."""
+    if staging is None:
+        return None
+    for area in staging.areas:
+        notes = str(area.notes)
+        if dest == notes and op == "bind":
+            fd = fds.add(os.dup(area.mount_fd))
+            fds.attach.append({**area.attach(), "fd": fd})
+            return fd
+        if dest == f"{notes}/{INDEX}" and op == "ro-bind":
+            if area.index_fd < 0:
+                raise SandboxSetupError(f"the staged notes/ of {area.source!r} has no {INDEX}; nothing was run")
+            return fds.add(os.dup(area.index_fd))
+        if dest.startswith(notes + "/"):
+            raise SandboxSetupError(f"a grant inside a staged notes/ ({dest}) cannot be bound; nothing was run")
+    return None
 
 
 def prepare(plan: Plan) -> None:
@@ -374,6 +399,7 @@ def build_argv(
     hard: Mapping[int, int] | None = None,
     ready_fd: int | None = None,
     confine: bool = False,
+    staging: Staging | None = None,
 ) -> list[str]:
     """The complete bwrap argv for ``command`` under ``plan``; opens (and records in
     ``fds``) every grant's descriptor. ``limits`` bounds the private tmpfs mounts
@@ -384,7 +410,10 @@ def build_argv(
     the command's first step (:func:`kbd.service.execute.sandbox_was_set_up`).
     ``confine``: the command carries the host's grant group, so the inner
     helper runs for every plan and first confines all file access to this
-    sandbox's own mount tree (see kbd.sandbox.landlock_helper)."""
+    sandbox's own mount tree (see kbd.sandbox.landlock_helper).
+    ``staging``: the command's staging layers (kbd.sandbox.staging): each
+    staged ``notes/`` is bound from its overlay, never from the real folder, and
+    ``fds.attach`` says what the launcher step attaches first."""
     bwrap = bwrap_path()
     if bwrap is None:
         raise Unavailable(
@@ -420,7 +449,9 @@ def build_argv(
         if m.op == "hidden":
             opts += [Tmpfs(m.dest), RemountRo(m.dest)]
             continue
-        fd = _open_path(Path(m.dest), fds, kb_roots=kb_roots)
+        fd = _staged_fd(m.dest, m.op, staging, fds)
+        if fd is None:
+            fd = _open_path(Path(m.dest), fds, kb_roots=kb_roots)
         opts.append(BindFd(fd, m.dest, rw=m.op == "bind"))
     # Everything the command executes comes AFTER the grants: a destination inside a
     # source-controlled folder (a contributed notes/ and its _index.json) is looked

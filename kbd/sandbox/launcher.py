@@ -57,6 +57,14 @@ import time
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+MS_REC, MS_PRIVATE = 0x4000, 0x40000
+SYS_MOVE_MOUNT = 429  # the same number on every architecture
+MOVE_MOUNT_F_EMPTY_PATH, MOVE_MOUNT_T_EMPTY_PATH = 0x4, 0x40
+# Every id mapped to itself: the namespace changes who *owns* the command's
+# namespaces (root), not who the command is.
+IDENTITY_MAP = "0 0 4294967295\n"
 MAX_FDS = 253  # SCM_MAX_FD
 MAX_PACKET = 256 << 10  # above the daemon's bound on one request (kbd.sandbox.spawn.MAX_REQUEST)
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -110,6 +118,89 @@ def make_cgroups(dirs: list[Any], name: str) -> list[str]:
     return made
 
 
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
+
+
+def own_userns() -> None:
+    """Enter a new user namespace owned by root, every id mapped to itself
+    (README "The permission model"). bubblewrap, run as the caller inside it,
+    makes the sandbox's own namespaces as its children: a user namespace's
+    owner has every capability in it only from the namespace's *parent*, so the
+    caller's other processes (outside, in the host's namespace) have none in
+    this one or any below it, and cannot ``setns`` into, remount or graft onto
+    the command's mounts. Only a process in the parent namespace with
+    CAP_SETUID may write a map of other ids, so a forked child (still here,
+    still root) writes it once this process has moved. Single-threaded callers
+    only (``unshare(CLONE_NEWUSER)`` refuses a threaded process)."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(w)
+            if os.read(r, 1) == b"u":
+                parent = os.getppid()
+                for name in ("uid_map", "gid_map"):
+                    _write(f"/proc/{parent}/{name}", IDENTITY_MAP)
+                code = 0
+        finally:
+            os._exit(code)
+    os.close(r)
+    try:
+        _check(_libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+        os.write(w, b"u")
+    finally:
+        os.close(w)
+        _, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise OSError(errno.EPERM, "cannot map the command's user namespace")
+
+
+def pin_path(path: str) -> int:
+    """An ``O_PATH`` descriptor of the folder at absolute ``path``, walked from
+    ``/`` one component at a time without following any link."""
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in path.split("/"):
+            if part in ("", "."):
+                continue
+            if part == "..":
+                raise OSError(errno.EINVAL, f"{path!r} has a '..' component")
+            nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def attach_overlays(items: list[dict[str, Any]]) -> None:
+    """Attach each staged ``notes/`` overlay (README "Staged contributions"; a
+    detached mount the daemon made, already at descriptor ``fd``) over its real
+    folder at ``path``, in a private mount namespace of this process's own.
+    bubblewrap binds by path, so its bind of ``fd`` then finds the overlay.
+    The folder must still be the one kbd pinned (``dev``, ``ino``): a source
+    that swapped a link into the path gets a refusal, never a redirect."""
+    if not items:
+        return
+    _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "making the mounts private")
+    for item in items:
+        target = pin_path(str(item["path"]))
+        try:
+            st = os.fstat(target)
+            if (st.st_dev, st.st_ino) != (int(item["dev"]), int(item["ino"])):
+                raise OSError(errno.ESTALE, f"{item['path']} is no longer the folder kbd pinned")
+            flags = MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH
+            _check(_libc.syscall(SYS_MOVE_MOUNT, int(item["fd"]), b"", target, b"", flags), "move_mount")
+        finally:
+            os.close(target)
+
+
 # -- the stub (a forked child) --------------------------------------------------------
 def renumber(fds: list[int], targets: list[int], keep: int) -> int:
     """Give descriptor ``fds[i]`` the number ``targets[i]`` and close every other
@@ -144,7 +235,7 @@ def _lower(a: int, b: int) -> int:
     return min(a, b)
 
 
-def take_identity(spec: dict[str, Any], launcher: int) -> None:
+def take_identity(spec: dict[str, Any], launcher: int | None) -> None:
     """Exactly the caller's groups, gid, uid, rlimits (never above this
     process's own: only lowered) and umask, and an empty signal mask (every
     disposition is the default already: :func:`default_signals`)."""
@@ -160,7 +251,8 @@ def take_identity(spec: dict[str, Any], launcher: int) -> None:
         os.setresuid(uid, uid, uid)
     # A uid change cleared PR_SET_PDEATHSIG: ask again (and stop if the
     # launcher died meanwhile), so the command can never outlive it unseen.
-    die_with_parent(launcher)
+    if launcher is not None:
+        die_with_parent(launcher)
     for res, soft, hard in spec["rlimits"]:
         own_soft, own_hard = resource.getrlimit(res)
         new_hard = _lower(hard, own_hard)
@@ -225,15 +317,18 @@ def warm_up(fd: int) -> None:
     _ = (names, resource.getrlimit(resource.RLIMIT_NOFILE), os.getgroups(), _lower(1, 2), array.array("i"))
 
 
-def run_stub(sock: socket.socket, cgroups: list[str], launcher: int) -> None:
+def run_stub(sock: socket.socket, cgroups: list[str], launcher: int, userns: bool) -> None:
     """In the forked child: enter the cgroups (the grace period is paid here,
-    before anyone waits), say ready, wait for the command, exec it."""
+    before anyone waits) and, with ``userns``, a root-owned user namespace
+    (:func:`own_userns`), say ready, wait for the command, exec it."""
     try:
         os.setsid()
         die_with_parent(launcher)
         me = str(os.getpid())
         for path in cgroups:
             _write(f"{path}/cgroup.procs", me)
+        if userns:
+            own_userns()
         gc.disable()  # nothing to collect before the exec: no pages touched for it
         warm_up(sock.fileno())
         sock.send(b"ready", socket.MSG_NOSIGNAL)
@@ -259,6 +354,8 @@ def run_stub(sock: socket.socket, cgroups: list[str], launcher: int) -> None:
             raise OSError(errno.EINVAL, f"{len(fds)} descriptors for {len(targets)} targets")
         where = "descriptors"
         keep = renumber(fds, targets, keep)
+        where = "staging"
+        attach_overlays(spec.get("attach") or [])
         where = "identity"
         take_identity(spec, launcher)
         argv = [os.fsencode(a) for a in spec["argv"]]
@@ -275,9 +372,10 @@ def run_stub(sock: socket.socket, cgroups: list[str], launcher: int) -> None:
 
 # -- the launcher ------------------------------------------------------------------------
 class Launcher:
-    def __init__(self, control: socket.socket, parent: int) -> None:
+    def __init__(self, control: socket.socket, parent: int, userns: bool = False) -> None:
         self.control = control
         self.parent = parent
+        self.userns = userns
         self.poll = select.poll()
         self.poll.register(control, select.POLLIN)
         # socket fd → (socket, pid, cgroup name, the daemon's request tag)
@@ -314,7 +412,7 @@ class Launcher:
                     os.close(fd)
             for sock, _, _, _ in self.pending.values():
                 sock.close()
-            run_stub(theirs, made, me)
+            run_stub(theirs, made, me, self.userns)
             os._exit(71)
         theirs.close()
         self.cgroups[pid] = made
@@ -400,12 +498,53 @@ class Launcher:
                 _rmdir(path)
 
 
+def gate(argv: list[str]) -> int:
+    """``launcher.py --gate SPEC -- CMD…``: one command's start without a stub
+    (the daemon's slower path, and an in-process ``kbd exec`` whose command
+    writes a staged ``notes/``), started as root and doing what a stub does:
+    stop until the daemon has placed it in its cgroup (``stop``), enter a
+    root-owned user namespace (``userns``), attach the staging overlays
+    (``attach``), take the caller's identity (``identity``: the stub's fields),
+    change folder as the caller (``cwd``) and exec CMD with exactly ``env``.
+    Any failure exits 69 before CMD runs."""
+    spec = json.loads(argv[2])
+    command = [os.fsencode(a) for a in argv[4:]]
+    where = "request"
+    try:
+        if argv[3] != "--" or not command:
+            raise OSError(errno.EINVAL, "usage: --gate SPEC -- CMD...")
+        default_signals()
+        if spec.get("stop"):
+            os.kill(os.getpid(), signal.SIGSTOP)  # the daemon continues it once it is in its cgroup
+        if spec.get("userns"):
+            where = "user namespace"
+            own_userns()
+        where = "staging"
+        attach_overlays(spec.get("attach") or [])
+        if spec.get("identity") is not None:
+            where = "identity"
+            take_identity(spec["identity"], None)
+        if spec.get("cwd") is not None:
+            where = "cwd"
+            os.chdir(os.fsencode(spec["cwd"]))
+        where = "exec"
+        env = {os.fsencode(k): os.fsencode(v) for k, v in spec["env"].items()}
+        os.execve(command[0], command, env)  # noqa: S606 - the daemon's own argv (bwrap, sh, python)
+    except BaseException as exc:
+        text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        with contextlib.suppress(OSError):
+            os.write(2, f"kbd: cannot start the command ({where}: {text}); nothing was run\n".encode())
+    os._exit(69)
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) > 1 and argv[1] == "--gate":
+        return gate(argv)
     config = json.loads(argv[1])
     die_with_parent(int(config["parent"]))
     default_signals()
     control = socket.socket(fileno=int(config["control"]))
-    launcher = Launcher(control, int(config["parent"]))
+    launcher = Launcher(control, int(config["parent"]), bool(config.get("userns")))
     try:
         launcher.run()
     finally:

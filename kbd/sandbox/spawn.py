@@ -147,6 +147,7 @@ class Stub:
         self, argv: Sequence[str], *, env: Mapping[str, str], fds: Sequence[int], targets: Sequence[int],
         uid: int, gid: int, groups: Sequence[int], umask: int,
         rlimits: Mapping[int, tuple[int, int]], cwd: str | None = None,
+        attach: Sequence[Mapping[str, object]] = (),
     ) -> Child:  # fmt: skip
         """Exec ``argv`` in the stub with ``fds[i]`` as number ``targets[i]``
         (nothing else open) and exactly the given identity; rlimits are
@@ -154,7 +155,9 @@ class Stub:
         stub has). Returns as soon as the stub has the request (it execs
         while the caller goes on: :meth:`Child.failure` says afterwards
         whether the exec failed); raises :class:`Unusable` before sending
-        anything the stub could not carry or when the stub is gone."""
+        anything the stub could not carry or when the stub is gone.
+        ``attach``: the staging overlays the stub attaches before it takes the
+        caller's identity (kbd.sandbox.launcher.attach_overlays)."""
         limits = []
         for res, (soft, hard) in sorted(rlimits.items()):
             own = resource.getrlimit(res)
@@ -163,7 +166,8 @@ class Stub:
             if new != own:  # the stub has the daemon's limits: only what differs
                 limits.append([res, *new])
         request = {"argv": list(argv), "env": dict(env), "targets": list(targets), "uid": uid,
-                   "gid": gid, "groups": list(groups), "umask": umask, "rlimits": limits, "cwd": cwd}  # fmt: skip
+                   "gid": gid, "groups": list(groups), "umask": umask, "rlimits": limits, "cwd": cwd,
+                   "attach": [dict(a) for a in attach]}  # fmt: skip
         data = json.dumps(request).encode()
         if len(data) > MAX_REQUEST or len(fds) > MAX_FDS:
             self._abandon()
@@ -225,7 +229,10 @@ class Launcher:
             return None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            config = json.dumps({"parent": os.getpid(), "control": theirs.fileno()})
+            # Stubs enter a root-owned user namespace while they wait (README
+            # "The permission model"): none of a caller's other processes then
+            # holds a capability over her command's namespaces.
+            config = json.dumps({"parent": os.getpid(), "control": theirs.fileno(), "userns": own_userns_usable()})
             # -I -S: no site, no user paths, no environment: the launcher runs as
             # root and imports nothing but the standard library. Its own session:
             # a terminal's ^C goes to the daemon, which stops it in order.
@@ -448,6 +455,18 @@ class Launcher:
         self.sock.close()
         with contextlib.suppress(OSError):
             cgroup.sweep_launcher(self.hierarchy, self.proc.pid)
+
+
+def own_userns_usable() -> bool:
+    """Whether this process may give commands a root-owned user namespace: it
+    is root, and the host allows user namespaces at all."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        with open("/proc/sys/user/max_user_namespaces") as fh:
+            return int(fh.read().strip() or "0") > 0
+    except (OSError, ValueError):
+        return False
 
 
 def _fds(anc: list[tuple[int, int, bytes]]) -> list[int]:

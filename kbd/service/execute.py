@@ -47,6 +47,7 @@ from kbd.service.sessions import RootSessions
 
 if TYPE_CHECKING:
     from kbd.sandbox.spawn import Launcher, Stub
+    from kbd.sandbox.staging import Staging
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 INHERITED = ("LANG", "TERM")
@@ -264,6 +265,10 @@ class Launch:
     # Where a brokered command's bookkeeping goes that may wait until its exit
     # status is sent (the removal of its emptied cgroups); None: done at once.
     later: list[Callable[[], None]] | None = None
+    # --strict-contributions: a refused staged contribution makes the exit 65;
+    # --json: the contributions report as one JSON line (README "Staged contributions").
+    strict: bool = False
+    report_json: bool = False
 
 
 class Child(Protocol):
@@ -368,12 +373,26 @@ def _end_tree(box: cgroup.Box | None, notice: Callable[[str], None] = warn) -> N
         notice("processes of this command are still alive after SIGKILL")
 
 
-def spawn(argv: list[str], box: cgroup.Box | None, **popen: Any) -> subprocess.Popen[bytes]:
+def gate_argv(argv: list[str], spec: dict[str, Any]) -> list[str]:
+    """``argv`` behind the launcher's gate step (kbd.sandbox.launcher.gate),
+    which does, as root, what a stub does before it execs: user namespace,
+    staging overlays, identity."""
+    from kbd.sandbox.spawn import SOURCE
+
+    return [sys.executable, "-I", "-S", str(SOURCE), "--gate", json.dumps(spec), "--", *argv]
+
+
+def spawn(
+    argv: list[str], box: cgroup.Box | None, *, attach: list[dict[str, object]] | None = None, **popen: Any
+) -> subprocess.Popen[bytes]:
     """Start ``argv`` in a new session, inside ``box``: ``kbd exec`` is in the
     cgroup when it forks (the child inherits it: nothing runs outside, not even
     for an instant), then steps back out on a helper thread while the command
     runs (the move waits for an RCU grace period); ``_end_tree`` waits for that
-    before it kills the cgroup."""
+    before it kills the cgroup. ``attach``: staging overlays to attach first
+    (through the gate step)."""
+    if attach:
+        argv = gate_argv(argv, {"attach": attach, "env": popen.get("env") or {}})
     if box is None:
         return subprocess.Popen(argv, start_new_session=True, **popen)  # noqa: S603
     if not box.inside:
@@ -412,15 +431,40 @@ def _place(pid: int, box: cgroup.Box | None) -> None:
         raise ContainmentUnavailable("the command was continued before the daemon placed it in its cgroup")
 
 
+def _gate_identity(caller: Caller) -> dict[str, Any]:
+    """The caller's identity as the gate step (and a stub) takes it: rlimits
+    only where they differ from this process's, never above them."""
+    limits = []
+    for res, (soft, hard) in sorted(caller.rlimits.items()):
+        own = resource.getrlimit(res)
+        new_hard = rlimits.lower(hard, own[1])
+        new = (rlimits.lower(rlimits.lower(soft, own[0]), new_hard), new_hard)
+        if new != own:
+            limits.append([res, *new])
+    return {"uid": caller.uid, "gid": caller.gid, "groups": list(caller.groups), "umask": caller.umask,
+            "rlimits": limits}  # fmt: skip
+
+
 def spawn_as(
     argv: list[str], box: cgroup.Box | None, caller: Caller, *, env: dict[str, str],
     pass_fds: list[int] | tuple[int, ...] = (), cwd: Path | None = None,
+    attach: list[dict[str, object]] | None = None, userns: bool = False,
 ) -> subprocess.Popen[bytes]:  # fmt: skip
     """Start ``argv`` for a broker client: exactly the caller's uid, gid,
     supplementary groups and umask (from the kernel, set by Popen between fork
     and exec: no capability survives setuid to a non-root uid), its rlimits
     (lowered by the gate), its own stdio, a new session; stopped until
-    :func:`_place` put it in ``box``."""
+    :func:`_place` put it in ``box``. With ``userns`` or ``attach`` the gate is
+    the launcher's (started as root: a root-owned user namespace, the staging
+    overlays, then the identity), else a shell step started as the caller."""
+    if userns or attach:
+        spec = {"stop": True, "userns": userns, "attach": attach or [], "identity": _gate_identity(caller),
+                "cwd": None if cwd is None else str(cwd), "env": env}  # fmt: skip
+        proc = subprocess.Popen(  # noqa: S603
+            gate_argv(argv, spec), start_new_session=True, stdin=caller.stdio[0], stdout=caller.stdio[1],
+            stderr=caller.stdio[2], env={"PATH": SAFE_PATH}, cwd="/", pass_fds=pass_fds,
+        )  # fmt: skip
+        return _placed(proc, box)
     steps = rlimits.lowering_steps(caller.rlimits)
     limits = " && ".join(steps) + " " + _LIMITS_FAILED if steps else ""
     gate = [rlimits.SHELL, "-c", GATE.format(limits=limits), "kbd-broker"]
@@ -431,6 +475,11 @@ def spawn_as(
         stderr=caller.stdio[2], user=caller.uid, group=caller.gid, extra_groups=list(caller.groups),
         umask=caller.umask, env=env, cwd="/", pass_fds=pass_fds,
     )  # fmt: skip
+    return _placed(proc, box)
+
+
+def _placed(proc: subprocess.Popen[bytes], box: cgroup.Box | None) -> subprocess.Popen[bytes]:
+    """Wait until the gate stopped itself, move it into ``box``, continue it."""
     try:
         info = os.waitid(os.P_PID, proc.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
         if info is not None and info.si_code == os.CLD_STOPPED:
@@ -458,24 +507,25 @@ def _hard_limits(launch: Launch) -> dict[int, int] | None:
 def _start(
     argv: list[str], box: cgroup.Box | None, launch: Launch, *, env: dict[str, str], record: _Record,
     pass_fds: list[int] | tuple[int, ...] = (), cwd: Path | None = None, stub: Stub | None = None,
+    attach: list[dict[str, object]] | None = None, userns: bool = False,
 ) -> Child:  # fmt: skip
     if launch.caller is None:
-        return spawn(argv, box, env=env, pass_fds=pass_fds, cwd=cwd)
+        return spawn(argv, box, attach=attach, env=env, pass_fds=pass_fds, cwd=cwd)
     if stub is not None:
         from kbd.sandbox.spawn import Unusable  # the daemon has it loaded already
 
         try:
             return _start_in_stub(
-                stub, argv, launch.caller, env=env, pass_fds=pass_fds, cwd=cwd, record=record
+                stub, argv, launch.caller, env=env, pass_fds=pass_fds, cwd=cwd, record=record, attach=attach
             )
         except Unusable:
             pass  # the stub let go: the command goes into its cgroup the slow way
-    return spawn_as(argv, box, launch.caller, env=env, pass_fds=pass_fds, cwd=cwd)
+    return spawn_as(argv, box, launch.caller, env=env, pass_fds=pass_fds, cwd=cwd, attach=attach, userns=userns)
 
 
 def _start_in_stub(
     stub: Stub, argv: list[str], caller: Caller, *, env: dict[str, str], record: _Record,
-    pass_fds: list[int] | tuple[int, ...], cwd: Path | None,
+    pass_fds: list[int] | tuple[int, ...], cwd: Path | None, attach: list[dict[str, object]] | None = None,
 ) -> Child:  # fmt: skip
     """Start ``argv`` in a launcher stub (already in its cgroup): recorded
     under the stub's pid *before* it may run, so close and revoke find it
@@ -485,7 +535,7 @@ def _start_in_stub(
         return stub.launch(
             argv, env=env, fds=[*caller.stdio, *pass_fds], targets=[0, 1, 2, *pass_fds], uid=caller.uid,
             gid=caller.gid, groups=caller.groups, umask=caller.umask, rlimits=caller.rlimits,
-            cwd=None if cwd is None else str(cwd),
+            cwd=None if cwd is None else str(cwd), attach=attach or (),
         )  # fmt: skip
     except BaseException as exc:
         record.drop()
@@ -521,8 +571,14 @@ def grant_gid(name: str | None, backend: str, brokered: bool) -> int | None:
 
 
 def _with_group(caller: Caller, gid: int) -> Caller:
-    groups = caller.groups if gid in caller.groups else (*caller.groups, gid)
-    return dataclasses.replace(caller, groups=groups)
+    """The caller's identity with the grant group as its real, effective and
+    saved gid (README "The permission model"): the kernel lets a process trace,
+    ``pidfd_getfd``, read the memory of or open ``/proc/PID/{fd,root,cwd,mem}``
+    of another without a capability only when uid *and* gid match, so none of
+    the caller's other processes (her own gid) can reach into the command. Her
+    own gid stays among the supplementary groups: file access is unchanged."""
+    groups = tuple(dict.fromkeys((*caller.groups, caller.gid, gid)))
+    return dataclasses.replace(caller, gid=gid, groups=groups)
 
 
 def _stub_for(launch: Launch, backend: str, limits: LimitsConfig) -> Stub | None:
@@ -605,6 +661,7 @@ def execute(
         raise InvalidInput("no command given", hint="kbd exec SID -- CMD [ARG...]")
     box: cgroup.Box | None = None
     stub: Stub | None = None
+    staging: Staging | None = None
     try:
         with launch.lock:  # the daemon's root and registry are shared by its threads
             who = host.actor(actor) if isinstance(actor, str) else actor
@@ -617,6 +674,15 @@ def execute(
             granted = grant_gid(host.config.sandbox.grant_group, backend, launch.caller is not None)
         if granted is not None and launch.caller is not None:
             launch.caller = _with_group(launch.caller, granted)
+        # Contributions to a source's notes/ are staged under bubblewrap (README
+        # "Staged contributions"): nothing of the real notes/ is writable in the
+        # sandbox, and no notes mutex is held while the command runs.
+        staged = backend == "bwrap" and bool(spec.contributed_notes(plan))
+        if staged:
+            from kbd.sandbox import staging as staging_layers
+
+            bwrap.prepare(plan)  # the lower layer has its _index.json before the overlay is made
+            staging = staging_layers.create(host.config.state_dir, plan, label=sid)
         if prepared is not None:
             box = contain(prepared, backend, limits, launch.notice)
         else:
@@ -624,7 +690,7 @@ def execute(
             box = stub.box() if stub is not None else contain_brokered(sid, backend, limits)
         launch.forward.box = box
         with contextlib.ExitStack() as stack:
-            writes = bool(spec.contributed_notes(plan))
+            writes = bool(spec.contributed_notes(plan)) and not staged
             if writes:
                 from kbd.service.command_notes import command_locks  # filelock only for write plans
 
@@ -635,7 +701,7 @@ def execute(
             started = time.time_ns()
             if backend == "bwrap":
                 rc = _run_bwrap(host, sessions, plan, sid, command, workdir, env, launch, box, stub,
-                                confine=granted is not None)  # fmt: skip
+                                confine=granted is not None, staging=staging)  # fmt: skip
             else:
                 rc = _run_direct(host, sessions, plan, sid, command, workdir, env, launch, backend, box, stub)
             if writes:
@@ -649,8 +715,13 @@ def execute(
 
             with launch.lock:
                 audit_command_changes(host, plan, sid, changes, principal=launch.principal)
-        return 128 - rc if rc < 0 else rc  # killed by signal N: 128+N, as a shell says (DESIGN §8)
+        status = 128 - rc if rc < 0 else rc  # killed by signal N: 128+N, as a shell says (DESIGN §8)
+        if staging is not None:
+            status = _commit_staged(sessions, sid, plan, staging, who, launch, status)
+        return status
     finally:
+        if staging is not None:
+            staging.remove()
         if stub is not None:
             stub.close()  # unused (refused before it ran): the stub goes; a used one is gone
         if stub is not None and launch.later is not None:
@@ -662,6 +733,25 @@ def execute(
             launch.later.append(functools.partial(_release, box))
         elif prepared is None:
             _release(box)
+
+
+def _commit_staged(
+    sessions: RootSessions, sid: str, plan: Plan, staging: Staging, who: Actor, launch: Launch, status: int
+) -> int:
+    """Commit the command's staged contributions (its tree is dead: nothing
+    writes the upper layers any more), report them, and the exit status:
+    the command's own, or 65 with ``--strict-contributions`` and a refusal."""
+    from kbd.service.contributions import commit
+
+    with launch.lock:
+        report = commit(sessions, sid, plan, staging, actor=who)
+    for line in report.lines():
+        launch.notice(line)
+    if launch.report_json:
+        launch.notice(json.dumps(report.to_json(), ensure_ascii=False))
+    if report.refused and launch.strict:
+        return 65
+    return status
 
 
 def _finish(proc: Child, launch: Launch, box: cgroup.Box | None, sessions: RootSessions, sid: str) -> None:
@@ -737,7 +827,7 @@ def _run_direct(
 def _run_bwrap(
     host: Root, sessions: RootSessions, plan: Plan, sid: str, command: list[str], workdir: Path,
     env: dict[str, str], launch: Launch, box: cgroup.Box | None, stub: Stub | None = None,
-    *, confine: bool = False,
+    *, confine: bool = False, staging: Staging | None = None,
 ) -> int:  # fmt: skip
     bwrap.prepare(plan)
     fds = bwrap.Fds()
@@ -746,10 +836,16 @@ def _run_bwrap(
     try:
         argv = bwrap.build_argv(plan, command, cwd=workdir, network=host.config.sandbox.network,
                                 status_fd=status_w, fds=fds, limits=host.config.limits,
-                                hard=_hard_limits(launch), ready_fd=ready_r, confine=confine)  # fmt: skip
+                                hard=_hard_limits(launch), ready_fd=ready_r, confine=confine,
+                                staging=staging)  # fmt: skip
         record = _Record(sessions, sid, plan, command, box, principal=launch.principal)
+        # A root-owned user namespace for every brokered command of another user
+        # (README "The permission model"); the pool's stubs are in one already.
+        userns = launch.caller is not None and launch.caller.uid != 0 and _userns_usable()
         proc = _start(argv, box, launch, env=env, pass_fds=[*fds.handed, status_w, ready_r], record=record,
-                      stub=stub)  # fmt: skip
+                      stub=stub, attach=list(fds.attach), userns=userns)  # fmt: skip
+        if staging is not None:
+            staging.close_fds()  # the sandbox's launcher step holds its own
     except BaseException:
         os.close(ready_r)
         raise
@@ -782,6 +878,12 @@ def _run_bwrap(
             hint="run `kbd doctor` to check user namespaces and bubblewrap",
         )
     return code if code is not None else rc
+
+
+def _userns_usable() -> bool:
+    from kbd.sandbox.spawn import own_userns_usable
+
+    return own_userns_usable()
 
 
 def _ready_pipe() -> int:

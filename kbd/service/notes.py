@@ -29,7 +29,7 @@ from kbd.core.plan import Plan
 from kbd.core.principals import Actor, actor_fields
 from kbd.errors import KbdError, NoteVersionConflict, NotFound, PathNotFound, PermissionDenied, from_oserror
 from kbd.fs.confined import pin_dir, read_file_stat
-from kbd.fs.notes import note_adds, notes_lock, open_notes, replace_note
+from kbd.fs.notes import note_adds, notes_lock, open_notes, remove_note, replace_note
 from kbd.service import JsonObject
 from kbd.state.history import Who, store_for
 from kbd.state.notes_quota import check_quota
@@ -78,6 +78,7 @@ class PreparedNote:
     # --expected-version / If-Match: a version, "none" (must not exist yet), or None (not asked).
     expected: str | None = None
     principal: str | None = None  # who, for the note's history
+    how: str = "write"  # the history's word for it: "command" for a staged shell write (README "Note history")
 
     def refuse(self, err: KbdError) -> KbdError:
         self.host.audit("note_refused", session=self.sid, workflow_id=self.consumer, alias=self.alias,
@@ -88,7 +89,7 @@ class PreparedNote:
 
 def prepare(
     sessions: RootSessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor,
-    expected: str | None = None,
+    expected: str | None = None, how: str = "write", plan: Plan | None = None,
 ) -> PreparedNote:  # fmt: skip
     """Everything but the gate and the write: the session's plan now, the grant,
     the name, the size, the text, and the provenance-stamped content.
@@ -96,10 +97,13 @@ def prepare(
     (InvalidInput), against the note under the mutex in :func:`commit`. Needs the
     host's registry (the daemon calls it under its state lock); waits for no file
     lock and does no work proportional to the note beyond decoding it (the
-    injection gate runs in :func:`commit`). Every refusal is audited."""
+    injection gate runs in :func:`commit`). Every refusal is audited.
+    ``plan``: the session's plan as just looked up by the caller (a staged
+    commit looks it up once for all of a command's files)."""
     host = sessions.host
     try:
-        plan: Plan = sessions.plan(sid, actor=actor)
+        if plan is None:
+            plan = sessions.plan(sid, actor=actor)
     except KbdError as err:
         host.audit("note_refused", session=sid, alias=alias, path=relpath[:200], code=err.code,
                    reason=err.message[:300], **actor_fields(actor))  # fmt: skip
@@ -139,7 +143,7 @@ def prepare(
     # As its audit records name it: a principal's ID, the local operator's user name.
     principal = str(actor_fields(actor)["actor"])
     return PreparedNote(host, sid, plan.workflow_id, alias, relpath, att.workflow_id, att.path, att.kb_identity,
-                        tuple(parts), final, actor_fields(actor), text, expected, principal)  # fmt: skip
+                        tuple(parts), final, actor_fields(actor), text, expected, principal, how)  # fmt: skip
 
 
 def _current(notes_fd: int, note: PreparedNote) -> bytes | None:
@@ -178,7 +182,7 @@ def _record(note: PreparedNote, old: bytes | None, path: str) -> None:
     store = store_for(host.config)
     who = Who(note.principal, note.sid, note.consumer)
     try:
-        store.record(note.source, path, note.data, how="write", who=who, expected=note.expected, found=old)
+        store.record(note.source, path, note.data, how=note.how, who=who, expected=note.expected, found=old)
     except (KbdError, OSError) as exc:
         host.audit("note_history_failed", source=note.source, path=path, reason=str(exc)[:300])
 
@@ -217,7 +221,7 @@ def commit(note: PreparedNote) -> NoteWritten:
         # A full disk is NoSpace (75), a denied folder PermissionDenied: never one for the other.
         raise note.refuse(from_oserror(exc, what=f"write {note.relpath!r}")) from None
     host.audit("note_written", session=note.sid, workflow_id=note.consumer, source=note.source, alias=note.alias,
-               path=path, bytes=len(note.data), **note.who)  # fmt: skip
+               path=path, bytes=len(note.data), how=note.how, **note.who)  # fmt: skip
     with contextlib.suppress(EventRefused):  # a name the feed cannot carry is in the audit record only
         host.events.emit(
             "note.written", workflow_id=note.source, relpath="notes/" + path, by_workflow=note.consumer
@@ -239,3 +243,40 @@ def write(
     at another version now). Every refusal is audited.
     """
     return commit(prepare(sessions, sid, alias, relpath, data, actor=actor, expected=expected))
+
+
+@dataclass(frozen=True)
+class NoteRemoved:
+    workflow_id: str
+    alias: str
+    path: str  # relative to the source's KB root: notes/...
+    removed: bool  # False: nothing was there
+
+    def to_json(self) -> JsonObject:
+        return {"workflow_id": self.workflow_id, "alias": self.alias, "path": self.path, "removed": self.removed}
+
+
+def remove(note: PreparedNote) -> NoteRemoved:
+    """Remove a prepared note's file (a staged command deleted it: README
+    "Staged contributions"): the same plan, grant and name checks as a write
+    (``prepare`` with any content), under the same mutex; only a regular file
+    is removed. Its history stays (README "Note history"). Audited
+    ``note_removed``, or ``note_refused``."""
+    host = note.host
+    config = host.config
+    path = "/".join(note.parts)
+    try:
+        with (
+            pin_dir(note.kb_path, expect=note.kb_identity) as kb,
+            open_notes(kb.fd) as notes_fd,
+            notes_lock(config.state_dir, notes_fd, timeout=config.lock_timeout, who={"workflow": note.consumer}),
+        ):
+            removed = remove_note(notes_fd, note.parts)
+    except KbdError as err:
+        raise note.refuse(err) from None
+    except OSError as exc:
+        raise note.refuse(from_oserror(exc, what=f"remove {note.relpath!r}")) from None
+    if removed:
+        host.audit("note_removed", session=note.sid, workflow_id=note.consumer, source=note.source,
+                   alias=note.alias, path=path, how=note.how, **note.who)  # fmt: skip
+    return NoteRemoved(note.source, note.alias, "notes/" + path, removed)

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from kbd.core.knowledge import body_of, provenance_fields
 from tests.helpers import CliResult, Entry, KbRoot, exec_mode_for, snapshot
 
 # Real commands under bubblewrap with the inner Landlock helper.
@@ -135,12 +136,16 @@ def test_new_notes_subfolders_and_edits_reach_the_host(kb: KbRoot) -> None:
 
     r = sh(kb, sid, 'echo "new note" > "$WORKFLOW_KB_SRC/notes/new.md"')
     assert r.code == 0, r.err
-    assert (notes / "new.md").read_text() == "new note\n"
+    # Committed through the write path at exit: the body as written, under
+    # kbd's provenance (README "Staged contributions").
+    new = (notes / "new.md").read_text()
+    assert body_of(new) == "new note\n"
+    assert provenance_fields(new)["contributed_by_workflow"] == "con"
 
     r = sh(kb, sid, 'cd "$WORKFLOW_KB_SRC" && mkdir -p notes/sub && echo deep > notes/sub/x.md')
     assert r.code == 0, r.err
     assert (notes / "sub").is_dir() and not (notes / "sub").is_symlink()
-    assert (notes / "sub" / "x.md").read_text() == "deep\n"
+    assert body_of((notes / "sub" / "x.md").read_text()) == "deep\n"
 
     r = sh(
         kb,
@@ -148,7 +153,7 @@ def test_new_notes_subfolders_and_edits_reach_the_host(kb: KbRoot) -> None:
         'echo "edited" > "$WORKFLOW_KB_SRC/notes/fact.md" && echo more >> "$WORKFLOW_KB_SRC/notes/fact.md"',
     )
     assert r.code == 0, r.err
-    assert (notes / "fact.md").read_text() == "edited\nmore\n"
+    assert body_of((notes / "fact.md").read_text()) == "edited\nmore\n"
 
     # The contributor never touched the index, context/ or anything private.
     assert (notes / "_index.json").read_bytes() == INDEX_BYTES
@@ -311,7 +316,8 @@ def test_revoking_the_grant_stops_writes_at_the_next_exec(kb: KbRoot) -> None:
     sid = open_session(kb, "con")["session_id"]
     r = sh(kb, sid, 'echo before > "$WORKFLOW_KB_SRC/notes/a.md"')
     assert r.code == 0, r.err
-    assert (notes / "a.md").read_text() == "before\n"
+    committed = (notes / "a.md").read_text()
+    assert body_of(committed) == "before\n"
 
     revoke = kb.cli("writers", "revoke", "src", "con", "--as", "bob")
     assert revoke.code == 0, revoke.err
@@ -322,8 +328,8 @@ def test_revoking_the_grant_stops_writes_at_the_next_exec(kb: KbRoot) -> None:
         r = sh(kb, sid, script)
         assert_kernel_refused(r)
         assert snapshot(src) == before
-    assert (notes / "a.md").read_text() == "before\n"
+    assert (notes / "a.md").read_text() == committed
     assert not (notes / "new.md").exists()
     # The read attachment survives the revocation.
     r = sh(kb, sid, 'cat "$WORKFLOW_KB_SRC/notes/a.md"')
-    assert (r.code, r.out) == (0, "before\n"), r.err
+    assert (r.code, r.out) == (0, committed), r.err
