@@ -399,7 +399,9 @@ class Broker:
 
         later: list[Callable[[], None]] = []
         launch = Launch(forward, caller=caller, notice=notice, started=started, lock=self.lock,
-                        launcher=self.launcher, later=later)  # fmt: skip
+                        launcher=self.launcher, later=later, strict=bool(request.flags & wire.FLAG_STRICT),
+                        report_json=bool(request.flags & wire.FLAG_JSON),
+                        say=lambda text: conn.send(wire.notice_frame(text)))  # fmt: skip
         conn.send(wire.SWITCHING)
         with self._guard:
             self._commands.append(cmd)

@@ -996,17 +996,27 @@ class ExecCommand(click.Command):
     help="Run it through the kbd daemon at PATH (default: $KBD_SOCKET, else the root's socket when a daemon "
     "listens there; KBD_NO_DAEMON=1 runs in-process).",
 )
+@click.option(
+    "--strict-contributions",
+    is_flag=True,
+    help="Exit 65 when a change the command made to a source's notes/ is refused at commit.",
+)
+@click.option(
+    "--json",
+    "json_",
+    is_flag=True,
+    help="Also print the contributions report as one JSON line on stderr.",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_ctx
 def exec_cmd(c: Ctx, request: ExecArgs) -> None:
     """Run COMMAND under SID's current plan in a fresh sandbox; exit with its status."""
     if request.socket is None and c.socket is not None:
-        request = ExecArgs(request.sid, request.command, cwd=request.cwd, as_=request.as_, socket=c.socket)
+        request = request.with_socket(c.socket)
     token = backend.read_token_file(c.token_file) if c.token_file is not None else None
     if token is not None and request.socket is None:
         # A token is for the daemon: never fall back to running in-process.
-        request = ExecArgs(request.sid, request.command, cwd=request.cwd, as_=request.as_,
-                           socket=str(backend.socket_of(c.root)))  # fmt: skip
+        request = request.with_socket(str(backend.socket_of(c.root)))
     sys.exit(run_exec(c.root, request, token=token))
 
 

@@ -28,10 +28,12 @@ if TYPE_CHECKING:
 # its cost: dataclasses, pathlib and the boundary's signal module (≈ 20 ms
 # under load) are imported only on the paths that need them.
 
-EXEC_USAGE = "kbd exec SID [--cwd DIR] [--as P] -- CMD [ARG...]"
+EXEC_USAGE = "kbd exec SID [--cwd DIR] [--as P] [--strict-contributions] [--json] -- CMD [ARG...]"
 HELP_FLAGS = ("-h", "--help")
 # exec's own options; each takes a value (``--cwd DIR`` or ``--cwd=DIR``).
 EXEC_OPTIONS = ("--cwd", "--as", "--socket")
+#: exec's options that take no value (README "Staged contributions").
+EXEC_FLAGS = ("--strict-contributions", "--json")
 _SEE_HELP = "see `kbd exec --help`"
 
 
@@ -39,7 +41,7 @@ class ExecArgs:
     """One ``kbd exec`` invocation: the session, the command and exec's options
     (plain data, compared by value; not a dataclass, for import time)."""
 
-    __slots__ = ("as_", "command", "cwd", "sid", "socket")
+    __slots__ = ("as_", "command", "cwd", "json", "sid", "socket", "strict")
 
     def __init__(
         self,
@@ -48,11 +50,23 @@ class ExecArgs:
         cwd: str | None = None,
         as_: str | None = None,
         socket: str | None = None,  # the daemon to run it through (else KBD_SOCKET, else the root's socket)
+        strict: bool = False,  # --strict-contributions
+        json: bool = False,  # --json: the contributions report as a JSON line on stderr
     ) -> None:
         self.sid, self.command, self.cwd, self.as_, self.socket = sid, command, cwd, as_, socket
+        self.strict, self.json = strict, json
+
+    def with_socket(self, socket: str | None) -> ExecArgs:
+        return ExecArgs(self.sid, self.command, cwd=self.cwd, as_=self.as_, socket=socket, strict=self.strict,
+                        json=self.json)  # fmt: skip
+
+    @property
+    def flags(self) -> int:
+        """The wire's flags byte (kbd.core.wire FLAG_STRICT, FLAG_JSON)."""
+        return (1 if self.strict else 0) | (2 if self.json else 0)
 
     def _key(self) -> tuple[object, ...]:
-        return (self.sid, self.command, self.cwd, self.as_, self.socket)
+        return (self.sid, self.command, self.cwd, self.as_, self.socket, self.strict, self.json)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ExecArgs) and self._key() == other._key()
@@ -61,7 +75,8 @@ class ExecArgs:
         return hash(self._key())
 
     def __repr__(self) -> str:
-        return f"ExecArgs(sid={self.sid!r}, command={self.command!r}, cwd={self.cwd!r}, as_={self.as_!r}, socket={self.socket!r})"
+        return (f"ExecArgs(sid={self.sid!r}, command={self.command!r}, cwd={self.cwd!r}, as_={self.as_!r}, "
+                f"socket={self.socket!r}, strict={self.strict!r}, json={self.json!r})")  # fmt: skip
 
 
 def _take_options(args: Sequence[str], i: int, values: dict[str, str]) -> int | None:
@@ -76,7 +91,13 @@ def _take_options(args: Sequence[str], i: int, values: dict[str, str]) -> int | 
             return None
         if word == "-" or not word.startswith("-"):
             return i
+        if word in EXEC_FLAGS:
+            values[word] = "1"
+            i += 1
+            continue
         name, has_value, value = word.partition("=")
+        if name in EXEC_FLAGS:
+            raise UsageError(f"Option '{name}' does not take a value.", hint=_SEE_HELP)
         if name not in EXEC_OPTIONS:
             # Never a command: `kbd exec SID --bogus` must not run `--bogus`.
             raise UsageError(
@@ -115,7 +136,13 @@ def parse_exec(args: Sequence[str]) -> ExecArgs | None:
     if values.get("--socket") == "":
         raise UsageError("--socket was given an empty path", hint="pass --socket PATH, or leave --socket out")
     return ExecArgs(
-        sid, tuple(args[j:]), cwd=values.get("--cwd"), as_=values.get("--as"), socket=values.get("--socket")
+        sid,
+        tuple(args[j:]),
+        cwd=values.get("--cwd"),
+        as_=values.get("--as"),
+        socket=values.get("--socket"),
+        strict="--strict-contributions" in values,
+        json="--json" in values,
     )
 
 
@@ -154,7 +181,7 @@ def run_exec(
     # Without --as / KBD_AS the caller is the trusted local operator of the root.
     actor = named if named is not None else LocalOperator.current()
     return run(Path(root) if root is not None else default_root(), request.sid, list(request.command), actor=actor,
-               cwd=request.cwd, prepared=prepared)  # fmt: skip
+               cwd=request.cwd, prepared=prepared, strict=request.strict, report_json=request.json)  # fmt: skip
 
 
 def _through_daemon(root: Path | str | None, request: ExecArgs, *, token: str | None = None) -> int | None:
@@ -181,7 +208,8 @@ def _through_daemon(root: Path | str | None, request: ExecArgs, *, token: str | 
     env = {name: os.environ[name] for name in ("LANG", "TERM") if name in os.environ}
     return thin.run(explicit or thin.default_socket(where), request.sid, request.command,
                     explicit=explicit is not None, cwd=request.cwd, as_principal=as_,
-                    root=os.path.abspath(where), env=env, token=token or os.environ.get("KBD_TOKEN") or None)  # fmt: skip
+                    root=os.path.abspath(where), env=env, token=token or os.environ.get("KBD_TOKEN") or None,
+                    flags=request.flags)  # fmt: skip
 
 
 def _split_root(argv: list[str]) -> tuple[str | None, list[str]] | None:

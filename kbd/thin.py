@@ -218,6 +218,7 @@ def request_bytes(
     root: str | bytes | None = None,
     env: dict[str, str] | None = None,
     token: str | None = None,
+    flags: int = 0,
 ) -> bytes:
     """The request line, headers and body of one exec request."""
     request = wire.Request(
@@ -227,6 +228,7 @@ def request_bytes(
         env={k: v for k, v in (env or {}).items() if k in wire.ENV_NAMES},
         as_principal=as_principal,
         root=os.fsencode(root) if root is not None else None,
+        flags=flags,
     )
     body = wire.encode_request(request)
     return wire.request_head(len(body), token=token) + body
@@ -246,6 +248,7 @@ def call(
     token: str | None = None,
     forward_signals: bool = False,
     notice: Callable[[str], None] = _write_stderr,
+    flags: int = 0,
 ) -> int | None:
     """Run one command through the daemon at ``socket_path`` with ``stdio`` as
     its fds 0-2 and return its exit status (128+N for signal N). kbd's own
@@ -254,7 +257,8 @@ def call(
     False and no daemon listens at ``socket_path``. The entry point for
     :mod:`kbd.client` (``forward_signals`` only from the main thread;
     ``notice`` receives kbd's WARNING lines)."""
-    data = request_bytes(sid, argv, cwd=cwd, as_principal=as_principal, root=root, env=env, token=token)
+    data = request_bytes(sid, argv, cwd=cwd, as_principal=as_principal, root=root, env=env, token=token,
+                         flags=flags)  # fmt: skip
     sock = connect(socket_path, explicit=explicit)
     if sock is None:
         return None
@@ -272,13 +276,14 @@ def run(
     root: str | None = None,
     env: dict[str, str] | None = None,
     token: str | None = None,
+    flags: int = 0,
 ) -> int | None:
     """``kbd exec`` through the daemon: :func:`call` with this process's fds
     0-2 and signals, and kbd's refusals printed as the boundary prints them
     (their exit code returned)."""
     try:
         return call(socket_path, sid, argv, explicit=explicit, cwd=cwd, as_principal=as_principal, root=root,
-                    env=env, token=token, forward_signals=True)  # fmt: skip
+                    env=env, token=token, forward_signals=True, flags=flags)  # fmt: skip
     except Refused as r:
         print_error(r.code, r.message, r.hint)
         return r.exit_code

@@ -125,21 +125,48 @@ class KbRoot:
         # sweep_interval=0: every lookup re-verifies every manifest, as a fresh CLI call does.
         return Root(self.root, sweep_interval=0)
 
-    def cli(self, *args: str, input: bytes | None = None, env: dict[str, str] | None = None) -> CliResult:
-        """Run the real `kbd` command in a subprocess against this root."""
+    def cli_argv(self, *args: str) -> list[str]:
+        """The argv of the real `kbd` command against this root."""
+        return [sys.executable, "-m", "kbd", "--root", str(self.root), *args]
+
+    def cli_env(self, *args: str, env: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment :meth:`cli` runs ``args`` with (no KBD_* of the runner's)."""
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("KBD_")}
-        if args[:1] == ("exec",):
+        if args[:1] == ("exec",) or not args:
             full_env.update(self.exec_env)
         full_env.update(env or {})
+        return full_env
+
+    def cli(
+        self, *args: str, input: bytes | str | None = None, env: dict[str, str] | None = None,
+        timeout: float = 60, stdin: bytes | str | None = None,
+    ) -> CliResult:  # fmt: skip
+        """Run the real `kbd` command in a subprocess against this root."""
+        data = input if input is not None else stdin
         proc = subprocess.run(
-            [sys.executable, "-m", "kbd", "--root", str(self.root), *args],
-            input=input,
+            self.cli_argv(*args),
+            input=data.encode() if isinstance(data, str) else data,
             capture_output=True,
-            env=full_env,
-            timeout=60,
+            env=self.cli_env(*args, env=env),
+            timeout=timeout,
             check=False,
         )
         return CliResult(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
+
+    def audit_events(self, name: str) -> list[dict[str, Any]]:
+        """The root's audit records of event ``name``, oldest first."""
+        path = self.root / "state" / "audit.log"
+        if not path.exists():
+            return []
+        records = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+        return [r for r in records if r.get("event") == name]
+
+    def set_config(self, **fields: Any) -> None:
+        """Set top-level keys of kbd.yaml (as an operator's editor would)."""
+        path = self.root / "kbd.yaml"
+        doc = yaml.safe_load(path.read_text())
+        doc.update(fields)
+        path.write_text(yaml.safe_dump(doc))
 
     def call(self, *args: str, input: bytes | None = None, env: dict[str, str] | None = None) -> CliResult:
         """Run `kbd` like :meth:`cli`, but in this process (see :func:`run_in_process`)."""

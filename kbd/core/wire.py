@@ -8,7 +8,8 @@ One connection to the daemon's socket carries one brokered command:
    ``0x02`` one argv item (raw bytes, repeated, at least one), ``0x03`` cwd (raw
    bytes, at most once), ``0x04`` ``NAME=VALUE`` for ``LANG`` or ``TERM`` only
    (each at most once), ``0x05`` the ``--as`` principal (UTF-8, at most once),
-   ``0x06`` the client's root path (raw bytes, at most once).
+   ``0x06`` the client's root path (raw bytes, at most once), ``0x07`` flags
+   (one byte, at most once: 1 ``--strict-contributions``, 2 ``--json``).
 2. The daemon answers an ordinary HTTP error, or ``101 Switching Protocols``
    (:data:`SWITCHING`) followed by frames ``kind:u8 len:u32be payload``
    (:func:`frame`, :class:`FrameReader`): SIGNAL from the client; NOTICE,
@@ -54,6 +55,10 @@ TAG_CWD = 0x03
 TAG_ENV = 0x04
 TAG_AS = 0x05
 TAG_ROOT = 0x06
+TAG_FLAGS = 0x07
+FLAG_STRICT = 0x01  # --strict-contributions: a refused staged contribution exits 65
+FLAG_JSON = 0x02  # --json: the contributions report as one JSON line on stderr
+_FLAGS = FLAG_STRICT | FLAG_JSON
 _TAG_NAMES = {
     TAG_SID: "sid",
     TAG_ARGV: "argv",
@@ -61,8 +66,9 @@ _TAG_NAMES = {
     TAG_ENV: "env",
     TAG_AS: "as",
     TAG_ROOT: "root",
+    TAG_FLAGS: "flags",
 }
-_SINGLETONS = frozenset({TAG_SID, TAG_CWD, TAG_AS, TAG_ROOT})
+_SINGLETONS = frozenset({TAG_SID, TAG_CWD, TAG_AS, TAG_ROOT, TAG_FLAGS})
 
 MAX_BODY = 4 << 20
 MAX_ARGV = 4096
@@ -86,7 +92,7 @@ class Request:
     values are text.
     """
 
-    __slots__ = ("argv", "as_principal", "cwd", "env", "root", "sid")
+    __slots__ = ("argv", "as_principal", "cwd", "env", "flags", "root", "sid")
 
     def __init__(
         self,
@@ -97,8 +103,10 @@ class Request:
         env: dict[str, str] | None = None,
         as_principal: str | None = None,
         root: bytes | None = None,
+        flags: int = 0,
     ) -> None:
         self.sid = sid
+        self.flags = flags
         self.argv = tuple(argv)
         self.cwd = cwd
         self.env = dict(env or {})
@@ -106,7 +114,15 @@ class Request:
         self.root = root
 
     def _key(self) -> tuple[object, ...]:
-        return (self.sid, self.argv, self.cwd, sorted(self.env.items()), self.as_principal, self.root)
+        return (
+            self.sid,
+            self.argv,
+            self.cwd,
+            sorted(self.env.items()),
+            self.as_principal,
+            self.root,
+            self.flags,
+        )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Request) and self._key() == other._key()
@@ -116,7 +132,7 @@ class Request:
     def __repr__(self) -> str:
         return (
             f"Request(sid={self.sid!r}, argv={list(self.argv)!r}, cwd={self.cwd!r}, env={self.env!r}, "
-            f"as_principal={self.as_principal!r}, root={self.root!r})"
+            f"as_principal={self.as_principal!r}, root={self.root!r}, flags={self.flags!r})"
         )
 
 
@@ -193,6 +209,8 @@ def check_request(request: Request) -> None:
         _check_id(request.as_principal, "as")
     if request.root is not None:
         _check_bytes(request.root, "root", MAX_PATH_BYTES, empty_ok=False)
+    if not isinstance(request.flags, int) or request.flags & ~_FLAGS or request.flags < 0:
+        raise WireError(f"flags {request.flags!r} has unknown bits; allowed: 1 (strict), 2 (json)")
 
 
 def encode_request(request: Request) -> bytes:
@@ -210,6 +228,8 @@ def encode_request(request: Request) -> bytes:
         parts.append(_record(TAG_AS, request.as_principal.encode("utf-8")))
     if request.root is not None:
         parts.append(_record(TAG_ROOT, request.root))
+    if request.flags:
+        parts.append(_record(TAG_FLAGS, bytes([request.flags])))
     body = b"".join(parts)
     if len(body) > MAX_BODY:
         raise WireError(f"the request is {len(body)} bytes; at most {MAX_BODY} are allowed (argv too long)")
@@ -247,6 +267,7 @@ def decode_request(body: bytes) -> Request:
     sid: str | None = None
     argv: list[bytes] = []
     cwd = as_principal = root = None
+    flags = 0
     env: dict[str, str] = {}
     for pos, tag, value in _records(body):
         what = _TAG_NAMES[tag]
@@ -271,11 +292,15 @@ def decode_request(body: bytes) -> Request:
             env[name] = text
         elif tag == TAG_AS:
             as_principal = _text(value, "as")
+        elif tag == TAG_FLAGS:
+            if len(value) != 1:
+                raise WireError(f"flags record at offset {pos} is {len(value)} bytes; it is one byte")
+            flags = value[0]
         else:
             root = value
     if sid is None:
         raise WireError("no sid record; the session ID is required")
-    request = Request(sid, argv, cwd=cwd, env=env, as_principal=as_principal, root=root)
+    request = Request(sid, argv, cwd=cwd, env=env, as_principal=as_principal, root=root, flags=flags)
     check_request(request)
     return request
 

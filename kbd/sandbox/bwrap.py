@@ -142,10 +142,14 @@ def _staged_fd(dest: str, op: str, staging: Staging | None, fds: Fds) -> int | N
             return fd
         if dest == f"{notes}/{INDEX}" and op == "ro-bind":
             if area.index_fd < 0:
-                raise SandboxSetupError(f"the staged notes/ of {area.source!r} has no {INDEX}; nothing was run")
+                raise SandboxSetupError(
+                    f"the staged notes/ of {area.source!r} has no {INDEX}; nothing was run"
+                )
             return fds.add(os.dup(area.index_fd))
         if dest.startswith(notes + "/"):
-            raise SandboxSetupError(f"a grant inside a staged notes/ ({dest}) cannot be bound; nothing was run")
+            raise SandboxSetupError(
+                f"a grant inside a staged notes/ ({dest}) cannot be bound; nothing was run"
+            )
     return None
 
 

@@ -232,7 +232,9 @@ class Launcher:
             # Stubs enter a root-owned user namespace while they wait (README
             # "The permission model"): none of a caller's other processes then
             # holds a capability over her command's namespaces.
-            config = json.dumps({"parent": os.getpid(), "control": theirs.fileno(), "userns": own_userns_usable()})
+            config = json.dumps(
+                {"parent": os.getpid(), "control": theirs.fileno(), "userns": own_userns_usable()}
+            )
             # -I -S: no site, no user paths, no environment: the launcher runs as
             # root and imports nothing but the standard library. Its own session:
             # a terminal's ^C goes to the daemon, which stops it in order.

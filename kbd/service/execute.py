@@ -269,6 +269,8 @@ class Launch:
     # --json: the contributions report as one JSON line (README "Staged contributions").
     strict: bool = False
     report_json: bool = False
+    # Where a line goes as it is (the JSON report): stderr, or the broker's client.
+    say: Callable[[str], None] = functools.partial(print, file=sys.stderr, flush=True)
 
 
 class Child(Protocol):
@@ -520,7 +522,9 @@ def _start(
             )
         except Unusable:
             pass  # the stub let go: the command goes into its cgroup the slow way
-    return spawn_as(argv, box, launch.caller, env=env, pass_fds=pass_fds, cwd=cwd, attach=attach, userns=userns)
+    return spawn_as(
+        argv, box, launch.caller, env=env, pass_fds=pass_fds, cwd=cwd, attach=attach, userns=userns
+    )
 
 
 def _start_in_stub(
@@ -605,6 +609,8 @@ def run(
     actor: LocalOperator | str,
     cwd: str | None = None,
     prepared: cgroup.Preparation | None = None,
+    strict: bool = False,
+    report_json: bool = False,
 ) -> int:
     """Run ``command`` in session ``sid`` as ``kbd exec`` itself (this process's
     identity, stdio and signals); return its exit status (69 when the sandbox
@@ -622,8 +628,8 @@ def run(
         host = Root(root)
         sessions = RootSessions(host)
         forward = _Forward()
-        return execute(host, sessions, sid, command, actor=actor, cwd=cwd, launch=Launch(forward),
-                       prepared=prepared)  # fmt: skip
+        launch = Launch(forward, strict=strict, report_json=report_json)
+        return execute(host, sessions, sid, command, actor=actor, cwd=cwd, launch=launch, prepared=prepared)
     finally:
         if forward is not None:
             forward.restore()
@@ -748,7 +754,7 @@ def _commit_staged(
     for line in report.lines():
         launch.notice(line)
     if launch.report_json:
-        launch.notice(json.dumps(report.to_json(), ensure_ascii=False))
+        launch.say(json.dumps(report.to_json(), ensure_ascii=False))
     if report.refused and launch.strict:
         return 65
     return status

@@ -78,7 +78,9 @@ class PreparedNote:
     # --expected-version / If-Match: a version, "none" (must not exist yet), or None (not asked).
     expected: str | None = None
     principal: str | None = None  # who, for the note's history
-    how: str = "write"  # the history's word for it: "command" for a staged shell write (README "Note history")
+    how: str = (
+        "write"  # the history's word for it: "command" for a staged shell write (README "Note history")
+    )
 
     def refuse(self, err: KbdError) -> KbdError:
         self.host.audit("note_refused", session=self.sid, workflow_id=self.consumer, alias=self.alias,
@@ -253,7 +255,12 @@ class NoteRemoved:
     removed: bool  # False: nothing was there
 
     def to_json(self) -> JsonObject:
-        return {"workflow_id": self.workflow_id, "alias": self.alias, "path": self.path, "removed": self.removed}
+        return {
+            "workflow_id": self.workflow_id,
+            "alias": self.alias,
+            "path": self.path,
+            "removed": self.removed,
+        }
 
 
 def remove(note: PreparedNote) -> NoteRemoved:
@@ -269,7 +276,9 @@ def remove(note: PreparedNote) -> NoteRemoved:
         with (
             pin_dir(note.kb_path, expect=note.kb_identity) as kb,
             open_notes(kb.fd) as notes_fd,
-            notes_lock(config.state_dir, notes_fd, timeout=config.lock_timeout, who={"workflow": note.consumer}),
+            notes_lock(
+                config.state_dir, notes_fd, timeout=config.lock_timeout, who={"workflow": note.consumer}
+            ),
         ):
             removed = remove_note(notes_fd, note.parts)
     except KbdError as err:
