@@ -230,7 +230,8 @@ def remove_note(notes_fd: int, parts: tuple[str, ...]) -> bool:
         except FileNotFoundError:
             return False
         if not stat.S_ISREG(st.st_mode):
-            raise PathRefused(f"notes/{'/'.join(parts)} is not a regular file; only notes are removed")
+            shown = "/".join(parts)
+            raise PathRefused(f"notes/{shown} is not a regular file; only notes are removed", why="not_file")
         os.unlink(parts[-1], dir_fd=parent)
         os.fsync(parent)
         return True

@@ -70,7 +70,7 @@ class Report:
         by_alias: dict[str, list[str]] = {}
         for alias, rel in self.committed:
             by_alias.setdefault(alias, []).append(rel)
-        out["committed_by_alias"] = by_alias  # type: ignore[assignment]
+        out["committed_by_alias"] = by_alias
         if self.kept is not None:
             out["kept"] = self.kept
         return {"contributions": out}

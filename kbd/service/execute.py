@@ -270,7 +270,7 @@ class Launch:
     strict: bool = False
     report_json: bool = False
     # Where a line goes as it is (the JSON report): stderr, or the broker's client.
-    say: Callable[[str], None] = functools.partial(print, file=sys.stderr, flush=True)
+    say: Callable[[str], None] = field(default=lambda text: print(text, file=sys.stderr, flush=True))
 
 
 class Child(Protocol):
