@@ -171,6 +171,26 @@ def client_share_runs(sock: Path, sid: str, kbd_exec: Row) -> dict[str, list[flo
     return out
 
 
+COMMIT_RUNS = 7
+# 100 notes into a source's notes/ (staged, committed at exit through the note
+# write path), or the same 100 files into the sandbox's private /tmp (nothing to
+# commit): the difference is the commit.
+HUNDRED = 'for i in $(seq 100); do echo "note $i of run $1" > "{where}/n$i.md"; done'
+
+
+def commit_runs(kbd: list[str], sid: str, env: dict[str, str]) -> dict[str, list[float]]:
+    """README "Staged contributions": the cost of committing 100 staged notes,
+    beside the same command writing where nothing is committed, interleaved."""
+    out: dict[str, list[float]] = {"commit100": [], "tmp100": []}
+    for n in range(COMMIT_RUNS):
+        for name, where in (("commit100", "$WORKFLOW_KB_SRC/notes"), ("tmp100", "/tmp")):
+            argv = [*kbd, "exec", sid, "--", "sh", "-c", HUNDRED.format(where=where), "sh", str(n)]
+            t0 = time.perf_counter()
+            subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+            out[name].append((time.perf_counter() - t0) * 1000)
+    return out
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         kb = KbRoot.create(Path(tmp) / "root")
@@ -219,10 +239,12 @@ def main() -> None:
             brokered_read = command([*kbd, "exec", opened["read"], "--", "/bin/true"], brokered)
             got.update(client_share_runs(served.sock, opened["read"], brokered_read))
             got.update(library_runs(served.sock, opened["read"]))
+            got.update(commit_runs(kbd, opened["read-write"], brokered))
             got.update(direct)
         finally:
             served.stop()
     got["client"] = [a - b for a, b in zip(got["pair_kbd"], got["pair_lib"], strict=True)]
+    got["commit"] = [a - b for a, b in zip(got["commit100"], got["tmp100"], strict=True)]
     p50 = {name: statistics.median(v) for name, v in got.items()}
     low = {name: min(v) for name, v in got.items()}
     print(f"kbd: {kbd[0]}: this checkout installed as a host installs it (python3 -m venv, pip install --upgrade "
@@ -250,6 +272,10 @@ def main() -> None:
         ("kbd.client exec from a running process (read plan)", p50["lib"], low["lib"],
          f"<= anchor + 5 = {p50['lib_anchor'] + 5:.1f}"),
         ("  its anchor bwrap, interleaved with it", p50["lib_anchor"], low["lib_anchor"], ""),
+        ("brokered write plan, 100 staged notes committed at exit", p50["commit100"], low["commit100"], ""),
+        ("  the same 100 files into the sandbox's /tmp (no commit)", p50["tmp100"], low["tmp100"], ""),
+        ("  the commit of 100 notes (difference per pair)", p50["commit"], None,
+         f"{p50['commit'] / 100:.2f} ms a note"),
     ]  # fmt: skip
     for name, ms, floor, budget in rows:
         lowest = f"{floor:8.1f}" if floor is not None else " " * 8

@@ -600,6 +600,11 @@ class LauncherKeeper:
         self.since = 0.0
 
     def start(self) -> None:
+        from kbd.sandbox import staging
+
+        # Staging layers of commands a killed daemon never finished: nothing of
+        # them was committed, and nothing will be (README "Staged contributions").
+        staging.sweep(self.host.config.state_dir)
         self._install()
         if self.broker.launcher is not None:
             # Ready means fast: the first commands find their stubs waiting (a

@@ -177,6 +177,7 @@ def create(state_dir: Path, plan: Plan, *, label: str) -> Staging | None:
         )
     base = state_dir / STAGING_DIR
     base.mkdir(mode=0o700, exist_ok=True)
+    sweep(state_dir)  # what a killed kbd exec left (usually nothing: one listing)
     # The owner's pid in the name: :func:`sweep` removes only the folders of
     # processes that are gone.
     folder = base / f"{label}.{os.getpid()}.{secrets.token_hex(6)}"

@@ -263,9 +263,11 @@ def test_a_sandboxed_command_uses_exactly_its_grants(host: Host) -> None:
         "NO-INDEX", "NO-SRC2-NOTES", "NO-PRIV", "NO-CHMOD-SGID", "NO-INSTALL-SGID", "",
     ], r.stderr  # fmt: skip
     notes = host.wf("src") / "knowledgebase/notes"
+    # Committed at exit through the daemon's write path (README "Staged
+    # contributions"): the note belongs to notes/'s owner and group, 0660.
     made = os.stat(notes / "by-ann.md")
-    assert made.st_uid == host.users["ann"].pw_uid
-    assert made.st_gid == grp.getgrnam(host.grant).gr_gid  # inherited from the setgid notes/
+    assert (made.st_uid, made.st_gid) == (host.users["bob"].pw_uid, grp.getgrnam(host.grant).gr_gid)
+    assert stat.S_IMODE(made.st_mode) == 0o660
     for name in ("by-ann.md", "tool"):
         if (notes / name).exists():
             assert not os.stat(notes / name).st_mode & 0o6000, name

@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 from kbd.core.config import parse_config
+from kbd.core.knowledge import body_of
 from kbd.errors import InvalidConfig
 from kbd.state import audit
 from kbd.state.history import HISTORY_DIR
@@ -160,21 +161,24 @@ def test_a_shell_command_under_a_write_grant_records_versions(
     assert r.code == 0, r.err
     r = kb.cli("exec", sid, "--", "sh", "-c", 'echo second >> "$WORKFLOW_KB_SRC/notes/cmd.md"')
     assert r.code == 0, r.err
-    assert (notes / "cmd.md").read_bytes() == b"first\nsecond\n"
+    # Each command's change was committed through the write path (README
+    # "Staged contributions"): the body as the shell left it, under provenance.
+    stored = (notes / "cmd.md").read_bytes()
+    assert body_of(stored.decode()) == "first\nsecond\n"
     newest, first = log(kb, "notes/cmd.md")["versions"]
-    assert (first["version"], first["how"], first["session"], first["workflow"]) == (
-        version(b"first\n"), "command", sid, "con",
-    )  # fmt: skip
-    # Who ran it: the local operator in process (no principal), uid 0's principal through the daemon.
-    assert first["principal"] == (None if exec_mode == "in_process" else "ops")
+    assert (first["how"], first["session"], first["workflow"]) == ("command", sid, "con")
+    # Who ran it: the local operator in process (her user name), uid 0's principal through the daemon.
+    assert first["principal"] == ("local:root" if exec_mode == "in_process" else "ops")
     assert (newest["version"], newest["previous"], newest["how"]) == (
-        version(b"first\nsecond\n"), version(b"first\n"), "command",
-    )  # fmt: skip
+        version(stored),
+        first["version"],
+        "command",
+    )
     # A command that leaves a note as it was records nothing new.
     assert kb.cli("exec", sid, "--", "sh", "-c", 'touch "$WORKFLOW_KB_SRC/notes/cmd.md"').code == 0
     assert len(log(kb, "notes/cmd.md")["versions"]) == 2
     shown = kb.call("notes", "show", "src", "notes/cmd.md", "--version", first["version"], "--as", "bob")
-    assert shown.out == "first\n"
+    assert body_of(shown.out) == "first\n"
 
 
 def _blobs(kb: KbRoot) -> list[Path]:

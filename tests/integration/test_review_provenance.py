@@ -199,14 +199,18 @@ def test_a_review_applies_only_to_the_bytes_the_reviewer_saw(tmp_path: Path) -> 
     assert _hits(kb, sid, "quokka")["notes/v.md"]["trust"] == "contributed-approved"
 
 
-def test_a_commands_note_too_big_for_the_audit_is_still_a_contribution(tmp_path: Path) -> None:
-    """A real sandboxed command writes a note over the audit's per-file read
-    cap (but under the search index's): kbd cannot vouch for it, so it must
-    never be searched as the source's own (trust "source", shown by default)."""
+def test_a_commands_note_too_big_for_a_note_is_never_the_sources(tmp_path: Path) -> None:
+    """A real sandboxed command writes a note over the note size cap: it is
+    refused at commit (README "Staged contributions"), so it never lands in
+    the source to be searched as the source's own; its bytes are kept for the
+    contributor and the refusal is reported."""
     kb, sid = _world(tmp_path)
     script = '{ printf "# Big\\nquokka big\\n"; head -c 1300000 /dev/zero | tr "\\0" "a"; } > "$WORKFLOW_KB_RTS/notes/big.md"'
     r = kb.cli("exec", sid, "--", "sh", "-c", script)
     assert r.code == 0, r.err
-    assert (kb.workflows / "src" / "knowledgebase" / "notes" / "big.md").stat().st_size > 1024 * 1024
+    assert "contribution refused: rts:notes/big.md: error[invalid-input]" in r.err, r.err
+    assert not (kb.workflows / "src" / "knowledgebase" / "notes" / "big.md").exists()
     assert "notes/big.md" not in _hits(kb, sid, "quokka")
-    assert _pending(kb) == {"notes/big.md": "con"}
+    assert _pending(kb) == {}
+    (kept,) = (kb.workflows / "con" / ".kbd-refused").glob("*/rts/notes/big.md")
+    assert kept.stat().st_size > 1024 * 1024
