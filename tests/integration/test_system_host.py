@@ -1,0 +1,175 @@
+"""A service root as its users meet it: ``kbd init --system`` in a folder
+that is not ``/var/lib/kbd`` (so its users reach it only through
+``KBD_SOCKET``), the real daemon on a socket of a throwaway group, and real
+Unix users who run every command as themselves:
+
+* ``ann`` owns the consumer ``agentwf``, which attaches bob's ``src`` with a
+  write grant, and runs commands through the broker;
+* ``bob`` owns ``src`` and grants (and revokes) ann's writes into its notes.
+
+The users, groups and the root are removed afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+
+from tests.integration import daemon
+
+REPO = Path(__file__).parents[2]
+pytestmark = [pytest.mark.requires_root, pytest.mark.requires_bwrap]
+
+
+@dataclass(frozen=True)
+class Host:
+    base: Path
+    root: Path
+    users: dict[str, pwd.struct_passwd]
+    sid: str
+    served: daemon.Daemon
+
+    def wf(self, wid: str) -> Path:
+        return self.root / "workflows" / wid
+
+
+def _run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=90, check=False, **kw)  # type: ignore[call-overload, no-any-return]
+
+
+def _operator(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``kbd`` as root, directly on the root (the operator)."""
+    return _run([sys.executable, "-m", "kbd", "--root", str(root), *args],
+                env={**daemon.clean_env(), "KBD_NO_DAEMON": "1"})  # fmt: skip
+
+
+def _user_argv(pw: pwd.struct_passwd, argv: list[str]) -> list[str]:
+    return ["setpriv", "--reuid", str(pw.pw_uid), "--regid", str(pw.pw_gid), "--init-groups", *argv]
+
+
+def _user_env(h: Host, **extra: str) -> dict[str, str]:
+    """A user's environment: the daemon named by KBD_SOCKET, and no root named
+    (HOME=/ has no kbd root, and this host has no /var/lib/kbd)."""
+    return {"HOME": "/", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "LANG": "C.UTF-8",
+            "KBD_SOCKET": str(h.served.sock), **extra}  # fmt: skip
+
+
+def kbd_as(h: Host, name: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``kbd ARGS`` run as the user ``name``, through the daemon."""
+    return _run(
+        _user_argv(h.users[name], [sys.executable, "-m", "kbd", *args]), env=_user_env(h, **env), cwd="/"
+    )
+
+
+@contextlib.contextmanager
+def _groups_and_users(tag: str) -> Iterator[tuple[str, str, dict[str, pwd.struct_passwd]]]:
+    group, grant = f"kbs{tag}", f"kbsg{tag}"
+    names = {"ann": f"ksa{tag}", "bob": f"ksb{tag}"}
+    made: list[str] = []
+    try:
+        subprocess.run(["groupadd", group], check=True)
+        for login in names.values():
+            subprocess.run(
+                ["useradd", "--no-create-home", "--shell", "/bin/sh", "-G", group, login], check=True
+            )
+            made.append(login)
+        yield group, grant, {k: pwd.getpwnam(v) for k, v in names.items()}
+    finally:
+        for login in made:
+            subprocess.run(["userdel", login], check=False)
+        for g in (group, grant):
+            subprocess.run(["groupdel", g], check=False, capture_output=True)
+
+
+def _map_principals(root: Path, users: dict[str, pwd.struct_passwd]) -> None:
+    path = root / "principals.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["principals"] += [{"id": k, "kind": "user", "uid": pw.pw_uid} for k, pw in users.items()]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+@pytest.fixture(scope="module")
+def host() -> Iterator[Host]:
+    tag = uuid.uuid4().hex[:6]
+    base = Path(tempfile.mkdtemp(prefix="kbd-sys-", dir="/tmp"))
+    os.chmod(base, 0o755)  # noqa: S103 - the users traverse it to the root (0750 root:G)
+    try:
+        with _groups_and_users(tag) as (group, grant, users):
+            root = base / "root"
+            r = _operator(root, "init", "--system", "--group", group, "--grant-group", grant, "--host", "h")
+            assert r.returncode == 0, r.stderr
+            _map_principals(root, users)
+            for wid, owner in (("agentwf", "ann"), ("src", "bob")):
+                r = _operator(root, "workflows", "create", wid, "--owner", owner, "--as", "root")
+                assert r.returncode == 0, r.stderr
+            manifest = root / "workflows" / "src" / "workflow.json"
+            st = manifest.stat()
+            doc = orjson.loads(manifest.read_bytes())
+            doc["access"]["readers"] = ["ann"]
+            manifest.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+            os.chown(manifest, st.st_uid, st.st_gid)
+            for args in (
+                ["writers", "grant", "src", "agentwf", "--as", "bob"],
+                ["sources", "attach", "agentwf", "src", "--alias", "src", "--access", "write", "--as", "ann"],
+            ):
+                r = _operator(root, *args)
+                assert r.returncode == 0, (args, r.stderr)
+            run = base / "run"
+            run.mkdir()
+            with daemon.serving(root, sock=run / "kbd.sock") as served:
+                gid = grp.getgrnam(group).gr_gid
+                os.chown(run, -1, gid)
+                os.chown(served.sock, -1, gid)
+                h = Host(base, root, users, "", served)
+                r = kbd_as(h, "ann", "session", "open", "agentwf", "--kind", "execution", "--kb-access",
+                           "read-write", "--json")  # fmt: skip
+                assert r.returncode == 0, r.stderr
+                yield Host(base, root, users, json.loads(r.stdout)["session_id"], served)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# -- revocation ------------------------------------------------------------------------------
+
+
+def test_a_revoked_writer_stops_writing_at_once(host: Host) -> None:
+    """``init --system`` writes ``revocation.immediate: true``: when bob revokes
+    ann's write grant, her running command is ended, not left writing."""
+    pw = host.users["ann"]
+    script = 'echo started >> "$WORKFLOW_KB_SRC/notes/live.md" && echo up && exec cat'
+    argv = [sys.executable, "-m", "kbd", "--root", str(host.root), "exec", host.sid, "--", "sh", "-c", script]
+    with subprocess.Popen(_user_argv(pw, argv), env=_user_env(host), cwd="/", stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:  # fmt: skip
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            if proc.stdout.readline() != "up\n":
+                proc.kill()
+                raise AssertionError(proc.stderr.read())
+            r = kbd_as(host, "bob", "writers", "revoke", "src", "agentwf")
+            assert r.returncode == 0, r.stderr
+            code = proc.wait(timeout=30)  # pushed revocation: 1 s plus the 5 s grace, at most
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert code == 128 + 15, (code, proc.stderr.read() if proc.stderr else "")
+        r = kbd_as(host, "ann", "session", "show", host.sid, "--json")
+        assert r.returncode == 0, r.stderr
+        assert not [p for p in json.loads(r.stdout)["write"] if p.startswith(str(host.wf("src")))]
+    r = kbd_as(host, "bob", "writers", "grant", "src", "agentwf")  # as it was, for the tests after
+    assert r.returncode == 0, r.stderr
