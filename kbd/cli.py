@@ -150,6 +150,7 @@ def as_option(f: F) -> F:
 class Ctx:
     def __init__(self, root: Path, *, as_json: bool = False) -> None:
         self.root = root
+        self.root_named = True  # False: kbd chose the root (no --root, no KBD_ROOT)
         self.json = as_json  # the global --json (before the command)
         self.socket: str | None = None  # the global --socket
         self.token_file: str | None = None  # the global --token-file
@@ -293,7 +294,7 @@ def _late_root(ctx: click.Context, _param: click.Parameter, value: Path | None) 
     ctx.meta[_LATE_ROOT] = value
     obj = ctx.find_object(Ctx)
     if obj is not None:
-        obj.root = value
+        obj.root, obj.root_named = value, True
 
 
 def _late_client_option(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
@@ -376,6 +377,7 @@ def main(
     `kbd sources list WF --root DIR`. When you cannot use the root yourself (a service
     host's /var/lib/kbd), commands go through its daemon as your uid's principal."""
     ctx.obj = Ctx(root if root is not None else _default_root(ctx.invoked_subcommand), as_json=as_json)
+    ctx.obj.root_named = root is not None
     ctx.call_on_close(ctx.obj.close)
     for name, value in (("socket", socket), ("token_file", token_file)):
         if value is not None:
@@ -1007,7 +1009,7 @@ def exec_cmd(c: Ctx, request: ExecArgs) -> None:
         # A token is for the daemon: never fall back to running in-process.
         request = ExecArgs(request.sid, request.command, cwd=request.cwd, as_=request.as_,
                            socket=str(backend.socket_of(c.root)))  # fmt: skip
-    sys.exit(run_exec(c.root, request, token=token))
+    sys.exit(run_exec(c.root, request, token=token, root_named=c.root_named))
 
 
 @main.command("check")

@@ -173,3 +173,17 @@ def test_a_revoked_writer_stops_writing_at_once(host: Host) -> None:
         assert not [p for p in json.loads(r.stdout)["write"] if p.startswith(str(host.wf("src")))]
     r = kbd_as(host, "bob", "writers", "grant", "src", "agentwf")  # as it was, for the tests after
     assert r.returncode == 0, r.stderr
+
+
+# -- kbd exec through KBD_SOCKET -------------------------------------------------------------
+
+
+def test_exec_through_the_named_daemon_runs_on_its_root(host: Host) -> None:
+    """ann names only the daemon (``KBD_SOCKET``): her ``kbd exec`` runs on the
+    root that daemon serves, wherever it is, by the lean path and by click's."""
+    for lead in ([], ["--socket", str(host.served.sock)]):
+        r = kbd_as(host, "ann", *lead, "exec", host.sid, "--", "sh", "-c", 'echo "$WORKFLOW_KB_SRC"')
+        assert (r.returncode, r.stdout) == (0, f"{host.wf('src')}/knowledgebase\n"), (lead, r.stderr)
+    # A root she names is still checked: this daemon serves another one.
+    r = kbd_as(host, "ann", "exec", host.sid, "--", "true", KBD_ROOT="/tmp")
+    assert r.returncode == 69 and f"serves {host.root}, not /tmp" in r.stderr, r.stderr
