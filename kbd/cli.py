@@ -1301,7 +1301,7 @@ def notes_pending(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> Non
     for p in result["pending"]:
         when = one_line(p["contributed_at"] or "an unknown time")
         click.echo(f"{one_line(p['relpath'])}  by {one_line(p['contributed_by_workflow'])} at {when}  "
-                   f"{p['digest'][:19]}  ({p['bytes']} bytes)")  # fmt: skip
+                   f"{p['digest']}  ({p['bytes']} bytes)")  # fmt: skip
     if result["truncated"]:
         click.echo("(more are waiting: review these first)")
 
@@ -1309,14 +1309,15 @@ def notes_pending(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> Non
 @notes.command("review")
 @click.argument("source_wf")
 @click.argument("relpath")
-@click.option("--approve", is_flag=True, help="Approve the note as it is now.")
+@click.option("--approve", is_flag=True, help="Approve version V of the note (needs --expected-version).")
 @click.option("--reject", is_flag=True, help="Move the note out of notes/ into kbd's state (restorable).")
 @click.option(
     "--expected-version",
     "expected",
     metavar="V",
     default=None,
-    help="Decide only if the note is still version V (the digest `kbd notes pending` showed); else exit 75.",
+    help="Decide only if the note is still version V (the digest `kbd notes pending` showed); else exit 75. "
+    "Required with --approve.",
 )
 @as_option
 @json_option
@@ -1329,7 +1330,7 @@ def notes_review(
     if approve == reject:
         raise UsageError(
             "pass exactly one of --approve and --reject",
-            hint="kbd notes review SOURCE_WF notes/x.md --approve",
+            hint="kbd notes review SOURCE_WF notes/x.md --approve --expected-version sha256:<hex>",
         )
     result = c.run(ops.NotesReview(source_wf, relpath, approve, expected), as_)
     if as_json:
