@@ -7,6 +7,9 @@ Unix users who run every command as themselves:
   write grant, and runs commands through the broker;
 * ``bob`` owns ``src`` and grants (and revokes) ann's writes into its notes.
 
+``folder_roots`` approves ``shared/``, where each user has a private (0700)
+folder; ``agentwf`` asks for folder grants in ann's and in bob's.
+
 The users, groups and the root are removed afterwards.
 """
 
@@ -103,6 +106,37 @@ def _map_principals(root: Path, users: dict[str, pwd.struct_passwd]) -> None:
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
+def _share_folders(root: Path, shared: Path, users: dict[str, pwd.struct_passwd]) -> None:
+    """``shared/`` (approved in kbd.yaml) holds each user's private folder:
+    ``ann/mine`` and ``bob/secret``."""
+    shared.mkdir(mode=0o755)
+    for name, sub in (("ann", "mine"), ("bob", "secret")):
+        pw = users[name]
+        (shared / name / sub).mkdir(parents=True)
+        (shared / name / sub / "f.txt").write_text(f"{name}'s\n")
+        for p in (shared / name, shared / name / sub, shared / name / sub / "f.txt"):
+            os.chown(p, pw.pw_uid, pw.pw_gid)
+        (shared / name).chmod(0o700)
+    config = root / "kbd.yaml"
+    config.write_text(config.read_text().replace("folder_roots: [folders]", f"folder_roots: [{shared}]"))
+
+
+def _ask_for_folders(manifest: Path, shared: Path) -> None:
+    """As ann would edit her workflow.json: grants of her folder, of a folder
+    inside bob's (that exists), of one inside bob's that does not, and of a
+    missing one."""
+    st = manifest.stat()
+    doc = orjson.loads(manifest.read_bytes())
+    doc["folder_access"] = [
+        {"alias": "mine", "path": f"{shared}/ann/mine"},
+        {"alias": "peek", "path": f"{shared}/bob/secret"},
+        {"alias": "guess", "path": f"{shared}/bob/nothing"},
+        {"alias": "gone", "path": f"{shared}/nobody"},
+    ]
+    manifest.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    os.chown(manifest, st.st_uid, st.st_gid)
+
+
 @pytest.fixture(scope="module")
 def host() -> Iterator[Host]:
     tag = uuid.uuid4().hex[:6]
@@ -114,6 +148,7 @@ def host() -> Iterator[Host]:
             r = _operator(root, "init", "--system", "--group", group, "--grant-group", grant, "--host", "h")
             assert r.returncode == 0, r.stderr
             _map_principals(root, users)
+            _share_folders(root, base / "shared", users)
             for wid, owner in (("agentwf", "ann"), ("src", "bob")):
                 r = _operator(root, "workflows", "create", wid, "--owner", owner, "--as", "root")
                 assert r.returncode == 0, r.stderr
@@ -123,6 +158,7 @@ def host() -> Iterator[Host]:
             doc["access"]["readers"] = ["ann"]
             manifest.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
             os.chown(manifest, st.st_uid, st.st_gid)
+            _ask_for_folders(root / "workflows" / "agentwf" / "workflow.json", base / "shared")
             for args in (
                 ["writers", "grant", "src", "agentwf", "--as", "bob"],
                 ["sources", "attach", "agentwf", "src", "--alias", "src", "--access", "write", "--as", "ann"],
@@ -142,6 +178,33 @@ def host() -> Iterator[Host]:
                 yield Host(base, root, users, json.loads(r.stdout)["session_id"], served)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+# -- folder grants -------------------------------------------------------------------------------
+
+
+def test_folder_grants_are_opened_as_the_sessions_user(host: Host) -> None:
+    """The daemon runs as root, but ann's grants are opened as ann: her own
+    folder is granted; inside bob's 0700 folder, a path that exists and one
+    that does not answer exactly as a missing folder does, so she learns
+    nothing of bob's folder. The root's operator sees the same plan."""
+    r = kbd_as(host, "ann", "session", "show", host.sid, "--json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    mine, peek, guess, gone = plan["folders"]
+    assert (mine["alias"], mine["available"], mine["path"]) == ("mine", True, f"{host.base}/shared/ann/mine")
+    unavailable = [{k: v for k, v in f.items() if k not in ("alias", "env")} for f in (peek, guess, gone)]
+    assert unavailable[0] == unavailable[1] == unavailable[2], unavailable
+    assert unavailable[0]["reason"] == "folder_unavailable" and unavailable[0]["available"] is False
+    assert "knowledge base" not in unavailable[0]["message"] and "folder" in unavailable[0]["message"]
+    operator = _operator(host.root, "session", "show", host.sid, "--json")
+    assert operator.returncode == 0, operator.stderr
+    seen = json.loads(operator.stdout)
+    assert (seen["folders"], seen["generation"]) == (plan["folders"], plan["generation"])
+    # The grant works in her sandbox; the others grant nothing.
+    r = kbd_as(host, "ann", "--root", str(host.root), "exec", host.sid, "--", "sh", "-c",
+               'cat "$WORKFLOW_FOLDER_MINE/f.txt"; echo "${WORKFLOW_FOLDER_PEEK-unset}"')  # fmt: skip
+    assert (r.returncode, r.stdout) == (0, "ann's\nunset\n"), r.stderr
 
 
 # -- revocation ------------------------------------------------------------------------------
