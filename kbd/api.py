@@ -253,7 +253,8 @@ class ReviewBody(Strict):
     path: str = Field(description="relative to the source's KB root: notes/...")
     decision: Literal["approve", "reject"]
     expected_version: str | None = Field(
-        default=None, description="the version (digest) reviewed: refused (412) when the note changed since"
+        default=None,
+        description="the version (digest) reviewed, required to approve: refused (412) when the note changed since",
     )
 
 

@@ -150,6 +150,7 @@ def as_option(f: F) -> F:
 class Ctx:
     def __init__(self, root: Path, *, as_json: bool = False) -> None:
         self.root = root
+        self.root_named = True  # False: kbd chose the root (no --root, no KBD_ROOT)
         self.json = as_json  # the global --json (before the command)
         self.socket: str | None = None  # the global --socket
         self.token_file: str | None = None  # the global --token-file
@@ -293,7 +294,7 @@ def _late_root(ctx: click.Context, _param: click.Parameter, value: Path | None) 
     ctx.meta[_LATE_ROOT] = value
     obj = ctx.find_object(Ctx)
     if obj is not None:
-        obj.root = value
+        obj.root, obj.root_named = value, True
 
 
 def _late_client_option(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
@@ -376,6 +377,7 @@ def main(
     `kbd sources list WF --root DIR`. When you cannot use the root yourself (a service
     host's /var/lib/kbd), commands go through its daemon as your uid's principal."""
     ctx.obj = Ctx(root if root is not None else _default_root(ctx.invoked_subcommand), as_json=as_json)
+    ctx.obj.root_named = root is not None
     ctx.call_on_close(ctx.obj.close)
     for name, value in (("socket", socket), ("token_file", token_file)):
         if value is not None:
@@ -1017,7 +1019,7 @@ def exec_cmd(c: Ctx, request: ExecArgs) -> None:
     if token is not None and request.socket is None:
         # A token is for the daemon: never fall back to running in-process.
         request = request.with_socket(str(backend.socket_of(c.root)))
-    sys.exit(run_exec(c.root, request, token=token))
+    sys.exit(run_exec(c.root, request, token=token, root_named=c.root_named))
 
 
 @main.command("check")
@@ -1309,7 +1311,7 @@ def notes_pending(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> Non
     for p in result["pending"]:
         when = one_line(p["contributed_at"] or "an unknown time")
         click.echo(f"{one_line(p['relpath'])}  by {one_line(p['contributed_by_workflow'])} at {when}  "
-                   f"{p['digest'][:19]}  ({p['bytes']} bytes)")  # fmt: skip
+                   f"{p['digest']}  ({p['bytes']} bytes)")  # fmt: skip
     if result["truncated"]:
         click.echo("(more are waiting: review these first)")
 
@@ -1317,14 +1319,15 @@ def notes_pending(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> Non
 @notes.command("review")
 @click.argument("source_wf")
 @click.argument("relpath")
-@click.option("--approve", is_flag=True, help="Approve the note as it is now.")
+@click.option("--approve", is_flag=True, help="Approve version V of the note (needs --expected-version).")
 @click.option("--reject", is_flag=True, help="Move the note out of notes/ into kbd's state (restorable).")
 @click.option(
     "--expected-version",
     "expected",
     metavar="V",
     default=None,
-    help="Decide only if the note is still version V (the digest `kbd notes pending` showed); else exit 75.",
+    help="Decide only if the note is still version V (the digest `kbd notes pending` showed); else exit 75. "
+    "Required with --approve.",
 )
 @as_option
 @json_option
@@ -1337,7 +1340,7 @@ def notes_review(
     if approve == reject:
         raise UsageError(
             "pass exactly one of --approve and --reject",
-            hint="kbd notes review SOURCE_WF notes/x.md --approve",
+            hint="kbd notes review SOURCE_WF notes/x.md --approve --expected-version sha256:<hex>",
         )
     result = c.run(ops.NotesReview(source_wf, relpath, approve, expected), as_)
     if as_json:

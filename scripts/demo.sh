@@ -55,10 +55,11 @@ printf '\n# One search over every KB the session may read now (its own and each 
 step "$kbd" search "$sid" router
 printf '\n# The note wf_perf contributed to wf_cost is unreviewed: left out of search unless asked for, and labelled.\n'
 step "$kbd" search "$sid" egress --include-unreviewed
-printf '# carol owns wf_cost: she sees who contributed what and when, and approves it:\n'
+printf '# carol owns wf_cost: she sees who contributed what and when, and approves the version she saw:\n'
 step "$kbd" notes pending wf_cost --as carol
-try "$kbd" notes review wf_cost notes/egress.md --approve --as alice
-step "$kbd" notes review wf_cost notes/egress.md --approve --as carol
+version=$("$kbd" notes pending wf_cost --as carol | grep '^notes/egress.md ' | grep -o 'sha256:[0-9a-f]\{64\}')
+try "$kbd" notes review wf_cost notes/egress.md --approve --expected-version "$version" --as alice
+step "$kbd" notes review wf_cost notes/egress.md --approve --expected-version "$version" --as carol
 step "$kbd" search "$sid" egress --json
 
 printf '\n# bob revokes the grant; the very next command of the same session cannot write:\n'

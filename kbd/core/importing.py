@@ -62,6 +62,34 @@ def is_markdown(name: str) -> bool:
     return name.lower().endswith(MARKDOWN_SUFFIXES) and not name.startswith(".")
 
 
+def undecodable(name: str) -> bool:
+    """A name whose bytes are not UTF-8 (``os.listdir`` hands them over as lone
+    surrogates): it can be neither imported nor printed as it is."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def shown(name: str) -> str:
+    """``name`` as it can be reported: a byte that is not UTF-8 (``os.listdir``'s
+    surrogate escape) written ``\\xNN``, any other lone surrogate (a JSON
+    escape) ``\\uNNNN``."""
+    if not undecodable(name):
+        return name
+    out = []
+    for ch in name:
+        n = ord(ch)
+        if 0xDC80 <= n <= 0xDCFF:
+            out.append(f"\\x{n - 0xDC00:02x}")
+        elif 0xD800 <= n <= 0xDFFF:
+            out.append(f"\\u{n:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
 # -- names ----------------------------------------------------------------------------
 
 

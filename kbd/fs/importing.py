@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kbd.core.importing import MAX_DOC_BYTES, is_markdown
+from kbd.core.importing import MAX_DOC_BYTES, is_markdown, shown, undecodable
 from kbd.errors import KbdError, PathNotFound, PathRefused, from_oserror
 from kbd.fs.confined import open_beneath, read_file_stat, replace_file
 
@@ -72,7 +72,9 @@ def read_folder(path: Path) -> FolderRead:
         raise PathRefused(f"{str(path)[:200]!r} is not a folder", why="not_dir", hint=_DIR_HINT) from None
     except OSError as exc:
         raise from_oserror(exc, what=f"open {str(path)[:200]!r}") from None
-    out = FolderRead(Path(os.path.abspath(path)).name)
+    # Its name is the container of the files directly in it: one that is not
+    # UTF-8 is used escaped (README "Importing markdown").
+    out = FolderRead(shown(Path(os.path.abspath(path)).name))
     try:
         _walk(top, "", 0, out)
     finally:
@@ -85,6 +87,9 @@ def _walk(dfd: int, rel: str, depth: int, out: FolderRead) -> None:
         if name.startswith("."):
             continue
         child = f"{rel}{name}"
+        if undecodable(name):  # reported escaped; never opened, never sent on
+            _skip_undecodable(dfd, name, child, out)
+            continue
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except OSError:
@@ -120,6 +125,20 @@ def _walk(dfd: int, rel: str, depth: int, out: FolderRead) -> None:
                 out.skipped.append((child, err.message))
                 continue
             out.docs.append((child, data))
+
+
+def _skip_undecodable(dfd: int, name: str, child: str, out: FolderRead) -> None:
+    """Report a folder or Markdown file whose name is not UTF-8 (it cannot be
+    a container, a title's source or an ``imported_from``); other files are
+    passed over as any non-Markdown file is."""
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except OSError:
+        return  # gone since the listing
+    if stat.S_ISDIR(st.st_mode):
+        out.skipped.append((shown(child) + "/", "the folder name is not valid UTF-8; not walked"))
+    elif is_markdown(name):
+        out.skipped.append((shown(child), "the file name is not valid UTF-8"))
 
 
 # -- the workflow's context/ -----------------------------------------------------------------

@@ -18,7 +18,8 @@ import ctypes
 import errno
 import os
 import struct
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, TypeVar
 
 AT_FDCWD = -100
 AT_SYMLINK_NOFOLLOW = 0x100
@@ -36,6 +37,10 @@ SYS_LANDLOCK_ADD_RULE = 445
 SYS_LANDLOCK_RESTRICT_SELF = 446
 SYS_CAPSET_X86_64 = 126
 SYS_CAPSET_GENERIC = 91
+# (setgroups, setfsuid, setfsgid) per machine: x86_64's own table, and the
+# generic one. Called raw, each changes the calling thread only (glibc's
+# setgroups wrapper changes every thread of the process).
+SYS_FS_CREDENTIALS = {"x86_64": (116, 122, 123), "aarch64": (159, 151, 152), "riscv64": (159, 151, 152)}
 LANDLOCK_CREATE_RULESET_VERSION = 1  # landlock_create_ruleset flag: return the ABI version
 
 # prctl options (linux/prctl.h) and their arguments.
@@ -116,3 +121,63 @@ def rename_noreplace(src_dirfd: int, src: str, dst_dirfd: int, dst: str) -> None
     if fn(src_dirfd, os.fsencode(src), dst_dirfd, os.fsencode(dst), RENAME_NOREPLACE) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), dst)
+
+
+T = TypeVar("T")
+
+
+def as_filesystem_user(uid: int, gid: int, groups: Sequence[int], fn: Callable[[], T]) -> T:
+    """``fn()`` run in a short-lived thread of its own whose file-system
+    credentials are ``uid``, ``gid`` and ``groups`` (needs root): every path it
+    opens is checked as that user's would be, while the process's other threads
+    keep theirs (a thread ``fn`` starts inherits the user's). The thread puts
+    its credentials back before it ends (and ends with ``fn``). Raises what
+    ``fn`` raises, or OSError when the credentials cannot be taken (never
+    running ``fn`` then)."""
+    import threading  # not on the exec path
+
+    numbers = SYS_FS_CREDENTIALS.get(os.uname().machine)
+    if numbers is None:
+        raise OSError(errno.ENOSYS, f"per-thread credentials are not known on {os.uname().machine}")
+    outcome: list[tuple[bool, object]] = []
+
+    def body() -> None:
+        try:
+            outcome.append((True, _as_user(numbers, uid, gid, groups, fn)))
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=body, name="kbd-as-user")
+    thread.start()
+    thread.join()
+    ok, value = outcome[0]
+    if not ok:
+        assert isinstance(value, BaseException)
+        raise value
+    return value  # type: ignore[return-value]
+
+
+def _as_user(
+    numbers: tuple[int, int, int], uid: int, gid: int, groups: Sequence[int], fn: Callable[[], T]
+) -> T:
+    setgroups, setfsuid, setfsgid = numbers
+    euid, egid, before = os.geteuid(), os.getegid(), os.getgroups()
+
+    def set_groups(gids: Sequence[int]) -> None:
+        if libc.syscall(setgroups, len(gids), (ctypes.c_uint * len(gids))(*gids)) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setgroups: {os.strerror(err)}")
+
+    try:
+        set_groups(groups)
+        # setfsgid and setfsuid answer the previous id, never an error: asking
+        # again with -1 (no change) tells whether the change was made.
+        libc.syscall(setfsgid, gid)
+        libc.syscall(setfsuid, uid)
+        if (libc.syscall(setfsgid, -1), libc.syscall(setfsuid, -1)) != (gid, uid):
+            raise OSError(errno.EPERM, f"cannot take the file-system credentials of uid {uid}")
+        return fn()
+    finally:
+        libc.syscall(setfsuid, euid)
+        libc.syscall(setfsgid, egid)
+        set_groups(before)

@@ -48,7 +48,7 @@ limits:
   cpu_time_max: null         # RLIMIT_CPU seconds
   tmpfs_size: 512M           # the sandbox's /tmp and /dev/shm (bubblewrap backend)
 revocation:
-  immediate: false           # terminate running commands when their grants shrink
+  immediate: {immediate:<5}           # terminate running commands when their grants shrink
   grace_seconds: 5
 notes_quota:                 # each source's notes/, enforced by notes writes and after commands
   max_bytes: 268435456       # 256 MiB of regular files
@@ -133,7 +133,9 @@ def init_root(
         raise RootError(f"--host {problem}")
     root.mkdir(parents=True, exist_ok=True, mode=0o750)
     _make_folders(root)
-    config = CONFIG_TEMPLATE.format(host=host_name)
+    # A service host's users are not its operator: there a shrunk grant ends the
+    # commands still using it (README "The live daemon": pushed revocation).
+    config = CONFIG_TEMPLATE.format(host=host_name, immediate="true" if grant_group is not None else "false")
     if grant_group is not None:
         config = config.replace(
             "  unsafe_no_sandbox: false\n",

@@ -61,7 +61,9 @@ class Skipped:
     reason: str
 
     def to_json(self) -> JsonObject:
-        return {"file": self.file, "reason": self.reason}
+        # A name that is not UTF-8 is shown escaped, never as a lone surrogate
+        # no JSON encoder or terminal takes (README "Importing markdown").
+        return {"file": rules.shown(self.file), "reason": rules.shown(self.reason)}
 
 
 @dataclass(frozen=True)
@@ -146,9 +148,13 @@ def apply(
         )
     if not isinstance(folder, str) or len(folder) > 255 or "/" in folder or "\x00" in folder:
         raise InvalidInput("folder must be one folder name (no '/', at most 255 characters)")
+    folder = rules.shown(folder)  # a container name that is not UTF-8 is used escaped
     out = _Outcomes(skipped=_checked_skips(skipped))
     planned: dict[str, rules.Doc] = {}
     for file, data in docs:
+        if rules.undecodable(file):
+            out.skipped.append(Skipped(file[:4096], "the file name is not valid UTF-8"))
+            continue
         try:
             doc = rules.derive(file, data, folder=folder)
         except rules.Skip as skip:

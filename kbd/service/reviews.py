@@ -38,6 +38,7 @@ from kbd.errors import (
     PathRefused,
     PermissionDenied,
     SourceUnavailable,
+    UsageError,
 )
 from kbd.fs import confined
 from kbd.fs.kbwalk import walk_notes
@@ -162,13 +163,22 @@ def pending(host: Root, source_wf: str, *, actor: Principal) -> Pending:
 def review(
     host: Root, source_wf: str, relpath: str, *, approve: bool, actor: Principal, expected: str | None = None
 ) -> Reviewed:
-    """Approve the note's current bytes, or reject it: keep it in kbd's state and
-    move it out of ``notes/``. RELPATH is relative to the KB root (``notes/x.md``).
-    ``expected``: the version (digest) the reviewer saw (``kbd notes pending``);
-    the decision is refused (75) when the note's bytes are no longer those."""
+    """Approve the note's bytes the reviewer saw, or reject it: keep it in kbd's
+    state and move it out of ``notes/``. RELPATH is relative to the KB root
+    (``notes/x.md``). ``expected``: the version (digest) the reviewer saw
+    (``kbd notes pending``), required to approve (README "Reviewed
+    contributions": an approval names the bytes it approves); the decision is
+    refused (75) when the note's bytes are no longer those."""
     action = "approve" if approve else "reject"
     found = _reviewable(host, source_wf, actor, action=action, relpath=relpath)
     try:
+        if approve and expected is None:
+            raise UsageError(
+                "--approve needs --expected-version V (over the API: expected_version), the version you "
+                "reviewed: an approval names the bytes it approves",
+                hint=f"`kbd notes pending {source_wf}` shows each note's version (sha256:<hex>); "
+                "`kbd notes show` its bytes",
+            )
         parts = rules.review_parts(relpath)
         want = None if expected is None else parse_version(expected, field="--expected-version")
         path, identity = _kb(host, found)

@@ -19,6 +19,7 @@ principal. Every refusal is audited before the caller hears of it.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -187,7 +188,8 @@ class RootSessions:
             memo = None
         recorder = _Recorder(self.host)
         attachments = None if memo is not None else self.host.resolve(m, view=recorder)
-        folders = tuple(resolve_folders(m.raw.get("folder_access"), roots=self.folder_roots()))
+        folders = tuple(resolve_folders(m.raw.get("folder_access"), roots=self.folder_roots(),
+                                        as_uid=self._folder_uid(row)))  # fmt: skip
         if memo is None or folders != memo.folders:
             bare = build_plan(
                 workflow_id=m.id,
@@ -213,6 +215,17 @@ class RootSessions:
             memo = replace(memo, plan=plan)
         self._remember(row.id, memo)
         return plan
+
+    def _folder_uid(self, row: SessionRow) -> int | None:
+        """Whom the session's folder grants are opened as: on a root served as
+        root, the uid of the principal who opened the session (README
+        "Sessions and plans": a user learns nothing of folders she may not
+        open; the session's, not each caller's, so the plan and its generation
+        are one whoever looks it up); None: with the process's own credentials."""
+        if os.geteuid() != 0:
+            return None
+        opener = self.host.principals.get(row.opened_by)
+        return opener.uid if opener is not None and opener.uid else None
 
     def _remember(self, sid: str, memo: _Memo) -> None:
         self._memos[sid] = memo  # popped before: now the most recently used

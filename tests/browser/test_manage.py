@@ -120,7 +120,11 @@ def test_a_reader_sees_no_manage_controls_and_forged_changes_are_refused(world: 
         ("PATCH", f"{main}/sources/cost", {"access": "read"}),
         ("POST", "/api/workflows/wf_src/writers", {"workflow_id": "wf_bobs"}),
         ("DELETE", "/api/workflows/wf_cost/writers/wf_main", None),
-        ("POST", "/api/workflows/wf_src/notes/review", {"path": "notes/router.md", "decision": "approve"}),
+        (
+            "POST",
+            "/api/workflows/wf_src/notes/review",
+            {"path": "notes/router.md", "decision": "approve", "expected_version": "sha256:" + "0" * 64},
+        ),
     ]
     for method, path, body in forged:
         answer = page.evaluate(FORGE, [method, path, body])

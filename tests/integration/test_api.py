@@ -96,7 +96,11 @@ SAMPLE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/v1/sessions/{sid}/children"): {},
     ("POST", "/v1/sessions/{sid}/check"): {"path": "/etc/passwd", "mode": "read"},
     ("POST", "/v1/sessions/{sid}/notes"): {"alias": "x", "path": "x.md", "content": "x"},
-    ("POST", "/v1/workflows/{wid}/notes/review"): {"path": "notes/x.md", "decision": "approve"},
+    ("POST", "/v1/workflows/{wid}/notes/review"): {
+        "path": "notes/x.md",
+        "decision": "approve",
+        "expected_version": "sha256:" + "0" * 64,
+    },
     ("POST", "/v1/sessions/{sid}/revoke"): {},
     ("POST", "/v1/workflows/{wid}/notes/history/restore"): {"path": "notes/x.md"},
     ("POST", "/v1/principals"): {"id": "x", "uid": 4242},
@@ -1160,6 +1164,10 @@ def test_session_search_and_review(world: World, s: Scenario) -> None:
     review = {"path": "notes/api-found.md", "decision": "approve"}
     world.error(world.as_("carol").post(f"/v1/workflows/{s.src_id}/notes/review", json=review), 403,
                 "permission-denied")  # fmt: skip
+    # An approval names the version reviewed: without one, 400 and nothing recorded.
+    blind = world.error(alice.post(f"/v1/workflows/{s.src_id}/notes/review", json=review), 400, "usage")
+    assert "expected_version" in blind, blind
+    review["expected_version"] = pending.json()["pending"][0]["digest"]
     done = alice.post(f"/v1/workflows/{s.src_id}/notes/review", json=review)
     assert done.status_code == 200, done.text
     assert done.json()["decision"] == "approved" and done.json()["contributed_by_workflow"] == s.con_id

@@ -25,6 +25,7 @@ import orjson
 import pytest
 
 from kbd.backend import choose, read_token_file
+from kbd.core import knowledge
 from kbd.errors import InvalidInput, NotFound, PermissionDenied
 from kbd.state.audit import AUDIT_NAME
 from tests.helpers import CliResult, KbRoot, run_in_process
@@ -33,7 +34,8 @@ from tests.integration.daemon import issue_tokens, serving
 TEAM = {"owners": ["alice"], "editors": ["carol"], "readers": ["bob"]}
 PIDS = ("alice", "bob", "carol", "dave", "ops", "svc")
 
-# (principal, argv, stdin). {SID}: the session the script opened last.
+# (principal, argv, stdin). {SID}: the session the script opened last; {VERSION}: the version of
+# src's note named by the argument after "src" now (a version no note has when it is missing).
 _STALE = "sha256:" + "0" * 64  # a well-formed version no note has
 
 SCRIPT: list[tuple[str, list[str], bytes | None]] = [
@@ -112,11 +114,20 @@ SCRIPT: list[tuple[str, list[str], bytes | None]] = [
     ("alice", ["notes", "pending", "src", "--json"], None),
     ("bob", ["notes", "pending", "src"], None),
     ("dave", ["notes", "pending", "src"], None),
-    ("alice", ["notes", "review", "src", "notes/remote.md", "--approve"], None),
+    ("alice", ["notes", "review", "src", "notes/remote.md", "--approve"], None),  # no version: 2
+    (
+        "alice",
+        ["notes", "review", "src", "notes/remote.md", "--approve", "--expected-version", "{VERSION}"],
+        None,
+    ),
     ("alice", ["search", "{SID}", "measured", "--json"], None),
     ("carol", ["notes", "review", "src", "notes/second.md", "--reject"], None),
     ("alice", ["notes", "review", "src", "notes/second.md", "--reject", "--json"], None),
-    ("alice", ["notes", "review", "src", "notes/second.md", "--approve"], None),
+    (
+        "alice",
+        ["notes", "review", "src", "notes/second.md", "--approve", "--expected-version", "{VERSION}"],
+        None,
+    ),
     ("alice", ["notes", "rejected", "src"], None),
     ("carol", ["notes", "rejected", "src"], None),
     ("alice", ["notes", "unreject", "src", "999"], None),
@@ -125,7 +136,11 @@ SCRIPT: list[tuple[str, list[str], bytes | None]] = [
     # A decision on bytes other than those reviewed: 75 with the current version; a bad version 65.
     ("alice", ["notes", "review", "src", "notes/second.md", "--approve", "--expected-version", _STALE], None),
     ("alice", ["notes", "review", "src", "notes/second.md", "--reject", "--expected-version", "v1"], None),
-    ("alice", ["notes", "review", "src", "context/about.md", "--approve"], None),
+    (
+        "alice",
+        ["notes", "review", "src", "context/about.md", "--approve", "--expected-version", _STALE],
+        None,
+    ),
     ("alice", ["notes", "review", "src", "notes/remote.md"], None),
     ("alice", ["read", "con", "rts", "notes/remote.md"], None),
     ("alice", ["read", "con", "rts", "context/about.md", "--json"], None),
@@ -232,6 +247,10 @@ def _play(kb: KbRoot, env_of: dict[str, dict[str, str]], as_flag: bool) -> list[
     sid = ""
     for pid, argv, stdin in SCRIPT:
         args = [a.replace("{SID}", sid).replace("{DOCS}", str(kb.root.parent / "docs")) for a in argv]
+        if "{VERSION}" in args:
+            note = kb.workflows / "src" / "knowledgebase" / argv[argv.index("src") + 1]
+            version = knowledge.digest(note.read_bytes()) if note.is_file() else _STALE
+            args = [a.replace("{VERSION}", version) for a in args]
         if as_flag:
             args += ["--as", pid]
         r = run_in_process(["--root", str(kb.root), *args], input=stdin, env=env_of.get(pid, {}))

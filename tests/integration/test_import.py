@@ -169,6 +169,47 @@ def test_links_fifos_and_devices_in_dir_are_skipped_unread(kb: KbRoot, tmp_path:
     assert b"root's eyes only" not in b"".join(p.read_bytes() for p in _context(kb).rglob("*.md"))
 
 
+def test_names_that_are_not_utf8_are_skipped_and_shown_escaped(kb: KbRoot, tmp_path: Path) -> None:
+    """A file or folder name that is not UTF-8 is skipped with a reason (its
+    name escaped), and the rest is imported: never an internal error (70). The
+    imported folder's own name, a container, is used escaped."""
+    docs = _docs(tmp_path)
+    (docs / "ENG" / os.fsdecode(b"b\xffd.md")).write_text("# Bad name\nx\n")
+    (docs / os.fsdecode(b"dir\xfe")).mkdir()
+    (docs / os.fsdecode(b"dir\xfe") / "In.md").write_text("# Inside\nx\n")
+    (docs / "ENG" / os.fsdecode(b"skip\xff.png")).write_bytes(b"not markdown: passed over")
+    result = _import(kb, docs)
+    assert result["skipped"] == [
+        {"file": "ENG/b\\xffd.md", "reason": "the file name is not valid UTF-8"},
+        {"file": "dir\\xfe/", "reason": "the folder name is not valid UTF-8; not walked"},
+    ]
+    assert len(_paths(result, "created")) == 3
+    text = kb.call("import", "wf", str(docs), "--as", "alice")
+    assert text.code == 0, text.err
+    assert "skipped   ENG/b\\xffd.md: the file name is not valid UTF-8" in text.out
+    top = tmp_path / os.fsdecode(b"Caf\xe9")
+    top.mkdir()
+    (top / "Menu.md").write_text("# Menu\nsoup\n")
+    result = _import(kb, top)
+    assert _paths(result, "created") == ["context/caf-xe9/menu.md"]
+    assert 'imported_from: "Caf\\\\xe9/Menu.md"' in (_context(kb) / "caf-xe9" / "menu.md").read_text()
+
+
+def test_names_that_are_not_utf8_sent_to_the_operation_are_reported_escaped(kb: KbRoot) -> None:
+    """What a daemon receives may hold lone surrogates (JSON ``\\udcff``): the
+    operation skips such a document and shows every name escaped."""
+    host = kb.host()
+    docs = [("ENG/b\udcffd.md", b"# Bad\n"), ("ENG/ok.md", b"# Fine\n")]
+    result = importing.import_docs(host, "wf", docs, folder="top\ud800", actor=host.actor("alice"),
+                                   skipped=[("x\udcfe.md", "reason \udcfe")]).to_json()  # fmt: skip
+    assert result["skipped"] == [
+        {"file": "x\\xfe.md", "reason": "reason \\xfe"},
+        {"file": "ENG/b\\xffd.md", "reason": "the file name is not valid UTF-8"},
+    ]
+    assert _paths(result, "created") == ["context/eng/fine.md"]
+    assert orjson.dumps(result)  # encodable: no lone surrogate left
+
+
 def test_a_link_planted_in_context_is_never_written_through(kb: KbRoot, tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()

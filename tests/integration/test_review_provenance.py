@@ -18,6 +18,7 @@ import pytest
 
 from kbd.service import search as search_ops
 from kbd.service.sessions import RootSessions
+from kbd.state import audit
 from tests.helpers import KbRoot
 
 TEAM = {"owners": ["alice"], "editors": ["carol"], "readers": ["bob"]}
@@ -35,6 +36,16 @@ def _pending(kb: KbRoot) -> dict[str, str]:
     r = kb.call("notes", "pending", "src", "--as", "alice", "--json")
     assert r.code == 0, r.err
     return {p["relpath"]: p["contributed_by_workflow"] for p in r.json()["pending"]}
+
+
+def _approve(kb: KbRoot, relpath: str) -> int:
+    """alice approves src's note ``relpath`` at the version `kbd notes pending` shows her."""
+    [seen] = [p for p in kb.call("notes", "pending", "src", "--as", "alice", "--json").json()["pending"]
+              if p["relpath"] == relpath]  # fmt: skip
+    r = kb.call(
+        "notes", "review", "src", relpath, "--approve", "--expected-version", seen["digest"], "--as", "alice"
+    )
+    return r.code
 
 
 def _hits(kb: KbRoot, sid: str, query: str, *extra: str) -> dict[str, Any]:
@@ -68,7 +79,7 @@ def test_kbd_notes_write_cannot_pass_a_contribution_off_as_the_sources_own(
     assert (hit["review"], hit["trust"], hit["contributed_by_workflow"]) == (
         "unreviewed", "contributed-unreviewed", "con"
     )  # fmt: skip
-    assert kb.call("notes", "review", "src", "notes/sneaky.md", "--approve", "--as", "alice").code == 0
+    assert _approve(kb, "notes/sneaky.md") == 0
     assert _pending(kb) == {}
 
 
@@ -142,7 +153,7 @@ def test_an_approved_note_rewritten_in_place_does_not_keep_its_approval(tmp_path
     kb, sid = _world(tmp_path)
     r = kb.call("notes", "write", sid, "rts", "ok.md", "--file", "-", input=b"# Ok\nquokka approved text\n")
     assert r.code == 0, r.err
-    assert kb.call("notes", "review", "src", "notes/ok.md", "--approve", "--as", "alice").code == 0
+    assert _approve(kb, "notes/ok.md") == 0
     host = kb.host()
     sessions = RootSessions(host)
     where = search_ops.scope(sessions, sid, ["rts"], actor=host.actor("alice"))
@@ -172,7 +183,8 @@ def test_an_approved_note_rewritten_in_place_does_not_keep_its_approval(tmp_path
 def test_a_review_applies_only_to_the_bytes_the_reviewer_saw(tmp_path: Path) -> None:
     """The owner reads a pending note (version d1), the contributor rewrites it,
     the owner approves: with --expected-version d1 the approval is refused (75,
-    audited, nothing recorded) instead of approving bytes nobody read."""
+    audited, nothing recorded) instead of approving bytes nobody read; without
+    a version an approval is a usage error (2), never of whatever is there."""
     kb, sid = _world(tmp_path)
     assert (
         kb.call("notes", "write", sid, "rts", "v.md", "--file", "-", input=b"# V\nquokka benign\n").code == 0
@@ -181,6 +193,10 @@ def test_a_review_applies_only_to_the_bytes_the_reviewer_saw(tmp_path: Path) -> 
     assert (
         kb.call("notes", "write", sid, "rts", "v.md", "--file", "-", input=b"# V\nquokka swapped\n").code == 0
     )
+    blind = kb.call("notes", "review", "src", "notes/v.md", "--approve", "--as", "alice")
+    assert blind.code == 2 and "--approve needs --expected-version" in blind.err, blind.err
+    refused = [r for r in audit.read(kb.root / "state") if r["event"] == "note_review_refused"]
+    assert [(r["action"], r["code"]) for r in refused] == [("approve", "usage")]
     for decision in ("--approve", "--reject"):
         r = kb.call("notes", "review", "src", "notes/v.md", decision, "--expected-version", seen["digest"],
                     "--as", "alice")  # fmt: skip

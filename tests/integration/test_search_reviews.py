@@ -62,6 +62,18 @@ def _search(kb: KbRoot, sid: str, query: str, *extra: str) -> dict[str, Any]:
     return data
 
 
+def _version(kb: KbRoot, relpath: str) -> str:
+    """The version of src's note ``relpath`` now, as `kbd notes pending` shows it (one no note has
+    when it is missing): what a reviewer passes to approve it."""
+    note = kb.workflows / "src" / "knowledgebase" / relpath
+    return knowledge.digest(note.read_bytes()) if note.is_file() else "sha256:" + "0" * 64
+
+
+def _approve(kb: KbRoot, wid: str, relpath: str, as_: str) -> Any:
+    return kb.call("notes", "review", wid, relpath, "--approve", "--expected-version", _version(kb, relpath),
+                   "--as", as_)  # fmt: skip
+
+
 def _where(data: dict[str, Any]) -> set[tuple[str | None, str]]:
     return {(h["alias"], h["relpath"]) for h in data["hits"]}
 
@@ -238,7 +250,8 @@ def test_review_flow_approve_edit_reject_restore(tmp_path: Path) -> None:
     assert p["relpath"] == "notes/finding.md" and p["contributed_by_workflow"] == "con"
     assert p["contributed_by_session"] == sid and p["contributed_at"]
     # Approve: searchable by default, labelled approved; no longer pending.
-    r = kb.call("notes", "review", "src", "notes/finding.md", "--approve", "--as", "alice")
+    r = kb.call("notes", "review", "src", "notes/finding.md", "--approve", "--expected-version", p["digest"],
+                "--as", "alice")  # fmt: skip
     assert r.code == 0 and r.out.startswith("approved notes/finding.md in src (contributed by con at "), r.err
     hit = next(h for h in _search(kb, sid, "zanzibar")["hits"] if h["relpath"] == "notes/finding.md")
     assert (hit["review"], hit["trust"]) == ("approved", "contributed-approved")
@@ -280,19 +293,19 @@ def test_review_permissions_and_bad_paths(tmp_path: Path) -> None:
     _contribute(kb, sid, "x.md", b"# X\nbody\n")
     # An editor or reader of the source may see it but not review: 77.
     for pid in ("carol", "bob"):
-        r = kb.call("notes", "review", "src", "notes/x.md", "--approve", "--as", pid)
+        r = _approve(kb, "src", "notes/x.md", pid)
         assert r.code == 77, (pid, r.err)
         assert kb.call("notes", "pending", "src", "--as", pid).code == 77
     # Someone who may not see the source: 66, word for word a missing workflow's.
-    r = kb.call("notes", "review", "src", "notes/x.md", "--approve", "--as", "dave")
-    missing = kb.call("notes", "review", "nosuch", "notes/x.md", "--approve", "--as", "dave")
+    r = _approve(kb, "src", "notes/x.md", "dave")
+    missing = _approve(kb, "nosuch", "notes/x.md", "dave")
     assert r.code == missing.code == 66 and r.err.replace("src", "W") == missing.err.replace("nosuch", "W")
     assert kb.call("notes", "review", "src", "notes/x.md", "--as", "alice").code == 2
-    assert kb.call("notes", "review", "src", "context/about.md", "--approve", "--as", "alice").code == 65
-    assert kb.call("notes", "review", "src", "notes/../x.md", "--approve", "--as", "alice").code == 65
-    assert kb.call("notes", "review", "src", "notes/none.md", "--approve", "--as", "alice").code == 66
+    assert _approve(kb, "src", "context/about.md", "alice").code == 65
+    assert _approve(kb, "src", "notes/../x.md", "alice").code == 65
+    assert _approve(kb, "src", "notes/none.md", "alice").code == 66
     # The source's own note is not a contribution.
-    assert kb.call("notes", "review", "src", "notes/fact.md", "--approve", "--as", "alice").code == 65
+    assert _approve(kb, "src", "notes/fact.md", "alice").code == 65
     refused = [r for r in audit.read(kb.root / "state") if r["event"] == "note_review_refused"]
     assert {r["actor"] for r in refused} >= {"carol", "bob", "dave"}
     # A link planted in notes/ is never reviewed (nor followed).
@@ -426,7 +439,7 @@ def test_a_note_written_by_a_sandboxed_command_is_an_unreviewed_contribution(tmp
         h for h in _search(kb, sid, "shell", "--include-unreviewed")["hits"] if h["relpath"] == "notes/sh.md"
     ]
     assert (hit["contributed_by_workflow"], hit["trust"]) == ("con", "contributed-unreviewed")
-    assert kb.call("notes", "review", "src", "notes/sh.md", "--approve", "--as", "alice").code == 0
+    assert _approve(kb, "src", "notes/sh.md", "alice").code == 0
     assert ("rts", "notes/sh.md") in _where(_search(kb, sid, "zanzibar"))
     # The source's owner rewrites it by hand: no contribution record for these bytes.
     (kb.workflows / "src" / "knowledgebase" / "notes" / "sh.md").write_text("# Shell\nzanzibar, curated\n")

@@ -204,7 +204,11 @@ CHANGES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("PATCH", "/api/workflows/con/sources/rts", {"access": "write"}),
     ("POST", "/api/workflows/src/writers", {"workflow_id": "con"}),
     ("DELETE", "/api/workflows/src/writers/con", None),
-    ("POST", "/api/workflows/src/notes/review", {"path": "notes/fact.md", "decision": "approve"}),
+    (
+        "POST",
+        "/api/workflows/src/notes/review",
+        {"path": "notes/fact.md", "decision": "approve", "expected_version": "sha256:" + "0" * 64},
+    ),
 ]
 
 
@@ -432,6 +436,11 @@ def test_grant_review_through_the_page(tmp_path: Path) -> None:
         assert done.code == 0, done
         pending = c.get("/api/workflows/src/notes/pending").json()
         (item,) = pending["pending"]
+        # The page sends the version it showed; an approval without one is refused, naming the field.
+        r = ui.change(
+            c, "POST", "/api/workflows/src/notes/review", {"path": item["relpath"], "decision": "approve"}
+        )
+        assert r.status_code == 400 and "expected_version" in r.json()["error"]["message"], r.text
         r = ui.change(c, "POST", "/api/workflows/src/notes/review",
                       {"path": item["relpath"], "decision": "approve", "expected_version": item["digest"]})  # fmt: skip
         assert r.status_code == 200, r.text

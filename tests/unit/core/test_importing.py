@@ -153,3 +153,13 @@ def test_outcomes() -> None:
 def test_only_an_unquoted_null_is_no_title(value: str, title: str) -> None:
     doc = imp.derive("D/x.md", f"---\ntitle: {value}\n---\n# H\nbody\n".encode(), folder="f")
     assert doc.title == title
+
+
+def test_a_name_that_is_not_utf8_is_shown_escaped() -> None:
+    """``os.listdir`` gives an undecodable byte as a lone surrogate; a JSON
+    ``\\ud800`` is one too: each is reported escaped, never passed on raw."""
+    listed = "ENG/b\udcffd\udcc3.md"  # os.fsdecode(b"ENG/b\xffd\xc3.md")
+    assert imp.undecodable(listed) and imp.undecodable("a\ud800b")
+    assert imp.shown(listed) == "ENG/b\\xffd\\xc3.md" and imp.shown("a\ud800b") == "a\\ud800b"
+    assert not imp.undecodable("Café ✓.md") and imp.shown("Café ✓.md") == "Café ✓.md"
+    assert imp.shown(listed).encode("utf-8") == b"ENG/b\\xffd\\xc3.md"

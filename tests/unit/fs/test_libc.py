@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import ast
 import os
+import threading
 from pathlib import Path
+
+import pytest
 
 import kbd
 from kbd.fs import libc
@@ -68,3 +71,39 @@ def test_the_launcher_asks_for_the_parent_death_signal_by_its_kernel_number() ->
     from kbd.sandbox import launcher
 
     assert launcher.PR_SET_PDEATHSIG == 1  # include/uapi/linux/prctl.h
+
+
+@pytest.mark.requires_root
+def test_a_thread_opens_as_another_user_and_no_other_thread_does(traversable: Path) -> None:
+    """``as_filesystem_user``: the call's own thread is checked as the user
+    (uid, gid and supplementary groups), the process's other threads stay
+    root meanwhile, and nothing of the user is left behind."""
+    private = traversable / "private"  # root's, 0700
+    private.mkdir(mode=0o700)
+    grouped = traversable / "grouped"  # the group 4242's only
+    grouped.mkdir()
+    os.chown(grouped, 0, 4242)
+    grouped.chmod(0o070)
+    user_in, other_thread_ok = threading.Event(), threading.Event()
+
+    def meanwhile() -> None:  # started by the main thread: root, while the call's thread is the user
+        assert user_in.wait(30)
+        os.listdir(private)
+        other_thread_ok.set()
+
+    def as_nobody() -> str:
+        with pytest.raises(PermissionError):
+            os.listdir(private)
+        user_in.set()
+        assert other_thread_ok.wait(30)
+        return "done"
+
+    other = threading.Thread(target=meanwhile)
+    other.start()
+    assert libc.as_filesystem_user(65534, 65534, [], as_nobody) == "done"
+    assert libc.as_filesystem_user(65534, 65534, [4242], lambda: os.listdir(grouped)) == []
+    with pytest.raises(PermissionError):
+        libc.as_filesystem_user(65534, 65534, [], lambda: os.listdir(grouped))
+    other.join()
+    assert os.listdir(private) == [] and os.listdir(grouped) == []
+    assert all(t.name != "kbd-as-user" for t in threading.enumerate())
