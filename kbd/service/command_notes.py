@@ -275,3 +275,25 @@ def audit_command_changes(
             host.audit("notes_quota_exceeded", session=sid, workflow_id=plan.workflow_id, source=ch.source,
                        entries=ch.scan.entries, bytes=ch.scan.bytes, truncated=ch.scan.truncated,
                        max_files=quota.max_files, max_bytes=quota.max_bytes)  # fmt: skip
+
+
+def record_own_changes(host: Root, plan: Plan, sid: str, *, since_ns: int, principal: str | None) -> None:
+    """Version what a command changed in the session's own KB's ``notes/``
+    (README "Note history": a shell's edits there are versions too, ``how:
+    command``). Not staged and not gated: the KB is the consumer's own. A
+    bounded walk, then reads within the audit's byte budget; failures are
+    audited, never the command's."""
+    from kbd.core.layout import KB_DIR
+
+    own_kb = plan.workflow_folder / KB_DIR
+    try:
+        with pin_dir(own_kb) as kb:
+            identity = (kb.dev, kb.ino)
+            scan = scan_notes(kb.fd, quota=host.config.notes_quota, since_ns=since_ns - CTIME_MARGIN_NS)
+    except (KbdError, OSError):
+        return
+    if not scan.changed:
+        return
+    ch = CommandChanges(".", plan.workflow_id, own_kb, identity, scan)
+    _, _, _, seen = _gate_changes(ch, MAX_AUDIT_READ_BYTES)
+    _record_versions(host, ch, seen, Who(principal, sid, plan.workflow_id))

@@ -721,6 +721,11 @@ def execute(
 
             with launch.lock:
                 audit_command_changes(host, plan, sid, changes, principal=launch.principal)
+        if plan_writes_own_notes(plan):
+            from kbd.service.command_notes import record_own_changes
+
+            with launch.lock:
+                record_own_changes(host, plan, sid, since_ns=started, principal=launch.principal)
         status = 128 - rc if rc < 0 else rc  # killed by signal N: 128+N, as a shell says (DESIGN §8)
         if staging is not None:
             status = _commit_staged(sessions, sid, plan, staging, who, launch, status)
@@ -739,6 +744,16 @@ def execute(
             launch.later.append(functools.partial(_release, box))
         elif prepared is None:
             _release(box)
+
+
+def plan_writes_own_notes(plan: Plan) -> bool:
+    """The session may write its own KB's ``notes/`` (then a command's edits
+    there are versioned: README "Note history")."""
+    from kbd.core.layout import KB_DIR, NOTES_DIR
+    from kbd.core.pathguard import LinkCheckNeeded, decide
+
+    notes = plan.workflow_folder / KB_DIR / NOTES_DIR
+    return isinstance(decide(plan, str(notes / "x.md"), "write"), LinkCheckNeeded)
 
 
 def _commit_staged(

@@ -197,3 +197,16 @@ def test_a_running_write_command_holds_no_notes_mutex(kb: KbRoot) -> None:
     notes = notes_of(src)
     assert body_of((notes / "direct.md").read_text()) == "direct\n"
     assert body_of((notes / "s.md").read_text()) == "staged\n"
+
+
+def test_a_shell_edit_of_the_own_kbs_notes_is_versioned(kb: KbRoot) -> None:
+    _, con = build(kb)
+    sid = open_session(kb, "con")["session_id"]
+    r = sh(kb, sid, "echo mine > knowledgebase/notes/own.md")
+    assert r.code == 0, r.err
+    # The own KB is the consumer's own: written as the shell left it, not staged.
+    assert (con / "knowledgebase" / "notes" / "own.md").read_text() == "mine\n"
+    log = kb.call("notes", "log", "con", "notes/own.md", "--as", "alice", "--json")
+    assert log.code == 0, log.err
+    (version,) = log.json()["versions"]
+    assert (version["how"], version["session"]) == ("command", sid)
