@@ -15,10 +15,12 @@ is reported (:class:`Report`) and audited.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,13 +47,19 @@ _REMOVAL = b"(removed)\n"
 
 @dataclass(frozen=True)
 class Change:
-    """One path the command changed in a staged ``notes/``: its bytes, or
-    None for a removal; ``problem``: why it cannot even be offered to the
-    write path (a special file, a folder made opaque, too large)."""
+    """One path the command changed in a staged ``notes/``: the staged file
+    (read only when it is offered: :meth:`read`), or None for a removal;
+    ``problem``: why it cannot even be offered to the write path (a special
+    file, a folder made opaque, too large, too deep)."""
 
     relpath: str  # relative to notes/
-    data: bytes | None
+    staged: Path | None
     problem: str | None = None
+    size: int = 0
+
+    def read(self) -> bytes:
+        with open(self.staged or "/dev/null", "rb") as fh:
+            return fh.read(MAX_NOTE_BYTES + 1)
 
 
 @dataclass
@@ -101,6 +109,12 @@ def changes(area: Area, *, budget: int = MAX_SCAN_FILES) -> Iterator[Change]:
         for entry in entries:
             seen += 1
             if seen > budget:
+                if seen == budget + 1:
+                    yield Change(
+                        f"{rel}{entry.name}",
+                        None,
+                        f"the command changed more than {budget} entries; the rest were not read",
+                    )
                 return
             name = f"{rel}{entry.name}"
             st = entry.stat(follow_symlinks=False)
@@ -113,19 +127,17 @@ def changes(area: Area, *, budget: int = MAX_SCAN_FILES) -> Iterator[Change]:
                     )
                 elif depth < MAX_SCAN_DEPTH:
                     yield from walk(Path(entry.path), name + "/", depth + 1)
+                else:
+                    yield Change(
+                        name, None, f"a folder deeper than {MAX_SCAN_DEPTH} levels is not contributed"
+                    )
             elif stat.S_ISREG(st.st_mode):
                 if st.st_size > MAX_NOTE_BYTES:
                     yield Change(
                         name, None, f"the file is {st.st_size} bytes; at most {MAX_NOTE_BYTES} are allowed"
                     )
                     continue
-                try:
-                    with open(entry.path, "rb") as fh:
-                        data = fh.read(MAX_NOTE_BYTES + 1)
-                except OSError as exc:
-                    yield Change(name, None, f"cannot read it ({exc.strerror or exc})")
-                    continue
-                yield Change(name, data)
+                yield Change(name, Path(entry.path), size=st.st_size)
             else:
                 yield Change(
                     name, None, "only regular files are contributed (no links, FIFOs, sockets or devices)"
@@ -166,19 +178,25 @@ def _revoked(sessions: RootSessions, sid: str, started: Plan, actor: Actor) -> t
 
 def commit(
     sessions: RootSessions, sid: str, started: Plan, staging: Staging, *, actor: Actor,
-    terminated: bool = False,
+    lock: AbstractContextManager[object] | None = None,
 ) -> Report:  # fmt: skip
     """Commit ``staging``'s changes as ``actor`` in session ``sid`` (see the
-    module docstring). ``started``: the plan the command ran under;
-    ``terminated``: kbd ended the command (revocation): nothing is committed."""
+    module docstring). ``started``: the plan the command ran under. ``lock``
+    guards the daemon's shared root: held for the plan lookup and each path's
+    checks, never across the injection gate, a notes mutex or a write (as the
+    API's note route does). Each staged ``notes/`` offers at most its source's
+    ``notes_quota.max_bytes`` of changed files: past that every path would be
+    refused by the quota anyway, so the rest are refused unread."""
     host = sessions.host
+    guard = lock if lock is not None else contextlib.nullcontext()
     report = Report()
     pending: list[tuple[Area, Change]] = [(area, ch) for area in staging.areas for ch in changes(area)]
     if not pending:
         return report
-    now, why = (
-        (None, "kbd ended the command (revoked)") if terminated else _revoked(sessions, sid, started, actor)
-    )
+    with guard:
+        now, why = _revoked(sessions, sid, started, actor)
+    offered: dict[str, int] = {}
+    budget = host.config.notes_quota.max_bytes
     for area, ch in pending:
         rel = f"notes/{ch.relpath}"
         if now is None or why is not None:
@@ -187,12 +205,26 @@ def commit(
         if ch.problem is not None:
             _refuse(report, area, ch, "invalid-input", ch.problem)
             continue
-        if ch.data is not None and ch.data == _current(area, ch.relpath):
-            continue  # copied up without a change (a chmod, a touch)
+        data: bytes | None = None
+        if ch.staged is not None:
+            offered[area.alias] = offered.get(area.alias, 0) + ch.size
+            if offered[area.alias] > budget:
+                _refuse(report, area, ch, "quota-exceeded",
+                        f"the command's changes exceed the notes quota ({budget} bytes)")  # fmt: skip
+                continue
+            try:
+                data = ch.read()
+            except OSError as exc:
+                _refuse(report, area, ch, "invalid-input", f"cannot read it ({exc.strerror or exc})")
+                continue
+            if data == _current(area, ch.relpath):
+                continue  # copied up without a change (a chmod, a touch)
         try:
-            note = note_ops.prepare(sessions, sid, area.alias, ch.relpath, ch.data if ch.data is not None else _REMOVAL,
-                                    actor=actor, how="command", plan=now)  # fmt: skip
-            if ch.data is None:
+            with guard:
+                note = note_ops.prepare(sessions, sid, area.alias, ch.relpath,
+                                        data if data is not None else _REMOVAL, actor=actor, how="command",
+                                        plan=now)  # fmt: skip
+            if data is None:
                 if note_ops.remove(note).removed:
                     report.committed.append((area.alias, rel))
             else:

@@ -764,8 +764,7 @@ def _commit_staged(
     the command's own, or 65 with ``--strict-contributions`` and a refusal."""
     from kbd.service.contributions import commit
 
-    with launch.lock:
-        report = commit(sessions, sid, plan, staging, actor=who)
+    report = commit(sessions, sid, plan, staging, actor=who, lock=launch.lock)
     for line in report.lines():
         launch.notice(line)
     if launch.report_json:

@@ -53,7 +53,7 @@ for argv in json.loads(sys.argv[2]):
 print(json.dumps(answers))
 """
 
-EXEC_USAGE = "kbd exec SID [--cwd DIR] [--as P] -- CMD [ARG...]"
+EXEC_USAGE = "kbd exec SID [--cwd DIR] [--as P] [--strict-contributions] [--json] -- CMD [ARG...]"
 SEE_HELP = "hint: see `kbd exec --help`\n"
 NO_SUCH = "hint: " + EXEC_USAGE + " (the command's own options go after --)\n"
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from kbd.core.knowledge import body_of
 from tests.helpers import CliResult, KbRoot, exec_mode_for, live_processes, snapshot
 
 # Real commands under bubblewrap; the write session adds the inner Landlock helper.
@@ -112,7 +113,9 @@ def test_a_background_process_cannot_touch_the_kb_after_the_command_returns(kb: 
     control = f"control-{uuid.uuid4().hex}.md"
     r = sh(kb, sid, f'sh -c "sleep 1; echo late > $WORKFLOW_KB_SRC/notes/{control}"')
     assert r.code == 0, r.err
-    assert (notes / control).read_text() == "late\n"
+    assert (
+        body_of((notes / control).read_text()) == "late\n"
+    )  # committed at exit (README "Staged contributions")
 
     marker = f"late-{uuid.uuid4().hex}.md"
     before = snapshot(src)
