@@ -61,7 +61,7 @@ nightly: venv
 # DESIGN §8 figures. Bytecode is compiled first, as an installed package has it.
 bench: venv
 	$(BIN)/python -m compileall -q kbd >/dev/null
-	for b in paths registry sessions api api_load access_log exec cli notes gate live import search mcp_read; do echo; $(BIN)/python bench/$$b.py || exit 1; done
+	for b in paths registry sessions api api_load event_flood access_log exec cli notes gate live import search mcp_read; do echo; $(BIN)/python bench/$$b.py || exit 1; done
 
 clean:
 	rm -rf $(VENV) $(DEMO_ROOT) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info

@@ -26,7 +26,10 @@ access line through the ``kbd.access`` logger and the request counters that
 root's event log through :class:`kbd.service.subscriptions.Feed`, which the
 operations report to (``State.feed`` is put in ``Root.events``). The event log
 is one per daemon: :attr:`State.event_log`, created here unless the daemon
-passes its own to :func:`create_app`.
+passes its own to :func:`create_app`. A subscriber is admitted under the
+stream caps (one more is 503 ``stream-limit``) and its backlog read, from the
+daemon's in-memory ring only, before its stream starts (README "The change
+feed").
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
 from urllib.parse import unquote
 
@@ -89,7 +92,7 @@ from kbd.service import workflows as workflow_ops
 from kbd.service.gauges import host_gauges
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
-from kbd.service.subscriptions import Feed
+from kbd.service.subscriptions import Feed, Subscription
 from kbd.state.events import EventLog
 
 log = logging.getLogger("kbd.api")
@@ -322,6 +325,22 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
+class _EventStream(StreamingResponse):
+    """``GET /v1/events``'s answer: its subscription (its queue and its slots
+    under the stream caps) is closed however the response ends, also when the
+    client leaves before the stream's first byte (the frames never start)."""
+
+    def __init__(self, subscription: Subscription, frames: AsyncIterator[bytes], **kw: Any) -> None:
+        super().__init__(frames, **kw)
+        self.subscription = subscription
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.subscription.close()
+
+
 # -- the application ------------------------------------------------------------------
 
 
@@ -336,7 +355,9 @@ class State:
         self.host = host
         self.sessions = RootSessions(host)
         self.lock = threading.RLock()
-        self.event_log = event_log if event_log is not None else EventLog(host.config.state_dir)
+        # prefill: subscribers are served from the ring only (README "The change
+        # feed"), so it starts with the newest events already in the log.
+        self.event_log = event_log if event_log is not None else EventLog(host.config.state_dir, prefill=True)
         self.feed = Feed(host, self.event_log, lock=self.lock)
         host.events = self.feed
         self.started = time.time()
@@ -956,8 +977,14 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
             return found if isinstance(found, Principal) else None
 
         del actor  # authenticated by the dependency; who() re-checks at every delivery
-        return StreamingResponse(
-            state.feed.stream(who, since=last, follow=follow),
+        # Admitted (or refused: StreamLimit, 503) and its backlog read before
+        # the stream starts (README "The change feed").
+        subscription = await state.feed.open(
+            who, since=last, follow=follow, uid=uid if isinstance(uid, int) else None
+        )
+        return _EventStream(
+            subscription,
+            state.feed.frames(subscription, who, follow=follow),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )

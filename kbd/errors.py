@@ -34,6 +34,7 @@ API turn any of them into the same answer without knowing the class::
     │   └── SourceUnavailable       69  409  source-unavailable       attached, not available now (*)
     ├── Busy                        75  409  busy                     lock timeout, retry
     │   ├── Overloaded              75  503  busy                     daemon overloaded (see below)
+    │   │   └── StreamLimit         75  503  stream-limit             event streams or replays over a cap
     │   ├── VersionConflict         75  409  version-conflict         expected version is stale
     │   │   └── NoteVersionConflict 75  412  note-version-conflict    a note changed since that version
     │   ├── IndexUnreadable         75  409  index-unreadable         notes/_index.json mid-rewrite
@@ -326,6 +327,15 @@ class Overloaded(Busy):
 
     http_status = 503
     default_hint = "the daemon is busy; retry after the Retry-After delay"
+
+
+class StreamLimit(Overloaded):
+    """One more ``GET /v1/events`` than the daemon serves at once: a peer uid's
+    streams, or the replays in progress (README "The change feed"). Its own
+    code, so a subscriber can tell "close your other streams" from "busy"."""
+
+    code = "stream-limit"
+    default_hint = "close event streams you no longer read, or retry after the Retry-After delay"
 
 
 class VersionConflict(Busy):

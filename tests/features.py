@@ -154,7 +154,7 @@ PROBES = {
     "requires_userns": "the test needs user namespaces (bwrap --unshare-user / --disable-userns)",
     "requires_landlock": "the test needs Landlock (requires_landlock(abi=N): ABI N or newer)",
     "requires_cgroup": "the test needs a writable cgroup v2 hierarchy with cgroup.kill",
-    "requires_root": "the test hands files to other users (chown), which only root may do",
+    "requires_root": "the test acts as other users (chown, another uid's connections), which only root may do",
 }
 
 

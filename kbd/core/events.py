@@ -16,6 +16,9 @@ The stored line adds ``_wf``: the workflow an event is about, which decides who
 may see it (``note.written``: the source; ``session.*`` and ``command.*``: the
 session's workflow; ``resync``: none, everyone sees it). It is stripped from
 what subscribers receive (:meth:`Event.public`).
+
+Serving subscribers: what counts as a replay and when one more stream is
+refused (:class:`StreamCaps`, :func:`stream_refusal`; README "The change feed").
 """
 
 from __future__ import annotations
@@ -324,6 +327,62 @@ def contiguous_from(events: list[Event], first: int, last: int) -> Replay | Resy
     if wanted[-1].seq != last:
         return Resync("gap")
     return Replay(tuple(wanted))
+
+
+# -- serving subscribers ------------------------------------------------------------------------------
+
+#: Events a subscriber is sent in one go (one visibility decision, one write).
+#: A backlog of at most this many costs one chunk: it is no replay.
+CHUNK = 256
+
+
+@dataclass(frozen=True)
+class StreamCaps:
+    """How much of the change feed the daemon serves at once (README "The
+    change feed"): ``GET /v1/events`` streams per peer uid, and replays (a
+    backlog of more than :data:`CHUNK` events, sent before the live ones) in
+    all and per peer uid. A replay is bounded by the daemon's in-memory ring
+    (an older ``since`` gets ``resync``), so the caps bound what replays cost
+    at once: at most ``replays`` times the ring's events being decided and sent."""
+
+    streams_per_uid: int = 64
+    replays: int = 16
+    replays_per_uid: int = 4
+
+
+STREAM_CAPS = StreamCaps()
+
+
+def is_replay(backlog: int) -> bool:
+    """Does a stream whose backlog holds ``backlog`` events take a replay slot?"""
+    return backlog > CHUNK
+
+
+@dataclass(frozen=True)
+class StreamRefusal:
+    """Why a stream is refused, and what the subscriber can do about it."""
+
+    message: str
+    hint: str
+
+
+def stream_refusal(
+    caps: StreamCaps, *, uid_streams: int, replay: bool, replays: int, uid_replays: int
+) -> StreamRefusal | None:
+    """Why one more stream from a peer uid that has ``uid_streams`` open (and
+    ``uid_replays`` of the ``replays`` in progress) is refused, or None to admit
+    it. ``replay``: the new stream starts with a replay."""
+    if uid_streams >= caps.streams_per_uid:
+        return StreamRefusal(
+            f"this client already has {caps.streams_per_uid} event streams open",
+            "close the event streams you no longer read, then retry",
+        )
+    wait = "retry after the Retry-After delay, or reload and follow live (no Last-Event-ID)"
+    if replay and uid_replays >= caps.replays_per_uid:
+        return StreamRefusal(f"{caps.replays_per_uid} replays from this client are already in progress", wait)
+    if replay and replays >= caps.replays:
+        return StreamRefusal(f"{caps.replays} replays in progress already", wait)
+    return None
 
 
 # -- manifest changes --------------------------------------------------------------------------------

@@ -189,6 +189,12 @@ def may_see(actor: Principal, workflow_id: str | None, manifest: Manifest | None
 
     if actor.disabled:
         return False
-    if workflow_id is None or actor.is_service or actor.enabled_admin:
+    if workflow_id is None or sees_every_workflow(actor):
         return True
     return manifest is not None and can_inspect(actor, manifest)
+
+
+def sees_every_workflow(actor: Principal) -> bool:
+    """Services and enabled admins see every workflow's events (no manifest
+    needs looking up to decide)."""
+    return not actor.disabled and (actor.is_service or actor.enabled_admin)

@@ -13,35 +13,57 @@ principals, and each event's workflow is looked up in the registry now
 (:func:`kbd.service.feed.may_see`). A reader removed from a source's audience
 stops receiving its events at the next event, and a replay never shows what
 the subscriber may no longer see. The state lock is taken only for those
-lookups, never while waiting for events.
+lookups, never while waiting for events, and never for more than
+``LOOKUP_BATCH`` of them at a time: the decision itself is made on the
+snapshot the lookups took, outside the lock.
 
 Continuity: a subscriber that presents a ``Last-Event-ID`` gets exactly the
 events after it, in order, then the live ones; where that cannot be promised
-(an id of another epoch, older than the log reaches, a queue that overflowed
-because the subscriber did not read) it gets ``resync`` carrying the id to
-resume from after reloading its state. A daemon start appends ``resync``
-(``restart``) for everyone: what the watcher would have seen while no daemon
-ran is not in the log.
+(an id of another epoch, older than the daemon's in-memory ring of the newest
+events reaches, a queue that overflowed because the subscriber did not read)
+it gets ``resync`` carrying the id to resume from after reloading its state. A
+daemon start appends ``resync`` (``restart``) for everyone: what the watcher
+would have seen while no daemon ran is not in the log.
+
+What a subscriber costs is bounded (README "The change feed", "Threat
+model"): a replay comes from the ring only (the log files are never read for
+a subscriber), and :class:`StreamLimits` caps streams per peer uid and
+replays (:func:`kbd.core.events.is_replay`) in all and per uid, answering one
+more with :class:`kbd.errors.StreamLimit` before its stream starts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections import Counter, deque
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio.to_thread
 
-from kbd.core.events import RESYNC, Event, FieldValue, Resync, check_event, format_id, parse_id, resync_event
-from kbd.errors import KbdError
+from kbd.core.events import (
+    CHUNK,
+    RESYNC,
+    STREAM_CAPS,
+    Event,
+    FieldValue,
+    Resync,
+    StreamCaps,
+    check_event,
+    is_replay,
+    parse_id,
+    resync_event,
+    stream_refusal,
+)
+from kbd.errors import KbdError, StreamLimit
 from kbd.fs.registry import Ambiguous, Found
-from kbd.service.feed import ManifestTracker, may_see
+from kbd.service.feed import ManifestTracker, may_see, sees_every_workflow
 
 if TYPE_CHECKING:
     from kbd.core.manifest import Manifest
@@ -58,8 +80,9 @@ POLL_INTERVAL = 0.25
 #: A keep-alive comment this often on an idle stream: under the daemon's
 #: write-stall timeout, and it tells a subscriber the daemon is still there.
 PING_INTERVAL = 15.0
-#: Events handled in one go: the pump yields to the subscribers between chunks.
-CHUNK = 256
+#: Workflows looked up per hold of the state lock when deciding what a
+#: subscriber may see (the lock is released, and others served, between holds).
+LOOKUP_BATCH = 16
 #: A finite replay without an id (``kbd events``): at most this many recent events.
 RECENT = 1000
 #: How long a delivery waits for the state lock before it ends the stream (the
@@ -69,6 +92,9 @@ PING = b": ping\n\n"
 
 #: Re-authenticates the subscriber now: its principal, or None to end the stream.
 Who = Callable[[], "Principal | None"]
+#: A peer uid (``SO_PEERCRED``); None when the transport has none.
+Uid = int | None
+T = TypeVar("T")
 
 
 class Subscriber:
@@ -98,6 +124,78 @@ class Subscriber:
         return out
 
 
+class StreamLimits:
+    """Open event streams and replays in progress, per peer uid and in all,
+    against :class:`kbd.core.events.StreamCaps`. Used on the event loop only
+    (like the daemon's connection caps), so it needs no lock."""
+
+    def __init__(self, caps: StreamCaps = STREAM_CAPS) -> None:
+        self.caps = caps
+        self.streams: Counter[Uid] = Counter()
+        self.replays: Counter[Uid] = Counter()
+
+    def check(self, uid: Uid, *, replay: bool) -> None:
+        """Raise StreamLimit unless one more stream (``replay``: starting with a replay) is admitted."""
+        refusal = stream_refusal(self.caps, uid_streams=self.streams[uid], replay=replay,
+                                 replays=sum(self.replays.values()), uid_replays=self.replays[uid])  # fmt: skip
+        if refusal is not None:
+            raise StreamLimit(refusal.message, hint=refusal.hint)
+
+    def admit(self, uid: Uid, *, replay: bool) -> Ticket:
+        self.check(uid, replay=replay)
+        self.streams[uid] += 1
+        if replay:
+            self.replays[uid] += 1
+        return Ticket(self, uid, replay=replay)
+
+    @staticmethod
+    def _drop(counter: Counter[Uid], uid: Uid) -> None:
+        counter[uid] -= 1
+        if counter[uid] <= 0:
+            del counter[uid]
+
+
+class Ticket:
+    """One admitted stream's slots: its replay slot is given back when the
+    replay has been sent, its stream slot when the stream ends (both once)."""
+
+    def __init__(self, limits: StreamLimits, uid: Uid, *, replay: bool) -> None:
+        self._limits, self._uid = limits, uid
+        self._replay, self._open = replay, True
+
+    def replayed(self) -> None:
+        if self._replay:
+            self._replay = False
+            self._limits._drop(self._limits.replays, self._uid)
+
+    def close(self) -> None:
+        self.replayed()
+        if self._open:
+            self._open = False
+            self._limits._drop(self._limits.streams, self._uid)
+
+
+class Subscription:
+    """An admitted subscriber: its queue (already receiving live events), the
+    backlog to send first, and its slots. :meth:`close` (idempotent) leaves."""
+
+    def __init__(self, feed: Feed, sub: Subscriber, backlog: list[Event], ticket: Ticket | None) -> None:
+        self.feed, self.sub, self.backlog, self.ticket = feed, sub, backlog, ticket
+
+    def replayed(self) -> None:
+        if self.ticket is not None:
+            self.ticket.replayed()
+
+    def close(self) -> None:
+        self.feed._subs.discard(self.sub)
+        if self.ticket is not None:
+            self.ticket.close()
+
+
+def _manifest_of(manifests: dict[str, Manifest | None], workflow_id: str | None) -> Manifest | None:
+    return manifests.get(workflow_id) if workflow_id is not None else None
+
+
 def _after(last: tuple[str, int] | None, event: Event) -> bool:
     """Is ``event`` news for a subscriber that has seen up to ``last``? An
     event of another epoch always is (the log was recreated)."""
@@ -111,7 +209,8 @@ class Feed:
     """The daemon's event sink and its subscribers (see the module docstring).
 
     ``lock`` is the daemon's state lock: the registry and principals are read
-    under it when deciding who sees an event."""
+    under it when deciding who sees an event. ``caps``: what :meth:`open`
+    admits (:attr:`limits`)."""
 
     def __init__(
         self,
@@ -121,6 +220,7 @@ class Feed:
         lock: threading.RLock,
         queue_size: int = QUEUE_SIZE,
         poll_interval: float = POLL_INTERVAL,
+        caps: StreamCaps = STREAM_CAPS,
     ) -> None:
         self.host = host
         self.log = log
@@ -128,6 +228,7 @@ class Feed:
         self.queue_size = queue_size
         self.poll_interval = poll_interval
         self.tracker = ManifestTracker()
+        self.limits = StreamLimits(caps)
         self.lost = 0  # events that could not be appended (each answered with a resync)
         self._subs: set[Subscriber] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -264,49 +365,69 @@ class Feed:
     # -- subscribing ----------------------------------------------------------------------------
 
     def _replay(self, last_id: str) -> list[Event]:
-        """The events after ``last_id``, or one ``resync`` carrying the id to resume from."""
-        result = self.log.since(last_id)
+        """The events after ``last_id`` from the ring (never the files: a
+        subscriber costs at most the ring), or one ``resync`` carrying the id
+        to resume from (``too-old`` when the ring does not reach back to it)."""
+        result = self.log.since(last_id, files=False)
         if isinstance(result, Resync):
             return [resync_event(self.log.last_id, result.reason, ns=time.time_ns())]
         return list(result.events)
 
     def _recent(self) -> list[Event]:
-        parsed = parse_id(self.log.last_id)
-        assert parsed is not None
-        epoch, seq = parsed
-        return self._replay(format_id(epoch, max(0, seq - RECENT)))
+        return list(self.log.recent(RECENT))
 
-    async def stream(
-        self, who: Who, *, since: str | None, follow: bool, ping: float = PING_INTERVAL
-    ) -> AsyncIterator[bytes]:
-        """Server-Sent Events frames for one subscriber: the events after
-        ``since`` (without it: live from now, or with ``follow=False`` the
-        recent ones), then, with ``follow``, the live ones and a keep-alive
-        comment every ``ping`` seconds. Ends when the subscriber may no longer
-        authenticate, or the state lock stays busy (it resumes from its id)."""
+    async def open(
+        self, who: Who, *, since: str | None, follow: bool, uid: Uid = None, limited: bool = True
+    ) -> Subscription:
+        """Admit one subscriber and read its backlog: the events after
+        ``since`` (without it: none, or with ``follow=False`` the recent ones).
+        With ``limited``, :attr:`limits` decide first, so a refusal
+        (StreamLimit) comes before any stream starts. Send it with
+        :meth:`frames`, and :meth:`Subscription.close` it in any case."""
+        if limited:
+            self.limits.check(uid, replay=False)  # refused before any work
         await self._ensure_pump()
         sub = Subscriber(self.queue_size)
         self._subs.add(sub)  # before the replay is read: nothing falls between the two
-        last: tuple[str, int] | None = None
         try:
-            yield b": kbd events\n\n"  # the stream is open (headers and a first byte now)
             backlog: list[Event] = []
             if since is not None:
                 backlog = await anyio.to_thread.run_sync(self._replay, since)
             elif not follow:
                 backlog = await anyio.to_thread.run_sync(self._recent)
+            ticket = self.limits.admit(uid, replay=is_replay(len(backlog))) if limited else None
+        except BaseException:
+            self._subs.discard(sub)
+            raise
+        return Subscription(self, sub, backlog, ticket)
+
+    async def frames(
+        self, subscription: Subscription, who: Who, *, follow: bool, ping: float = PING_INTERVAL
+    ) -> AsyncGenerator[bytes, None]:
+        """Server-Sent Events frames for an opened subscriber: its backlog, a
+        chunk at a time (its replay slot is given back once the backlog is
+        sent), then, with ``follow``, the live events and a keep-alive comment
+        every ``ping`` seconds. Ends when the subscriber may no longer
+        authenticate, or the state lock stays busy (it resumes from its id);
+        the subscription is closed when it ends."""
+        sub = subscription.sub
+        backlog, subscription.backlog = subscription.backlog, []
+        last: tuple[str, int] | None = None
+        try:
+            yield b": kbd events\n\n"  # the stream is open (headers and a first byte now)
             while True:
-                while backlog:
-                    batch, backlog = backlog[:CHUNK], backlog[CHUNK:]
-                    fresh = [e for e in batch if _after(last, e)]
+                for start in range(0, len(backlog), CHUNK):
+                    fresh = [e for e in backlog[start : start + CHUNK] if _after(last, e)]
                     if not fresh:
                         continue
                     last = parse_id(fresh[-1].id)
                     shown = await self._visible(who, fresh)
                     if shown is None:
                         return
-                    for event in shown:
-                        yield event.sse()
+                    if shown:
+                        yield b"".join(event.sse() for event in shown)  # one write a chunk
+                backlog = []
+                subscription.replayed()
                 if not follow:
                     return
                 if not sub.queue:
@@ -318,38 +439,74 @@ class Feed:
                         continue
                 backlog = sub.take(CHUNK)
         finally:
-            self._subs.discard(sub)
+            subscription.close()
+
+    async def stream(
+        self, who: Who, *, since: str | None, follow: bool, ping: float = PING_INTERVAL
+    ) -> AsyncIterator[bytes]:
+        """:meth:`open` (without the caps: an in-process follower such as
+        ``kbd ui`` on the root) and :meth:`frames` in one."""
+        subscription = await self.open(who, since=since, follow=follow, limited=False)
+        try:
+            async with contextlib.aclosing(
+                self.frames(subscription, who, follow=follow, ping=ping)
+            ) as frames:
+                async for frame in frames:
+                    yield frame
+        finally:
+            subscription.close()
 
     async def _visible(self, who: Who, events: list[Event]) -> list[Event] | None:
-        """The events the subscriber may see now (None: it may see nothing any more)."""
-        if self.lock.acquire(blocking=False):  # the usual case: no thread-pool hop
-            try:
-                return self._decide(who, events)
-            finally:
-                self.lock.release()
-        return await anyio.to_thread.run_sync(self._decide_locked, who, events)
-
-    def _decide_locked(self, who: Who, events: list[Event]) -> list[Event] | None:
-        if not self.lock.acquire(timeout=LOCK_WAIT):
+        """The events the subscriber may see now (None: it may see nothing any
+        more, or the state lock stayed busy). Its principal and the manifests
+        of the events' workflows are read under the state lock, at most
+        LOOKUP_BATCH lookups a hold; the decision is made outside it."""
+        wids = list(dict.fromkeys(e.workflow_id for e in events if e.workflow_id is not None))
+        first = await self._locked(self._authenticate_and_look_up, who, wids[:LOOKUP_BATCH])
+        if first is None:
             return None
-        try:
-            return self._decide(who, events)
-        finally:
-            self.lock.release()
-
-    def _decide(self, who: Who, events: list[Event]) -> list[Event] | None:
-        actor = who()
+        actor, manifests = first
         if actor is None:
             return None
-        seen: dict[str | None, bool] = {}
-        out = []
-        for event in events:
-            wid = event.workflow_id
-            if wid not in seen:
-                seen[wid] = may_see(actor, wid, self._manifest(wid) if wid is not None else None)
-            if seen[wid]:
-                out.append(event)
-        return out
+        if not sees_every_workflow(actor):
+            for start in range(LOOKUP_BATCH, len(wids), LOOKUP_BATCH):
+                await asyncio.sleep(0)  # the lock is free between holds: others go first
+                more = await self._locked(self._look_up, wids[start : start + LOOKUP_BATCH])
+                if more is None:
+                    return None
+                manifests.update(more)
+        return [e for e in events if may_see(actor, e.workflow_id, _manifest_of(manifests, e.workflow_id))]
+
+    async def _locked(self, fn: Callable[..., T], *args: object) -> T | None:
+        """``fn(*args)`` under the state lock (one short hold), or None when the
+        lock stays busy for LOCK_WAIT. On the event loop when the lock is free
+        (no thread-pool hop), else the wait moves to a worker thread."""
+        if self.lock.acquire(blocking=False):
+            try:
+                return fn(*args)
+            finally:
+                self.lock.release()
+
+        def waited() -> T | None:
+            if not self.lock.acquire(timeout=LOCK_WAIT):
+                return None
+            try:
+                return fn(*args)
+            finally:
+                self.lock.release()
+
+        return await anyio.to_thread.run_sync(waited)
+
+    def _authenticate_and_look_up(
+        self, who: Who, wids: list[str]
+    ) -> tuple[Principal | None, dict[str, Manifest | None]]:
+        actor = who()
+        if actor is None or sees_every_workflow(actor):
+            return actor, {}
+        return actor, self._look_up(wids)
+
+    def _look_up(self, wids: list[str]) -> dict[str, Manifest | None]:
+        return {wid: self._manifest(wid) for wid in wids}
 
     def _manifest(self, workflow_id: str) -> Manifest | None:
         """The workflow's manifest now; the last one seen when it was removed or

@@ -25,14 +25,19 @@ unreadable, then writes its own line (its seq is reused: no subscriber can have
 seen the torn one's id).
 
 Resuming: :meth:`EventLog.since` answers from an in-memory ring of the latest
-events (``ring``), else from the two files, else with
-:class:`kbd.core.events.Resync`.
+events (``ring``), else from the two files (unless told not to: the daemon's
+subscribers are served from the ring only), else with
+:class:`kbd.core.events.Resync`. The ring holds what this instance appended or
+followed; with ``prefill`` (the daemon) it also starts with the newest events
+already in the files, read backwards (a ring's worth of lines, never the
+whole log).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import stat
 import threading
@@ -121,6 +126,29 @@ def _last_seq(fd: int, *, epoch: str, start: int, end: int) -> int | None:
     return None
 
 
+def _tail_events(fd: int, *, epoch: str, start: int, end: int, last: int, n: int) -> list[Event]:
+    """Up to ``n`` events of ``epoch`` in ``[start, end)`` (``end`` just past a
+    newline), read backwards: the newest must be ``last`` and each older one
+    the seq before (a gap ends the run). In order. Reads about ``n`` lines."""
+    out: list[Event] = []
+    carry, pos = b"", end
+    while pos > start and len(out) < n:
+        step = min(_CHUNK, pos - start)
+        pos -= step
+        lines = (os.pread(fd, step, pos) + carry).split(b"\n")
+        carry = lines.pop(0) if pos > start else b""
+        for line in reversed(lines):
+            event = parse_line(line) if line else None
+            if event is None or parse_id(event.id) != (epoch, event.seq):
+                continue  # torn, foreign or another epoch's: skipped, as every reader does
+            if event.seq != (out[-1].seq - 1 if out else last):
+                return out[::-1]
+            out.append(event)
+            if len(out) == n:
+                break
+    return out[::-1]
+
+
 def _after_last_newline(fd: int, *, start: int, end: int) -> int:
     """The offset just past the last newline in ``[start, end)``, or ``start``."""
     pos = end
@@ -190,6 +218,7 @@ class EventLog:
         max_bytes: int = 8 << 20,
         sync_interval: float = 0.1,
         lock_timeout: float = 5.0,
+        prefill: bool = False,
     ) -> None:
         if ring < 1 or max_bytes < 4096 or sync_interval < 0:
             raise ValueError("ring >= 1, max_bytes >= 4096 and sync_interval >= 0 are required")
@@ -208,6 +237,7 @@ class EventLog:
         self._offset = 0  # bytes of the current file already read (complete lines only)
         self._torn = False  # the current file ends inside a line (a crashed writer)
         self._syncer = _Syncer(sync_interval, self.sync) if sync_interval > 0 else None
+        self._prefill = prefill
         self._closed = False
         try:
             ensure_private_dir(state_dir)
@@ -273,10 +303,15 @@ class EventLog:
             self._syncer.mark()
         return event
 
-    def since(self, last_id: str) -> Replay | Resync:
+    def since(self, last_id: str, *, files: bool = True) -> Replay | Resync:
         """The events issued after ``last_id``, in order, or Resync: a malformed
         id, another epoch (a restarted or recreated log), an id beyond what was
-        issued, or one older than both files reach back (``too-old``)."""
+        issued, or one older than both files reach back (``too-old``).
+
+        ``files=False``: from the ring only, so the answer costs at most the
+        ring's size whatever the log holds; an id older than the ring reaches
+        back is ``too-old`` (what the daemon gives subscribers: README "The
+        change feed")."""
         with self._mutex:
             self._follow(locked=False)
             first = resume_from(last_id, epoch=self._epoch, last_seq=self._seq)
@@ -286,8 +321,21 @@ class EventLog:
             if first > last:
                 return Replay(())
             if self._ring and self._ring[0].seq <= first:
+                # The ring is contiguous (a gap clears it), so the wanted events are its tail.
+                tail = tuple(itertools.islice(self._ring, first - self._ring[0].seq, None))
+                if tail and tail[0].seq == first:
+                    return Replay(tail)
                 return Replay(tuple(e for e in self._ring if e.seq >= first))
+            if not files:
+                return Resync("too-old")
         return contiguous_from(self._scan_files(epoch), first, last)
+
+    def recent(self, n: int) -> tuple[Event, ...]:
+        """The newest ``n`` events the ring holds, in order (fewer when it holds
+        fewer: it starts empty when the log is opened, and restarts after a gap)."""
+        with self._mutex:
+            self._follow(locked=False)
+            return tuple(itertools.islice(self._ring, max(0, len(self._ring) - n), None))
 
     def sync(self) -> None:
         with self._mutex:
@@ -391,7 +439,29 @@ class EventLog:
         self._epoch, self._torn = epoch, False
         self._seq = max(base, last or 0)
         self._offset = _after_last_newline(fd, start=header_len, end=size)
+        if self._prefill:
+            self._fill_ring(fd, header_len, base)
         return True
+
+    def _fill_ring(self, fd: int, header_len: int, base: int) -> None:
+        """Fill the ring with the newest events already in the files (the
+        current one, then the rotated one where it ends right before it):
+        about a ring's worth of lines is read, however long the log."""
+        n = self._ring.maxlen or 0
+        events = _tail_events(fd, epoch=self._epoch, start=header_len, end=self._offset, last=self._seq, n=n)
+        if len(events) < n and base > 0 and (events[0].seq - 1 if events else self._seq) == base:
+            with contextlib.suppress(OSError):
+                rfd = os.open(self.rotated_path, _RO_FLAGS)
+                try:
+                    header = _header_of(rfd)
+                    if header is not None and header[0] == self._epoch:
+                        end = _after_last_newline(rfd, start=header[2], end=os.fstat(rfd).st_size)
+                        older = _tail_events(rfd, epoch=self._epoch, start=header[2], end=end, last=base,
+                                             n=n - len(events))  # fmt: skip
+                        events = older + events
+                finally:
+                    os.close(rfd)
+        self._ring.extend(events)
 
     def _read_new(self, *, locked: bool) -> list[Event]:
         """Complete lines appended after ``_offset``. A trailing partial line is

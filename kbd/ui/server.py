@@ -677,7 +677,7 @@ def _direct_feed(page: Page) -> Feed:
     if page.feed is None:
         assert isinstance(page.via, ops.Direct)
         host = page.via.context.root
-        page.feed = Feed(host, EventLog(host.config.state_dir), lock=page.lock)
+        page.feed = Feed(host, EventLog(host.config.state_dir, prefill=True), lock=page.lock)
     return page.feed
 
 

@@ -5,7 +5,8 @@ files, with real processes.
   (or one that is not a kbd log: a symlink, a FIFO) starts a new epoch, and an
   id of the old epoch then resyncs.
 - Resuming: from the ring, from the files (rotated one included), else Resync
-  (unknown epoch, future, too old, a gap, malformed).
+  (unknown epoch, future, too old, a gap, malformed); from the ring alone, which
+  a prefilled log starts with the newest events of the files.
 - Rotation at the size bound keeps the epoch and the order.
 - Concurrency: appenders in several processes, with and without rotations,
   never interleave lines, never reuse or skip an id.
@@ -159,6 +160,40 @@ def test_rotation_keeps_the_epoch_and_drops_only_the_oldest(state: Path) -> None
         got = log.since(f"{log.epoch}-{kept[0][1] - 1}")
         assert isinstance(got, Replay) and [e.seq for e in got.events] == [s for _, s in kept]
         assert stat.S_IMODE((state / ROTATED_NAME).stat().st_mode) == 0o640
+
+
+def test_the_ring_alone_and_a_ring_prefilled_from_the_files(state: Path) -> None:
+    """What the daemon serves subscribers from (README "The change feed"):
+    ``since(files=False)`` answers from the ring or ``too-old``; with
+    ``prefill`` the ring starts with the newest events already in the files,
+    the rotated one included, and never reaches across a gap."""
+    with EventLog(state, ring=5, max_bytes=4096, sync_interval=0) as log:
+        ids: list[str] = []
+        while not (state / ROTATED_NAME).exists():
+            ids += changed(log, 1, prefix=f"a{len(ids)}")
+        ids += changed(log, 1, prefix="b")  # the new file holds two; the ring reaches into the rotated one
+        got = log.since(ids[-3], files=False)
+        assert isinstance(got, Replay) and [e.id for e in got.events] == ids[-2:]
+        assert log.since(ids[0], files=False) == Resync("too-old")
+        got = log.since(ids[0])
+        assert isinstance(got, Replay) and len(got.events) == len(ids) - 1  # the files reach back
+        assert [e.id for e in log.recent(3)] == ids[-3:]
+    with EventLog(state, ring=5, sync_interval=0) as cold:  # not prefilled: the ring starts empty
+        assert cold.recent(5) == () and cold.since(ids[-2], files=False) == Resync("too-old")
+    with EventLog(state, ring=5, sync_interval=0, prefill=True) as warm:
+        assert [e.id for e in warm.recent(10)] == ids[-5:]
+        got = warm.since(ids[-6], files=False)
+        assert isinstance(got, Replay) and [e.id for e in got.events] == ids[-5:]
+        assert warm.since(ids[-7], files=False) == Resync("too-old")
+        new = warm.append("workflow.changed", workflow_id="wf_new")
+        assert [e.id for e in warm.recent(2)] == [ids[-1], new.id]
+    # A corrupted line: the prefilled ring starts after it (a replay stays contiguous).
+    data = (state / LOG_NAME).read_bytes()
+    line = lines(state / LOG_NAME)[2]
+    (state / LOG_NAME).write_bytes(data.replace(line, b"x" * len(line)))
+    with EventLog(state, ring=5, sync_interval=0, prefill=True) as gapped:
+        assert [e.id for e in gapped.recent(10)] == [new.id]
+        assert gapped.since(ids[-2], files=False) == Resync("too-old")
 
 
 def test_a_deleted_log_starts_a_new_epoch(state: Path) -> None:

@@ -246,3 +246,29 @@ def test_sse_frames_and_the_per_subscriber_resync() -> None:
         ev.resync_event("", "overflow", ns=0)
     with pytest.raises(EventRefused, match="reason must be a short token"):
         ev.resync_event(f"{EPOCH}-7", "queue overflowed", ns=0)
+
+
+def test_what_a_stream_takes_and_when_it_is_refused() -> None:
+    """README "The change feed": a backlog beyond one chunk is a replay; a uid's
+    streams, its share of the replays and all replays are each capped, and a
+    stream with no replay is refused only by its uid's stream cap."""
+    assert not ev.is_replay(0) and not ev.is_replay(ev.CHUNK) and ev.is_replay(ev.CHUNK + 1)
+    caps = ev.StreamCaps(streams_per_uid=3, replays=4, replays_per_uid=2)
+    # The README's figures: a uid holds at most a quarter of the replays, as of the connections.
+    assert ev.StreamCaps(streams_per_uid=64, replays=16, replays_per_uid=4) == ev.STREAM_CAPS
+
+    def refusal(uid_streams: int, replay: bool, replays: int, uid_replays: int) -> str | None:
+        got = ev.stream_refusal(
+            caps, uid_streams=uid_streams, replay=replay, replays=replays, uid_replays=uid_replays
+        )
+        return None if got is None else got.message
+
+    assert refusal(2, True, 3, 1) is None
+    assert refusal(3, False, 0, 0) == "this client already has 3 event streams open"
+    assert refusal(3, True, 0, 0) == "this client already has 3 event streams open"
+    assert refusal(2, True, 1, 2) == "2 replays from this client are already in progress"
+    assert refusal(2, True, 4, 1) == "4 replays in progress already"
+    # Without a replay, the replay caps do not apply.
+    assert refusal(2, False, 4, 2) is None
+    full = ev.stream_refusal(caps, uid_streams=0, replay=True, replays=4, uid_replays=0)
+    assert full is not None and "Retry-After" in full.hint
