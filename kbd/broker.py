@@ -12,8 +12,11 @@ event loop (a command can run for hours; the loop must not wait for it):
   runs the command through the one exec path
   (:func:`kbd.service.execute.execute`) with exactly the caller's identity:
   uid, gid and supplementary groups from the kernel (``SO_PEERCRED``,
-  ``SO_PEERGROUPS``), umask and rlimits from the caller's /proc entry. It
-  reports STARTED, NOTICE (kbd's warnings), then EXIT or ERROR.
+  ``SO_PEERGROUPS``), umask and rlimits from the caller's /proc entry. A
+  client descriptor that is a socket reaches the command as a pipe, relayed
+  (:mod:`kbd.sandbox.relay`; README "Threat model"). It reports STARTED,
+  NOTICE (kbd's warnings), then EXIT or ERROR, the exit status only once the
+  relay has delivered all of the command's output.
 * the *reader thread*, started once the command is, forwards SIGNAL frames
   to the command and, when the client's end closes (the client died) or
   breaks the framing, kills the command's whole tree (its cgroup). What the
@@ -57,6 +60,7 @@ from kbd.errors import (
     WireError,
 )
 from kbd.sandbox import cgroup
+from kbd.sandbox.relay import Relay
 from kbd.sandbox.spawn import Launcher
 from kbd.service import auth
 from kbd.service.execute import Caller, Forwarder, Launch, execute, warning_line
@@ -163,7 +167,9 @@ def caller_of(creds: PeerCreds, stdio: tuple[int, int, int], env: dict[str, str]
 
 def check_stdio(fds: list[int]) -> tuple[int, int, int]:
     """Exactly three descriptors, none a folder or an ``O_PATH`` handle (either
-    would let the command ``fchdir`` or ``openat`` outside its sandbox)."""
+    would let the command ``fchdir`` or ``openat`` outside its sandbox). A
+    socket passes here but never reaches the command: :class:`Relay` puts a
+    pipe in its place (it could carry descriptors both ways)."""
     if len(fds) != 3:
         raise WireError(f"the request carried {len(fds)} descriptors; send exactly 3 (stdin, stdout, stderr)")
     import fcntl
@@ -171,7 +177,7 @@ def check_stdio(fds: list[int]) -> tuple[int, int, int]:
     for n, fd in enumerate(fds):
         if stat.S_ISDIR(os.fstat(fd).st_mode) or fcntl.fcntl(fd, fcntl.F_GETFL) & _O_PATH:
             raise WireError(
-                f"descriptor {n} is a folder or an O_PATH handle; stdio must be files, pipes or ttys"
+                f"descriptor {n} is a folder or an O_PATH handle; stdio must be files, pipes, ttys or sockets"
             )
     return fds[0], fds[1], fds[2]
 
@@ -319,21 +325,26 @@ class Broker:
 
     def _serve(self, sock: socket.socket, creds: PeerCreds) -> None:
         fds: list[int] = []
+        relay: Relay | None = None
         try:
             sock.settimeout(REQUEST_TIMEOUT)
             try:
                 request, fds, token = read_request(sock)
                 principal = self._authenticate(creds, token, request)
-                caller = caller_of(creds, check_stdio(fds), dict(request.env))
+                stdio = check_stdio(fds)
+                relay = _relay_for(stdio, hangup=sock.fileno())
+                caller = caller_of(creds, stdio if relay is None else relay.command_stdio, dict(request.env))
             except KbdError as err:
                 with contextlib.suppress(OSError):
                     sock.sendall(refusal_bytes(err))
                 return
             sock.settimeout(SEND_TIMEOUT)
-            self._run(_Conn(sock), request, principal, caller)
+            self._run(_Conn(sock), request, principal, caller, relay)
         except OSError:
             pass  # the client went away while its request was read
         finally:
+            if relay is not None:
+                relay.close()  # finished already, unless the command never got that far
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
@@ -374,7 +385,9 @@ class Broker:
             return False
         return (st.st_dev, st.st_ino) == self.root_id
 
-    def _run(self, conn: _Conn, request: wire.Request, principal: Principal, caller: Caller) -> None:
+    def _run(
+        self, conn: _Conn, request: wire.Request, principal: Principal, caller: Caller, relay: Relay | None
+    ) -> None:
         argv = [os.fsdecode(a) for a in request.argv]
         forward = Forwarder()
         cmd = BrokeredCommand(request.sid, principal.id, caller.uid, argv, forward)
@@ -385,6 +398,8 @@ class Broker:
 
         def started(pid: int, generation: int) -> None:
             cmd.pid, cmd.generation = pid, generation
+            if relay is not None:
+                relay.start()  # from now on, not before: a refused command takes none of the caller's input
             # The client's frames are read from the moment its command runs, on
             # a thread started while bubblewrap sets up (not on the way to the
             # start). What came before waits in the socket and is acted on here
@@ -420,6 +435,13 @@ class Broker:
             cmd.done.set()
             with self._guard:
                 self._commands.remove(cmd)
+        if relay is not None:
+            # The tree is dead (execute killed it): its output reaches the
+            # caller's sockets before its exit status does.
+            try:
+                relay.finish()
+            except Exception:
+                log.exception("broker: relaying the stdio of a command of session %s failed", request.sid)
         conn.closing = True
         conn.send(answer)
         for step in later:  # after the answer: what need not delay it
@@ -431,6 +453,16 @@ class Broker:
             conn.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader
         if reader.ident is not None:  # started with the command
             reader.join(timeout=5.0)
+
+
+def _relay_for(stdio: tuple[int, int, int], *, hangup: int) -> Relay | None:
+    """Pipes in place of the client's socket stdio (README "Threat model"), or None."""
+    try:
+        return Relay.around(stdio, hangup=hangup)
+    except OSError as exc:
+        raise Unavailable(
+            f"cannot relay the command's stdio: {exc.strerror or exc}; nothing was run"
+        ) from None
 
 
 def _read_frames(conn: _Conn, forward: Forwarder, reader: wire.FrameReader) -> None:

@@ -330,11 +330,13 @@ class Sealed:
 SEALED = Sealed()
 
 
-def seccomp_fd(block_network: bool) -> int:
+def seccomp_fd(block_network: bool, *, confine: bool = False) -> int:
     """The seccomp filter (no set-id bits, keyrings, user namespaces,
-    io_uring/openat2; socket families by allow-list) for bwrap's --seccomp."""
-    name = "kbd-seccomp-no-net" if block_network else "kbd-seccomp-net"
-    return SEALED.open(name, lambda: seccomp.program(block_network=block_network))
+    io_uring/openat2; socket families by allow-list) for bwrap's --seccomp.
+    ``confine`` (the command carries the grant group): no ``socket(AF_UNIX)``,
+    stream and seqpacket pairs only (README "Threat model")."""
+    name = ("kbd-seccomp-no-net" if block_network else "kbd-seccomp-net") + ("-pairs" if confine else "")
+    return SEALED.open(name, lambda: seccomp.program(block_network=block_network, unix_pairs_only=confine))
 
 
 def _same_interpreter() -> bool:
@@ -476,7 +478,7 @@ def build_argv(
     shm = "/dev/shm"  # noqa: S108 - the sandbox's own, fresh tmpfs
     opts += [Tmpfs(shm, size=tmpfs_size), RemountRo("/dev")]
     dests.append(shm)
-    opts.append(SeccompFd(fds.add(seccomp_fd(network != "host"))))
+    opts.append(SeccompFd(fds.add(seccomp_fd(network != "host", confine=confine))))
     inner = spec.inner_landlock(plan)
     if confine:
         inner = {**(inner or {}), "confine": True}

@@ -35,7 +35,16 @@ so the filter refuses, with EPERM:
   EAFNOSUPPORT, the answer of a kernel built without that family, so programs
   degrade as they would there: netlink (host interfaces, routes, Unix sockets
   through sock_diag), packet, vsock (the host's hypervisor channel), AF_ALG,
-  AF_KEY and the rest never exist inside a sandbox.
+  AF_KEY and the rest never exist inside a sandbox;
+* with ``unix_pairs_only`` (a command carrying the host's grant group, README
+  "Threat model"), ``socket(AF_UNIX, …)`` too, and datagram ``socketpair`` types:
+  a Unix socket is a descriptor channel, and a ``connect`` (or a datagram
+  ``sendto``) to a pathname socket a process outside listens on is mediated by
+  neither Landlock nor the mount namespace (the caller's own workflow folder
+  is in it). A stream or seqpacket pair reaches nothing outside the command's
+  tree. EAFNOSUPPORT again, as on the Landlock-only backend, so one program
+  sees one answer whatever the backend: the C library's ``syslog``, nscd and
+  NSS lookups take it as "no such service" and carry on.
 
 Foreign ABIs (i386 ``int 0x80``, x32) are killed: the filter only knows the
 native numbers of x86_64 and aarch64.
@@ -172,8 +181,9 @@ def socket_families(*, network: bool, unix: bool) -> tuple[int, ...]:
     kernel adds later is refused too. ``network`` (``sandbox.network: host``)
     adds IPv4 and IPv6; ``unix`` adds Unix-domain sockets (withheld on the
     Landlock-only backend, where Landlock cannot stop a connect to a host socket
-    such as kbd's own). ``socketpair`` always allows AF_UNIX: a pair reaches
-    nothing outside the process tree."""
+    such as kbd's own, and from commands carrying the grant group, which could
+    reach a socket their caller listens on). ``socketpair`` always allows
+    AF_UNIX: a stream or seqpacket pair reaches nothing outside the process tree."""
     return ((AF_UNIX,) if unix else ()) + ((AF_INET, AF_INET6) if network else ())
 
 
@@ -267,12 +277,16 @@ def program(
     block_network: bool,
     block_metadata: bool = False,
     host_namespaces: bool = False,
+    unix_pairs_only: bool = False,
     machine: str | None = None,
 ) -> bytes:
     """The filter as a sock_filter array (what ``bwrap --seccomp FD`` reads).
 
     ``block_network`` (any ``sandbox.network`` but ``host``) withholds IPv4 and
-    IPv6 sockets. ``block_metadata`` (the Landlock-only backend, where the
+    IPv6 sockets. ``unix_pairs_only`` (bubblewrap with the host's grant group:
+    ``confine``) withholds ``socket(AF_UNIX)`` and allows ``socketpair`` of the
+    stream and seqpacket types only (see the module docstring).
+    ``block_metadata`` (the Landlock-only backend, where the
     command's uid 0 owns host files Landlock cannot protect from chmod, chown,
     utimes or xattrs) refuses those calls outright, and Unix-domain ``socket()``
     too (Landlock cannot stop a connect to a root-owned socket such as kbd's
@@ -328,9 +342,9 @@ def program(
             out += _allow_only(nr, arg=arg, values=(0,), errno=EPERM)  # the command itself only
         out += _own_process_or_group(arch.setpriority, everyone=PRIO_USER, errno=EPERM)
         out += _own_process_or_group(arch.ioprio_set, everyone=IOPRIO_WHO_USER, errno=EPERM)
-    families = socket_families(network=not block_network, unix=not block_metadata)
+    families = socket_families(network=not block_network, unix=not (block_metadata or unix_pairs_only))
     out += _allow_only(arch.socket, arg=0, values=families, errno=EAFNOSUPPORT)
-    if host_namespaces:
+    if host_namespaces or unix_pairs_only:
         out += _unix_pair_types(arch.socketpair, types=(SOCK_STREAM, SOCK_SEQPACKET), errno=EAFNOSUPPORT)
     else:
         out += _allow_only(arch.socketpair, arg=0, values=(AF_UNIX,), errno=EAFNOSUPPORT)

@@ -42,6 +42,7 @@ from kbd.fs.confined import pin_dir
 from kbd.sandbox import bwrap, cgroup, reaper, seccomp, spec
 from kbd.sandbox import limits as rlimits
 from kbd.sandbox.landlock import LANDLOCK_ALL, landlock_abi, system_rules
+from kbd.sandbox.relay import OwnStdio
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
 
@@ -624,13 +625,18 @@ def run(
     if prepared is None:
         prepared = cgroup.Preparation.start_for(sid)
     forward: _Forward | None = None
+    own: OwnStdio | None = None
     try:
+        # A socket among fd 0-2 reaches the command as a relayed pipe (README "Threat model").
+        own = OwnStdio.swap()
         host = Root(root)
         sessions = RootSessions(host)
         forward = _Forward()
         launch = Launch(forward, strict=strict, report_json=report_json)
         return execute(host, sessions, sid, command, actor=actor, cwd=cwd, launch=launch, prepared=prepared)
     finally:
+        if own is not None:
+            own.restore()  # the tree is dead: the rest of its output, then the caller's own fds back
         if forward is not None:
             forward.restore()
         _release(prepared.result()[0])  # refused or done: undo the preparation

@@ -293,31 +293,46 @@ def test_outside_the_sandbox_the_agent_reads_no_knowledge_base(host: Host) -> No
 
 
 # A process outside the sandbox (same user) hands the sandboxed command a
-# descriptor of workflows/ over a socket (its stdin): with the grant group the
-# command could open any workflow folder through it, were it not confined to
-# the sandbox's own mount tree (the inner Landlock layer).
+# descriptor of workflows/ over a socket that is its stdin and stdout, and
+# waits for one back. With the grant group a descriptor from outside could
+# reach other users' folders (fstat, inotify: Landlock mediates neither), and
+# one sent out (a write-granted notes/) would outlive a revocation. The
+# command's stdio are pipes the daemon relays (README "Threat model"): no
+# descriptor crosses either way, and the bytes still do.
 SENDER = """
 import os, socket, subprocess, sys
 a, b = socket.socketpair()
-proc = subprocess.Popen(sys.argv[2:], stdin=b, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+proc = subprocess.Popen(sys.argv[2:], stdin=b, stdout=b, stderr=subprocess.PIPE)
 b.close()
 fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
 socket.send_fds(a, [b"x"], [fd])
-out, err = proc.communicate(timeout=60)
-sys.stdout.write(out.decode()); sys.stderr.write(err.decode()); sys.exit(proc.returncode)
+a.shutdown(socket.SHUT_WR)
+got, fds = b"", []
+while True:
+    data, more, _, _ = socket.recv_fds(a, 4096, 4)
+    if not data:
+        break
+    got, fds = got + data, fds + more
+err = proc.stderr.read()
+sys.stdout.write(got.decode() + f"FDS-BACK {len(fds)}\\n"); sys.stderr.write(err.decode())
+sys.exit(proc.wait(timeout=60))
 """
 RECEIVER = """
-import os, socket
-_, fds, _, _ = socket.recv_fds(socket.socket(fileno=0), 10, 1)
+import os, socket, stat, sys
+kinds = ["sock" if stat.S_ISSOCK(os.fstat(n).st_mode) else "fifo" if stat.S_ISFIFO(os.fstat(n).st_mode) else "other"
+         for n in (0, 1)]
+print(*kinds, flush=True)
+print(sys.stdin.buffer.read().decode(), flush=True)
+notes = os.open(os.environ["WORKFLOW_KB_SRC"] + "/notes", os.O_RDONLY | os.O_DIRECTORY)
 try:
-    fd = os.open("priv/knowledgebase/context/secret.md", os.O_RDONLY, dir_fd=fds[0])
-    print("LEAKED", os.read(fd, 100))
-except PermissionError:
-    print("CONFINED")
+    socket.send_fds(socket.socket(fileno=os.dup(1)), [b"n"], [notes])
+    print("SENT")
+except OSError:
+    print("NOT-SENT")
 """
 
 
-def test_a_descriptor_from_outside_opens_nothing_with_the_grant_group(host: Host) -> None:
+def test_no_descriptor_crosses_the_commands_socket_stdio_either_way(host: Host) -> None:
     kbd = [
         sys.executable,
         "-m",
@@ -333,7 +348,152 @@ def test_a_descriptor_from_outside_opens_nothing_with_the_grant_group(host: Host
     ]
     r = as_user(host, "ann", [sys.executable, "-c", SENDER, str(host.root / "workflows"), *kbd])
     assert r.returncode == 0, r.stderr
-    assert r.stdout == "CONFINED\n", r.stdout
+    # stdin and stdout are pipes; the descriptor sent in stayed behind (only
+    # its byte arrived), and none came back.
+    assert r.stdout.split("\n") == ["fifo fifo", "x", "NOT-SENT", "FDS-BACK 0", ""], (r.stdout, r.stderr)
+
+
+# Defense in depth behind the relay: no path the broker leaves hands a command
+# a descriptor from outside any more, but were one to arrive (bubblewrap
+# passes an inherited descriptor through), the inner Landlock layer
+# ("confine") still opens nothing with the grant group through it. The
+# sandbox is started here exactly as the broker starts it (the argv of
+# kbd.sandbox.bwrap with confine, run as the caller plus the grant group), with
+# one descriptor of workflows/ more.
+OPENER = """
+import os, sys
+try:
+    fd = os.open("priv/knowledgebase/context/secret.md", os.O_RDONLY, dir_fd=int(sys.argv[1]))
+    print("LEAKED", os.read(fd, 100))
+except PermissionError:
+    print("CONFINED")
+"""
+
+
+def test_a_descriptor_from_outside_opens_nothing_with_the_grant_group(host: Host) -> None:
+    from kbd.sandbox import bwrap
+    from kbd.service.root import Root
+    from kbd.service.sessions import RootSessions
+
+    root = Root(host.root)
+    plan = RootSessions(root).plan(host.sid, actor=root.actor("ann"))
+    bwrap.prepare(plan)
+    fds = bwrap.Fds()
+    status_r, status_w = os.pipe()
+    outside = os.open(host.root / "workflows", os.O_RDONLY | os.O_DIRECTORY)
+    ann = host.users["ann"]
+    try:
+        argv = bwrap.build_argv(plan, ["python3", "-c", OPENER, str(outside)], cwd=plan.workflow_folder,
+                                network="none", status_fd=status_w, fds=fds, confine=True)  # fmt: skip
+        r = subprocess.run(argv, user=ann.pw_uid, group=ann.pw_gid, pass_fds=[*fds.handed, status_w, outside],
+                           extra_groups=[grp.getgrnam(host.group).gr_gid, grp.getgrnam(host.grant).gr_gid],
+                           capture_output=True, text=True, timeout=60, check=False, cwd="/")  # fmt: skip
+    finally:
+        fds.close()
+        for fd in (status_r, status_w, outside):
+            os.close(fd)
+    assert (r.returncode, r.stdout) == (0, "CONFINED\n"), r.stderr
+
+
+# The caller listens on a socket in her own workflow folder (which her sandbox
+# binds): a command carrying the grant group makes no Unix socket to reach it
+# (seccomp: socket(AF_UNIX) EAFNOSUPPORT, datagram pairs too); a stream pair
+# inside the command still works.
+LISTENER = """
+import os, socket, subprocess, sys
+path = sys.argv[1]
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+listener.bind(path)
+listener.listen(4)
+dgram = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+dgram.bind(path + "-dgram")
+try:
+    r = subprocess.run(sys.argv[2:], capture_output=True, text=True, timeout=60)
+    listener.setblocking(False)
+    dgram.setblocking(False)
+    try:
+        listener.accept()
+        heard = "CONNECTED"
+    except BlockingIOError:
+        heard = "NOTHING"
+    try:
+        dgram.recv(100)
+        heard += " DATAGRAM"
+    except BlockingIOError:
+        heard += " NOTHING"
+    sys.stdout.write(r.stdout + heard + "\\n"); sys.stderr.write(r.stderr)
+    sys.exit(r.returncode)
+finally:
+    os.unlink(path)
+    os.unlink(path + "-dgram")
+"""
+CONNECTOR = """
+import errno, socket, sys
+path = sys.argv[1]
+def attempt(name, act):
+    try:
+        act()
+        print(name + ":ok")
+    except OSError as e:
+        print(name + ":" + errno.errorcode[e.errno])
+attempt("connect", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).connect(path))
+attempt("sendto", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b"x", path + "-dgram"))
+attempt("dgram-pair-sendto", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)[0].sendto(b"x", path + "-dgram"))
+a, b = socket.socketpair()
+a.sendall(b"pair")
+print("stream-pair:" + b.recv(10).decode())
+"""
+
+
+def test_a_command_with_the_grant_group_cannot_reach_its_callers_unix_socket(host: Host) -> None:
+    path = str(host.wf("agentwf") / "listen.sock")
+    kbd = [sys.executable, "-m", "kbd", "--root", str(host.root), "exec", host.sid, "--",
+           "python3", "-c", CONNECTOR, path]  # fmt: skip
+    r = as_user(host, "ann", [sys.executable, "-c", LISTENER, path, *kbd])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n") == [
+        "connect:EAFNOSUPPORT", "sendto:EAFNOSUPPORT", "dgram-pair-sendto:EAFNOSUPPORT", "stream-pair:pair",
+        "NOTHING NOTHING", "",
+    ], (r.stdout, r.stderr)  # fmt: skip
+
+
+# Still open (README "Threat model", channels): the caller's own uid may trace
+# her sandboxed command (it runs as her uid, in a user namespace she owns), so
+# pidfd_getfd takes a descriptor it holds (a write-granted note) out of the
+# sandbox. Strict: the day the command's user namespace and credentials shut
+# its caller out, this passes and the mark must go.
+THIEF = """
+import ctypes, os, subprocess, sys
+marker = sys.argv[1]
+inner = 'exec 3>>"$WORKFLOW_KB_SRC/notes/held-' + marker + '.md"; echo ready; exec sleep ' + marker
+p = subprocess.Popen([*sys.argv[2:], "sh", "-c", inner], stdout=subprocess.PIPE)
+try:
+    assert p.stdout.readline() == b"ready\\n"
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\\0")
+        except OSError:
+            continue
+        if argv[0] in (b"sh", b"sleep") and any(marker.encode() in a for a in argv):
+            pids.append(int(entry))
+    assert len(pids) == 1, pids
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = libc.syscall(434, pids[0], 0)  # pidfd_open
+    fd = libc.syscall(438, pidfd, 3, 0) if pidfd >= 0 else -1  # pidfd_getfd
+    print("TAKEN" if fd >= 0 else "REFUSED")
+finally:
+    p.kill()
+    p.wait()
+"""
+
+
+def test_the_caller_takes_no_descriptor_from_her_sandboxed_command(host: Host) -> None:
+    marker = f"300.{uuid.uuid4().int % 10**9:09d}"
+    kbd = [sys.executable, "-m", "kbd", "--root", str(host.root), "exec", host.sid, "--"]
+    r = as_user(host, "ann", [sys.executable, "-c", THIEF, marker, *kbd])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "REFUSED\n", r.stdout
 
 
 # -- notes, the socket, creating workflows ---------------------------------------------------
