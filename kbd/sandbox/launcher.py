@@ -24,8 +24,12 @@ made) and ``{"op": "exited", "pid": N, "rc": RC}`` (``rc`` as
 ``subprocess.Popen.returncode``: -N for signal N).
 
 Stub ← daemon, on the stub's socket: ``{"argv", "env", "targets", "uid",
-"gid", "groups", "umask", "rlimits", "cwd"}`` with the descriptors as
-``SCM_RIGHTS`` (descriptor i becomes number ``targets[i]`` in the command).
+"gid", "groups", "umask", "rlimits", "cwd", "attach"}`` with the descriptors as
+``SCM_RIGHTS`` (descriptor i becomes number ``targets[i]`` in the command;
+``attach``: the staging overlays to attach first, :func:`attach_overlays`).
+Stubs wait in a user namespace owned by root (config ``"userns"``:
+:func:`own_userns`, README "The permission model"). ``launcher.py --gate SPEC
+-- CMD…`` (:func:`gate`) does a stub's work for one command started without one.
 The socket is close-on-exec: end of file tells the daemon the exec happened;
 a ``{"error", "where", "errno"}`` packet tells it why not.
 

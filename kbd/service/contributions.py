@@ -16,6 +16,7 @@ is reported (:class:`Report`) and audited.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import time
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 OPAQUE_XATTR = "trusted.overlay.opaque"
 #: Where refused contributions are kept, inside the consumer's workflow folder.
 REFUSED_DIR = ".kbd-refused"
+#: At most this many bytes of refused contributions are kept per command.
+MAX_KEPT_BYTES = 64 * 1024 * 1024
 #: A placeholder body for a removal's checks (a removal writes no bytes).
 _REMOVAL = b"(removed)\n"
 
@@ -58,8 +61,20 @@ class Change:
     size: int = 0
 
     def read(self) -> bytes:
-        with open(self.staged or "/dev/null", "rb") as fh:
-            return fh.read(MAX_NOTE_BYTES + 1)
+        """The staged bytes (never through a link, never a FIFO: the walk saw
+        a regular file, and nothing writes the layer once the command's tree
+        is dead)."""
+        fd = os.open(self.staged or "/dev/null", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
+            chunks, left = [], MAX_NOTE_BYTES + 1
+            while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+                chunks.append(chunk)
+                left -= len(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
 
 
 @dataclass
@@ -253,6 +268,7 @@ def _keep(host: Root, plan: Plan, staging: Staging, report: Report) -> str | Non
 
     areas = {a.alias: a for a in staging.areas}
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}"
+    kept = 0
     try:
         with pin_dir(plan.workflow_folder) as own:
             owner = os.fstat(own.fd)
@@ -265,8 +281,13 @@ def _keep(host: Root, plan: Plan, staging: Staging, report: Report) -> str | Non
                         st = os.stat(src, follow_symlinks=False)
                     except OSError:
                         continue
-                    if not stat.S_ISREG(st.st_mode) or st.st_size > 4 * MAX_NOTE_BYTES:
+                    if (
+                        not stat.S_ISREG(st.st_mode)
+                        or st.st_size > 4 * MAX_NOTE_BYTES
+                        or kept + st.st_size > MAX_KEPT_BYTES
+                    ):
                         continue
+                    kept += st.st_size
                     data = src.read_bytes()
                     parts = [r["alias"], *r["relpath"].split("/")]
                     folder = _mkdirs(base, parts[:-1], owner)
