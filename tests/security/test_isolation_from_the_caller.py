@@ -166,3 +166,26 @@ def test_root_still_reaches_a_command(running: tuple[int, subprocess.Popen[str]]
         assert os.read(fd, 100) == b"src context\n"
     finally:
         os.close(fd)
+
+
+def test_the_slow_path_gives_the_command_a_root_owned_user_namespace_too() -> None:
+    """Without a pooled stub the daemon starts a command through the launcher's
+    gate step (kbd.sandbox.launcher.gate): the same root-owned namespace, the
+    caller's identity, no capability."""
+    from kbd.service.execute import Caller, spawn_as
+
+    r, w = os.pipe()
+    try:
+        caller = Caller(
+            uid=65534, gid=65534, groups=(65534,), umask=0o22, rlimits={}, env={}, stdio=(0, w, 2)
+        )
+        script = "cat /proc/self/uid_map; readlink /proc/self/ns/user; id -u; grep CapEff /proc/self/status"
+        proc = spawn_as(["/bin/sh", "-c", script], None, caller, env={"PATH": "/usr/bin:/bin"}, userns=True)
+        assert proc.wait() == 0
+    finally:
+        os.close(w)
+    with os.fdopen(r) as fh:
+        out = fh.read().split("\n")
+    assert out[0].split() == ["0", "0", "4294967295"]
+    assert out[1] != os.readlink("/proc/self/ns/user")
+    assert out[2] == "65534" and out[3].split() == ["CapEff:", "0000000000000000"]
