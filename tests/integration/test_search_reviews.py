@@ -416,9 +416,10 @@ def test_index_drop_and_reopen(tmp_path: Path) -> None:
 
 def test_a_note_written_by_a_sandboxed_command_is_an_unreviewed_contribution(tmp_path: Path) -> None:
     """A real `kbd exec` under a write grant (bubblewrap) writes into the source's
-    notes/ without any provenance: the post-command audit records its bytes as
-    con's contribution, so it is pending, out of search until approved, and an
-    edit by the source's own agents afterwards is the source's own again."""
+    notes/: its staged change is committed through the write path with con's
+    provenance (README "Staged contributions"), so it is pending, out of search
+    until approved, and an edit by the source's own agents afterwards is the
+    source's own again."""
     kb = _world(tmp_path)
     sid = _sid(kb)
     r = kb.cli(
@@ -431,9 +432,8 @@ def test_a_note_written_by_a_sandboxed_command_is_an_unreviewed_contribution(tmp
     )
     assert r.code == 0, r.err
     pend = kb.call("notes", "pending", "src", "--as", "alice", "--json").json()["pending"]
-    assert [(p["relpath"], p["contributed_by_workflow"], p["contributed_at"]) for p in pend] == [
-        ("notes/sh.md", "con", None)
-    ]
+    assert [(p["relpath"], p["contributed_by_workflow"]) for p in pend] == [("notes/sh.md", "con")]
+    assert pend[0]["contributed_at"]  # stamped at commit
     assert ("rts", "notes/sh.md") not in _where(_search(kb, sid, "zanzibar"))
     [hit] = [
         h for h in _search(kb, sid, "shell", "--include-unreviewed")["hits"] if h["relpath"] == "notes/sh.md"

@@ -152,5 +152,6 @@ def test_installed_kbd_inits_checks_and_runs_a_sandboxed_command(built: Built, t
     r = installed(built, tmp_path, "--root", str(root), "exec", sid, "--", "sh", "-c", script)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["src", "wrote", "no-link", "secret-con"], r.stdout + r.stderr
-    assert (root / "workflows" / "src" / "knowledgebase" / "notes" / "new.md").read_text() == "new\n"
+    # Committed at exit through the write path (README "Staged contributions").
+    assert (root / "workflows" / "src" / "knowledgebase" / "notes" / "new.md").read_text().endswith("---\nnew\n")
     assert not os.path.lexists(root / "workflows" / "src" / "knowledgebase" / "notes" / "link")
