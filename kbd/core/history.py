@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kbd.core.layout import NOTES_DIR
@@ -125,6 +126,69 @@ def retained(entries: Sequence[Entry], *, max_versions: int, max_bytes: int) -> 
         seen.add(e.version)
         total += cost
     return kept[::-1]
+
+
+@dataclass(frozen=True)
+class Held:
+    """One kept version as a source's history budget sees it: its place in
+    the source's order of recording (``seq``, oldest lowest), its note, its
+    version and the bytes its blob holds."""
+
+    seq: int
+    relpath: str
+    version: str
+    size: int
+
+
+def held_totals(held: Sequence[Held]) -> tuple[int, int]:
+    """(versions, bytes) of a source's history: every entry counts as a
+    version; a blob is stored once per (note, version), so its bytes count once."""
+    return len(held), sum({(h.relpath, h.version): h.size for h in held}.values())
+
+
+def over_budget(
+    held: Sequence[Held], *, max_versions: int, max_bytes: int, present: Callable[[str], bool]
+) -> list[Held]:
+    """The entries a source's history drops to fit ``max_versions`` and
+    ``max_bytes`` across all its notes (README "Note history"): the oldest
+    first, whichever note they belong to, except the newest entry of a note
+    ``present`` says is still in ``notes/`` — the current state of a live note
+    is never forgotten, even when those alone exceed the budget. A deleted
+    note's entries, its newest included, go in their turn. ``held`` is in any
+    order; ``present`` is asked only about notes whose newest entry is reached,
+    at most once each. Returns the dropped entries, oldest first; a note's
+    entries always go oldest first, so what a note keeps stays a newest suffix."""
+    ordered = sorted(held, key=lambda h: h.seq)
+    newest = {h.relpath: h.seq for h in ordered}
+    refs = Counter((h.relpath, h.version) for h in ordered)
+    count, total = held_totals(ordered)
+    asked: dict[str, bool] = {}
+    dropped: list[Held] = []
+    for h in ordered:
+        if count <= max_versions and total <= max_bytes:
+            break
+        if h.seq == newest[h.relpath]:
+            if h.relpath not in asked:
+                asked[h.relpath] = present(h.relpath)
+            if asked[h.relpath]:
+                continue
+        dropped.append(h)
+        count -= 1
+        refs[(h.relpath, h.version)] -= 1
+        if refs[(h.relpath, h.version)] == 0:
+            total -= h.size
+    return dropped
+
+
+#: Seconds in one of ``note_history.deleted_days``.
+DAY = 86_400.0
+
+
+def expired(missing_since: Mapping[str, float], *, now: float, deleted_days: int) -> list[str]:
+    """The notes whose whole history is dropped: gone from ``notes/`` since
+    (as kbd first found them gone) ``deleted_days`` or more ago."""
+    cutoff = now - deleted_days * DAY
+    return sorted(rel for rel, since in missing_since.items() if since <= cutoff)
 
 
 def unified_diff(old: bytes, new: bytes, *, old_label: str, new_label: str) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from kbd.errors import (
     from_oserror,
 )
 from kbd.fs.confined import pin_dir, read_file_stat
-from kbd.fs.notes import note_adds, notes_lock, open_notes, replace_note
+from kbd.fs.notes import in_kb, note_adds, notes_lock, open_notes, replace_note
 from kbd.service import JsonObject
 from kbd.service.root import Root
 from kbd.state.history import HistoryStore, Who, store_for
@@ -295,9 +296,8 @@ def commit_restore(r: PreparedRestore) -> NoteRestored:
                 config.state_dir, config.notes_quota, kb.fd, notes_fd, source=r.workflow_id, adds=adds
             )
             replace_note(notes_fd, parts, r.data, shared=config.sandbox.grant_group is not None)
-            store.record(
-                r.workflow_id, r.relpath, r.data, how="restore", who=Who(r.actor.id, None, None), found=old
-            )
+            store.record(r.workflow_id, r.relpath, r.data, how="restore", who=Who(r.actor.id, None, None),
+                         found=old, present=functools.partial(in_kb, kb.fd))  # fmt: skip
     except KbdError as err:
         raise _refused(host, err, r.actor, r.workflow_id, r.relpath) from None
     except OSError as exc:
