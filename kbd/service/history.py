@@ -173,14 +173,12 @@ def log(host: Root, wid: str, relpath: str, *, actor: Principal) -> NoteLog:
 
 def show(host: Root, wid: str, relpath: str, *, actor: Principal, version: str | None = None) -> NoteVersion:
     """The bytes of one kept version (default: the newest)."""
+    wanted = None if version is None else parse_version(version, field="--version")  # before any lookup
     _visible(host, wid, actor)
     rel = note_relpath(relpath)
     store = store_for(host.config)
     entries = store.entries(wid, rel)
-    if version is None:
-        v = _newest(entries, wid, rel).version
-    else:
-        v = _entry(entries, parse_version(version, field="--version"), wid, rel).version
+    v = _newest(entries, wid, rel).version if wanted is None else _entry(entries, wanted, wid, rel).version
     return NoteVersion(wid, rel, v, _bytes(store, wid, rel, v))
 
 
@@ -190,16 +188,16 @@ def diff(
 ) -> NoteDiff:  # fmt: skip
     """The unified diff from ``against`` (default: the version before
     ``version`` in the log) to ``version`` (default: the newest)."""
+    # Version strings are decoded before any lookup: the same answer whatever workflow is named.
+    wanted = None if version is None else parse_version(version, field="--version")
+    base = None if against is None else parse_version(against, field="--against")
     _visible(host, wid, actor)
     rel = note_relpath(relpath)
     store = store_for(host.config)
     entries = store.entries(wid, rel)
-    if version is None:
-        new = _newest(entries, wid, rel)
-    else:
-        new = _entry(entries, parse_version(version, field="--version"), wid, rel)
-    if against is not None:
-        old: str | None = _entry(entries, parse_version(against, field="--against"), wid, rel).version
+    new = _newest(entries, wid, rel) if wanted is None else _entry(entries, wanted, wid, rel)
+    if base is not None:
+        old: str | None = _entry(entries, base, wid, rel).version
     else:
         old = new.previous
     old_bytes = b"" if old is None else _bytes(store, wid, rel, old)
@@ -247,6 +245,7 @@ def prepare_restore(
     from kbd.fs import datafiles
 
     try:
+        wanted = None if version is None else parse_version(version, field="--version")  # before any lookup
         found = _visible(host, wid, actor)
         if not audience.can_grant_writers(actor, found.manifest):
             raise PermissionDenied(
@@ -256,13 +255,13 @@ def prepare_restore(
         rel = note_relpath(relpath)
         store = store_for(host.config)
         entries = store.entries(wid, rel)
-        if version is None:
+        if wanted is None:
             if len(entries) < 2:
                 raise NotFound(f"{rel!r} in {wid!r} has no earlier version to restore",
                                hint=f"`kbd notes log {wid} {rel}` lists the versions kept")  # fmt: skip
             target = entries[-2].version
         else:
-            target = _entry(entries, parse_version(version, field="--version"), wid, rel).version
+            target = _entry(entries, wanted, wid, rel).version
         data = _bytes(store, wid, rel, target)
         # The same gate as every note write (a version a command left may be one it flagged).
         injection.check(data.decode("utf-8", "replace"), ruleset=datafiles.injection_rules())

@@ -94,12 +94,19 @@ def prepare(
     """Everything but the gate and the write: the session's plan now, the grant,
     the name, the size, the text, and the provenance-stamped content.
     ``expected`` (``--expected-version``): checked here for its form
-    (InvalidInput), against the note under the mutex in :func:`commit`. Needs the
-    host's registry (the daemon calls it under its state lock); waits for no file
-    lock and does no work proportional to the note beyond decoding it (the
-    injection gate runs in :func:`commit`). Every refusal is audited."""
+    (InvalidInput) before anything else, against the note under the mutex in
+    :func:`commit`. Needs the host's registry (the daemon calls it under its
+    state lock); waits for no file lock and does no work proportional to the
+    note beyond decoding it (the injection gate runs in :func:`commit`). Every
+    refusal is audited."""
     host = sessions.host
     try:
+        # A version string is decoded before the session is looked at: the
+        # same answer whatever session it names (README "HTTP API").
+        if expected is not None:
+            expected = parse_version(
+                expected, field="the expected version (--expected-version, If-Match)", allow_absent=True
+            )
         plan: Plan = sessions.plan(sid, actor=actor)
     except KbdError as err:
         host.audit("note_refused", session=sid, alias=alias, path=relpath[:200], code=err.code,
@@ -130,10 +137,6 @@ def prepare(
     try:
         parts = rules.validate_target(relpath)
         text = rules.note_text(data)
-        if expected is not None:
-            expected = parse_version(
-                expected, field="the expected version (--expected-version, If-Match)", allow_absent=True
-            )
     except KbdError as err:
         raise draft.refuse(err) from None
     final = rules.with_provenance(text, workflow_id=plan.workflow_id, session_id=sid).encode("utf-8")

@@ -168,10 +168,16 @@ def review(
     ``expected``: the version (digest) the reviewer saw (``kbd notes pending``);
     the decision is refused (75) when the note's bytes are no longer those."""
     action = "approve" if approve else "reject"
+    # The version string is decoded before any lookup: the same answer whatever workflow is named.
+    try:
+        want = None if expected is None else parse_version(expected, field="--expected-version")
+    except KbdError as err:
+        host.audit_refusal("note_review_refused", err, actor=actor, action=action, source=source_wf,
+                           relpath=relpath[:200])  # fmt: skip
+        raise
     found = _reviewable(host, source_wf, actor, action=action, relpath=relpath)
     try:
         parts = rules.review_parts(relpath)
-        want = None if expected is None else parse_version(expected, field="--expected-version")
         path, identity = _kb(host, found)
         rel = "/".join(parts)
         result = _decide(host, source_wf, rel, path, identity, approve=approve, by=actor.id, expected=want)
