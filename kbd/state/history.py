@@ -3,9 +3,11 @@ path) a log of versions and the content-addressed blobs it names, in kbd's
 state (``state/history/``), never under a source's folder.
 
 - ``index.sqlite`` holds every log: one row per version, numbered in the
-  order they were recorded across the whole root (``seq``), and for each
-  source the notes kbd found gone from its ``notes/`` (since when) and when
-  it last looked. SQLite in WAL mode, shared by CLI processes and the daemon.
+  order they were recorded across the whole root (``seq``); each source's
+  totals (kept by triggers in the transaction that changes a row, so a
+  write within the budget reads no other row); and for each source the notes
+  kbd found gone from its ``notes/`` (since when) and when it last looked.
+  SQLite in WAL mode, shared by CLI processes and the daemon.
 - One folder per note, named by a digest of (source, relpath) so no
   caller-chosen name becomes a path here, holds ``blobs/<hex>``: each
   version's bytes, written once, atomically.
@@ -42,7 +44,6 @@ from kbd.core.history import (
     Entry,
     Held,
     expired,
-    held_totals,
     is_version,
     over_budget,
     retained,
@@ -64,6 +65,8 @@ LEGACY_LOG = "log.json"
 #: How often, at most, a record checks every note of its source for deletion
 #: (a note found gone by the budget is marked at once, whenever that is).
 SWEEP_SECONDS = 3600.0
+#: How many of a source's oldest entries its budget reads at a time.
+BUDGET_WINDOW = 256
 SCHEMA_VERSION = 1
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -81,6 +84,26 @@ CREATE TABLE IF NOT EXISTS entries (
     expected TEXT
 );
 CREATE INDEX IF NOT EXISTS entries_by_note ON entries (source, relpath, seq);
+CREATE INDEX IF NOT EXISTS entries_by_version ON entries (source, relpath, version);
+CREATE INDEX IF NOT EXISTS entries_by_age ON entries (source, seq);
+-- Each source's totals as held_totals counts them (a blob's bytes once per note
+-- and version), kept by the triggers in the very transaction that changes a row.
+CREATE TABLE IF NOT EXISTS usage (
+    source TEXT PRIMARY KEY,
+    versions INTEGER NOT NULL,
+    bytes INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS entry_added AFTER INSERT ON entries BEGIN
+    INSERT OR IGNORE INTO usage (source, versions, bytes) VALUES (NEW.source, 0, 0);
+    UPDATE usage SET versions = versions + 1, bytes = bytes + CASE WHEN (
+        SELECT COUNT(*) FROM entries WHERE source = NEW.source AND relpath = NEW.relpath AND version = NEW.version
+    ) = 1 THEN NEW.size ELSE 0 END WHERE source = NEW.source;
+END;
+CREATE TRIGGER IF NOT EXISTS entry_removed AFTER DELETE ON entries BEGIN
+    UPDATE usage SET versions = versions - 1, bytes = bytes - CASE WHEN NOT EXISTS (
+        SELECT 1 FROM entries WHERE source = OLD.source AND relpath = OLD.relpath AND version = OLD.version
+    ) THEN OLD.size ELSE 0 END WHERE source = OLD.source;
+END;
 CREATE TABLE IF NOT EXISTS missing (
     source TEXT NOT NULL,
     relpath TEXT NOT NULL,
@@ -229,7 +252,7 @@ class HistoryStore:
     def usage(self, source: str) -> tuple[int, int]:
         """(versions, bytes) ``source``'s whole history keeps now."""
         with self._db() as con:
-            return held_totals(self._held(con, source))
+            return self._totals(con, source)
 
     def blob(self, source: str, relpath: str, version: str) -> bytes | None:
         """The bytes of ``version``, or None when the store does not hold them."""
@@ -243,13 +266,6 @@ class HistoryStore:
         if version_of(data) != version:
             raise StateCorrupt(f"the stored bytes of {version} of {relpath!r} do not match their version")
         return data
-
-    @staticmethod
-    def _held(con: sqlite3.Connection, source: str) -> list[Held]:
-        rows = con.execute(
-            "SELECT seq, relpath, version, size FROM entries WHERE source = ? ORDER BY seq", (source,)
-        ).fetchall()
-        return [Held(int(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in rows]
 
     # -- recording -------------------------------------------------------------------------
 
@@ -332,26 +348,75 @@ class HistoryStore:
                 con.execute("DELETE FROM missing WHERE source = ? AND relpath = ?", (source, rel))
                 touched.add(rel)
             # The source's budget, across all its notes.
-            max_versions, max_bytes = self.source_caps
-            dropped = over_budget(self._held(con, source), max_versions=max_versions, max_bytes=max_bytes,
-                                  present=is_present)  # fmt: skip
-            con.executemany("DELETE FROM entries WHERE seq = ?", [(h.seq,) for h in dropped])
-            touched.update(h.relpath for h in dropped)
-            self._note_presence(con, source, seen, now)
+            dropped = self._fit_budget(con, source, is_present)
+            if dropped:
+                touched.update(h.relpath for h in dropped)
+                self._note_presence(con, source, seen, now)
         return touched
+
+    def _fit_budget(self, con: sqlite3.Connection, source: str, present: Present) -> list[Held]:
+        """Drop the source's oldest entries until it is within its budget
+        (:func:`~kbd.core.history.over_budget` decides), reading only its
+        oldest entries, a window at a time, and only while it is over."""
+        max_versions, max_bytes = self.source_caps
+        dropped: list[Held] = []
+        after = -1
+        while True:
+            versions, size = self._totals(con, source)
+            if versions <= max_versions and size <= max_bytes:
+                return dropped
+            rows = con.execute(
+                "SELECT seq, relpath, version, size FROM entries WHERE source = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (source, after, BUDGET_WINDOW),
+            ).fetchall()
+            if not rows:
+                return dropped  # over, and nothing left it may drop: live notes' newest versions only
+            window = self._annotate(con, source, rows)
+            gone = over_budget(window, versions=versions, size=size, max_versions=max_versions,
+                               max_bytes=max_bytes, present=present)  # fmt: skip
+            con.executemany("DELETE FROM entries WHERE seq = ?", [(h.seq,) for h in gone])
+            dropped += gone
+            after = int(rows[-1][0])
+
+    @staticmethod
+    def _annotate(con: sqlite3.Connection, source: str, rows: list[tuple[Any, ...]]) -> list[Held]:
+        """The rows as :class:`~kbd.core.history.Held`, with whether each is its
+        note's newest entry and how many entries share its note and version."""
+        newest: dict[str, int] = {}
+        copies: dict[tuple[str, str], int] = {}
+        out = []
+        for seq, relpath, version, size in rows:
+            if relpath not in newest:
+                newest[relpath] = con.execute(
+                    "SELECT MAX(seq) FROM entries WHERE source = ? AND relpath = ?", (source, relpath)
+                ).fetchone()[0]
+            if (relpath, version) not in copies:
+                copies[(relpath, version)] = con.execute(
+                    "SELECT COUNT(*) FROM entries WHERE source = ? AND relpath = ? AND version = ?",
+                    (source, relpath, version),
+                ).fetchone()[0]
+            out.append(Held(int(seq), str(relpath), str(version), int(size), newest=seq == newest[relpath],
+                            copies=int(copies[(relpath, version)])))  # fmt: skip
+        return out
+
+    @staticmethod
+    def _totals(con: sqlite3.Connection, source: str) -> tuple[int, int]:
+        """:func:`~kbd.core.history.held_totals` of ``source``, as the triggers keep them."""
+        row = con.execute("SELECT versions, bytes FROM usage WHERE source = ?", (source,)).fetchone()
+        return (0, 0) if row is None else (int(row[0]), int(row[1]))
 
     @staticmethod
     def _note_presence(con: sqlite3.Connection, source: str, seen: dict[str, bool], now: float) -> None:
         """Remember since when each note checked is gone (kept from the first
         time it was found gone), and forget it for one that is back."""
-        for rel, here in seen.items():
-            if here:
-                con.execute("DELETE FROM missing WHERE source = ? AND relpath = ?", (source, rel))
-            else:
-                con.execute(
-                    "INSERT OR IGNORE INTO missing (source, relpath, since) VALUES (?, ?, ?)",
-                    (source, rel, now),
-                )
+        con.executemany(
+            "DELETE FROM missing WHERE source = ? AND relpath = ?",
+            [(source, rel) for rel, here in seen.items() if here],
+        )
+        con.executemany(
+            "INSERT OR IGNORE INTO missing (source, relpath, since) VALUES (?, ?, ?)",
+            [(source, rel, now) for rel, here in seen.items() if not here],
+        )
 
     def _drop_unnamed(self, source: str, notes: set[str]) -> None:
         """After the commit: remove the blobs no kept row names, in the folders

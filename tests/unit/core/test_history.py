@@ -5,6 +5,7 @@ expiry of deleted notes, diffs."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -15,6 +16,7 @@ from kbd.core.history import (
     DAY,
     Entry,
     Held,
+    annotated,
     expired,
     held_totals,
     note_relpath,
@@ -118,6 +120,24 @@ def source_histories(draw: st.DrawFn) -> tuple[list[Held], frozenset[str]]:
     return held, frozenset(draw(st.sets(st.sampled_from(NOTES))))
 
 
+def budget(
+    held: list[Held], max_versions: int, max_bytes: int, present: Callable[[str], bool], window: int = 10_000
+) -> list[Held]:
+    """over_budget as a store runs it: the oldest entries a window at a time,
+    each window annotated against the history as it is then."""
+    dropped: list[Held] = []
+    after = -1
+    while True:
+        left = [h for h in held if h.seq not in {d.seq for d in dropped}]
+        versions, size = held_totals(left)
+        rows = [h for h in annotated(left) if h.seq > after][:window]
+        if (versions <= max_versions and size <= max_bytes) or not rows:
+            return dropped
+        dropped += over_budget(rows, versions=versions, size=size, max_versions=max_versions,
+                               max_bytes=max_bytes, present=present)  # fmt: skip
+        after = rows[-1].seq
+
+
 @given(history=source_histories(), max_versions=st.integers(1, 30), max_bytes=st.integers(0, 4000))
 def test_the_budget_drops_the_oldest_first_across_notes_never_a_live_notes_newest(
     history: tuple[list[Held], frozenset[str]], max_versions: int, max_bytes: int
@@ -129,15 +149,15 @@ def test_the_budget_drops_the_oldest_first_across_notes_never_a_live_notes_newes
         asked.append(rel)
         return rel in live
 
-    dropped = over_budget(held, max_versions=max_versions, max_bytes=max_bytes, present=present)
+    dropped = budget(held, max_versions, max_bytes, present)
     newest = {h.relpath: h for h in held}
     protected = {h.seq for rel, h in newest.items() if rel in live}
     gone = {h.seq for h in dropped}
     kept = [h for h in held if h.seq not in gone]
     assert not gone & protected  # the current state of a live note is never forgotten
     assert len(asked) == len(set(asked))  # each note asked about at most once
-    evictable = [h for h in held if h.seq not in protected]
-    assert dropped == evictable[: len(dropped)]  # oldest first, whichever note
+    evictable = [h.seq for h in held if h.seq not in protected]
+    assert [h.seq for h in dropped] == evictable[: len(dropped)]  # oldest first, whichever note
     count, size = held_totals(kept)
     if len(dropped) < len(evictable):  # stopped early: within both caps
         assert count <= max_versions and size <= max_bytes
@@ -150,19 +170,30 @@ def test_the_budget_drops_the_oldest_first_across_notes_never_a_live_notes_newes
         assert own == log[len(log) - len(own) :]
 
 
+@given(history=source_histories(), max_versions=st.integers(1, 30), max_bytes=st.integers(0, 4000),
+       window=st.integers(1, 8))  # fmt: skip
+def test_a_window_at_a_time_drops_what_the_whole_history_at_once_drops(
+    history: tuple[list[Held], frozenset[str]], max_versions: int, max_bytes: int, window: int
+) -> None:
+    held, live = history
+    whole = [h.seq for h in budget(held, max_versions, max_bytes, lambda rel: rel in live)]
+    assert [h.seq for h in budget(held, max_versions, max_bytes, lambda rel: rel in live, window)] == whole
+
+
 def test_the_budget_counts_a_version_once_per_note() -> None:
     v = "sha256:" + "1" * 64
     held = [Held(1, "notes/a.md", v, 100), Held(2, "notes/b.md", v, 100), Held(3, "notes/a.md", v, 100)]
     assert held_totals(held) == (3, 200)  # a's blob once, b's (its own folder) once
+    assert [(h.newest, h.copies) for h in annotated(held)] == [(False, 2), (True, 1), (True, 2)]
 
 
 def test_within_budget_nothing_is_dropped_and_nobody_is_asked() -> None:
-    held = [Held(n, f"notes/{n}.md", f"sha256:{n:064x}", 10) for n in range(5)]
+    held = annotated([Held(n, f"notes/{n}.md", f"sha256:{n:064x}", 10) for n in range(5)])
 
     def present(rel: str) -> bool:
         raise AssertionError(rel)
 
-    assert over_budget(held, max_versions=5, max_bytes=50, present=present) == []
+    assert over_budget(held, versions=5, size=50, max_versions=5, max_bytes=50, present=present) == []
 
 
 def test_a_deleted_notes_newest_goes_in_its_turn_a_live_ones_stays_even_over_budget() -> None:
@@ -170,7 +201,7 @@ def test_a_deleted_notes_newest_goes_in_its_turn_a_live_ones_stays_even_over_bud
         Held(1, "notes/gone.md", "sha256:" + "a" * 64, 500),
         Held(2, "notes/live.md", "sha256:" + "b" * 64, 900),
     ]
-    dropped = over_budget(held, max_versions=10, max_bytes=100, present=lambda rel: rel == "notes/live.md")
+    dropped = budget(held, 10, 100, lambda rel: rel == "notes/live.md")
     assert [h.seq for h in dropped] == [1]  # live.md alone is still over: kept all the same
 
 

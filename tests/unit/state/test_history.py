@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import functools
 import json
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from kbd.core.config import NoteHistory
-from kbd.core.history import DAY, Entry, version_of
+from kbd.core.history import DAY, Entry, Held, held_totals, version_of
 from kbd.fs.confined import pin_dir
 from kbd.fs.notes import in_kb
 from kbd.state.history import BLOBS, DB_NAME, HISTORY_DIR, LEGACY_LOG, HistoryStore, Present, Who
@@ -148,3 +149,39 @@ def test_a_root_whose_history_predates_the_index_is_moved_into_it(tmp_path: Path
     assert not (folder / LEGACY_LOG).exists() and (tmp_path / "state" / HISTORY_DIR / DB_NAME).is_file()
     assert s.blob("src", "notes/x.md", old[0].version) == b"v1\n"
     assert store(tmp_path).entries("src", "notes/x.md") == old  # once: a second open imports nothing
+
+
+def rows_totals(s: HistoryStore, source: str) -> tuple[int, int]:
+    """The totals counted from the rows themselves (the store keeps its own by triggers)."""
+    with s._db() as con:
+        rows = con.execute(
+            "SELECT seq, relpath, version, size FROM entries WHERE source = ?", (source,)
+        ).fetchall()
+    return held_totals([Held(int(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in rows])
+
+
+def test_writes_reverts_and_deletions_keep_the_budget_and_its_totals_exact(
+    tmp_path: Path, kb: tuple[Path, Present]
+) -> None:
+    """Many notes written (some back to an earlier version: one blob, several
+    entries), deleted and written again under a small budget: after every
+    write the source is within it, the kept totals are the rows' own, every
+    kept entry has its blob and no blob is left without an entry."""
+    notes, present = kb
+    s = store(tmp_path, versions=12, size=2_000)
+    rng = random.Random(7)  # noqa: S311 - a reproducible schedule, not a secret
+    for step in range(120):
+        name = f"n{rng.randrange(6)}.md"
+        if rng.random() < 0.25 and (notes / name).exists():
+            (notes / name).unlink()
+            continue
+        write(s, notes, present, name, (f"{name} v{rng.randrange(4)}\n" * rng.randrange(1, 60)).encode())
+        assert s.usage("src") == rows_totals(s, "src"), step
+        versions, size = s.usage("src")
+        live = [p for p in notes.iterdir()]
+        # Over only by what is protected: each live note's newest version.
+        assert versions <= max(12, len(live)) and size <= 2_000 + sum(p.stat().st_size for p in live), step
+        kept = {
+            e.version.removeprefix("sha256:") for n in range(6) for e in s.entries("src", f"notes/n{n}.md")
+        }
+        assert blobs(tmp_path) == kept, step
