@@ -41,7 +41,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import unquote
 
@@ -53,7 +53,8 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -65,6 +66,7 @@ from kbd.core.knowledge import check_limit, match_expression
 from kbd.core.plan import Plan
 from kbd.core.principals import Principal
 from kbd.core.relpaths import MAX_LS_LIMIT
+from kbd.core.strict import is_unicode
 from kbd.errors import (
     NO_SPACE_ERRNOS,
     InvalidInput,
@@ -112,8 +114,47 @@ NOTE_BACKLOG = 16
 # -- request and response models ------------------------------------------------
 
 
+def _not_unicode(value: object, where: str) -> str | None:
+    """Where in a decoded JSON value there is text that is not Unicode: a lone
+    surrogate, which JSON's ``\\u`` escapes can spell but nothing can store,
+    encode or compare as a name. None when there is none."""
+    if isinstance(value, str):
+        if not is_unicode(value):
+            return where or "the body"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and not is_unicode(key):
+                return f"a key in {where or 'the body'}"
+            inner = f"{where}.{key}" if where else str(key)
+            found = _not_unicode(item, inner)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _not_unicode(item, f"{where}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
 class Strict(BaseModel):
+    """A request body: no unknown field, and only Unicode text in any field,
+    nested ones included (README "HTTP API": checked before anything else)."""
+
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode_only(cls, data: Any) -> Any:
+        where = _not_unicode(data, "")
+        if where is not None:
+            raise PydanticCustomError(
+                "not_unicode",
+                "{where} is not Unicode text: it has a lone surrogate (a \\ud800-\\udfff escape with no pair); "
+                "send UTF-8 text, or bytes as base64 in a field that takes them",
+                {"where": where},
+            )
+        return data
 
 
 class AttachBody(Strict):
@@ -183,10 +224,25 @@ class NoteBody(Strict):
                 return self.content.encode("utf-8")
             except UnicodeEncodeError as exc:
                 raise InvalidInput("content is not valid Unicode text") from exc
-        try:
-            return base64.b64decode(self.content_base64 or "", validate=True)
-        except binascii.Error as exc:
-            raise InvalidInput(f"content_base64 is not base64: {exc}") from None
+        return _base64(self.content_base64 or "", field="content_base64")
+
+
+BASE64_ALLOWED = "standard base64 (A-Z, a-z, 0-9, + and /, padded with = to a multiple of 4 characters)"
+
+
+def _base64(text: str, *, field: str) -> bytes:
+    """``text`` decoded as standard base64, or InvalidInput naming ``field``,
+    what is wrong and what is allowed. Checked for ASCII first: the decoder
+    raises a bare ValueError (not binascii.Error) for anything else."""
+    if not text.isascii():  # at C speed; the character named only when there is one
+        bad = next(c for c in text if not c.isascii())
+        raise InvalidInput(f"{field} is not base64: it contains {bad!r} (U+{ord(bad):04X}); it must be "
+                           f"{BASE64_ALLOWED}", hint="encode the bytes with base64, e.g. `base64 -w0 FILE`")  # fmt: skip
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidInput(f"{field} is not base64 ({exc}); it must be {BASE64_ALLOWED}",
+                           hint="encode the bytes with base64, e.g. `base64 -w0 FILE`") from None  # fmt: skip
 
 
 class ImportDocument(Strict):
@@ -215,10 +271,7 @@ class ImportBody(Strict):
     def docs(self) -> list[tuple[str, bytes]]:
         out: list[tuple[str, bytes]] = []
         for i, d in enumerate(self.documents):
-            try:
-                out.append((d.file, base64.b64decode(d.content_base64, validate=True)))
-            except binascii.Error as exc:
-                raise InvalidInput(f"documents[{i}].content_base64 is not base64: {exc}") from None
+            out.append((d.file, _base64(d.content_base64, field=f"documents[{i}].content_base64")))
         return out
 
 
@@ -522,7 +575,10 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         for name, value in scope.get("headers", []):
-            if name == b"content-length" and (not value.isdigit() or int(value) > MAX_BODY_BYTES):
+            # A length with more digits than the limit is over it (and int() of thousands of digits raises).
+            if name == b"content-length" and (
+                not value.isdigit() or len(value) > len(str(MAX_BODY_BYTES)) or int(value) > MAX_BODY_BYTES
+            ):
                 await _too_large(send)
                 return
         seen = 0
@@ -558,13 +614,64 @@ async def _too_large(send: Send) -> None:
 HTTP_ERRORS: dict[int, type[KbdError]] = {400: InvalidInput, 404: NotFound, 405: MethodNotAllowed}
 
 
+def _whole(text: str, *, field: str, top: int) -> int:
+    """A query value as a whole number from 1 to ``top`` (UsageError naming
+    ``field`` otherwise). Digits only ("²".isdigit(), but int("²") fails), and
+    never more of them than ``top`` has: int() refuses thousands of digits with
+    a ValueError, and no such number is in range anyway."""
+    if not (text.isascii() and text.isdigit()) or len(text.lstrip("0")) > len(str(top)):
+        raise UsageError(f"{field} must be a whole number from 1 to {top}, not {text[:80]!r}")
+    return int(text)
+
+
 def _ls_limit(limit: str | None) -> int | None:
     """A listing's ``limit`` query value as a number (the operation checks its range)."""
     if limit is None:
         return None
-    if not (limit.isascii() and limit.isdigit()):  # "²".isdigit(), but int("²") fails
-        raise UsageError(f"limit must be a whole number from 1 to {MAX_LS_LIMIT}, not {limit!r}")
-    return int(limit)
+    return _whole(limit, field="limit", top=MAX_LS_LIMIT)
+
+
+JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+              bool: "a boolean", type(None): "null"}  # fmt: skip
+SEND_JSON = "send one JSON object, in UTF-8"
+
+
+def validation_message(errors: Sequence[Any]) -> str:
+    """The first of the framework's validation errors, naming the field
+    (``documents[0].file``; ``query parameter limit``), what is wrong and what
+    is allowed, as pydantic says it (README "HTTP API")."""
+    first: Mapping[str, Any] = errors[0] if errors else {}
+    loc = list(first.get("loc", ()))
+    part = loc.pop(0) if loc and loc[0] in ("body", "query", "path", "header") else "body"
+    kind, msg = first.get("type"), str(first.get("msg", "invalid"))
+    if kind == "json_invalid":
+        error = (first.get("ctx") or {}).get("error", "not JSON")
+        at = loc[0] if loc and isinstance(loc[0], int) else 0
+        return f"the body is not JSON ({error} at character {at}): {SEND_JSON}"
+    if kind == "not_unicode":
+        return msg
+    field = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in loc).lstrip(".")
+    if part == "body" and not field:
+        if kind == "missing":
+            return f"this route takes a JSON body: {SEND_JSON}"
+        if kind == "model_attributes_type":
+            return f"the body is {JSON_TYPES.get(type(first.get('input')), 'not JSON')}: {SEND_JSON}"
+    where = field if part == "body" else f"{part} parameter {field}"
+    return f"{where or 'the body'}: {msg}"
+
+
+def body_problem(cause: BaseException | None) -> str | None:
+    """What the framework met reading a JSON body it could not parse at all
+    (it answers a bare "error parsing the body" for these): bytes that are not
+    UTF-8, nesting too deep to parse, a number too long to read. None for
+    anything else."""
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the body is not UTF-8 (byte {cause.start} is {cause.object[cause.start]:#04x}): {SEND_JSON}"
+    if isinstance(cause, RecursionError):
+        return f"the body nests arrays or objects too deeply to read: {SEND_JSON}"
+    if isinstance(cause, ValueError):  # e.g. a number of more digits than int() reads
+        return f"the body cannot be read as JSON ({str(cause)[:200]}): {SEND_JSON}"
+    return None
 
 
 def _error(err: KbdError) -> JSONResponse:
@@ -601,17 +708,20 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-        msg = f"{where or 'request'}: {first.get('msg', 'invalid')}"
-        return _error(InvalidInput(msg, hint="see /openapi.json for the request shape"))
+        return _error(
+            InvalidInput(validation_message(exc.errors()), hint="see /openapi.json for the request shape")
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         # The framework's own refusals (no such route or method, a body it cannot
         # parse) in the tree's terms; 405 keeps the Allow header it must carry.
         cls = HTTP_ERRORS.get(exc.status_code, InvalidInput if exc.status_code < 500 else KbdError)
-        response = _error(cls(str(exc.detail), hint="see /openapi.json for the routes"))
+        unreadable = body_problem(exc.__cause__) if exc.status_code == 400 else None
+        if unreadable is not None:
+            response = _error(InvalidInput(unreadable, hint="see /openapi.json for the request shape"))
+        else:
+            response = _error(cls(str(exc.detail), hint="see /openapi.json for the routes"))
         if exc.headers and "Allow" in exc.headers:
             response.headers["Allow"] = exc.headers["Allow"]
         return response
@@ -900,11 +1010,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         match_expression(q)
         size = None
         if limit is not None:
-            if not (limit.isascii() and limit.isdigit()):  # "²".isdigit(), but int("²") fails
-                raise UsageError(
-                    f"limit (--limit) must be a whole number from 1 to {MAX_SEARCH_LIMIT}, not {limit!r}"
-                )
-            size = check_limit(int(limit))
+            size = check_limit(_whole(limit, field="limit (--limit)", top=MAX_SEARCH_LIMIT))
         aliases = tuple(a for value in alias for a in value.split(",") if a)
         with state.locked():
             where = search_ops.scope(state.sessions, sid, aliases, actor=actor)

@@ -524,4 +524,7 @@ def http_answer(err: KbdError) -> tuple[int, dict[str, dict[str, str]], dict[str
     current = getattr(err, "current", None) if isinstance(err, NoteVersionConflict) else None
     if current is not None:
         headers["ETag"] = f'"{current}"'  # the version to send as If-Match after merging
-    return err.http_status, {"error": err.to_dict()}, headers
+    # A message may quote what the client sent: text that is not Unicode (a lone
+    # surrogate from a JSON escape) is shown as its escape, never an unencodable answer.
+    envelope = {k: v.encode("utf-8", "backslashreplace").decode("utf-8") for k, v in err.to_dict().items()}
+    return err.http_status, {"error": envelope}, headers

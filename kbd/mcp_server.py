@@ -27,6 +27,7 @@ from kbd import boundary
 from kbd.core.identifiers import one_line
 from kbd.core.knowledge import MAX_LIMIT, check_limit
 from kbd.core.layout import KB_DIR
+from kbd.core.strict import is_unicode
 from kbd.errors import InvalidInput, KbdError, NotFound, PermissionDenied, SourceUnavailable, UsageError
 
 if TYPE_CHECKING:
@@ -150,7 +151,8 @@ def allowed_tools(plan: JsonObject) -> tuple[ToolSpec, ...]:
 
 
 def parse_args(spec: ToolSpec, arguments: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The tool's arguments, checked: each named field, its type, nothing unknown."""
+    """The tool's arguments, checked: each named field, its type (text only
+    Unicode), nothing unknown."""
     given = dict(arguments or {})
     known = {a.name for a in spec.args}
     if unknown := sorted(set(given) - known):
@@ -169,6 +171,10 @@ def parse_args(spec: ToolSpec, arguments: Mapping[str, Any] | None) -> dict[str,
         if not isinstance(value, a.kind) or isinstance(value, bool):
             want = "a string" if a.kind is str else "an integer"
             raise InvalidInput(f"{spec.name}: argument {a.name!r} must be {want}, got {type(value).__name__}",
+                               hint=a.description)  # fmt: skip
+        if isinstance(value, str) and not is_unicode(value):
+            # JSON's \u escapes can spell a lone surrogate: not text any name, path or note may hold.
+            raise InvalidInput(f"{spec.name}: argument {a.name!r} is not Unicode text (a lone surrogate)",
                                hint=a.description)  # fmt: skip
         out[a.name] = value
     return out

@@ -82,15 +82,33 @@ class NotesQuota:
 
 @dataclass(frozen=True)
 class NoteHistory:
-    """Retention of each note's version history (``note_history:`` in kbd.yaml):
-    at most ``max_versions`` versions, whose distinct contents add up to at most
-    ``max_bytes``; the oldest go first, the newest is always kept."""
+    """Retention of note history (``note_history:`` in kbd.yaml; README "Note
+    history"). Per note: at most ``max_versions`` versions, whose distinct
+    contents add up to at most ``max_bytes``. Per source, across all its notes
+    (deleted ones included): at most ``source_max_versions`` versions and
+    ``source_max_bytes`` bytes, None meaning twice the source's
+    ``notes_quota`` (``max_files``, ``max_bytes``) — see :meth:`source_caps`.
+    The oldest go first; the newest version of a note that is still in
+    ``notes/`` is always kept. A deleted note's history is dropped
+    ``deleted_days`` after kbd first finds the note gone."""
 
     max_versions: int = 100
     max_bytes: int = 64 * 1024 * 1024
+    source_max_versions: int | None = None
+    source_max_bytes: int | None = None
+    deleted_days: int = 30
+
+    def source_caps(self, quota: NotesQuota) -> tuple[int, int]:
+        """(versions, bytes) one source's whole history may keep: the settings,
+        or twice what its ``notes/`` may hold."""
+        versions = self.source_max_versions if self.source_max_versions is not None else 2 * quota.max_files
+        size = self.source_max_bytes if self.source_max_bytes is not None else 2 * quota.max_bytes
+        return versions, size
 
 
 MAX_HISTORY_VERSIONS = 100_000
+MAX_SOURCE_HISTORY_VERSIONS = 1_000_000
+MAX_DELETED_DAYS = 3650
 
 
 @dataclass(frozen=True)
@@ -327,13 +345,26 @@ def _notes_quota(raw: object, *, source: str) -> NotesQuota:
 
 def _note_history(raw: object, *, source: str) -> NoteHistory:
     nh = expect_mapping(raw, where="note_history", source=source)
-    check_keys(nh, allowed=("max_versions", "max_bytes"), where="note_history", source=source)
-    values = {}
-    for key, top in (("max_versions", MAX_HISTORY_VERSIONS), ("max_bytes", 1 << 40)):
-        value = nh.get(key, getattr(NoteHistory, key))
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+    keys = ("max_versions", "max_bytes", "source_max_versions", "source_max_bytes", "deleted_days")
+    check_keys(nh, allowed=keys, where="note_history", source=source)
+    values: dict[str, int] = {}
+    bounds = {
+        "max_versions": (1, MAX_HISTORY_VERSIONS, ""),
+        "max_bytes": (1, 1 << 40, ""),
+        "source_max_versions": (1, MAX_SOURCE_HISTORY_VERSIONS, " (default: twice notes_quota.max_files)"),
+        "source_max_bytes": (1, 1 << 40, " (default: twice notes_quota.max_bytes)"),
+        "deleted_days": (0, MAX_DELETED_DAYS, " (days a deleted note's history is kept; 0: until kbd "
+                                              "finds it deleted)"),
+    }  # fmt: skip
+    for key in keys:
+        if key not in nh:
+            continue
+        value = nh[key]
+        low, top, default = bounds[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= top:
             raise InvalidConfig(
-                f"{source}: note_history.{key} must be a whole number from 1 to {top}, not {value!r}"
+                f"{source}: note_history.{key} must be a whole number from {low} to {top}{default}, "
+                f"not {value!r}"
             )
         values[key] = value
     return NoteHistory(**values)

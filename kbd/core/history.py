@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from kbd.core.layout import NOTES_DIR
 from kbd.core.relpaths import request_parts
@@ -125,6 +126,89 @@ def retained(entries: Sequence[Entry], *, max_versions: int, max_bytes: int) -> 
         seen.add(e.version)
         total += cost
     return kept[::-1]
+
+
+@dataclass(frozen=True)
+class Held:
+    """One kept version as a source's history budget sees it: its place in
+    the source's order of recording (``seq``, oldest lowest), its note, its
+    version, the bytes its blob holds, whether it is its note's newest entry,
+    and how many entries of the source name the same note and version (its
+    blob goes with the last of them)."""
+
+    seq: int
+    relpath: str
+    version: str
+    size: int
+    newest: bool = True
+    copies: int = 1
+
+
+def held_totals(held: Sequence[Held]) -> tuple[int, int]:
+    """(versions, bytes) of a source's whole history: every entry counts as a
+    version; a blob is stored once per (note, version), so its bytes count once."""
+    return len(held), sum({(h.relpath, h.version): h.size for h in held}.values())
+
+
+def annotated(held: Sequence[Held]) -> list[Held]:
+    """A source's whole history, oldest first, each entry with ``newest`` and
+    ``copies`` as that whole history makes them (the store reads them from
+    its index instead, for the oldest entries only)."""
+    ordered = sorted(held, key=lambda h: h.seq)
+    newest = {h.relpath: h.seq for h in ordered}
+    copies = Counter((h.relpath, h.version) for h in ordered)
+    return [
+        replace(h, newest=h.seq == newest[h.relpath], copies=copies[(h.relpath, h.version)]) for h in ordered
+    ]
+
+
+def over_budget(
+    oldest: Sequence[Held], *, versions: int, size: int, max_versions: int, max_bytes: int,
+    present: Callable[[str], bool],
+) -> list[Held]:  # fmt: skip
+    """The entries a source's history drops to fit ``max_versions`` and
+    ``max_bytes`` across all its notes (README "Note history"): the oldest
+    first, whichever note they belong to, except the newest entry of a note
+    ``present`` says is still in ``notes/`` — the current state of a live note
+    is never forgotten, even when those alone exceed the budget. A deleted
+    note's entries, its newest included, go in their turn.
+
+    ``oldest``: the source's oldest entries, oldest first (all of them, or
+    the first of them: a store reads a window at a time, and asks again with
+    the next window and the new totals while still over); ``versions`` and
+    ``size``: the whole history's totals (:func:`held_totals`). ``present``
+    is asked only about notes whose newest entry is reached, at most once
+    each. Returns the dropped entries, oldest first; a note's entries always
+    go oldest first, so what a note keeps stays a newest suffix."""
+    left: dict[tuple[str, str], int] = {}
+    asked: dict[str, bool] = {}
+    dropped: list[Held] = []
+    for h in oldest:
+        if versions <= max_versions and size <= max_bytes:
+            break
+        if h.newest:
+            if h.relpath not in asked:
+                asked[h.relpath] = present(h.relpath)
+            if asked[h.relpath]:
+                continue
+        dropped.append(h)
+        versions -= 1
+        key = (h.relpath, h.version)
+        left[key] = left.get(key, h.copies) - 1
+        if left[key] == 0:
+            size -= h.size
+    return dropped
+
+
+#: Seconds in one of ``note_history.deleted_days``.
+DAY = 86_400.0
+
+
+def expired(missing_since: Mapping[str, float], *, now: float, deleted_days: int) -> list[str]:
+    """The notes whose whole history is dropped: gone from ``notes/`` since
+    (as kbd first found them gone) ``deleted_days`` or more ago."""
+    cutoff = now - deleted_days * DAY
+    return sorted(rel for rel, since in missing_since.items() if since <= cutoff)
 
 
 def unified_diff(old: bytes, new: bytes, *, old_label: str, new_label: str) -> str:

@@ -83,6 +83,19 @@ def load_json_strict(data: bytes | str) -> Any:
     )
 
 
+def is_unicode(text: str) -> bool:
+    """Whether ``text`` is Unicode text: no lone surrogate, which JSON's ``\\u``
+    escapes can spell but nothing can encode, store or compare as a name.
+    Linear at C speed (a 1 MiB note costs about a millisecond)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_keys(obj: Mapping[str, Any], *, allowed: Iterable[str], where: str, source: str) -> None:
     """Refuse keys outside ``allowed``, naming the first unknown key and the file."""
     allowed_set = set(allowed)

@@ -130,6 +130,21 @@ def scan_notes(kb_fd: int, *, quota: NotesQuota, since_ns: int | None = None) ->
 # -- one note ---------------------------------------------------------------------------------------
 
 
+def in_kb(kb_fd: int, relpath: str) -> bool:
+    """Whether ``relpath`` (relative to the pinned KB ``kb_fd``: ``notes/x.md``)
+    names anything now — what the note history asks before it may forget a
+    note's newest version (README "Note history"). Only a clear "no such
+    name" is False: a name kbd cannot check (a link, a folder it may not
+    enter) counts as present, so an unsure answer never costs a version."""
+    try:
+        os.close(open_beneath(kb_fd, relpath, os.O_PATH))
+    except PathNotFound:
+        return False
+    except (KbdError, OSError):
+        return True
+    return True
+
+
 def note_adds(notes_fd: int, parts: tuple[str, ...], size: int) -> tuple[int, int]:
     """(new entries, new bytes) that writing ``size`` bytes at ``parts`` adds to
     ``notes/``; nothing is created (a refused write leaves nothing behind)."""

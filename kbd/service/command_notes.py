@@ -12,6 +12,7 @@ storage under it is :mod:`kbd.fs.notes` and :mod:`kbd.state.notes_quota`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from kbd.core.notes import MAX_AUDIT_READ_BYTES, MAX_NOTE_BYTES, MAX_SCAN_FILES,
 from kbd.core.plan import Plan
 from kbd.errors import InjectionRefused, KbdError, QuotaExceeded
 from kbd.fs.confined import open_beneath, pin_dir, read_file_stat
-from kbd.fs.notes import notes_key, notes_lock, open_notes, scan_notes
+from kbd.fs.notes import in_kb, notes_key, notes_lock, open_notes, scan_notes
 from kbd.state.history import Who, store_for
 from kbd.state.notes_quota import check_quota, mark_over_quota
 
@@ -189,12 +190,23 @@ def _record_versions(host: Root, ch: CommandChanges, seen: dict[str, bytes], who
     its history already ends with these bytes. A file changed again since the
     scan was not read, so it is not recorded here: the next write records what
     it finds. A failure to record is audited; the command's result stands."""
+    if not seen:
+        return
     store = store_for(host.config)
-    for rel, data in seen.items():
-        try:
-            store.record(ch.source, rel, data, how="command", who=who, if_new=True)
-        except (KbdError, OSError) as exc:
+    try:
+        kb = pin_dir(ch.kb_path, expect=ch.kb_identity, path_only=True)
+    except (KbdError, OSError) as exc:
+        for rel in seen:
             host.audit("note_history_failed", source=ch.source, path=rel, reason=str(exc)[:300])
+        return
+    with kb:
+        # The source's history budget asks which notes are still there (README "Note history").
+        present = functools.partial(in_kb, kb.fd)
+        for rel, data in seen.items():
+            try:
+                store.record(ch.source, rel, data, how="command", who=who, if_new=True, present=present)
+            except (KbdError, OSError) as exc:
+                host.audit("note_history_failed", source=ch.source, path=rel, reason=str(exc)[:300])
 
 
 SETID = 0o6000

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from kbd.errors import (
     from_oserror,
 )
 from kbd.fs.confined import pin_dir, read_file_stat
-from kbd.fs.notes import note_adds, notes_lock, open_notes, replace_note
+from kbd.fs.notes import in_kb, note_adds, notes_lock, open_notes, replace_note
 from kbd.service import JsonObject
 from kbd.service.root import Root
 from kbd.state.history import HistoryStore, Who, store_for
@@ -172,14 +173,12 @@ def log(host: Root, wid: str, relpath: str, *, actor: Principal) -> NoteLog:
 
 def show(host: Root, wid: str, relpath: str, *, actor: Principal, version: str | None = None) -> NoteVersion:
     """The bytes of one kept version (default: the newest)."""
+    wanted = None if version is None else parse_version(version, field="--version")  # before any lookup
     _visible(host, wid, actor)
     rel = note_relpath(relpath)
     store = store_for(host.config)
     entries = store.entries(wid, rel)
-    if version is None:
-        v = _newest(entries, wid, rel).version
-    else:
-        v = _entry(entries, parse_version(version, field="--version"), wid, rel).version
+    v = _newest(entries, wid, rel).version if wanted is None else _entry(entries, wanted, wid, rel).version
     return NoteVersion(wid, rel, v, _bytes(store, wid, rel, v))
 
 
@@ -189,16 +188,16 @@ def diff(
 ) -> NoteDiff:  # fmt: skip
     """The unified diff from ``against`` (default: the version before
     ``version`` in the log) to ``version`` (default: the newest)."""
+    # Version strings are decoded before any lookup: the same answer whatever workflow is named.
+    wanted = None if version is None else parse_version(version, field="--version")
+    base = None if against is None else parse_version(against, field="--against")
     _visible(host, wid, actor)
     rel = note_relpath(relpath)
     store = store_for(host.config)
     entries = store.entries(wid, rel)
-    if version is None:
-        new = _newest(entries, wid, rel)
-    else:
-        new = _entry(entries, parse_version(version, field="--version"), wid, rel)
-    if against is not None:
-        old: str | None = _entry(entries, parse_version(against, field="--against"), wid, rel).version
+    new = _newest(entries, wid, rel) if wanted is None else _entry(entries, wanted, wid, rel)
+    if base is not None:
+        old: str | None = _entry(entries, base, wid, rel).version
     else:
         old = new.previous
     old_bytes = b"" if old is None else _bytes(store, wid, rel, old)
@@ -246,6 +245,7 @@ def prepare_restore(
     from kbd.fs import datafiles
 
     try:
+        wanted = None if version is None else parse_version(version, field="--version")  # before any lookup
         found = _visible(host, wid, actor)
         if not audience.can_grant_writers(actor, found.manifest):
             raise PermissionDenied(
@@ -255,13 +255,13 @@ def prepare_restore(
         rel = note_relpath(relpath)
         store = store_for(host.config)
         entries = store.entries(wid, rel)
-        if version is None:
+        if wanted is None:
             if len(entries) < 2:
                 raise NotFound(f"{rel!r} in {wid!r} has no earlier version to restore",
                                hint=f"`kbd notes log {wid} {rel}` lists the versions kept")  # fmt: skip
             target = entries[-2].version
         else:
-            target = _entry(entries, parse_version(version, field="--version"), wid, rel).version
+            target = _entry(entries, wanted, wid, rel).version
         data = _bytes(store, wid, rel, target)
         # The same gate as every note write (a version a command left may be one it flagged).
         injection.check(data.decode("utf-8", "replace"), ruleset=datafiles.injection_rules())
@@ -295,9 +295,8 @@ def commit_restore(r: PreparedRestore) -> NoteRestored:
                 config.state_dir, config.notes_quota, kb.fd, notes_fd, source=r.workflow_id, adds=adds
             )
             replace_note(notes_fd, parts, r.data, shared=config.sandbox.grant_group is not None)
-            store.record(
-                r.workflow_id, r.relpath, r.data, how="restore", who=Who(r.actor.id, None, None), found=old
-            )
+            store.record(r.workflow_id, r.relpath, r.data, how="restore", who=Who(r.actor.id, None, None),
+                         found=old, present=functools.partial(in_kb, kb.fd))  # fmt: skip
     except KbdError as err:
         raise _refused(host, err, r.actor, r.workflow_id, r.relpath) from None
     except OSError as exc:

@@ -17,6 +17,7 @@ source's notes mutex (outside it). :func:`write` does both for the CLI.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from kbd.core.plan import Plan
 from kbd.core.principals import Actor, actor_fields
 from kbd.errors import KbdError, NoteVersionConflict, NotFound, PathNotFound, PermissionDenied, from_oserror
 from kbd.fs.confined import pin_dir, read_file_stat
-from kbd.fs.notes import note_adds, notes_lock, open_notes, remove_note, replace_note
+from kbd.fs.notes import in_kb, note_adds, notes_lock, open_notes, remove_note, replace_note
 from kbd.service import JsonObject
 from kbd.state.history import Who, store_for
 from kbd.state.notes_quota import check_quota
@@ -96,14 +97,20 @@ def prepare(
     """Everything but the gate and the write: the session's plan now, the grant,
     the name, the size, the text, and the provenance-stamped content.
     ``expected`` (``--expected-version``): checked here for its form
-    (InvalidInput), against the note under the mutex in :func:`commit`. Needs the
-    host's registry (the daemon calls it under its state lock); waits for no file
-    lock and does no work proportional to the note beyond decoding it (the
-    injection gate runs in :func:`commit`). Every refusal is audited.
-    ``plan``: the session's plan as just looked up by the caller (a staged
-    commit looks it up once for all of a command's files)."""
+    (InvalidInput) before anything else, against the note under the mutex in
+    :func:`commit`. Needs the host's registry (the daemon calls it under its
+    state lock); waits for no file lock and does no work proportional to the
+    note beyond decoding it (the injection gate runs in :func:`commit`). Every
+    refusal is audited. ``plan``: the session's plan as just looked up by the
+    caller (a staged commit looks it up once for all of a command's files)."""
     host = sessions.host
     try:
+        # A version string is decoded before the session is looked at: the
+        # same answer whatever session it names (README "HTTP API").
+        if expected is not None:
+            expected = parse_version(
+                expected, field="the expected version (--expected-version, If-Match)", allow_absent=True
+            )
         if plan is None:
             plan = sessions.plan(sid, actor=actor)
     except KbdError as err:
@@ -135,10 +142,6 @@ def prepare(
     try:
         parts = rules.validate_target(relpath)
         text = rules.note_text(data)
-        if expected is not None:
-            expected = parse_version(
-                expected, field="the expected version (--expected-version, If-Match)", allow_absent=True
-            )
     except KbdError as err:
         raise draft.refuse(err) from None
     final = rules.with_provenance(text, workflow_id=plan.workflow_id, session_id=sid).encode("utf-8")
@@ -175,7 +178,7 @@ def _check_expected(note: PreparedNote, old: bytes | None) -> None:
         )
 
 
-def _record(note: PreparedNote, old: bytes | None, path: str) -> None:
+def _record(note: PreparedNote, old: bytes | None, path: str, kb_fd: int) -> None:
     """After the rename, under the mutex: the bytes that were there first, when
     the history never saw them (written outside kbd, or before history), then
     the new version. The note is written whatever happens here: a history that
@@ -184,7 +187,8 @@ def _record(note: PreparedNote, old: bytes | None, path: str) -> None:
     store = store_for(host.config)
     who = Who(note.principal, note.sid, note.consumer)
     try:
-        store.record(note.source, path, note.data, how=note.how, who=who, expected=note.expected, found=old)
+        store.record(note.source, path, note.data, how=note.how, who=who, expected=note.expected, found=old,
+                     present=functools.partial(in_kb, kb_fd))  # fmt: skip
     except (KbdError, OSError) as exc:
         host.audit("note_history_failed", source=note.source, path=path, reason=str(exc)[:300])
 
@@ -216,7 +220,7 @@ def commit(note: PreparedNote) -> NoteWritten:
             adds = note_adds(notes_fd, note.parts, len(note.data))
             check_quota(config.state_dir, config.notes_quota, kb.fd, notes_fd, source=note.source, adds=adds)
             replace_note(notes_fd, note.parts, note.data, shared=config.sandbox.grant_group is not None)
-            _record(note, old, "notes/" + path)
+            _record(note, old, "notes/" + path, kb.fd)
     except KbdError as err:
         raise note.refuse(err) from None
     except OSError as exc:

@@ -18,6 +18,7 @@ audited. No change-feed event: DESIGN §9's list has none for reviews.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import time
@@ -42,7 +43,7 @@ from kbd.errors import (
 )
 from kbd.fs import confined
 from kbd.fs.kbwalk import walk_notes
-from kbd.fs.notes import notes_lock, open_notes, replace_note
+from kbd.fs.notes import in_kb, notes_lock, open_notes, replace_note
 from kbd.fs.registry import Found
 from kbd.service import JsonObject
 from kbd.service.root import Root
@@ -170,6 +171,13 @@ def review(
     contributions": an approval names the bytes it approves); the decision is
     refused (75) when the note's bytes are no longer those."""
     action = "approve" if approve else "reject"
+    # The version string is decoded before any lookup: the same answer whatever workflow is named.
+    try:
+        want = None if expected is None else parse_version(expected, field="--expected-version")
+    except KbdError as err:
+        host.audit_refusal("note_review_refused", err, actor=actor, action=action, source=source_wf,
+                           relpath=relpath[:200])  # fmt: skip
+        raise
     found = _reviewable(host, source_wf, actor, action=action, relpath=relpath)
     try:
         if approve and expected is None:
@@ -180,7 +188,6 @@ def review(
                 "`kbd notes show` its bytes",
             )
         parts = rules.review_parts(relpath)
-        want = None if expected is None else parse_version(expected, field="--expected-version")
         path, identity = _kb(host, found)
         rel = "/".join(parts)
         result = _decide(host, source_wf, rel, path, identity, approve=approve, by=actor.id, expected=want)
@@ -287,9 +294,8 @@ def restore_rejected(host: Root, source_wf: str, rejected_id: int, *, actor: Pri
             raise PathRefused(f"{kept.relpath!r} exists again; move it away first", why="exists")
         replace_note(notes_fd, tuple(parts[1:]), kept.data, shared=config.sandbox.grant_group is not None)
         # A write kbd performs into notes/: a version in the note's history (DESIGN §11).
-        store_for(config).record(
-            source_wf, kept.relpath, kept.data, how="unreject", who=Who(actor.id, None, None)
-        )
+        store_for(config).record(source_wf, kept.relpath, kept.data, how="unreject",
+                                 who=Who(actor.id, None, None), present=functools.partial(in_kb, kb.fd))  # fmt: skip
     store.mark_restored(config.state_dir, rejected_id)
     host.audit("note_restored", actor=actor.id, source=source_wf, relpath=kept.relpath, rejected_id=rejected_id,
                digest=kept.digest, at=time.time())  # fmt: skip

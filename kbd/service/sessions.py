@@ -407,7 +407,11 @@ def open_child(
     :func:`open_session`). An empty ``kind`` is no kind: the parent's."""
     kind = kind or None
     try:
-        wid = sessions.store.get(parent).workflow_id
+        row = sessions.store.get(parent)
+        # Before anything the request asks: a parent the actor may not use is
+        # answered as a missing one, whatever kind or access came with it.
+        sessions._authorize(row, actor)
+        wid = row.workflow_id
     except KbdError as err:
         _open_refused(sessions, err, actor=actor, wid=None, kind=kind, kb_access=kb_access, parent=parent)
         raise

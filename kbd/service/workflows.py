@@ -445,7 +445,13 @@ def _update_sources(
     action: str,
     expected_version: str | None,
 ) -> Manifest:
-    folder = root.workflow(wid).folder
+    found = root.workflow(wid)
+    folder = found.folder
+    # Who may change the sources, before the locked update compares the
+    # expected version: an outsider's stale version must get the missing
+    # workflow's answer, never the manifest's current version (checked again
+    # under the lock, on the manifest as it is then).
+    _require_manage(actor, found.manifest)
     before: list[Manifest] = []
 
     def change(current: Manifest) -> JsonObject:

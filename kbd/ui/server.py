@@ -315,10 +315,11 @@ def _api(fn: Callable[[Request], JsonObject]) -> Callable[[Request], Any]:
             raw = await request.body()
             if len(raw) > MAX_BODY:
                 return _error(InvalidInput(f"request body over {MAX_BODY} bytes"))
-            try:
+            try:  # orjson refuses what is not UTF-8, lone surrogates, nesting past 1,024, numbers it cannot hold
                 body = orjson.loads(raw) if raw else {}
-            except orjson.JSONDecodeError:
-                return _error(InvalidInput("the request body is not JSON", hint="send a JSON object"))
+            except orjson.JSONDecodeError as exc:
+                return _error(InvalidInput(f"the request body is not JSON ({str(exc)[:200]})",
+                                           hint="send one JSON object, in UTF-8"))  # fmt: skip
         request.state.body = body
         try:
             return _json(await run_in_threadpool(fn, request))
@@ -368,10 +369,13 @@ def _flag(value: str | None, name: str) -> bool:
 
 
 def _limit(value: str | None, name: str = "limit") -> int | None:
+    """A query value as a whole number (the operation checks its range). At
+    most 9 digits: int() refuses thousands of them with a ValueError, and no
+    limit is that large."""
     if value is None or value == "":
         return None
-    if not (value.isascii() and value.isdigit()):
-        raise InvalidInput(f"{name} must be a whole number, not {value[:40]!r}")
+    if not (value.isascii() and value.isdigit()) or len(value.lstrip("0")) > 9:
+        raise InvalidInput(f"{name} must be a whole number (digits only, at most 9), not {value[:40]!r}")
     return int(value)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
+import yaml
 
 from kbd.core.config import parse_config
 from kbd.core.knowledge import body_of
@@ -280,6 +281,75 @@ def test_a_bad_expected_version_writes_nothing(world: tuple[KbRoot, Path, str]) 
     assert not (kb.root / "state" / HISTORY_DIR).exists() or not _blobs(kb)
 
 
+def _history_bytes(kb: KbRoot) -> int:
+    """What the source's history keeps on disk: every blob's bytes."""
+    return sum(p.stat().st_size for p in _blobs(kb))
+
+
+def _big_note(n: int) -> str:
+    """~900 KB of text, distinct for each n, that the injection gate lets through."""
+    lines = (" ".join(hashlib.sha256(f"{n}-{i}-{j}".encode()).hexdigest()[:10] for j in range(9))
+             for i in range(9_000))  # fmt: skip
+    return f"# Bulk {n}\n" + "\n".join(lines) + "\n"
+
+
+QUOTA = 2 << 20  # notes_quota.max_bytes in these tests: the source's history budget is twice it
+
+
+def set_quota(kb: KbRoot) -> None:
+    path = kb.root / "kbd.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["notes_quota"] = {"max_bytes": QUOTA, "max_files": 100}
+    path.write_text(yaml.safe_dump(doc))
+
+
+def test_distinct_large_notes_written_and_deleted_keep_history_within_the_sources_budget(kb: KbRoot) -> None:
+    """The security review's loop: distinct ~900 KB notes written, deleted,
+    again and again. notes/ stays under its quota; the source's history never
+    holds more than twice it (the default budget), after every write."""
+    set_quota(kb)
+    notes, sid = build(kb)
+    written = 0
+    for round_ in range(6):
+        for k in range(2):
+            text = _big_note(2 * round_ + k)
+            r = write(kb, sid, f"bulk-{round_}-{k}.md", text)
+            assert r.code == 0, r.err
+            written += len(text)
+            assert _history_bytes(kb) <= 2 * QUOTA, (round_, k, _history_bytes(kb))
+        for k in range(2):
+            (notes / f"bulk-{round_}-{k}.md").unlink()  # by the source's owner, or a granted shell command
+    assert written > 2.5 * (2 * QUOTA)  # far more than the budget went through
+    kept = _history_bytes(kb)
+    assert 2 * QUOTA - 1_000_000 < kept <= 2 * QUOTA  # the budget is used, not more
+    # The newest notes' histories are what is left, the oldest went first.
+    assert log(kb, "notes/bulk-5-1.md")["versions"] and not log(kb, "notes/bulk-0-0.md")["versions"]
+    # A deleted note kept can still be restored while its history lasts.
+    back = kb.call("notes", "restore", "src", "notes/bulk-5-1.md", "--version",
+                   log(kb, "notes/bulk-5-1.md")["versions"][0]["version"], "--as", "bob")  # fmt: skip
+    assert back.code == 0, back.err
+    assert (notes / "bulk-5-1.md").read_text().endswith(_big_note(11).split("\n", 2)[2])
+
+
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_landlock(abi=2)
+def test_notes_a_shell_command_writes_and_deletes_are_held_to_the_same_budget(
+    kb: KbRoot, exec_mode: str
+) -> None:
+    """The same loop through `kbd exec` under a write grant: each command
+    writes a distinct ~900 KB note and removes the previous one; the versions
+    its audit records evict the deleted notes' histories."""
+    set_quota(kb)
+    _, sid = build(kb)
+    for n in range(8):
+        script = f'cat > "$WORKFLOW_KB_SRC/notes/cmd-{n}.md" && rm -f "$WORKFLOW_KB_SRC/notes/cmd-{n - 1}.md"'
+        r = kb.cli("exec", sid, "--", "sh", "-c", script, input=_big_note(100 + n).encode())
+        assert r.code == 0, r.err
+        assert _history_bytes(kb) <= 2 * QUOTA, (n, _history_bytes(kb))
+    assert log(kb, "notes/cmd-7.md")["versions"][0]["how"] == "command"
+    assert not log(kb, "notes/cmd-0.md")["versions"]
+
+
 @pytest.mark.parametrize(
     ("doc", "says"),
     [
@@ -287,6 +357,8 @@ def test_a_bad_expected_version_writes_nothing(world: tuple[KbRoot, Path, str]) 
         ({"note_history": {"max_bytes": "1M"}}, "note_history.max_bytes must be a whole number"),
         ({"note_history": {"keep": 3}}, "keep"),
         ({"note_history": 5}, "note_history"),
+        ({"note_history": {"source_max_bytes": -1}}, "note_history.source_max_bytes must be a whole number"),
+        ({"note_history": {"deleted_days": "30d"}}, "note_history.deleted_days must be a whole number"),
     ],
 )
 def test_history_settings_are_checked(tmp_path: Path, doc: dict[str, Any], says: str) -> None:

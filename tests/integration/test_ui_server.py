@@ -363,6 +363,40 @@ def test_reader_sees_no_rights_and_forged_changes_are_refused(world: KbRoot) -> 
     assert '"actor":"bob"' in audit.replace(" ", "") and "sources_refused" in audit
 
 
+def test_malformed_bodies_and_numbers_are_400s_naming_what_is_wrong(
+    world: KbRoot, alice: Ui, alice_client: httpx.Client
+) -> None:
+    """No input makes the page's JSON API answer 5xx (README "HTTP API"): a body
+    that is not JSON, not UTF-8, with a lone surrogate or nested too deeply, a
+    field of the wrong type, a limit of thousands of digits. A body is checked
+    before the workflow it names is looked at: the same 400 for one alice cannot
+    see (private) as for her own."""
+    before = manifests(world)
+    headers = {"X-KBD-CSRF": alice.csrf, "Origin": alice.origin, "Content-Type": "application/json"}
+    bodies: list[tuple[bytes, str]] = [
+        (b"{", "not JSON"),
+        (b'{"workflow_id": "\xff"}', "not JSON"),
+        (b'{"workflow_id": "\\ud800", "alias": "x"}', "not JSON"),
+        (b"[" * 5000 + b"]" * 5000, "not JSON"),
+        (b'{"workflow_id": ' + b"9" * 5000 + b', "alias": "x"}', "not JSON"),
+        (b'{"workflow_id": 5, "alias": "x"}', "field 'workflow_id' must be a str"),
+        (b"[]", "must be a JSON object"),
+    ]
+    for wid in ("con", "private"):
+        for raw, says in bodies:
+            r = alice_client.post(f"/api/workflows/{wid}/sources", content=raw, headers=headers)
+            assert r.status_code == 400, (wid, raw[:40], r.text)
+            assert says in r.json()["error"]["message"] and set(r.json()["error"]) == {
+                "code",
+                "message",
+                "hint",
+            }
+    for limit in ("9" * 5000, "1" * 10, "²", "-1"):
+        r = alice_client.get("/api/workflows/con/own/dir", params={"limit": limit})
+        assert r.status_code == 400 and "limit must be a whole number" in r.json()["error"]["message"], r.text
+    assert manifests(world) == before
+
+
 # -- changes through the page are the CLI's changes ---------------------------------------------------
 
 

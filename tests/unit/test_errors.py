@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import importlib
+import json
 import os
 import pkgutil
 import re
@@ -112,6 +113,15 @@ def test_every_error_has_one_http_answer(cls: type[KbdError]) -> None:
     assert (status, body) == (cls.http_status, {"error": {"code": cls.code, "message": "m", "hint": "h"}})
     retry = issubclass(cls, errors.Busy) and not issubclass(cls, errors.VersionConflict)
     assert headers == ({"Retry-After": "1"} if retry else {}), cls.__name__
+
+
+def test_an_answer_quoting_text_that_is_not_unicode_is_still_encodable() -> None:
+    """A message may quote what a client sent; a lone surrogate (a JSON
+    ``\\ud800`` escape) is shown as its escape, so the answer can be encoded
+    (it was an unencodable envelope, a 500, before; README "HTTP API")."""
+    _, body, _ = errors.http_answer(errors.InvalidInput("no workflow a\ud800b", hint="h\udfff"))
+    assert body["error"]["message"] == "no workflow a\\ud800b" and body["error"]["hint"] == "h\\udfff"
+    assert json.dumps(body, ensure_ascii=False).encode("utf-8")
 
 
 def test_only_the_boundaries_build_error_answers() -> None:

@@ -85,6 +85,23 @@ def test_arguments_name_the_field(arguments: dict[str, Any], field: str) -> None
         m.parse_args(m.BY_NAME["kb_read"], arguments)
 
 
+@pytest.mark.parametrize(
+    ("tool", "arguments", "field"),
+    [
+        ("kb_read", {"alias": "rts", "relpath": "notes/\ud800.md"}, "relpath"),
+        ("kb_list", {"alias": "r\udfffts", "reldir": "."}, "alias"),
+        ("kb_search", {"query": "a\ud834"}, "query"),
+        ("kb_check", {"path": "/x", "mode": "\udc80"}, "mode"),
+        ("kb_write_note", {"alias": "rts", "relpath": "x.md", "content": "x", "expected_version": "\ud800"},
+         "expected_version"),
+    ],
+)  # fmt: skip
+def test_text_arguments_must_be_unicode(tool: str, arguments: dict[str, Any], field: str) -> None:
+    """A lone surrogate (JSON's ``\\ud800``) in any text argument is refused naming it, before any operation."""
+    with pytest.raises(InvalidInput, match=f"argument '{field}' is not Unicode text"):
+        m.parse_args(m.BY_NAME[tool], arguments)
+
+
 def test_a_boolean_is_not_a_limit() -> None:
     with pytest.raises(InvalidInput, match="limit"):
         m.parse_args(m.BY_NAME["kb_search"], {"query": "q", "limit": True})

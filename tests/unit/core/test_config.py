@@ -54,3 +54,51 @@ def test_sandbox_grant_group_is_a_group_name_kept_as_text(tmp_path: Path) -> Non
         )
         with pytest.raises(InvalidConfig, match=r"sandbox\.grant_group"):
             rootconfig.load_config(root)
+
+
+# -- note_history: per note, per source (README "Note history") -------------------------------
+
+
+def test_a_sources_history_budget_defaults_to_twice_its_notes_quota(tmp_path: Path) -> None:
+    from kbd.core.config import parse_config
+
+    config = parse_config(
+        {"host": "h", "notes_quota": {"max_bytes": 5 << 20, "max_files": 300}}, root=tmp_path
+    )
+    assert config.note_history.source_caps(config.notes_quota) == (600, 10 << 20)
+    assert config.note_history.deleted_days == 30
+    set_ = parse_config(
+        {
+            "host": "h",
+            "note_history": {"source_max_versions": 7, "source_max_bytes": 4096, "deleted_days": 0},
+        },
+        root=tmp_path,
+    )
+    assert set_.note_history.source_caps(set_.notes_quota) == (7, 4096)
+    assert set_.note_history.deleted_days == 0
+
+
+@pytest.mark.parametrize(
+    ("section", "says"),
+    [
+        ({"source_max_bytes": 0}, "note_history.source_max_bytes must be a whole number from 1 to 1099511627776 "
+                                  "(default: twice notes_quota.max_bytes), not 0"),
+        ({"source_max_bytes": "10M"}, "note_history.source_max_bytes must be a whole number"),
+        ({"source_max_bytes": None}, "note_history.source_max_bytes must be a whole number"),
+        ({"source_max_versions": True}, "note_history.source_max_versions must be a whole number from 1 to "
+                                        "1000000 (default: twice notes_quota.max_files), not True"),
+        ({"source_max_versions": 1_000_001}, "not 1000001"),
+        ({"deleted_days": -1}, "note_history.deleted_days must be a whole number from 0 to 3650"),
+        ({"deleted_days": 1.5}, "note_history.deleted_days must be a whole number"),
+        ({"source_bytes": 1}, "source_bytes"),
+    ],
+)  # fmt: skip
+def test_bad_history_budget_settings_are_refused_naming_the_field(
+    tmp_path: Path, section: dict[str, object], says: str
+) -> None:
+    from kbd.core.config import parse_config
+    from kbd.errors import InvalidConfig
+
+    with pytest.raises(InvalidConfig) as err:
+        parse_config({"host": "h", "note_history": section}, root=tmp_path)
+    assert says in err.value.message, err.value.message
