@@ -153,5 +153,7 @@ def test_installed_kbd_inits_checks_and_runs_a_sandboxed_command(built: Built, t
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["src", "wrote", "no-link", "secret-con"], r.stdout + r.stderr
     # Committed at exit through the write path (README "Staged contributions").
-    assert (root / "workflows" / "src" / "knowledgebase" / "notes" / "new.md").read_text().endswith("---\nnew\n")
+    assert (
+        (root / "workflows" / "src" / "knowledgebase" / "notes" / "new.md").read_text().endswith("---\nnew\n")
+    )
     assert not os.path.lexists(root / "workflows" / "src" / "knowledgebase" / "notes" / "link")
