@@ -210,3 +210,63 @@ def test_a_shell_edit_of_the_own_kbs_notes_is_versioned(kb: KbRoot) -> None:
     assert log.code == 0, log.err
     (version,) = log.json()["versions"]
     assert (version["how"], version["session"]) == ("command", sid)
+
+
+def test_concurrent_note_writes_and_staged_commits_lose_nothing(kb: KbRoot) -> None:
+    """Real processes at once: three write commands (each staging six notes of
+    its own and a shared one) and three `kbd notes write` loops (three notes of
+    their own and the shared one, each time). Every own note lands with its
+    writer's bytes, and the shared note's history holds every write that
+    succeeded: the mutex serialised them, none overwrote another unrecorded."""
+    src, _ = build(kb)
+    sids = [open_session(kb, "con")["session_id"] for _ in range(6)]
+
+    def command(n: int, sid: str) -> subprocess.Popen[str]:
+        script = (
+            f'cd "$WORKFLOW_KB_SRC/notes" && for i in 1 2 3 4 5 6; do echo "c{n} $i" > c{n}-$i.md; done; '
+            f'echo "shared by c{n}" > shared.md'
+        )
+        argv = kb.cli_argv("exec", sid, "--", "sh", "-c", script)
+        return subprocess.Popen(
+            argv, env=kb.cli_env("exec"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    commands = [command(n, sid) for n, sid in enumerate(sids[:3])]
+    loop = (
+        "import subprocess, sys\n"
+        "argv, n = sys.argv[2:], sys.argv[1]\n"
+        "for i in range(3):\n"
+        "    for name, body in ((f'w{n}-{i}.md', f'w{n} {i}\\n'), ('shared.md', f'shared by w{n} {i}\\n')):\n"
+        "        r = subprocess.run([*argv, name], input=body.encode(), capture_output=True)\n"
+        "        print(r.returncode, name, flush=True)\n"
+    )
+    writers = [
+        subprocess.Popen(
+            ["python3", "-c", loop, str(n), *kb.cli_argv("notes", "write", sid, "src")],
+            env=kb.cli_env("notes"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n, sid in enumerate(sids[3:])
+    ]
+    shared_ok = 0
+    for n, proc in enumerate(commands):
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        shared_ok += 1
+        for i in range(1, 7):
+            assert body_of((notes_of(src) / f"c{n}-{i}.md").read_text()) == f"c{n} {i}\n"
+    for n, proc in enumerate(writers):
+        out, err = proc.communicate(timeout=120)
+        lines = [line.split() for line in out.splitlines()]
+        assert len(lines) == 6, (out, err)
+        # A writer may meet the mutex busy (75) under load; it must never be anything else.
+        assert all(code in ("0", "75") for code, _ in lines), out
+        shared_ok += sum(1 for code, name in lines if code == "0" and name == "shared.md")
+        for i in range(3):
+            if ["0", f"w{n}-{i}.md"] in lines:
+                assert body_of((notes_of(src) / f"w{n}-{i}.md").read_text()) == f"w{n} {i}\n"
+    versions = history(kb, "notes/shared.md")
+    assert len(versions) == shared_ok, versions
+    assert {v["session"] for v in versions if v["how"] == "command"} == set(sids[:3]), versions
