@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -242,7 +243,7 @@ def test_concurrent_note_writes_and_staged_commits_lose_nothing(kb: KbRoot) -> N
     )
     writers = [
         subprocess.Popen(
-            ["python3", "-c", loop, str(n), *kb.cli_argv("notes", "write", sid, "src")],
+            [sys.executable, "-c", loop, str(n), *kb.cli_argv("notes", "write", sid, "src")],
             env=kb.cli_env("notes"),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
