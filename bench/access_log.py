@@ -1,4 +1,4 @@
-"""What the access log and request metrics (kbd.access.AccessLog) add to one
+"""What the access log and request metrics (kbd.daemon.access_log.AccessLog) add to one
 API request, in process: the ASGI call of a trivial app that answers a
 12.5 KB body (the size of a 20-source plan) alone (the floor), then wrapped in
 AccessLog with the access logger off (``--log-level warning``: the counters
@@ -24,9 +24,9 @@ from pathlib import Path
 
 from starlette.types import Message, Receive, Scope, Send
 
-from kbd import journal
-from kbd.access import AccessLog
 from kbd.core.telemetry import RequestStats
+from kbd.daemon import journal
+from kbd.daemon.access_log import AccessLog
 
 BODY = b"x" * 12530
 N = 20_000

@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from kbd.core.events import parse_line  # noqa: E402
+from kbd.service.sessions import end_command  # noqa: E402
 from kbd.state.processes import RunningCommands  # noqa: E402
 from tests.helpers import KbRoot  # noqa: E402
 from tests.integration.daemon import clean_env, start  # noqa: E402
@@ -161,7 +162,7 @@ def kill_floor(kb: KbRoot, sid: str) -> list[float]:
         proc, pids = start_loop(kb, sid)
         (row,) = [r for r in commands.of_session(sid) if r.pid in pids]
         t0 = time.perf_counter()
-        commands.terminate(row, grace=0)
+        end_command(commands, row, grace=0)
         t1 = wait(lambda pids=pids: gone(pids))  # type: ignore[misc]
         samples.append((t1 - t0) * 1000)
         proc.wait(timeout=30)

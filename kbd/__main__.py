@@ -1,3 +1,3 @@
-from kbd.entry import main
+from kbd.cli.entry import main
 
 main()

@@ -213,7 +213,7 @@ def exec_mode_for(kb: KbRoot, mode: str) -> Iterator[None]:
 
 
 def run_in_process(argv: list[str], *, input: bytes | None, env: dict[str, str] | None) -> CliResult:
-    """Run kbd's real entry point (``kbd.entry.main``) in this process with the
+    """Run kbd's real entry point (``kbd.cli.entry.main``) in this process with the
     same argv, environment and standard descriptors a subprocess would get: fds
     0-2 point at files (kbd writes JSON with os.write on fd 1), KBD_* comes only
     from ``env``, and the exit code is the one ``sys.exit`` carried.
@@ -223,7 +223,7 @@ def run_in_process(argv: list[str], *, input: bytes | None, env: dict[str, str] 
     use it; every command keeps smoke tests through the real subprocess
     (:meth:`KbRoot.cli`). Not for ``kbd exec`` or ``kbd serve``: they start
     processes and signal handlers that belong in a process of their own."""
-    from kbd import entry
+    from kbd.cli import entry
 
     assert argv[2:3] not in (["exec"], ["serve"]), "exec and serve run in a subprocess: use KbRoot.cli"
     saved_env = os.environ.copy()

@@ -46,7 +46,7 @@ class LocalOperator:
     """The trusted local operator: the person running the CLI on the root, whose
     file permissions on the root are the trust boundary (as for git).
 
-    Only the CLI entry points (:mod:`kbd.cli`, :mod:`kbd.entry`) create one, and
+    Only the CLI entry points (:mod:`kbd.cli.commands`, :mod:`kbd.cli.entry`) create one, and
     only when no principal was named; the daemon never does (a test checks every
     construction site). Library code never treats a missing actor as trusted:
     every operation takes an :data:`Actor` argument without a default.

@@ -2,7 +2,7 @@
 journald's native datagram, and the Prometheus text exposition (format 0.0.4).
 
 Everything here takes values and returns strings or bytes; the daemon's shell
-(:mod:`kbd.access`, :mod:`kbd.journal`) does the timing, the counting hooks and
+(:mod:`kbd.daemon.access_log`, :mod:`kbd.daemon.journal`) does the timing, the counting hooks and
 the sending. Values that reach these formats can come from a client (an HTTP
 method, a principal's label, a path), so each format has one escaping function
 and a test that no value can break out of its line or label.

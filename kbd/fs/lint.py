@@ -25,15 +25,11 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from kbd.core.layout import KB_DIR, MANIFEST
+from kbd.core.layout import MANIFEST
 from kbd.errors import KbdError, NotFound
 from kbd.fs.confined import open_beneath, pin_dir
 from kbd.fs.registry import MAX_DEPTH, Folder, Registry
-
-if TYPE_CHECKING:
-    from kbd.service.root import Root
 
 MAX_ENTRIES = 200_000  # per doctor run and per KB: bounded on attacker-shaped trees
 MAX_SHOWN = 10
@@ -187,14 +183,9 @@ def nesting_check(registry: Registry, folders: list[Folder], *, limit: int = MAX
     return Check("registry-nesting", not problems, detail)
 
 
-def kb_link_checks(host: Root, workflow_id: str, *, limit: int = MAX_ENTRIES) -> list[Check]:
-    """One check per KB the workflow's sessions can read (its own and every
-    available source's): regular files with more than one hard link."""
-    found = host.workflow(workflow_id)
-    kbs: list[tuple[str, Path]] = [(f"own KB of {workflow_id}", found.folder.path / KB_DIR)]
-    for att in host.resolve(found.manifest):
-        if att.available and att.path is not None:
-            kbs.append((f"source {att.alias} ({att.workflow_id})", att.path))
+def kb_link_checks(kbs: list[tuple[str, Path]], *, limit: int = MAX_ENTRIES) -> list[Check]:
+    """One check per KB in ``kbs`` (a label and the KB folder: the ones a
+    workflow's sessions can read): regular files with more than one hard link."""
     checks: list[Check] = []
     for label, kb in kbs:
         try:

@@ -37,6 +37,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kbd.core.layout import BROKER_NAME, SESSION_NAME
+
 if TYPE_CHECKING:
     from kbd.core.config import LimitsConfig
 
@@ -47,12 +49,6 @@ WANTED = ("pids", "memory", "cpu")
 LIMIT_KEYS = {"pids": ("pids_max",), "memory": ("memory_max",), "cpu": ("cpu_weight", "cpu_max")}
 # Written only where the kernel has them (memsw: swap accounting is on).
 OPTIONAL_FILES = frozenset({"memory.memsw.limit_in_bytes"})
-# <session id>.<kbd exec pid>.<random>: a record naming anything else is ignored.
-SESSION_NAME = re.compile(r"s_[0-9a-f]{20}\.[0-9]{1,10}\.[0-9a-f]{8}")
-# b_<random>.<launcher pid>.<random>: a cgroup the daemon's launcher made for a
-# stub before any session was known (v2 cgroups cannot be renamed); only a
-# process record that says ``broker`` ties one to a session.
-BROKER_NAME = re.compile(r"b_[0-9a-f]{20}\.[0-9]{1,10}\.[0-9a-f]{8}")
 NAME = re.compile(f"{SESSION_NAME.pattern}|{BROKER_NAME.pattern}")
 CPU_PERIOD = 100_000
 

@@ -1,6 +1,6 @@
 """The one operations layer: every product operation, for every interface.
 
-The CLI (:mod:`kbd.cli`), the HTTP API (:mod:`kbd.api`) and any future
+The CLI (:mod:`kbd.cli.commands`), the HTTP API (:mod:`kbd.daemon.routes`) and any future
 interface (an MCP server, a builder UI) only parse their input, call a function
 here, and render its result: text for people, or ``to_json()`` — which *is* the
 DESIGN §6 JSON shape — for ``--json`` and HTTP.

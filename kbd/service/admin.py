@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 from kbd.core.folders import FolderStatus, check_folders
+from kbd.core.layout import KB_DIR
 from kbd.core.manifest import MAX_MANIFEST_BYTES, Manifest, entry_problems, parse_manifest, writer_problems
 from kbd.core.principals import Actor, Principal
 from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, NotFound, PermissionDenied
@@ -165,8 +166,18 @@ def _root_checks(host: Root, workflow_id: str | None) -> list[DoctorCheck]:
         )
     found = [lint.nesting_check(host.registry, folders)]
     if workflow_id is not None:
-        found += lint.kb_link_checks(host, workflow_id)
+        found += lint.kb_link_checks(_readable_kbs(host, workflow_id))
     return out + [DoctorCheck(c.name, c.ok, c.detail) for c in found]
+
+
+def _readable_kbs(host: Root, workflow_id: str) -> list[tuple[str, Path]]:
+    """The KBs the workflow's sessions can read: its own and every available source's."""
+    found = host.workflow(workflow_id)
+    kbs: list[tuple[str, Path]] = [(f"own KB of {workflow_id}", found.folder.path / KB_DIR)]
+    for att in host.resolve(found.manifest):
+        if att.available and att.path is not None:
+            kbs.append((f"source {att.alias} ({att.workflow_id})", att.path))
+    return kbs
 
 
 def _sandbox_checks(host: Root) -> list[DoctorCheck]:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from kbd.core.telemetry import HostGauges
-from kbd.service.sessions import RootSessions
+from kbd.service.sessions import RootSessions, running_commands
 
 
 def host_gauges(sessions: RootSessions, *, watcher_up: bool | None, started: float) -> HostGauges:
@@ -12,7 +12,7 @@ def host_gauges(sessions: RootSessions, *, watcher_up: bool | None, started: flo
     a finished command is not counted), the workflows the registry knows.
     The caller holds the daemon's state lock."""
     rows = sessions.store.rows()
-    running = sum(len(sessions.commands.of_session(row.id)) for row in rows)
+    running = sum(len(running_commands(sessions.commands, row.id)) for row in rows)
     workflows = len(list(sessions.host.registry.ids()))
     return HostGauges(sessions_open=len(rows), commands_running=running, registry_workflows=workflows,
                       watcher_up=watcher_up, start_time=started)  # fmt: skip

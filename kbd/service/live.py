@@ -63,7 +63,7 @@ from kbd.fs import datafiles
 from kbd.fs.registry import Registry, RegistryDelta
 from kbd.fs.watch import Watcher
 from kbd.service.root import Root
-from kbd.service.sessions import RootSessions
+from kbd.service.sessions import RootSessions, end_command, running_commands
 from kbd.state.processes import ProcessRow
 from kbd.state.store import SessionRow
 
@@ -527,7 +527,7 @@ class LiveState:
                 self._emit("session.plan_changed", workflow_id=row.workflow_id, session_id=row.id,
                            generation=new.generation)  # fmt: skip
             history[new.generation] = new
-        procs = self.sessions.commands.of_session(row.id)
+        procs = running_commands(self.sessions.commands, row.id)
         acted = self._acted.setdefault(row.id, set())
         act = commands_to_act(procs, new=new, history=history, acted=acted,
                               lost=lambda principal: not self.sessions.may_use(row, principal))  # fmt: skip
@@ -562,7 +562,7 @@ class LiveState:
 
         def one(p: ProcessRow) -> None:
             try:
-                results[p.pid] = self.sessions.commands.terminate(p, grace=grace)
+                results[p.pid] = end_command(self.sessions.commands, p, grace=grace)
             except Exception:
                 log.exception("live: terminating %s of session %s failed", p.pid, row.id)
                 results[p.pid] = False

@@ -37,9 +37,10 @@ from kbd.fs import datafiles
 from kbd.fs.confined import link_below
 from kbd.fs.folders import resolve_folders
 from kbd.fs.registry import Folder
+from kbd.sandbox import trees
 from kbd.service import JsonObject
 from kbd.service.root import Root
-from kbd.state.processes import ProcessRow, RunningCommands, kill_unrecorded
+from kbd.state.processes import ProcessRow, RunningCommands
 from kbd.state.store import SessionRow, SessionStore, new_session_id, require_open
 
 _MODES = {"none": set(), "read": {"r"}, "write": {"w"}, "read-write": {"r", "w"}}
@@ -507,8 +508,35 @@ def _open(
     return sessions._build(row)
 
 
+def running_commands(commands: RunningCommands, sid: str) -> list[ProcessRow]:
+    """The commands of ``sid`` still running: the recorded process itself, or —
+    when the recording ``kbd exec`` was killed — a tree its cgroup still holds
+    (``alive`` False: its PID must not be signalled). What such a ``kbd exec``
+    left behind once its tree is gone (the cgroup, the record) is dropped."""
+    out = []
+    for row in commands.of_session(sid):
+        if row.alive or (row.cgroup is not None and trees.tree_left(row.cgroup)):
+            out.append(row)
+        elif row.cgroup is not None:
+            trees.drop_tree(row.cgroup)
+            commands.remove(sid, row.pid)
+    return out
+
+
+def end_command(commands: RunningCommands, row: ProcessRow, *, grace: float) -> bool:
+    """End one running command's whole tree (:func:`kbd.sandbox.trees.end_tree`);
+    the record of one whose ``kbd exec`` is gone is removed with it. True when
+    nothing of it is left."""
+    done = trees.end_tree(row.pgid, row.cgroup, alive=row.alive, grace=grace)
+    if done and not row.alive:  # no kbd exec is left to remove its record
+        commands.remove(row.session_id, row.pid)
+    return done
+
+
 def running(sessions: RootSessions, sid: str, plan: Plan) -> tuple[RunningCommand, ...]:
-    return tuple(RunningCommand(p, p.generation < plan.generation) for p in sessions.commands.of_session(sid))
+    return tuple(
+        RunningCommand(p, p.generation < plan.generation) for p in running_commands(sessions.commands, sid)
+    )
 
 
 def show(sessions: RootSessions, sid: str, *, actor: Actor) -> SessionView:
@@ -534,8 +562,10 @@ def close(sessions: RootSessions, sid: str, *, actor: Actor) -> Closed:
     # background trees included — ends now, without a grace period.
     ended = list(dict.fromkeys([sid, *closed]))
     commands = sessions.commands
-    terminated = [p.pid for s in ended for p in commands.of_session(s) if commands.terminate(p, grace=0)]
-    unrecorded = [name for s in ended for name in kill_unrecorded(s)]
+    terminated = [
+        p.pid for s in ended for p in running_commands(commands, s) if end_command(commands, p, grace=0)
+    ]
+    unrecorded = [name for s in ended for name in trees.kill_unrecorded(s)]
     for s in ended:
         sessions._drop_scratch(s)
     sessions.host.audit("session_closed", session=sid, closed=closed, terminated=terminated,
@@ -573,7 +603,7 @@ def revocation(sessions: RootSessions, sid: str, *, actor: Actor, immediate: boo
     row = sessions._usable(sid, actor, action="revoke")
     closed = row.closed_at is not None or sessions.store.ancestors_closed(row)
     generation = row.generation if closed else sessions._build(row).generation
-    procs = tuple(p for p in sessions.commands.of_session(sid) if closed or p.generation < generation)
+    procs = tuple(p for p in running_commands(sessions.commands, sid) if closed or p.generation < generation)
     return Revocation(sid, generation, procs, immediate, actor_fields(actor))
 
 
@@ -582,7 +612,7 @@ def carry_out(sessions: RootSessions, r: Revocation) -> Revoked:
     still: list[int] = []
     if r.immediate:
         for p in r.procs:
-            if sessions.commands.terminate(p, grace=sessions.host.config.revoke_grace):
+            if end_command(sessions.commands, p, grace=sessions.host.config.revoke_grace):
                 terminated.append(p.pid)
             else:
                 still.append(p.pid)

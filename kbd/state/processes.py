@@ -1,6 +1,7 @@
 """Running commands (DESIGN §5): the record each ``kbd exec`` keeps of the
-command it runs, and the termination of those commands (session close,
-``session revoke --immediate``).
+command it runs. Ending those commands (session close, ``session revoke
+--immediate``) is :mod:`kbd.sandbox.trees`'s, composed by the service layer
+(:func:`kbd.service.sessions.running_commands`).
 
 One small file per running command under ``<state>/procs/<sid>/``: written
 without a database transaction or fsync, because it is advisory (every reader
@@ -13,10 +14,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from kbd.core.layout import BROKER_NAME
 
 # Where a long-lived process keeps its spare record files: a name no session
 # ID can take, so no reader of a session's records ever lists it.
@@ -132,10 +134,12 @@ class RunningCommands:
             os.unlink(self._folder(sid) / f"{pid}.json")
 
     def of_session(self, sid: str) -> list[ProcessRow]:
-        """Commands recorded for ``sid`` that are still running: the same process
-        (boot ID and start time match: a recycled PID is never reported), or —
-        when the recording ``kbd exec`` was killed — a tree its cgroup still holds
-        (then ``alive`` is False and its PID must not be signalled)."""
+        """The records of ``sid`` made in this boot: ``alive`` when the recorded
+        process is still the same one (boot ID and start time match: a recycled
+        PID is never reported as alive). A record whose process is gone is
+        returned (``alive`` False) only when it names a cgroup, whose tree may
+        still run: the service asks :mod:`kbd.sandbox.trees` (when the recording
+        ``kbd exec`` was killed, its PID must not be signalled)."""
         out = []
         try:
             names = os.listdir(self._folder(sid))
@@ -158,99 +162,15 @@ class RunningCommands:
                 continue
             if r.get("start_ticks", -1) != -1 and r["start_ticks"] == _start_ticks(row.pid):
                 out.append(row)
-            elif row.cgroup is not None and _tree_left(row.cgroup):
-                out.append(replace(row, alive=False))
             elif row.cgroup is not None:
-                # Its kbd exec was killed and the tree is gone: drop what it left behind.
-                _drop_cgroup(row.cgroup)
-                self.remove(sid, row.pid)
+                out.append(replace(row, alive=False))
         return out
-
-    def terminate(self, p: ProcessRow, *, grace: float) -> bool:
-        """End one recorded command: SIGTERM its process group (only while its leader
-        is still the recorded process), up to ``grace`` seconds, then ``cgroup.kill``
-        for everything left in its cgroup — processes that left the group with
-        setsid or outlived a killed ``kbd exec`` included. Without a cgroup (bwrap
-        on a host without one: its PID namespace holds the tree) the group alone.
-        True when nothing of it is left."""
-        from kbd.sandbox import cgroup  # not on the exec path
-
-        hierarchy = cgroup.detect()
-        name = p.cgroup or ""
-        path = hierarchy.path(name)
-        if path is None:
-            return p.alive and terminate_group(p.pgid, grace=grace)
-        if p.alive and grace > 0:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pgid, signal.SIGTERM)
-            deadline = time.monotonic() + grace
-            while cgroup.populated(path) and time.monotonic() < deadline:
-                time.sleep(0.02)
-        if not cgroup.kill_tree(path):
-            return False
-        cgroup.remove(hierarchy, name)
-        if not p.alive:  # no kbd exec is left to remove its record
-            self.remove(p.session_id, p.pid)
-        return True
-
-
-def kill_unrecorded(sid: str) -> list[str]:
-    """Kill every command tree of session ``sid`` still in a cgroup after its
-    recorded commands were ended: a ``kbd exec`` SIGKILLed between starting its
-    command and recording it leaves such a tree (found by review). Returns the
-    cgroups that held processes."""
-    from kbd.sandbox import cgroup  # not on the exec path
-
-    hierarchy = cgroup.detect()
-    killed = []
-    for name in cgroup.of_session(hierarchy, sid):
-        path = hierarchy.path(name)
-        if path is not None and cgroup.populated(path):
-            cgroup.kill_tree(path)
-            killed.append(name)
-        cgroup.remove(hierarchy, name)
-    return killed
-
-
-def terminate_group(pgid: int, *, grace: float) -> bool:
-    """SIGTERM the process group, wait up to ``grace`` seconds, then SIGKILL.
-    True when the group is gone afterwards."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return True
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                return True
-            time.sleep(0.02)
-    return False
 
 
 def _stub_cgroup(record: dict[str, object], name: str) -> bool:
     """A stub cgroup of the daemon's launcher, named in a record the daemon
     wrote (records are kbd-written; the state folder is 0750)."""
-    if record.get("broker") is not True:
-        return False
-    from kbd.sandbox import cgroup  # not on the exec path
-
-    return cgroup.BROKER_NAME.fullmatch(name) is not None
-
-
-def _tree_left(name: str) -> bool:
-    from kbd.sandbox import cgroup  # only when a recorded main process is gone
-
-    path = cgroup.detect().path(name)
-    return path is not None and cgroup.populated(path)
-
-
-def _drop_cgroup(name: str) -> None:
-    from kbd.sandbox import cgroup
-
-    cgroup.remove(cgroup.detect(), name)
+    return record.get("broker") is True and BROKER_NAME.fullmatch(name) is not None
 
 
 def _boot_id() -> str:

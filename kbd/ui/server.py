@@ -1,6 +1,6 @@
 """The Knowledge page's server (DESIGN §13, /work ui-contract): assets and a JSON API on 127.0.0.1.
 
-Every ``/api/*`` route is ONE :class:`kbd.backend.Op`, run through the backend
+Every ``/api/*`` route is ONE :class:`kbd.ops.Op`, run through the backend
 the CLI chose (on the root, or through the daemon) as the one principal
 resolved when ``kbd ui`` started: the page can do exactly what that principal
 could do with the CLI, and the operation re-checks every action. Refusals are
@@ -52,7 +52,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response, Stream
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kbd import backend as ops
+from kbd import ops
 from kbd.core.principals import Principal
 from kbd.errors import InvalidInput, KbdError, NotFound, SessionClosed, Unavailable, http_answer
 from kbd.ui import security

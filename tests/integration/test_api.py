@@ -33,7 +33,7 @@ PLAN_KEYS = {"session_id", "workflow_id", "kind", "kb_access", "generation", "en
              "read_only", "sources", "folders", "context"}  # fmt: skip
 CLI_ERROR = re.compile(r"^error\[(?P<code>[a-z][a-z-]*)\]: ", re.MULTILINE)
 
-# Every route of kbd/api.py, as (method, path template). test_openapi_lists_exactly_these_routes
+# Every route of kbd/daemon/routes.py, as (method, path template). test_openapi_lists_exactly_these_routes
 # fails when a route is added without being listed (and tested) here.
 ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/health"): "test_health_needs_no_credentials",

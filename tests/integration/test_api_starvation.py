@@ -25,8 +25,8 @@ import httpx
 import orjson
 import pytest
 
-from kbd.api import STATE_LOCK_WAIT
-from kbd.daemon import HEADER_TIMEOUT, MAX_CONNECTIONS_PER_UID
+from kbd.daemon.limits import HEADER_TIMEOUT, MAX_CONNECTIONS_PER_UID
+from kbd.daemon.routes import STATE_LOCK_WAIT
 from kbd.fs.locks import held
 from kbd.fs.notes import notes_lock
 from tests.helpers import PRINCIPALS, KbRoot

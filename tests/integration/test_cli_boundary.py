@@ -373,7 +373,7 @@ def _run_with_fault(kb: KbRoot, target: str, argv: list[str], *, debug: bool = F
         "def boom(*a, **k):\n"
         "    raise RuntimeError('boom')\n"
         f"setattr(m, {attr!r}, boom)\n"
-        "from kbd.entry import main\n"
+        "from kbd.cli.entry import main\n"
         f"sys.argv = ['kbd', *{argv!r}]\n"
         "main()\n"
     )

@@ -24,9 +24,9 @@ import httpx
 import orjson
 import pytest
 
-from kbd.backend import choose, read_token_file
 from kbd.core import knowledge
 from kbd.errors import InvalidInput, NotFound, PermissionDenied
+from kbd.ops import choose, read_token_file
 from kbd.state.audit import AUDIT_NAME
 from tests.helpers import CliResult, KbRoot, run_in_process
 from tests.integration.daemon import issue_tokens, serving

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from kbd.api import MAX_BODY_BYTES
+from kbd.daemon.routes import MAX_BODY_BYTES
 from kbd.errors import MethodNotAllowed, NotFound, PayloadTooLarge
 from tests.helpers import KbRoot
 from tests.integration.daemon import issue_tokens, serving

@@ -1,5 +1,5 @@
-"""``kbd exec`` has one argument grammar (:func:`kbd.entry.parse_exec`): the lean
-path (:mod:`kbd.entry`, no click) and the click command (:mod:`kbd.cli`) give the
+"""``kbd exec`` has one argument grammar (:func:`kbd.cli.exec_grammar.parse_exec`): the lean
+path (:mod:`kbd.cli.entry`, no click) and the click command (:mod:`kbd.cli.commands`) give the
 same answer — output, error line, exit code — to every invocation, malformed
 ones above all, and an option is never run as the command.
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kbd.entry import ExecArgs, parse_exec
+from kbd.cli.exec_grammar import ExecArgs, parse_exec
 from kbd.errors import UsageError
 from tests.helpers import KbRoot
 
@@ -27,9 +27,9 @@ DRIVER = r"""
 import json, os, sys, tempfile
 lean = sys.argv[1] == "lean"
 if lean:
-    from kbd.entry import main
+    from kbd.cli.entry import main
 else:
-    from kbd.cli import run as main
+    from kbd.cli.commands import run as main
 answers = []
 for argv in json.loads(sys.argv[2]):
     out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
@@ -183,7 +183,7 @@ def test_exec_grammar_refusals(args: list[str], message: str) -> None:
 def test_the_click_command_is_a_thin_delegator(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No second parser: the click command hands its raw arguments, untouched, to
     the one grammar (what that grammar answers is checked above, on both paths)."""
-    from kbd import cli
+    from kbd.cli import commands as cli
 
     seen: list[list[str]] = []
 

@@ -115,7 +115,8 @@ def test_a_write_plan_writes_notes_through_the_daemon(broker: Broker) -> None:
 # What a brokered `kbd exec` may import once Python has started (site included):
 # kbd's thin client, its wire codec and error tree, and two C modules. Not
 # typing (≈7 ms of re, enum and collections), socket or signal (≈6 ms).
-THIN_CLIENT_MODULES = {"kbd", "kbd.entry", "kbd.errors", "kbd.thin", "kbd.core", "kbd.core.wire",
+THIN_CLIENT_MODULES = {"kbd", "kbd.cli", "kbd.cli.entry", "kbd.cli.exec_grammar", "kbd.cli.exec_run", "kbd.errors",
+                       "kbd.client", "kbd.client.brokered", "kbd.core", "kbd.core.wire",
                        "__future__", "errno", "_socket", "_signal"}  # fmt: skip
 
 
@@ -124,7 +125,7 @@ def test_a_brokered_exec_imports_only_the_thin_client(broker: Broker) -> None:
     daemon: every module imported after ``site`` (``-X importtime`` lists them
     in completion order) belongs to the thin client."""
     r = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", "from kbd.entry import main; main()",
+        [sys.executable, "-X", "importtime", "-c", "from kbd.cli.entry import main; main()",
          "--root", str(broker.kb.root), "exec", broker.read_sid, "--", "sh", "-c", "echo ran"],
         env={**daemon.clean_env(), "KBD_SOCKET": str(broker.daemon.sock)},
         capture_output=True, text=True, timeout=60, check=False,
@@ -134,7 +135,7 @@ def test_a_brokered_exec_imports_only_the_thin_client(broker: Broker) -> None:
     assert all(line.startswith("import time:") for line in lines), r.stderr
     names = [line.rsplit("|", 1)[1].strip() for line in lines[1:]]  # past the header line
     after_site = names[len(names) - names[::-1].index("site") :]
-    assert "kbd.thin" in after_site, after_site
+    assert "kbd.client.brokered" in after_site, after_site
     assert set(after_site) <= THIN_CLIENT_MODULES, sorted(set(after_site) - THIN_CLIENT_MODULES)
 
 
@@ -321,7 +322,7 @@ def test_descriptors_after_the_first_bytes_are_refused_at_once(broker: Broker) -
 def test_a_request_dripped_a_byte_at_a_time_is_refused_at_the_overall_deadline(broker: Broker) -> None:
     """REQUEST_TIMEOUT bounds the whole request, not each read: a client that
     sends one byte every second cannot hold a broker thread and a cap slot."""
-    from kbd.broker import REQUEST_TIMEOUT
+    from kbd.daemon.broker import REQUEST_TIMEOUT
 
     head = wire.request_head(1_000)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -683,7 +684,7 @@ def test_an_unmapped_uid_is_refused_not_run_as_the_operator(user: User) -> None:
 def test_a_running_process_runs_commands_with_its_own_pipes(broker: Broker) -> None:
     """`thin.call` from a long-running process: the command's stdio are the
     pipes the caller passes, its status comes back, and a refusal is raised."""
-    from kbd import thin
+    from kbd.client import brokered as thin
 
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from kbd.core.config import LimitsConfig
+from kbd.core.layout import BROKER_NAME
 from kbd.sandbox import cgroup, spawn
 from tests.helpers import IN_PROCESS_ENV, KbRoot, alive, live_processes
 from tests.integration import daemon
@@ -101,7 +102,7 @@ def _run(stub: spawn.Stub, argv: list[str], *, fds: list[int], targets: list[int
 def test_stubs_wait_in_their_own_limited_cgroups_and_the_pool_refills(launcher: spawn.Launcher) -> None:
     stubs = _pool(launcher)
     for stub in stubs:
-        assert cgroup.BROKER_NAME.fullmatch(stub.name), stub.name
+        assert BROKER_NAME.fullmatch(stub.name), stub.name
         assert stub.name.split(".")[1] == str(launcher.proc.pid)
         # In the v2 cgroup and in every v1 sibling this host needs, already.
         box = stub.box()
@@ -292,7 +293,7 @@ def test_a_brokered_command_runs_in_a_stub_recorded_before_it_ran(
         _wait(lambda: _tree(marker), "the command never ran")
         (pid,) = _tree(marker)
         names = {p.rsplit("/", 1)[1] for p in _stub_cgroups(pid)}
-        assert len(names) == 1 and cgroup.BROKER_NAME.fullmatch(next(iter(names))), names
+        assert len(names) == 1 and BROKER_NAME.fullmatch(next(iter(names))), names
         assert next(iter(names)).split(".")[1] == str(launcher_pid)
         # The record names the stub cgroup and says so; session show finds it.
         records = list((kb.root / "state" / "procs" / sid).iterdir())
@@ -429,7 +430,7 @@ def test_a_changed_limit_reaches_the_next_command_and_a_dead_launcher_is_replace
                 (pid,) = _tree(marker)
                 names = [p.rsplit("/", 1)[1] for p in _stub_cgroups(pid)]
                 if expect_stub is not None:
-                    assert bool(cgroup.BROKER_NAME.fullmatch(names[0])) is expect_stub, names
+                    assert bool(BROKER_NAME.fullmatch(names[0])) is expect_stub, names
             finally:
                 proc.kill()
                 proc.communicate(timeout=10)
@@ -453,7 +454,7 @@ def test_a_changed_limit_reaches_the_next_command_and_a_dead_launcher_is_replace
             _wait(lambda: _tree(marker), "the command never ran")
             (pid,) = _tree(marker)
             (name,) = {p.rsplit("/", 1)[1] for p in _stub_cgroups(pid)}
-            assert cgroup.BROKER_NAME.fullmatch(name) and name.split(".")[1] == str(successor), name
+            assert BROKER_NAME.fullmatch(name) and name.split(".")[1] == str(successor), name
         finally:
             proc.kill()
             proc.communicate(timeout=10)

@@ -573,8 +573,10 @@ def test_shutdown_stops_accepting_and_watching_before_it_drains_with_the_grace(
 
     import uvicorn
 
-    from kbd.api import create_app
-    from kbd.daemon import KbdServer, PeerCredProtocol, bind_socket, start_live
+    from kbd.daemon.listen import bind_socket
+    from kbd.daemon.protocol import PeerCredProtocol
+    from kbd.daemon.routes import create_app
+    from kbd.daemon.server import KbdServer, start_live
     from kbd.service.root import Root
 
     kb = world

@@ -191,7 +191,7 @@ def test_a_client_that_never_answers_roots_list_gets_refusals_not_a_hang(tmp_pat
     closed), and calls that touch no path still answer."""
     import time
 
-    from kbd.mcp_server import ROOTS_WAIT_SECONDS
+    from kbd.mcp.server import ROOTS_WAIT_SECONDS
 
     kb = _world(tmp_path)
     sid = kb.open_session("con", kind="execution", kb_access="read", actor="alice")

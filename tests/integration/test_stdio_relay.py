@@ -142,7 +142,7 @@ def test_the_callers_script_goes_on_writing_to_its_sockets_after_kbd_exec(world:
 def test_the_output_is_in_the_callers_socket_before_the_exit_status(world: World) -> None:
     """The broker sends the exit status once the relay delivered everything:
     when ``thin.call`` returns, every byte is already readable."""
-    from kbd import thin
+    from kbd.client import brokered as thin
 
     ours, theirs = socket.socketpair()
     null = os.open(os.devnull, os.O_RDONLY)

@@ -105,7 +105,7 @@ def test_wheel_holds_the_package_and_its_data_and_nothing_else(built: Built) -> 
         meta = email.parser.Parser().parsestr(whl.read(f"{info}/METADATA").decode())
         entry = whl.read(f"{info}/entry_points.txt").decode()
     assert meta["License-Expression"] == "Apache-2.0"
-    assert "kbd = kbd.entry:main" in entry
+    assert "kbd = kbd.cli.entry:main" in entry
 
 
 def installed(built: Built, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kbd.daemon import BODY_TIMEOUT, HEADER_TIMEOUT, MAX_CONNECTIONS_PER_UID, WRITE_STALL_TIMEOUT
+from kbd.daemon.limits import BODY_TIMEOUT, HEADER_TIMEOUT, MAX_CONNECTIONS_PER_UID, WRITE_STALL_TIMEOUT
 from tests.helpers import KbRoot
 from tests.integration.daemon import issue_tokens, serving
 

@@ -1,5 +1,5 @@
 """The broker's readers of the caller's /proc entry and its stdio checks
-(kbd/broker.py), against this process's real values."""
+(kbd/daemon/broker.py), against this process's real values."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kbd.broker import check_stdio, parse_limits, parse_umask
+from kbd.daemon.broker import check_stdio, parse_limits, parse_umask
 from kbd.errors import WireError
 
 

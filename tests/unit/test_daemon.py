@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from kbd.daemon import (
+from kbd.daemon.limits import (
     FD_RESERVE,
     MAX_CONNECTIONS,
     MAX_CONNECTIONS_PER_UID,
     ConnectionLimits,
     connection_caps,
-    unsafe_folder,
 )
+from kbd.daemon.listen import unsafe_folder
 
 
 @pytest.mark.parametrize("nofile", [64, 1024, 4096, 20000, 1 << 20])

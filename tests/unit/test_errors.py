@@ -1,4 +1,4 @@
-"""The error tree (kbd/errors.py): complete, consistent, drawn correctly, and
+"""The error tree (kbd/errors/__init__.py): complete, consistent, drawn correctly, and
 translated at its choke points (issue 10).
 
 - Every KbdError subclass anywhere in kbd is defined in kbd.errors, has a
@@ -98,7 +98,7 @@ def test_every_error_class_lives_in_the_tree(cls: type[KbdError]) -> None:
         parent = cls.__mro__[1]
         assert issubclass(parent, KbdError) and parent.exit_code == cls.exit_code, cls.__name__
     drawn = _tree().get(cls.__name__)
-    assert drawn is not None, f"{cls.__name__} is missing from the tree drawn in kbd/errors.py"
+    assert drawn is not None, f"{cls.__name__} is missing from the tree drawn in kbd/errors/__init__.py"
     assert drawn == (cls.exit_code, cls.http_status, cls.code), f"{cls.__name__} is drawn as {drawn}"
 
 
@@ -125,13 +125,13 @@ def test_an_answer_quoting_text_that_is_not_unicode_is_still_encodable() -> None
 
 
 def test_only_the_boundaries_build_error_answers() -> None:
-    """The envelope is built in kbd/errors.py only (admin's `validate --json`
+    """The envelope is built in kbd/errors/ only (admin's `validate --json`
     report embeds one error as data); no interface builds its own."""
-    package = Path(errors.__file__).parent
+    package = Path(errors.__file__).parent.parent
     builders = {
         p.relative_to(package).as_posix() for p in package.rglob("*.py") if "to_dict()" in p.read_text()
     }
-    assert builders == {"errors.py", "service/admin.py"}
+    assert builders == {"errors/__init__.py", "service/admin.py"}
 
 
 def test_codes_are_unique_and_the_tree_has_no_stale_rows() -> None:

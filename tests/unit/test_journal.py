@@ -1,4 +1,4 @@
-"""kbd.journal: the systemd detection and the native-protocol handler, with a
+"""kbd.daemon.journal: the systemd detection and the native-protocol handler, with a
 real datagram socket standing in for journald."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kbd import journal
+from kbd.daemon import journal
 from tests.unit.core.test_telemetry import parse_datagram
 
 
@@ -96,7 +96,11 @@ def test_journald_gone_is_said_once(tmp_path: Path) -> None:
     assert out[0].startswith(
         f"WARNING kbd.journal: kbd: journald is unreachable at {tmp_path / 'nobody.sock'}"
     )
-    assert out[1:] == ["ERROR kbd.api: r0", "ERROR kbd.api: r1", "ERROR kbd.api: r2"]
+    assert out[1:] == [
+        "ERROR kbd.api: r0",
+        "ERROR kbd.api: r1",
+        "ERROR kbd.api: r2",
+    ]
     handler.close()
 
 

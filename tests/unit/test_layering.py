@@ -228,3 +228,155 @@ def test_importing_the_core_loads_no_io(modules: tuple[str, ...]) -> None:
     loaded = set(json.loads(r.stdout))
     assert {m for m in loaded if m.split(".")[0] in FORBIDDEN} == set()
     assert {m for m in loaded if m.startswith("kbd")} - IMPORT_CLEAN == set()
+
+
+# -- the whole order ------------------------------------------------------------------------------
+
+#: The tiers of kbd, lowest first (README "Architecture"). A module may import
+#: its own folder and anything in a lower tier; sideways within a tier only
+#: along SIDEWAYS; never up. Imports inside functions and under TYPE_CHECKING
+#: count: a lazy import is still a dependency, and a type-only one still ties
+#: the two modules' meanings together.
+TIERS: tuple[tuple[str, ...], ...] = (
+    ("errors",),
+    ("core",),
+    ("fs",),
+    ("state", "sandbox"),
+    ("service",),
+    ("ops", "client"),
+    ("daemon", "cli", "mcp", "ui"),
+)
+#: The operations reach a daemon through the client library; the CLI starts the
+#: daemon (`kbd serve`), the MCP server (`kbd mcp`) and the page (`kbd ui`).
+SIDEWAYS = frozenset({("ops", "client"), ("cli", "daemon"), ("cli", "mcp"), ("cli", "ui")})
+TIER_OF = {unit: rank for rank, units in enumerate(TIERS) for unit in units}
+#: What the top of kbd/ may hold besides the tiers: the package's own files.
+PACKAGE_FILES = frozenset({"__init__.py", "__main__.py", "py.typed"})
+
+
+def unit_of(module: str) -> str:
+    """The tier folder (or module) a kbd module belongs to; ``kbd`` itself and
+    ``kbd.__main__`` (``python -m kbd`` is the console script) belong to the
+    bottom and the CLI."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "errors"
+    return "cli" if parts[1] == "__main__" else parts[1]
+
+
+def every_import(module: str) -> set[str]:
+    """Every kbd module ``module`` imports, TYPE_CHECKING blocks included."""
+    path = _module_file(module)
+    assert path is not None, module
+    return kbd_imports_in(
+        path.read_text(encoding="utf-8"), module=module, is_package=path.name == "__init__.py"
+    )
+
+
+def kbd_imports_in(source: str, *, module: str, is_package: bool = False) -> set[str]:
+    """The kbd modules ``source`` imports anywhere: in functions, in try
+    blocks, under TYPE_CHECKING."""
+    package = module if is_package else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parent = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{parent}.{base}" if base else parent
+            names = [base, *(f"{base}.{a.name}" for a in node.names)]
+        found.update(n for n in names if n.split(".")[0] == "kbd" and _module_file(n) is not None)
+    return found - {module}
+
+
+def order_problems(graph: dict[str, set[str]]) -> list[str]:
+    """Each import that points up a tier or sideways outside SIDEWAYS, and each
+    circle of modules (its members, in order)."""
+    problems = []
+    for module, imported in sorted(graph.items()):
+        here = unit_of(module)
+        for other in sorted(imported):
+            there = unit_of(other)
+            if there == here or TIER_OF[there] < TIER_OF[here] or (here, there) in SIDEWAYS:
+                continue
+            way = "up" if TIER_OF[there] > TIER_OF[here] else "sideways"
+            problems.append(f"{module} -> {other}: {way} from {here} to {there}")
+    problems.extend("circle: " + " -> ".join(c) for c in circles(graph))
+    return problems
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    # A package's __init__ is imported by each of its modules implicitly: not an edge.
+    return {m: {i for i in every_import(m) if not m.startswith(i + ".")} for m in sorted(EVERY)}
+
+
+def test_every_import_keeps_the_tier_order_and_closes_no_circle() -> None:
+    assert order_problems(_import_graph()) == []
+
+
+def test_the_top_of_kbd_holds_only_tiers() -> None:
+    top = {p.name for p in PACKAGE.iterdir() if p.name != "__pycache__"}
+    tiers = {unit for units in TIERS for unit in units}
+    assert top - PACKAGE_FILES == {u if (PACKAGE / u).is_dir() else f"{u}.py" for u in tiers}
+
+
+def test_the_order_check_can_fail() -> None:
+    """An upward import, a forbidden sideways one, a lazy or type-only import and
+    a circle are each reported."""
+    graph = {
+        "kbd.fs.lint": {"kbd.service.root"},
+        "kbd.state.processes": {"kbd.sandbox.cgroup"},
+        "kbd.daemon.broker": {"kbd.daemon.server"},
+        "kbd.daemon.server": {"kbd.daemon.broker"},
+        "kbd.ops": {"kbd.client.library"},
+    }
+    problems = order_problems(graph)
+    assert "kbd.fs.lint -> kbd.service.root: up from fs to service" in problems
+    assert "kbd.state.processes -> kbd.sandbox.cgroup: sideways from state to sandbox" in problems
+    assert "circle: kbd.daemon.broker -> kbd.daemon.server" in problems
+    assert len(problems) == 3, problems
+    src = (
+        "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    from kbd.service.root import Root\n"
+        "def f():\n    from kbd.daemon import server\n    from ..fs import atomic\n"
+    )
+    found = kbd_imports_in(src, module="kbd.core.plan")
+    assert {"kbd.service.root", "kbd.daemon.server", "kbd.fs.atomic"} <= found

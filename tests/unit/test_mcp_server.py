@@ -1,4 +1,4 @@
-"""The pure decisions of ``kbd mcp`` (kbd/mcp_server.py): which tools a plan
+"""The pure decisions of ``kbd mcp`` (kbd/mcp/server.py): which tools a plan
 lists, how arguments are checked, how file text is fenced. The protocol itself
 is tested with a real process in tests/integration/test_mcp.py."""
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from kbd import mcp_server as m
 from kbd.errors import InvalidInput, KbdError, NotFound, SourceUnavailable
+from kbd.mcp import server as m
 
 
 def _plan(

@@ -60,7 +60,10 @@ def test_the_outsider_answer_is_built_in_one_place() -> None:
     found = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
-        if rel in ("errors.py", "core/audience.py"):  # the answer itself, and the one check that gives it
+        if rel in (
+            "errors/__init__.py",
+            "core/audience.py",
+        ):  # the answer itself, and the one check that gives it
             continue
         lines = _outsider_answers(ast.parse(path.read_text(encoding="utf-8")))
         if lines:

@@ -135,7 +135,7 @@ def test_a_consumer_detach_and_a_new_principals_file_rebuild(kb: KbRoot) -> None
 
 
 def test_the_policy_answer_is_the_session_views_json_byte_for_byte(kb: KbRoot) -> None:
-    from kbd.api import State, _running_tail  # the API stack only here
+    from kbd.daemon.routes import State, _running_tail  # the API stack only here
 
     host, _, sid = _open(kb)
     state = State(host)

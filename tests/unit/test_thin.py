@@ -1,4 +1,4 @@
-"""The thin ``kbd exec`` client's pure parts (kbd/thin.py): its copy of the
+"""The thin ``kbd exec`` client's pure parts (kbd/client/brokered.py): its copy of the
 default root and of the boundary's error lines must never drift from the
 originals, and the request it sends is the wire codec's."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from kbd import boundary, thin
+from kbd.client import brokered as thin
 from kbd.core import wire
 from kbd.core.config import default_root
-from kbd.errors import PermissionDenied
+from kbd.errors import PermissionDenied, render
 
 ENVS = [
     {"KBD_ROOT": "/srv/kbd", "HOME": "/home/a"},
@@ -35,7 +35,7 @@ def test_errors_print_exactly_as_the_boundary_prints_them(
     capsys: pytest.CaptureFixture[str], hint: str
 ) -> None:
     err = PermissionDenied("no way", hint=hint or None)
-    boundary.print_error(err)
+    render.print_error(err)
     expected = capsys.readouterr().err
     thin.print_error(err.code, err.message, err.hint or "")
     assert capsys.readouterr().err == expected

@@ -1,5 +1,6 @@
-"""Running-command records and process control (kbd.state.processes), on real
-processes: a record is reported only while its process is the same one."""
+"""Running-command records (kbd.state.processes) and ending process groups
+(kbd.sandbox.trees), on real processes: a record is reported alive only while
+its process is the same one."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kbd.state.processes import RunningCommands, terminate_group
+from kbd.sandbox.trees import terminate_group
+from kbd.state.processes import RunningCommands
 
 SID = "s_" + "ab" * 10
 

@@ -1,7 +1,7 @@
 """The CLI boundary: the one place where an error becomes stderr lines and an exit code.
 
-Both entry points use it: the lean ``kbd exec`` path (:mod:`kbd.entry`) and the
-click CLI (:mod:`kbd.cli`). Standard library only, so the exec path stays lean.
+Both entry points use it: the lean ``kbd exec`` path (:mod:`kbd.cli.entry`) and the
+click CLI (:mod:`kbd.cli.commands`). Standard library only, so the exec path stays lean.
 
 - A :class:`KbdError` prints ``error[<code>]: <message>`` and ``hint: <hint>`` and
   exits with its code.
@@ -24,55 +24,11 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from kbd.errors import NO_SPACE_ERRNOS, KbdError, from_oserror
+from kbd.errors import KbdError
+from kbd.errors.render import internal_error, print_error
 
 INTERNAL_EXIT = 70
 SIGPIPE_EXIT = 128 + signal.SIGPIPE
-
-
-def error_text(err: KbdError) -> str:
-    """``error[code]: message`` and ``hint: …`` lines: the one shape of an error
-    for a person, on the CLI's stderr and in an MCP tool error (kbd mcp)."""
-    lines = f"error[{err.code}]: {err.message}\n"
-    if err.hint:
-        lines += f"hint: {err.hint}\n"
-    return lines
-
-
-def print_error(err: KbdError) -> None:
-    """:func:`error_text` on stderr (best effort: a closed stderr must not turn
-    one error into another)."""
-    lines = error_text(err)
-    try:
-        sys.stderr.write(lines)
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
-
-
-def internal_error(exc: BaseException) -> KbdError:
-    """A KbdError (code ``internal``, exit 70) for an exception kbd did not expect."""
-    if isinstance(exc, BaseExceptionGroup):
-        # An async server's task group wraps the real failure: name it, not the group.
-        leaves = _leaves(exc)
-        if len(leaves) == 1:
-            return internal_error(leaves[0])
-        return KbdError("unexpected errors: " + "; ".join(f"{type(e).__name__}: {e}" for e in leaves[:3]))
-    if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
-        return from_oserror(exc, what="finish the command")
-    if isinstance(exc, OSError):
-        return KbdError(
-            f"unexpected I/O error: {exc.strerror or exc}",
-            hint="check the root's permissions; run `kbd doctor`",
-        )
-    return KbdError(f"unexpected {type(exc).__name__}: {exc}")
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
-    out: list[BaseException] = []
-    for e in group.exceptions:
-        out.extend(_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
-    return out
 
 
 def die_of_sigpipe() -> NoReturn:

@@ -21,9 +21,10 @@ import click
 import orjson
 from click.shell_completion import CompletionItem
 
-from kbd import backend
-from kbd import backend as ops
-from kbd.boundary import die_of_sigpipe, guarded, internal_error
+from kbd import ops
+from kbd.cli.boundary import die_of_sigpipe, guarded
+from kbd.cli.exec_grammar import ExecArgs, parse_exec
+from kbd.cli.exec_run import run_exec
 from kbd.core.config import default_root
 from kbd.core.identifiers import alias_problem, one_line
 from kbd.core.notes import MAX_NOTE_BYTES
@@ -31,7 +32,6 @@ from kbd.core.pathguard import PathCheck
 from kbd.core.policy import KB_ACCESS, KINDS
 from kbd.core.relpaths import DEFAULT_LS_LIMIT, MAX_LS_LIMIT
 from kbd.core.strict import load_json_strict
-from kbd.entry import ExecArgs, parse_exec, run_exec
 from kbd.errors import (
     InvalidInput,
     KbdError,
@@ -39,6 +39,7 @@ from kbd.errors import (
     SessionClosed,
     UsageError,
 )
+from kbd.errors.render import internal_error
 from kbd.service import JsonObject
 
 if TYPE_CHECKING:
@@ -50,12 +51,12 @@ if TYPE_CHECKING:
 # the CLI's start-up).
 
 F = TypeVar("F", bound=Callable[..., object])
-SYSTEM_ROOT = backend.SYSTEM_ROOT
+SYSTEM_ROOT = ops.SYSTEM_ROOT
 
 
 def run(args: Sequence[str] | None = None) -> NoReturn:
     """The click CLI (``args``, default ``sys.argv[1:]``), every error turned into
-    the contract's output by the one boundary (:func:`kbd.boundary.guarded`,
+    the contract's output by the one boundary (:func:`kbd.cli.boundary.guarded`,
     shared with the lean exec path)."""
 
     def body() -> int:
@@ -155,7 +156,7 @@ class Ctx:
         self.socket: str | None = None  # the global --socket
         self.token_file: str | None = None  # the global --token-file
         self._host: Root | None = None
-        self._backend: backend.Backend | None = None
+        self._backend: ops.Backend | None = None
 
     @property
     def host(self) -> Root:
@@ -168,37 +169,37 @@ class Ctx:
         return self._host
 
     @property
-    def via(self) -> backend.Backend:
-        """Where the command runs (DESIGN §10, :func:`kbd.backend.choose`): on the
+    def via(self) -> ops.Backend:
+        """Where the command runs (DESIGN §10, :func:`kbd.ops.choose`): on the
         root, or through its daemon. Without --as the root's operator acts on the
         root (session and principal commands; management commands: your uid's
         principal), and through the daemon the principal your uid or token is."""
         if self._backend is None:
             named = self.socket or os.environ.get("KBD_SOCKET") or None
-            usable = backend.root_usable(self.root)
-            mode = backend.choose(
+            usable = ops.root_usable(self.root)
+            mode = ops.choose(
                 socket_named=named is not None or self.token_file is not None,
                 root_usable=usable,
-                daemon_reachable=lambda: backend.reachable(backend.socket_of(self.root)),
+                daemon_reachable=lambda: ops.reachable(ops.socket_of(self.root)),
             )
             if mode == "direct":
                 # On a root it may not change (and no daemon): reads still work, changes are refused.
-                refusal = None if usable else backend.not_usable(self.root, backend.socket_of(self.root))
-                self._backend = backend.Direct(lambda: self.host, refusal=refusal)
+                refusal = None if usable else ops.not_usable(self.root, ops.socket_of(self.root))
+                self._backend = ops.Direct(lambda: self.host, refusal=refusal)
             else:
-                where = Path(named) if named is not None else backend.socket_of(self.root)
-                token = backend.read_token_file(self.token_file) if self.token_file is not None else None
+                where = Path(named) if named is not None else ops.socket_of(self.root)
+                token = ops.read_token_file(self.token_file) if self.token_file is not None else None
                 if named is None and (token is not None or os.environ.get("KBD_TOKEN")):
                     # A socket a root's kbd.yaml chose: only root's or yours gets your token.
-                    backend.check_socket_owner(where)
-                self._backend = backend.open_remote(where, token=token)
+                    ops.check_socket_owner(where)
+                self._backend = ops.open_remote(where, token=token)
         return self._backend
 
-    def run(self, op: backend.Op, as_: str | None = None) -> JsonObject:
+    def run(self, op: ops.Op, as_: str | None = None) -> JsonObject:
         return self.via.run(op, as_=as_)
 
     def close(self) -> None:
-        if isinstance(self._backend, backend.Remote):
+        if isinstance(self._backend, ops.Remote):
             self._backend.client.close()
 
 
@@ -476,8 +477,8 @@ def doctor(c: Ctx, as_json: bool, workflow_id: str | None) -> None:
     from kbd.service import admin
 
     b = c.via
-    if isinstance(b, backend.Remote):
-        report = backend.remote_doctor(b, workflow_id)
+    if isinstance(b, ops.Remote):
+        report = ops.remote_doctor(b, workflow_id)
     else:
         report = admin.doctor(c.root, workflow_id=workflow_id).to_json()
     if as_json:
@@ -972,7 +973,7 @@ def session_close(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
 
 class ExecCommand(click.Command):
     """``kbd exec``: its help text comes from the declared parameters, but its
-    arguments are parsed by the one exec grammar (:func:`kbd.entry.parse_exec`)
+    arguments are parsed by the one exec grammar (:func:`kbd.cli.exec_grammar.parse_exec`)
     that the lean path uses too, so both give the same answer to every argv."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
@@ -1015,10 +1016,10 @@ def exec_cmd(c: Ctx, request: ExecArgs) -> None:
     """Run COMMAND under SID's current plan in a fresh sandbox; exit with its status."""
     if request.socket is None and c.socket is not None:
         request = request.with_socket(c.socket)
-    token = backend.read_token_file(c.token_file) if c.token_file is not None else None
+    token = ops.read_token_file(c.token_file) if c.token_file is not None else None
     if token is not None and request.socket is None:
         # A token is for the daemon: never fall back to running in-process.
-        request = request.with_socket(str(backend.socket_of(c.root)))
+        request = request.with_socket(str(ops.socket_of(c.root)))
     sys.exit(run_exec(c.root, request, token=token, root_named=c.root_named))
 
 
@@ -1050,8 +1051,8 @@ def check_cmd(c: Ctx, sid: str, path: str, mode: str, as_: str | None, as_json: 
 @pass_ctx
 def mcp_cmd(c: Ctx, sid: str, as_: str | None) -> None:
     """Serve session SID's knowledge tools over MCP on stdin/stdout (DESIGN §12)."""
-    from kbd import mcp_server
     from kbd.core.principals import named_principal
+    from kbd.mcp import server as mcp_server
 
     # An empty --as/KBD_AS is a usage error (exit 2) here too, before serving: not
     # a server that starts and then refuses every call.
@@ -1549,8 +1550,8 @@ def principals_token(c: Ctx, name: str, as_: str | None, as_json: bool) -> None:
 def serve_cmd(c: Ctx, socket_path: Path | None, fd: int | None, log_level: str) -> None:
     """Run the daemon: the HTTP API on a Unix socket (0660, group kbd if it exists).
     Logs go to journald when systemd runs it, else to stderr."""
-    from kbd.daemon import serve  # the API stack is imported only by the daemon
-    from kbd.journal import parse_level
+    from kbd.daemon.journal import parse_level
+    from kbd.daemon.server import serve  # the API stack is imported only by the daemon
     from kbd.service.root import Root
 
     serve(Root(c.root, sweep_interval=1.0), socket_path=socket_path, fd=fd, log_level=parse_level(log_level))
@@ -1689,7 +1690,7 @@ def events_cmd(c: Ctx, follow: bool, since: str | None, as_json: bool) -> None:
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)} if follow else {}
     try:
-        token = backend.read_token_file(c.token_file) if c.token_file is not None else None
+        token = ops.read_token_file(c.token_file) if c.token_file is not None else None
         with Client(c.socket, token=token, root=c.root) as client:
             for event in client.events(since=since, follow=follow):
                 line = orjson.dumps(event).decode() if as_json else _event_line(event)

@@ -9,7 +9,7 @@ One connection carries one command: the request and this process's fds 0-2
 (``SCM_RIGHTS``) in one ``sendmsg``; then ``101`` and frames. INT, TERM, HUP,
 QUIT and WINCH received here are forwarded as SIGNAL frames; NOTICE lines go to
 stderr; EXIT's status or ERROR's exit code is this process's exit status, and
-ERROR prints exactly what :func:`kbd.boundary.print_error` prints in-process.
+ERROR prints exactly what :func:`kbd.cli.boundary.print_error` prints in-process.
 The daemon kills the command's tree when this connection closes, so the death
 of this process ends the command too.
 """
@@ -25,7 +25,7 @@ import sys
 from kbd.core import wire
 from kbd.errors import WireError
 
-# Not ``typing.TYPE_CHECKING``: ``typing`` costs ≈7 ms of imports (see kbd.entry).
+# Not ``typing.TYPE_CHECKING``: ``typing`` costs ≈7 ms of imports (see kbd.cli.entry).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -59,7 +59,7 @@ SYSTEM_SOCKET = "/run/kbd/kbd.sock"
 
 
 def chosen_root(environ: dict[str, str] | os._Environ[str]) -> str:
-    """The root of a command given no ``--root`` (kbd.cli.choose_root, which a
+    """The root of a command given no ``--root`` (kbd.cli.commands.choose_root, which a
     unit test keeps equal): ``$KBD_ROOT``, else your own when it exists, else
     the system root when that exists, else your own (for its usual error)."""
     personal = default_root(environ)
@@ -77,11 +77,10 @@ def default_socket(root: str) -> str:
 
 
 def print_error(code: str, message: str, hint: str) -> None:
-    """Print kbd's error lines through :func:`kbd.boundary.print_error`, the one
-    printer of ``error[code]:`` lines (imported only on this rare path: its
-    ``signal`` import costs start-up time)."""
-    from kbd.boundary import print_error as boundary_print
+    """Print kbd's error lines through :func:`kbd.errors.render.print_error`, the
+    one printer of ``error[code]:`` lines (imported only on this rare path)."""
     from kbd.errors import KbdError
+    from kbd.errors.render import print_error as boundary_print
 
     err = KbdError(message, hint=hint)
     err.code = code

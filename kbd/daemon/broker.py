@@ -1,6 +1,6 @@
 """The exec broker (DESIGN §9): ``kbd exec`` through the daemon.
 
-The daemon's front door (:mod:`kbd.daemon`) hands every connection that starts
+The daemon's front door (:mod:`kbd.daemon.server`) hands every connection that starts
 with ``POST /v1/exec `` (:data:`kbd.core.wire.SNIFF`) to :meth:`Broker.adopt`.
 From then on the connection belongs to two threads of its own, never to the
 event loop (a command can run for hours; the loop must not wait for it):
@@ -47,9 +47,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kbd.boundary import internal_error
 from kbd.core import wire
 from kbd.core.principals import Principal
+from kbd.daemon.canned import error_response
 from kbd.errors import (
     KbdError,
     Overloaded,
@@ -59,6 +59,7 @@ from kbd.errors import (
     Unavailable,
     WireError,
 )
+from kbd.errors.render import internal_error
 from kbd.sandbox import cgroup
 from kbd.sandbox.relay import Relay
 from kbd.sandbox.spawn import Launcher
@@ -575,6 +576,4 @@ def error_frame(err: KbdError) -> bytes:
 def refusal_bytes(err: KbdError) -> bytes:
     """The API's HTTP answer to ``err`` plus ``x-kbd-exit`` (the exit code
     ``kbd exec`` ends with)."""
-    from kbd.daemon import error_response  # the one HTTP error writer (imported late: daemon imports us)
-
     return error_response(err, extra={"x-kbd-exit": str(err.exit_code)})

@@ -1,24 +1,5 @@
-"""The host-side client library: a long-running execution host talks to the
-kbd daemon over its Unix socket (DESIGN §6, §9) without a Python start per call.
-
-    from kbd.client import Client
-
-    with Client() as kbd:                    # $KBD_SOCKET, else the root's default socket
-        plan = kbd.open_session("my-workflow", kind="execution", kb_access="read")
-        env = kbd.env(plan["session_id"])    # WORKFLOW_KB_* for the agent's shell
-        for event in kbd.events(follow=True):  # resumes by itself after a dropped connection
-            ...
-
-Authentication is the daemon's: the peer uid (mapped in principals.yaml), or a
-bearer token (``token=``, else ``$KBD_TOKEN``; never put one in argv). Every
-error the daemon answers arrives as the :mod:`kbd.errors` class of its code
-(:func:`error_from`), with its message and hint; a daemon that cannot be
-reached is :class:`kbd.errors.Unavailable` (exit code 69).
-
-:meth:`Client.exec` runs a command in a session's sandbox through the daemon's
-exec broker (one socket, one protocol, DESIGN §9) with descriptors the host
-provides, so a host pays the sandbox's cost per command, not a Python start.
-"""
+"""The client library behind :mod:`kbd.client`: :class:`Client` and the
+error mapping of the daemon's answers (docs in the package's docstring)."""
 
 from __future__ import annotations
 
@@ -32,9 +13,9 @@ import httpx
 import orjson
 
 from kbd import errors
+from kbd.client.brokered import chosen_root
+from kbd.client.brokered import default_socket as default_socket_of
 from kbd.errors import KbdError, Unavailable
-from kbd.thin import chosen_root
-from kbd.thin import default_socket as default_socket_of
 
 #: Where a root's daemon listens unless kbd.yaml or $KBD_SOCKET says otherwise.
 DEFAULT_SOCKET = Path("state") / "run" / "kbd.sock"
@@ -310,7 +291,7 @@ class Client:
         fds 0-2; the command runs as this process's uid, gid and groups. Returns
         its exit status (128+N for signal N). kbd's refusals raise the
         :mod:`kbd.errors` class of their code, with its exit code."""
-        from kbd import thin
+        from kbd.client import brokered as thin
         from kbd.errors import WireError
 
         try:

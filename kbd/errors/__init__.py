@@ -60,7 +60,7 @@ there so this module stays pure), and
 :func:`workflow_not_found` / :func:`session_not_found` for the one answer given
 both for what does not exist and for what the actor may not see (DESIGN §6).
 
-Only ``kbd.cli`` and ``kbd.entry`` (through :func:`kbd.boundary.guarded`) and the
+Only ``kbd.cli.commands`` and ``kbd.cli.entry`` (through :func:`kbd.cli.boundary.guarded`) and the
 daemon (through :func:`http_answer`) turn these into output; nothing else calls
 ``sys.exit``. Messages never contain host paths unless the
 caller already owns them (the CLI operator owns the root, so CLI-only messages
@@ -518,7 +518,7 @@ def http_answer(err: KbdError) -> tuple[int, dict[str, dict[str, str]], dict[str
     body limit, the connection layer's early answers): its status, the envelope
     ``{"error": {"code", "message", "hint"}}`` and the headers — ``Retry-After``
     when retrying shortly helps (Busy; a VersionConflict needs a fresh read
-    first). The CLI's counterpart is :func:`kbd.boundary.guarded`."""
+    first). The CLI's counterpart is :func:`kbd.cli.boundary.guarded`."""
     retry = isinstance(err, Busy) and not isinstance(err, VersionConflict)
     headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if retry else {}
     current = getattr(err, "current", None) if isinstance(err, NoteVersionConflict) else None

@@ -17,7 +17,7 @@ wait for their source's notes mutex in their own small pool (``NOTE_WORKERS``)
 behind a bounded queue, beyond which they are answered 503 at once; health and
 whoami never need a worker thread.
 
-Every request passes :class:`kbd.access.AccessLog` first (outermost): one
+Every request passes :class:`kbd.daemon.access_log.AccessLog` first (outermost): one
 access line through the ``kbd.access`` logger and the request counters that
 ``GET /v1/metrics`` answers in the Prometheus text format when asked
 (``?format=prometheus`` or ``Accept: text/plain``; JSON stays the default).
@@ -58,7 +58,6 @@ from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kbd.access import AccessLog, note_principal, note_route
 from kbd.core import telemetry
 from kbd.core.events import parse_id
 from kbd.core.knowledge import MAX_LIMIT as MAX_SEARCH_LIMIT
@@ -67,6 +66,7 @@ from kbd.core.plan import Plan
 from kbd.core.principals import Principal
 from kbd.core.relpaths import MAX_LS_LIMIT
 from kbd.core.strict import is_unicode
+from kbd.daemon.access_log import AccessLog, note_principal, note_route
 from kbd.errors import (
     NO_SPACE_ERRNOS,
     InvalidInput,

@@ -1,6 +1,6 @@
 """``kbd mcp SID``: a stdio MCP server bound to one session (issue 14, DESIGN §12).
 
-Every tool is one :class:`kbd.backend.Op` run through the CLI's backend, so a
+Every tool is one :class:`kbd.ops.Op` run through the CLI's backend, so a
 tool call gets exactly the decision ``kbd read``/``kbd check``/… would get
 (directly on the root, or through the daemon for a caller who is not root).
 The session's plan is fetched again on every call (``tools/list`` and
@@ -22,16 +22,23 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kbd import backend as ops
-from kbd import boundary
+from kbd import ops
 from kbd.core.identifiers import one_line
 from kbd.core.knowledge import MAX_LIMIT, check_limit
 from kbd.core.layout import KB_DIR
 from kbd.core.strict import is_unicode
-from kbd.errors import InvalidInput, KbdError, NotFound, PermissionDenied, SourceUnavailable, UsageError
+from kbd.errors import (
+    InvalidInput,
+    KbdError,
+    NotFound,
+    PermissionDenied,
+    SourceUnavailable,
+    UsageError,
+    render,
+)
 
 if TYPE_CHECKING:
-    from kbd.backend import Backend
+    from kbd.ops import Backend
     from kbd.service import JsonObject
 
 # How long a call waits for the client's answer to roots/list: a client that
@@ -379,7 +386,7 @@ def render_search(result: JsonObject, nonce: str) -> str:
 
 def error_text(err: KbdError) -> str:
     """The CLI's error lines (``error[code]: message``, ``hint: …``), as DESIGN §12 asks."""
-    return boundary.error_text(err).rstrip("\n")
+    return render.error_text(err).rstrip("\n")
 
 
 # -- the server -----------------------------------------------------------------------------

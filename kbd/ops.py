@@ -3,7 +3,7 @@
 Every command the CLI can send through the daemon is an :class:`Op` here: what
 it asks, how the operations layer answers it on a root this process may use
 (:meth:`Op.direct`), and the API request that asks the daemon the same
-(:meth:`Op.http`, answered by the very same operation in :mod:`kbd.api`). Both
+(:meth:`Op.http`, answered by the very same operation in :mod:`kbd.daemon.routes`). Both
 answers are the operation's JSON (its typed result's ``to_json()``), so the CLI
 formats one shape, and text, ``--json`` and exit codes cannot differ by mode.
 Refusals are the same :mod:`kbd.errors` classes in both: raised here, or rebuilt
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 from urllib.parse import quote
 
-from kbd import thin
+from kbd.client import brokered
 from kbd.core.layout import CONFIG_NAME, STATE_DIR
 from kbd.core.principals import Actor, LocalOperator, Principal, named_principal
 from kbd.errors import InvalidInput, KbdError, NotFound, PermissionDenied, Unavailable, UsageError
@@ -40,7 +40,7 @@ Mode = Literal["direct", "remote"]
 #: (session and principal commands: the root is the trust boundary).
 ActorRule = Literal["mapped", "operator"]
 
-SYSTEM_ROOT = Path(thin.SYSTEM_ROOT)
+SYSTEM_ROOT = Path(brokered.SYSTEM_ROOT)
 
 
 class HasJson(Protocol):
