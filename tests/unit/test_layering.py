@@ -296,11 +296,14 @@ def kbd_imports_in(source: str, *, module: str, is_package: bool = False) -> set
 def order_problems(graph: dict[str, set[str]]) -> list[str]:
     """Each import that points up a tier or sideways outside SIDEWAYS, and each
     circle of modules (its members, in order)."""
-    problems = []
+    problems = [f"{m}: in no tier (each module lives in a tier's folder)" for m in sorted(graph)
+                if unit_of(m) not in TIER_OF]  # fmt: skip
     for module, imported in sorted(graph.items()):
         here = unit_of(module)
         for other in sorted(imported):
             there = unit_of(other)
+            if here not in TIER_OF or there not in TIER_OF:
+                continue  # reported above
             if there == here or TIER_OF[there] < TIER_OF[here] or (here, there) in SIDEWAYS:
                 continue
             way = "up" if TIER_OF[there] > TIER_OF[here] else "sideways"
