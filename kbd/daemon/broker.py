@@ -63,8 +63,9 @@ from kbd.errors.render import internal_error
 from kbd.sandbox import cgroup
 from kbd.sandbox.relay import Relay
 from kbd.sandbox.spawn import Launcher
+from kbd.sandbox.start import Caller, Forwarder, warning_line
 from kbd.service import auth
-from kbd.service.execute import Caller, Forwarder, Launch, execute, warning_line
+from kbd.service.execute import Launch, execute
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
 

@@ -413,7 +413,7 @@ def build_argv(
     ``hard`` limits the command starts with (default: this process's).
     ``ready_fd``: a pipe's read end holding one byte (handed to bwrap by the
     caller): bwrap consumes it once the sandbox is set up, right before it execs
-    the command's first step (:func:`kbd.service.execute.sandbox_was_set_up`).
+    the command's first step (:func:`kbd.sandbox.start.sandbox_was_set_up`).
     ``confine``: the command carries the host's grant group, so the inner
     helper runs for every plan and first confines all file access to this
     sandbox's own mount tree (see kbd.sandbox.landlock_helper).

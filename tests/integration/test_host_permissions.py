@@ -603,7 +603,7 @@ def test_a_grant_group_missing_at_use_refuses_the_command(host: Host) -> None:
 
 def test_only_sandboxed_brokered_commands_get_the_grant_group() -> None:
     from kbd.errors import GrantGroupMissing
-    from kbd.service.execute import grant_gid
+    from kbd.sandbox.start import grant_gid
 
     assert grant_gid("root", "bwrap", True) == 0
     assert grant_gid("root", "landlock", True) == 0

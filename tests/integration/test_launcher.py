@@ -203,7 +203,7 @@ def test_a_failed_exec_is_an_unavailable_error_through_the_exec_path(launcher: s
     """The stub's report reaches the exec path: 69 and the reason, never the
     127 of a command that ran."""
     from kbd.errors import Unavailable
-    from kbd.service.execute import _check_exec
+    from kbd.sandbox.start import check_exec
 
     stub = launcher.take(LIMITS)
     assert stub is not None
@@ -215,7 +215,7 @@ def test_a_failed_exec_is_an_unavailable_error_through_the_exec_path(launcher: s
     with pytest.raises(
         Unavailable, match=r"cannot start the command \(exec: No such file or directory\)"
     ) as info:
-        _check_exec(child)
+        check_exec(child)
     assert info.value.exit_code == 69
     stub.box().remove()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kbd.service import execute
+from kbd.sandbox import start as process_start
 from tests.features import backends
 from tests.helpers import KbRoot
 
@@ -181,13 +181,13 @@ def _zombie(pid: int) -> bool:
 
 # -- item 18: signals go only to the live child ------------------------------------------------
 def test_the_forwarder_reaches_the_child_and_is_disarmed_before_it_is_reaped() -> None:
-    forward = execute._Forward()
+    forward = process_start.ForwardOwnSignals()
     try:
         child = subprocess.Popen(["sleep", "30"], start_new_session=True)
         forward.pgid = child.pid
         # A SIGTERM to kbd exec while the command runs reaches the command's group...
         os.kill(os.getpid(), signal.SIGTERM)
-        assert execute.wait_child(child, forward) == -signal.SIGTERM
+        assert process_start.wait_child(child, forward) == -signal.SIGTERM
         # ...and once it is reaped (its PID free for reuse) nothing is forwarded any more.
         assert forward.pgid is None
         bystander = subprocess.Popen(["sleep", "30"], start_new_session=True)

@@ -172,7 +172,7 @@ def test_the_slow_path_gives_the_command_a_root_owned_user_namespace_too() -> No
     """Without a pooled stub the daemon starts a command through the launcher's
     gate step (kbd.sandbox.launcher.gate): the same root-owned namespace, the
     caller's identity, no capability."""
-    from kbd.service.execute import Caller, spawn_as
+    from kbd.sandbox.start import Caller, spawn_as
 
     r, w = os.pipe()
     try:
