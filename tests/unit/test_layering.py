@@ -383,3 +383,13 @@ def test_the_order_check_can_fail() -> None:
     )
     found = kbd_imports_in(src, module="kbd.core.plan")
     assert {"kbd.service.root", "kbd.daemon.server", "kbd.fs.atomic"} <= found
+
+
+def test_every_package_is_shipped() -> None:
+    """pyproject.toml lists kbd's packages by name (data packages come from
+    other folders): a new folder left out would be missing from the wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(("kbd", *p.parent.relative_to(PACKAGE).parts)) for p in PACKAGE.rglob("__init__.py")}
+    assert folders - listed == set()

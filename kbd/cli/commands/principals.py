@@ -1,0 +1,160 @@
+"""``kbd principals``: list, add, disable, enable, remove, token."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import click
+
+from kbd import ops
+from kbd.cli.app import (
+    Ctx,
+    F,
+    as_option,
+    complete_principals,
+    emit,
+    json_option,
+    main,
+    pass_ctx,
+)
+from kbd.core.identifiers import one_line
+from kbd.errors import (
+    UsageError,
+)
+from kbd.service import JsonObject
+
+# -- principals ----------------------------------------------------------------------------
+
+
+@main.group()
+def principals() -> None:
+    """Users and services known to this host."""
+
+
+@principals.command("list")
+@as_option
+@json_option
+@pass_ctx
+def principals_list(c: Ctx, as_: str | None, as_json: bool) -> None:
+    """List principals: ID, kind, flags (admin, disabled, token) and label."""
+    result = c.run(ops.PrincipalsList(), as_)
+    if as_json:
+        emit(result)
+        return
+    for p in result["principals"]:
+        flags = [
+            f
+            for f, on in (("admin", p["admin"]), ("disabled", p["disabled"]), ("token", p["has_token"]))
+            if on
+        ]
+        label = f"  {one_line(p['label'], limit=200)}" if p["label"] is not None else ""
+        click.echo(f"{p['id']:<20} {p['kind']:<8} {' '.join(flags)}{label}")
+
+
+def _force_option(action: str) -> Callable[[F], F]:
+    return click.option(
+        "--force", is_flag=True, help=f"{action.capitalize()} even the last enabled admin (then only a hand edit of "
+        "principals.yaml, or `kbd principals enable` on the root, brings an admin back)."
+    )  # fmt: skip
+
+
+def _changed_line(result: JsonObject, done: str) -> str:
+    pid = one_line(result["principal"]["id"])
+    return f"{done} principal {pid}" if result["changed"] else f"principal {pid} was already {done}"
+
+
+@principals.command("add")
+@click.argument("name")
+@click.option("--uid", type=int, metavar="N", help="Map the principal to this uid (peer-uid authentication).")
+@click.option("--user", "login", metavar="LOGIN", help="Map it to LOGIN's uid on this host.")
+@click.option("--admin", is_flag=True, help="An admin: may manage any workflow and read anything.")
+@click.option(
+    "--service", is_flag=True, help="A service (an execution host): may open sessions for any workflow."
+)
+@click.option("--label", metavar="TEXT", help="A name for people (one line).")
+@as_option
+@json_option
+@pass_ctx
+def principals_add(c: Ctx, name: str, uid: int | None, login: str | None, admin: bool, service: bool,
+                   label: str | None, as_: str | None, as_json: bool) -> None:  # fmt: skip
+    """Add principal NAME mapped to a uid (--uid N or --user LOGIN).
+
+    principals.yaml is edited in place: its comments, blank lines and order stay."""
+    if (uid is None) == (login is None):
+        raise UsageError("pass exactly one of --uid N and --user LOGIN",
+                         hint="kbd principals add NAME --uid 1000   (or --user alice)")  # fmt: skip
+    if admin and service:
+        raise UsageError("pass at most one of --admin and --service: a service principal is never an admin",
+                         hint="add the service and an admin as two principals")  # fmt: skip
+    result = c.run(ops.PrincipalAdd(name, uid, login, "service" if service else "user", admin, label), as_)
+    if as_json:
+        emit(result)
+        return
+    p = result["principal"]
+    role = "admin" if p["admin"] else p["kind"]
+    user = result["user"]
+    click.echo(
+        f"added principal {one_line(p['id'])} ({role}, uid {p['uid']}" + (f" = {user})" if user else ")")
+    )
+    if user is None:
+        click.echo(f"kbd: note: uid {p['uid']} has no passwd entry on this host", err=True)
+
+
+@principals.command("disable")
+@click.argument("name", shell_complete=complete_principals)
+@_force_option("disable")
+@as_option
+@json_option
+@pass_ctx
+def principals_disable(c: Ctx, name: str, force: bool, as_: str | None, as_json: bool) -> None:
+    """Disable NAME: refused everywhere from the daemon's next request on; the
+    commands it started are ended (or marked stale) by revocation."""
+    result = c.run(ops.PrincipalChange("disable", name, force), as_)
+    if as_json:
+        emit(result)
+    else:
+        click.echo(_changed_line(result, "disabled"))
+
+
+@principals.command("enable")
+@click.argument("name", shell_complete=complete_principals)
+@as_option
+@json_option
+@pass_ctx
+def principals_enable(c: Ctx, name: str, as_: str | None, as_json: bool) -> None:
+    """Enable NAME again."""
+    result = c.run(ops.PrincipalChange("enable", name), as_)
+    if as_json:
+        emit(result)
+    else:
+        click.echo(_changed_line(result, "enabled"))
+
+
+@principals.command("remove")
+@click.argument("name", shell_complete=complete_principals)
+@_force_option("remove")
+@as_option
+@json_option
+@pass_ctx
+def principals_remove(c: Ctx, name: str, force: bool, as_: str | None, as_json: bool) -> None:
+    """Remove NAME's entry from principals.yaml (other lines stay as they are)."""
+    result = c.run(ops.PrincipalChange("remove", name, force), as_)
+    if as_json:
+        emit(result)
+    else:
+        click.echo(_changed_line(result, "removed"))
+
+
+@principals.command("token")
+@click.argument("name", shell_complete=complete_principals)
+@as_option
+@json_option
+@pass_ctx
+def principals_token(c: Ctx, name: str, as_: str | None, as_json: bool) -> None:
+    """Issue a new API token for NAME (printed once; only its hash is stored;
+    the old token stops working)."""
+    result = c.run(ops.PrincipalToken(name), as_)
+    if as_json:
+        emit(result)
+    else:
+        click.echo(result["token"])

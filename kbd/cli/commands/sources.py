@@ -1,0 +1,160 @@
+"""``kbd sources``: a consumer's attachments (list, attach, detach, access, set, candidates)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from kbd import ops
+from kbd.cli.app import (
+    Ctx,
+    as_option,
+    attachment_line,
+    complete_aliases,
+    complete_workflows,
+    emit,
+    json_option,
+    main,
+    manifest_version_option,
+    pass_ctx,
+)
+from kbd.core.identifiers import alias_problem, one_line
+from kbd.core.strict import load_json_strict
+from kbd.errors import (
+    InvalidInput,
+    NotFound,
+)
+
+# -- sources ------------------------------------------------------------------------
+
+
+@main.group()
+def sources() -> None:
+    """A workflow's attached knowledge bases."""
+
+
+@sources.command("list")
+@click.argument("wf", shell_complete=complete_workflows)
+@as_option
+@json_option
+@pass_ctx
+def sources_list(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
+    """Each attachment with its status and reason."""
+    view = c.run(ops.SourcesList(wf), as_)
+    if as_json:
+        emit(view)
+        return
+    for a in view["sources"]:
+        click.echo(attachment_line(a))
+
+
+@sources.command("attach")
+@click.argument("wf", shell_complete=complete_workflows)
+@click.argument("source_id", shell_complete=complete_workflows)
+@click.option("--alias", required=True, help="Local name: ^[a-z][a-z0-9_]{0,47}$, not 'access'.")
+@click.option("--access", type=click.Choice(["read", "write"]), default="read", show_default=True)
+@as_option
+@json_option
+@pass_ctx
+def sources_attach(
+    c: Ctx, wf: str, source_id: str, alias: str, access: str, as_: str | None, as_json: bool
+) -> None:
+    """Attach SOURCE_ID's knowledge base to WF under ALIAS."""
+    if (problem := alias_problem(alias)) is not None:
+        # Name the flag the user typed, not the manifest entry it would become.
+        raise InvalidInput(f"--alias {alias!r} {problem}", hint="e.g. --alias rts")
+    a = c.run(ops.Attach(wf, source_id, alias, access), as_)
+    if as_json:
+        emit(a)
+        return
+    click.echo(f"attached {source_id} to {wf} as {alias}")
+    click.echo(attachment_line(a))
+
+
+@sources.command("detach")
+@click.argument("wf", shell_complete=complete_workflows)
+@click.argument("alias", shell_complete=complete_aliases)
+@as_option
+@json_option
+@pass_ctx
+def sources_detach(c: Ctx, wf: str, alias: str, as_: str | None, as_json: bool) -> None:
+    """Remove the attachment ALIAS from WF."""
+    result = c.run(ops.Detach(wf, alias), as_)
+    if as_json:
+        emit(result)
+    else:
+        click.echo(f"detached {alias} from {wf}")
+
+
+@sources.command("access")
+@click.argument("wf", shell_complete=complete_workflows)
+@click.argument("alias", shell_complete=complete_aliases)
+@click.argument("access", type=click.Choice(["read", "write"]))
+@manifest_version_option
+@as_option
+@json_option
+@pass_ctx
+def sources_access(
+    c: Ctx, wf: str, alias: str, access: str, expected_version: str | None, as_: str | None, as_json: bool
+) -> None:
+    """Change the access of WF's attachment ALIAS (read or write), nothing else."""
+    a = c.run(ops.SetAccess(wf, alias, access, expected_version), as_)
+    if as_json:
+        emit(a)
+        return
+    click.echo(f"{wf}: {alias} is now attached with {access} access")
+    click.echo(attachment_line(a))
+
+
+@sources.command("set")
+@click.argument("wf", shell_complete=complete_workflows)
+@click.option(
+    "--file",
+    "file",
+    required=True,
+    metavar="F|-",
+    help="JSON array of entries; - reads stdin; [] detaches all.",
+)
+@manifest_version_option
+@as_option
+@json_option
+@pass_ctx
+def sources_set(
+    c: Ctx, wf: str, file: str, expected_version: str | None, as_: str | None, as_json: bool
+) -> None:
+    """Replace WF's whole attachment list."""
+    try:
+        data = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
+    except FileNotFoundError as exc:
+        raise NotFound(f"{file} does not exist", hint="pass an existing file, or - for stdin") from exc
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {file}: {exc.strerror}") from exc
+    try:
+        raw = load_json_strict(data)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidInput(f"{'stdin' if file == '-' else file} is not valid JSON: {exc}") from exc
+    view = c.run(ops.SetSources(wf, raw, expected_version), as_)
+    if as_json:
+        emit(view)
+        return
+    click.echo(f"{wf}: {len(view['sources'])} sources saved")
+    for a in view["sources"]:
+        click.echo(attachment_line(a))
+
+
+@sources.command("candidates")
+@click.argument("wf", shell_complete=complete_workflows)
+@as_option
+@json_option
+@pass_ctx
+def sources_candidates(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
+    """Workflow IDs WF could attach right now."""
+    result = c.run(ops.Candidates(wf), as_)
+    if as_json:
+        emit(result)
+        return
+    for r in result["candidates"]:
+        granted = "  (write granted)" if r["write_granted"] else ""
+        click.echo(f"{one_line(r['workflow_id']):<24} {one_line(r['label'], limit=60)}{granted}")
