@@ -469,9 +469,9 @@ def test_the_readme_registration_and_the_example_run(tmp_path: Path) -> None:
     import re
     import subprocess
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "docs" / "mcp.md").read_text()
     block = re.search(r"<!-- mcp-registration -->\n```json\n(.*?)\n```", readme, re.S)
-    assert block, "README lost its MCP registration snippet"
+    assert block, "docs/mcp.md lost its MCP registration snippet"
     server = json.loads(block.group(1))["mcpServers"]["kbd"]
     assert server["command"] == "kbd" and server["args"][0] == "mcp" and "KBD_ROOT" in server["env"]
     kb = _world(tmp_path)
