@@ -29,7 +29,7 @@ venv: $(BIN)/kbd
 demo: venv
 	@bash scripts/demo.sh $(BIN)/kbd $(DEMO_ROOT)
 
-# An agent's side of `kbd mcp`: the README's registration, every tool called once.
+# An agent's side of `kbd mcp`: the registration in docs/mcp.md, every tool called once.
 mcp-example: venv
 	$(BIN)/python scripts/mcp-example.py
 
@@ -58,7 +58,7 @@ screenshots: venv
 nightly: venv
 	HYPOTHESIS_PROFILE=nightly $(BIN)/pytest -q --timeout=3600 tests/security tests/unit
 
-# DESIGN §8 figures. Bytecode is compiled first, as an installed package has it.
+# docs/performance.md figures. Bytecode is compiled first, as an installed package has it.
 bench: venv
 	$(BIN)/python -m compileall -q kbd >/dev/null
 	for b in paths registry sessions api api_load event_flood access_log exec cli notes gate live import search mcp_read; do echo; $(BIN)/python bench/$$b.py || exit 1; done

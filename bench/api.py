@@ -1,4 +1,4 @@
-"""API policy lookups over the real socket (DESIGN §8), each figure beside the
+"""API policy lookups over the real socket (docs/performance.md), each figure beside the
 floors of the same client load measured in the same run.
 
 Servers, each on its own Unix socket, started by this script:

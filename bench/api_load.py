@@ -1,4 +1,4 @@
-"""Health latency of the API under the three loads of issue 9, item 7, beside
+"""Health latency of the API under the three loads of docs/api.md "Limits", beside
 the idle figure measured in the same run (budget: every answer within 1 s).
 
 A real `kbd serve` (soft open-file limit 1024 under a hard 4096, as a service

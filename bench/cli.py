@@ -1,4 +1,4 @@
-"""A CLI command on a service root (DESIGN §10, issue 12): a non-root builder's
+"""A CLI command on a service root (docs/multi-user.md): a non-root builder's
 `kbd sources list WF` through the daemon, beside the same command run by root
 directly on the root, and the floors measured in the same run.
 

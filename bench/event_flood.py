@@ -1,5 +1,5 @@
-"""Multi-user: a stale event replay flood (README "The change feed" and
-"Threat model"). Budget: health p99 <= 100 ms and daemon RSS growth <= 200 MiB
+"""Multi-user: a stale event replay flood (docs/daemon.md "The change feed" and docs/multi-user.md "Threat
+model"). Budget: health p99 <= 100 ms and daemon RSS growth <= 200 MiB
 while 50 subscribers are connected, beside the idle floor of the same run.
 
 A real `kbd serve` on its Unix socket, its event log full: 42,000 events

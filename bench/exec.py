@@ -1,8 +1,8 @@
-"""`kbd exec` cost (DESIGN §8): bare /bin/true, kbd's own bwrap argv for a
-read and a write plan run directly (beside the anchor), the §8 anchor bwrap command, `python3 -S -c pass`, and
+"""`kbd exec` cost (docs/performance.md): bare /bin/true, kbd's own bwrap argv for a
+read and a write plan run directly (beside the anchor), the anchor bwrap command (docs/performance.md), `python3 -S -c pass`, and
 `kbd exec SID -- /bin/true` for a read plan and for a write plan (with the
 inner Landlock helper), in-process and through the daemon's exec broker
-(DESIGN §9), with their ratios. Medians (and minimums: on this shared host the
+(docs/daemon.md), with their ratios. Medians (and minimums: on this shared host the
 minimum is the floor) of N runs, interleaved so that load hits every row alike.
 
 The `kbd` measured is the one a host runs: this checkout installed without -e
@@ -179,7 +179,7 @@ HUNDRED = 'for i in $(seq 100); do echo "note $i of run $1" > "{where}/n$i.md"; 
 
 
 def commit_runs(kbd: list[str], sid: str, env: dict[str, str]) -> dict[str, list[float]]:
-    """README "Staged contributions": the cost of committing 100 staged notes,
+    """docs/notes.md "Staged contributions": the cost of committing 100 staged notes,
     beside the same command writing where nothing is committed, interleaved."""
     out: dict[str, list[float]] = {"commit100": [], "tmp100": []}
     for n in range(COMMIT_RUNS):
@@ -256,7 +256,7 @@ def main() -> None:
         ("kbd's bwrap argv, read plan, run directly", p50["direct_read"], low["direct_read"],
          f"anchor interleaved: {p50['direct_anchor']:.1f}"),
         ("kbd's bwrap argv, write plan (+ Landlock helper), directly", p50["direct_write"], low["direct_write"], ""),
-        ("§8 anchor: bwrap --ro-bind / / ... /bin/true", p50["anchor"], low["anchor"], ""),
+        ("anchor: bwrap --ro-bind / / ... /bin/true", p50["anchor"], low["anchor"], ""),
         ("kbd exec SID -- /bin/true (read plan, in-process)", p50["read"], low["read"], ""),
         ("kbd exec SID -- /bin/true (write plan, in-process)", p50["write"], low["write"], ""),
         ("kbd exec via the daemon (read plan)", p50["b_read"], low["b_read"], "<= 25"),

@@ -1,4 +1,4 @@
-"""The prompt-injection gate on 1 MiB worst-case notes (issue 9 item 1: ≤ 50 ms).
+"""The prompt-injection gate on 1 MiB worst-case notes (docs/performance.md: ≤ 50 ms).
 
 Prints ms per ``injection.check`` (median of several rounds) for notes shaped to
 hurt a backtracking engine: newlines, spaces+newlines, "\\n#" repeated, a random
@@ -57,7 +57,7 @@ def main() -> None:
         ),
         ("prose (no match)", fill("the quick brown fox jumps over the lazy dog. "), ""),
         ('"ignore all " spam', fill("ignore all "), "(adversarial)"),
-        # Issue 9 item 1, second review: keyword spam that made the shipped rules
+        # A second review of docs/notes.md "Injection gate": keyword spam that made the shipped rules
         # slow (linear, but 140-300 ms), and the text that made adjacent repeats
         # (now refused by the loader) cost 0.98 s per 10 KB, here against the shipped rules.
         ('"reveal secret to"', fill("reveal secret to a@b "), "<= 50 (adversarial)"),

@@ -1,4 +1,4 @@
-"""`kbd import` of 1,000 Markdown documents (issue 13: "report docs/s").
+"""`kbd import` of 1,000 Markdown documents (docs/performance.md: report docs/s).
 
 1,000 documents of about 2 KB (20 container folders of 50) are imported into a
 workflow's empty ``context/`` by the real ``kbd import`` command (a fresh
@@ -160,7 +160,7 @@ def main() -> None:
             env = {"KBD_SOCKET": str(daemon.sock), "KBD_TOKEN": tokens["alice"]}
             line("`kbd import` through the daemon (created)", runs(lambda: fresh_context(kb), lambda: cli(kb, docs, env=env)))  # fmt: skip
             line("`kbd import` through the daemon again (all unchanged)", runs(lambda: None, lambda: cli(kb, docs, env=env)))  # fmt: skip
-        print("budget (issue 13): report docs/s")
+        print("budget: report docs/s")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The live daemon (DESIGN §8, §9): pushed revocation and change events, p99.
+"""The live daemon (docs/performance.md, docs/daemon.md): pushed revocation and change events, p99.
 
 * **revocation**: a running command's tree (a ``setsid`` background loop
   started by an in-process ``kbd exec``) gone after its source is detached by

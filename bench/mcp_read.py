@@ -1,4 +1,4 @@
-"""``kbd mcp`` (issue 14, DESIGN §12): ``kb_read`` of a 4 KB note, p50 per call.
+"""``kbd mcp`` (docs/mcp.md): ``kb_read`` of a 4 KB note, p50 per call.
 
 Figures, each beside the others and floors measured in the same run:
 

@@ -1,4 +1,4 @@
-"""Contributed-note writes under contention (DESIGN §8: "8 processes x 200 note
+"""Contributed-note writes under contention (docs/performance.md: "8 processes x 200 note
 writes into one notes/ | 0 lost, 0 torn, throughput reported | upstream: no
 serialisation at all").
 
@@ -234,7 +234,7 @@ def main() -> None:
         base = scenario(Path(tmp), "single", 1)
         cont = scenario(Path(tmp), "contended", WRITERS)
     budget = "budget: 0 lost, 0 torn, throughput reported | anchor: upstream: no serialisation at all"
-    print('DESIGN §8: "8 processes x 200 note writes into one notes/ | 0 lost, 0 torn, throughput reported '
+    print('docs/performance.md: "8 processes x 200 note writes into one notes/ | 0 lost, 0 torn, throughput reported '
           '| upstream: no serialisation at all"')  # fmt: skip
     print(f"note writes through notes.write into one notes/ ({WRITES} writes per process; every "
           f"{SHARED_EVERY}th rewrites shared.md); lock wait = entering notes_lock -> mutex held")  # fmt: skip

@@ -1,4 +1,4 @@
-"""Confined open cost (DESIGN §8: ≤ 20 µs for a 6-component path).
+"""Confined open cost (docs/performance.md: ≤ 20 µs for a 6-component path).
 
 Prints µs per call, median of several rounds, for the same 6-component path:
 plain os.open, os.path.realpath, kbd's openat2 path and its O_NOFOLLOW walk

@@ -1,8 +1,8 @@
-"""Registry scan and lookup cost over 10,000 workflows (DESIGN §8).
+"""Registry scan and lookup cost over 10,000 workflows (docs/performance.md).
 
 Builds a throw-away kbd root with 10,000 generated workflows spread over nested
 folders (``workflows/team_NN/wf_NNNNN/`` with ``knowledgebase/notes/``), then
-prints, each beside its §8 budget:
+prints, each beside its budget (docs/performance.md):
 
 * cold registry scan: a new :class:`kbd.fs.registry.Registry` with no cache file,
   first ``find`` (walk, read and parse every manifest, write the cache);
@@ -14,11 +14,11 @@ prints, each beside its §8 budget:
 * plan-ish lookup: ``workflows.sources()`` for a consumer with 20 attached sources
   (resolution of all 20: registry lookups, audience checks, KB probes);
 * the same for a consumer with 20 sources of which 16 name IDs that exist
-  nowhere (issue 9 item 16: a miss must not cost a registry walk), beside it;
+  nowhere (docs/on-disk.md: a miss must not cost a registry walk), beside it;
 * a single lookup of an ID that does not exist (what any reader's
   ``GET /v1/workflows/<no-such-id>`` costs the daemon);
 * one manifest change absorbed by the same 10,000-workflow registry through
-  ``Registry.apply`` (what the daemon does per watcher event: issue 11), one new
+  ``Registry.apply`` (what the daemon does per watcher event: docs/daemon.md), one new
   workflow folder absorbed likewise, printed beside a full rescan of the same
   registry (the floor apply avoids) and a ``verify_now()`` with nothing changed
   (the verifier's periodic pass);
@@ -269,7 +269,7 @@ def run(root: Path) -> None:
         (
             "one manifest change absorbed (Registry.apply)",
             f"{median_ms(applied):,.3f} ms",
-            "<= 10 ms (issue 11)",
+            "<= 10 ms",
             "ok" if median_ms(applied) <= 10 else "OVER",
         ),
         ("  same, max", f"{max(applied) / 1e6:,.3f} ms", "", ""),
@@ -279,7 +279,7 @@ def run(root: Path) -> None:
         (
             "edit on disk -> applied, through the watcher, median",
             f"{median_ms(pushed):,.1f} ms",
-            "event p99 <= 1 s (issue 11)",
+            "event p99 <= 1 s",
             "ok" if max(pushed) / 1e9 <= 1 else "OVER",
         ),
         ("  same, max", f"{max(pushed) / 1e6:,.1f} ms", "", ""),
@@ -302,7 +302,7 @@ def run(root: Path) -> None:
         f"(debounce {DEBOUNCE_MS} ms, step {STEP_MS} ms)"
     )
     width = max(len(r[0]) for r in rows)
-    print(f"{'measure':<{width}}  {'median':>12}  {'budget (DESIGN §8)':<24}  status")
+    print(f"{'measure':<{width}}  {'median':>12}  {'budget':<24}  status")
     print(f"{'-' * width}  {'-' * 12}  {'-' * 24}  ------")
     for name, value, budget, status in rows:
         print(f"{name:<{width}}  {value:>12}  {budget:<24}  {status}")

@@ -1,4 +1,4 @@
-"""Confined search (DESIGN §8, §11): 10,000 notes (~50 MB) across 20 attached KBs.
+"""Confined search (docs/performance.md, docs/search.md): 10,000 notes (~50 MB) across 20 attached KBs.
 
 Figures, each beside a floor measured in the same run:
 
@@ -182,7 +182,7 @@ def main() -> None:
     mb = total / 1e6
     print(f"search bench: {KBS} KBs x {NOTES_PER_KB} notes = {KBS * NOTES_PER_KB} notes, {mb:.1f} MB; "
           f"'retry' finds {hits} hits (limit 10)")  # fmt: skip
-    print(f"{'measure':<66} {'p50':>8} {'p99':>8}  budget (DESIGN §8)")
+    print(f"{'measure':<66} {'p50':>8} {'p99':>8}  budget")
     rows = [
         ("warm search in process (scope, freshness, FTS5, confirm), ms", warm, "p50 <= 30, p99 <= 100"),
         ("  floor: bare FTS5 queries of the same index files, ms", floor_query, ""),

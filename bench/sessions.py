@@ -1,4 +1,4 @@
-"""Plan lookup and session open with 20 sources (DESIGN §8), in process.
+"""Plan lookup and session open with 20 sources (docs/performance.md), in process.
 
 A consumer attaches 20 sources (4 of them write-granted); the figures are
 medians over many calls on a warm process: ``RootSessions.plan(sid)`` (what
@@ -77,7 +77,7 @@ def main() -> None:
             OPENS,
         )
     print(f"sessions bench: 20 sources (4 writable), warm process; {LOOKUPS} lookups, {OPENS} opens")
-    print(f"{'measure':<44} {'median':>9} {'p99':>9}  budget (DESIGN §8)")
+    print(f"{'measure':<44} {'median':>9} {'p99':>9}  budget")
     print(f"{'plan lookup, 20 sources, warm':<44} {lookup[0]:>7.3f}ms {lookup[1]:>7.3f}ms  <= 0.5 ms")
     print(f"{'  the same, memo forgotten (full rebuild)':<44} {rebuilt[0]:>7.3f}ms {rebuilt[1]:>7.3f}ms")
     print(f"{'session open, 20 sources':<44} {opened[0]:>7.3f}ms {opened[1]:>7.3f}ms  <= 3 ms")

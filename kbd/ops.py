@@ -1,4 +1,4 @@
-"""Where a CLI command runs: on the root itself, or through its daemon (DESIGN §10).
+"""Where a CLI command runs: on the root itself, or through its daemon (docs/multi-user.md "The CLI through the daemon").
 
 Every command the CLI can send through the daemon is an :class:`Op` here: what
 it asks, how the operations layer answers it on a root this process may use
@@ -74,7 +74,7 @@ NAMES = {"wf": "workflow ID", "source": "source workflow ID", "consumer": "consu
 
 def check_names(op: Op) -> None:
     """An empty name is a usage error in both modes, as an empty ``--as`` is
-    (DESIGN §10): through the daemon it cannot even be sent (it was sent as
+    (docs/multi-user.md "The CLI through the daemon"): through the daemon it cannot even be sent (it was sent as
     ``%00``, a NUL the daemon then named and audited)."""
     if not op.names_in_path:
         return
@@ -212,7 +212,7 @@ class Remote:
 
 
 def choose(*, socket_named: bool, root_usable: bool, daemon_reachable: Callable[[], bool]) -> Mode:
-    """DESIGN §10: through the daemon when a socket is named (``--socket``,
+    """docs/multi-user.md "The CLI through the daemon": through the daemon when a socket is named (``--socket``,
     ``$KBD_SOCKET``); else on the root when this process may use it; else
     through the root's daemon when one answers; else on the root anyway, so the
     caller gets the root's own error (unreadable, missing)."""
@@ -668,7 +668,7 @@ class NoteWrite(Op):
         return Request("POST", f"/v1/sessions/{segment(self.sid)}/notes", body)
 
 
-# -- note history (issue 13 item 3) ---------------------------------------------------------
+# -- note history (docs/notes.md "Note history") ---------------------------------------------------------
 
 
 def _history_params(relpath: str, **optional: str | None) -> dict[str, str]:
@@ -793,7 +793,7 @@ def _page_params(reldir: str, limit: int | None, after: str | None) -> dict[str,
     return params
 
 
-#: The ALIAS that names the workflow's own KB in `kbd read`/`kbd ls`: never an alias (DESIGN §2).
+#: The ALIAS that names the workflow's own KB in `kbd read`/`kbd ls`: never an alias (docs/on-disk.md "IDs").
 OWN_KB = "."
 
 

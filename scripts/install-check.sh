@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Install kbd the ways the README says, into a throwaway prefix, and check each
-# result works (issue 12 item 6). Run as root on a Debian host (CI does, through
+# Install kbd the ways docs/multi-user.md "Service notes" says, into a throwaway prefix, and check each
+# result works (docs/multi-user.md "Service notes"). Run as root on a Debian host (CI does, through
 # tests/packaging/test_install_check.py); nothing outside the temporary folder
 # is touched: no /opt/kbd, no /etc/systemd, no /var/lib/kbd.
 #
@@ -13,7 +13,7 @@
 #   5. the units copied with their paths rewritten into the prefix, then
 #      `systemd-analyze verify` (clean) and `systemd-analyze security`;
 #   6. `kbd init` of a temporary root and `kbd doctor` there, with each kbd;
-#   7. the README's service install: `kbd init --system` (with throwaway group
+#   7. the service install of docs/multi-user.md "Deploying on a host": `kbd init --system` (with throwaway group
 #      names, removed at exit), a principal added, `kbd doctor` clean.
 #
 # usage: scripts/install-check.sh [PYTHON]     (default /usr/bin/python3)

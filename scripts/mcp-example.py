@@ -2,7 +2,7 @@
 
 Builds a demo root in a temporary folder (or uses --root ROOT), opens an
 execution session of wf_perf for alice, then does what an MCP-capable agent
-does with the README's registration: starts `kbd mcp SID --as alice` over stdio
+does with the registration in docs/mcp.md: starts `kbd mcp SID --as alice` over stdio
 with the official MCP SDK client, lists the tools, and calls each of them,
 printing what an agent would see. A refusal is shown as the agent sees it: a
 tool error starting with kbd's `error[<code>]`.
@@ -32,7 +32,7 @@ def kbd(root: Path, *args: str) -> str:
 
 
 def registration(root: Path, sid: str) -> dict[str, Any]:
-    """The README's `mcpServers` entry, filled in (the interpreter stands in for
+    """The `mcpServers` entry of docs/mcp.md, filled in (the interpreter stands in for
     `kbd` so the example runs from a checkout without an installed command)."""
     return {"mcpServers": {"kbd": {"command": sys.executable, "args": ["-m", "kbd", "mcp", sid, "--as", "alice"],
                                    "env": {"KBD_ROOT": str(root)}}}}  # fmt: skip
@@ -81,7 +81,7 @@ def main() -> None:
                      "--as", "alice", "--json")  # fmt: skip
         sid = json.loads(opened)["session_id"]
         config = registration(root, sid)
-        print("# the agent's MCP registration (README: Agents' file tools over MCP)")
+        print("# the agent's MCP registration (docs/mcp.md: Registration)")
         print(json.dumps(config, indent=2))
         anyio.run(agent, config, root)
         kbd(root, "session", "close", sid, "--as", "alice")

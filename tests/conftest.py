@@ -86,7 +86,7 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
 
 @pytest.fixture(scope="module", params=EXEC_MODES)
 def exec_mode(request: pytest.FixtureRequest) -> str:
-    """How `kbd exec` runs: in-process, or brokered by a real daemon (DESIGN §9).
+    """How `kbd exec` runs: in-process, or brokered by a real daemon (docs/daemon.md).
     A module that uses it runs every test on both paths; its module-scoped
     worlds wrap themselves in :func:`tests.helpers.exec_mode_for`."""
     return str(request.param)

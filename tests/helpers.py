@@ -46,7 +46,7 @@ class CliResult:
         return orjson.loads(self.out)
 
 
-# How `kbd exec` runs in a test (DESIGN §9): in this process's child as it
+# How `kbd exec` runs in a test (docs/daemon.md): in this process's child as it
 # always did, or as a thin client of a real daemon serving the root.
 EXEC_MODES = ("in_process", "brokered")
 IN_PROCESS_ENV = {"KBD_NO_DAEMON": "1"}
@@ -60,7 +60,7 @@ class KbRoot:
     exec_env: dict[str, str] = field(default_factory=lambda: dict(IN_PROCESS_ENV))
     # Called with a workflow ID after :meth:`workflow` created it. A daemon sees a
     # workflow created behind its back once its watcher reports the new folder
-    # (a registry miss never walks, DESIGN §9): brokered tests wait for that
+    # (a registry miss never walks, docs/daemon.md): brokered tests wait for that
     # here, as an execution host would wait for the workflow.changed event.
     settle: Callable[[str], None] | None = None
 

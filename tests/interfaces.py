@@ -1,5 +1,5 @@
 """One table of cases, every interface: the same read, listing or note write
-through the real CLI or through a real ``kbd mcp`` process (issue 14: an agent's
+through the real CLI or through a real ``kbd mcp`` process (docs/mcp.md: an agent's
 file tools must get the decisions its shell and CLI get).
 
 ``Outcome.error`` is kbd's stable error code in both; ``exit`` is the CLI's exit

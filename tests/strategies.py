@@ -1,4 +1,4 @@
-"""Hypothesis strategies for kbd's access model (DESIGN §2, §3).
+"""Hypothesis strategies for kbd's access model (docs/on-disk.md, docs/access.md).
 
 Everything here produces plain JSON-ready data (dicts and lists, as they would
 sit in a ``workflow.json``) or a :class:`kbd.core.principals.Principals` table, so
@@ -31,7 +31,7 @@ UNKNOWN = ("ghost", "zed")  # listed in audiences, absent from principals.yaml
 KNOWN = (*USERS, ADMIN, SERVICE, DISABLED, DISABLED_ADMIN)
 POOL = (*KNOWN, *UNKNOWN)
 
-# Top-level workflow.json fields kbd reads or owns (DESIGN §2); anything else is "unknown".
+# Top-level workflow.json fields kbd reads or owns (docs/on-disk.md); anything else is "unknown".
 KNOWN_FIELDS = frozenset(
     {"id", "label", "host", "created_by", "access", "knowledgebase_sources", "folder_access"}
 )
@@ -64,9 +64,9 @@ def weighted(*options: tuple[int, st.SearchStrategy[T]]) -> st.SearchStrategy[T]
 
 @cache
 def valid_ids() -> st.SearchStrategy[str]:
-    """Workflow or principal IDs that are valid by construction (DESIGN §2)."""
+    """Workflow or principal IDs that are valid by construction (docs/on-disk.md)."""
     short = st.text(_ID_ALPHABET, min_size=1, max_size=16)
-    # No whitespace anywhere (issue 9 item 20; DESIGN §2): punctuation-joined instead.
+    # No whitespace anywhere (docs/on-disk.md "IDs"): punctuation-joined instead.
     joined = st.tuples(short, st.sampled_from("-_.:@"), short).map("".join)
     longest = st.text(_ID_ALPHABET, min_size=120, max_size=128)
     return weighted((6, short), (2, joined), (1, longest)).filter(lambda s: s not in {".", ".."})
@@ -432,7 +432,7 @@ def encode(doc: Any) -> bytes:
     return json.dumps(doc, ensure_ascii=True).encode("ascii")
 
 
-# -- note names (issue 9 item 9) ------------------------------------------------------------
+# -- note names (docs/access.md "Names") ------------------------------------------------------------
 
 #: Path components a contributor (or a confused agent) might send as a note name:
 #: plain and odd-but-fine names, every suffix class, the index and look-alikes, kbd's

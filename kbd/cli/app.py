@@ -1,4 +1,4 @@
-"""The ``kbd`` command line (DESIGN §6).
+"""The ``kbd`` command line (docs/cli.md).
 
 A thin layer: parse arguments, call the operations layer (:mod:`kbd.service`),
 print its result (text for people, ``to_json()`` for ``--json``). Errors reach the
@@ -156,7 +156,7 @@ class Ctx:
 
     @property
     def via(self) -> ops.Backend:
-        """Where the command runs (DESIGN §10, :func:`kbd.ops.choose`): on the
+        """Where the command runs (docs/multi-user.md, :func:`kbd.ops.choose`): on the
         root, or through its daemon. Without --as the root's operator acts on the
         root (session and principal commands; management commands: your uid's
         principal), and through the daemon the principal your uid or token is."""
@@ -270,7 +270,7 @@ _LATE_ROOT = "kbd.root"
 
 
 # Not checked for readability: a service root is not readable by its users,
-# whose commands then go through its daemon (DESIGN §10).
+# whose commands then go through its daemon (docs/multi-user.md).
 ROOT_TYPE = click.Path(path_type=Path, file_okay=False, readable=False)
 
 
@@ -389,7 +389,7 @@ def _default_root(subcommand: str | None) -> Path:
 
 
 def choose_root(personal: Path, *, creating: bool, personal_exists: bool, system_exists: bool) -> Path:
-    """The root when neither --root nor $KBD_ROOT names one (DESIGN §2, §10):
+    """The root when neither --root nor $KBD_ROOT names one (docs/cli.md "Global options"):
     the caller's own (``$XDG_DATA_HOME/kbd``, else ``~/.local/share/kbd``) when
     it exists, else the system service's root when that exists (it may be
     unreadable to the caller: the daemon then serves them), else the caller's

@@ -1,6 +1,6 @@
 """The ``kbd`` console script. ``kbd exec`` takes a lean path that never imports
 click, YAML parsing of unchanged config, pydantic or the API stack: it runs
-before every agent shell command (DESIGN §8 budgets its wall time). Everything
+before every agent shell command (docs/performance.md budgets its wall time). Everything
 else goes to the click CLI in :mod:`kbd.cli.commands`. The exec grammar is
 :mod:`kbd.cli.exec_grammar`, its runner :mod:`kbd.cli.exec_run`.
 """

@@ -17,7 +17,7 @@ EXEC_USAGE = "kbd exec SID [--cwd DIR] [--as P] [--strict-contributions] [--json
 HELP_FLAGS = ("-h", "--help")
 # exec's own options; each takes a value (``--cwd DIR`` or ``--cwd=DIR``).
 EXEC_OPTIONS = ("--cwd", "--as", "--socket")
-#: exec's options that take no value (README "Staged contributions").
+#: exec's options that take no value (docs/notes.md "Staged contributions").
 EXEC_FLAGS = ("--strict-contributions", "--json")
 _SEE_HELP = "see `kbd exec --help`"
 

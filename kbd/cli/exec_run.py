@@ -1,5 +1,5 @@
 """Running a parsed ``kbd exec``: through the daemon's exec broker when one is
-reachable (docs: README "Brokered exec"), else in this process. Shared by the
+reachable (docs/daemon.md "The exec broker"), else in this process. Shared by the
 lean path (:mod:`kbd.cli.entry`) and the click command."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def run_exec(
     root_named: bool = True,
 ) -> int:
     """Run a parsed ``kbd exec`` in ``root`` (None: the default root); the
-    command's exit status. Through the daemon when one is reachable (DESIGN
-    §9; ``daemon=False``: already found unreachable), else in this process.
+    command's exit status. Through the daemon when one is reachable (docs/daemon.md; ``daemon=False``: already
+    found unreachable), else in this process.
     ``root_named``: ``root`` came from ``--root``/``KBD_ROOT``, not a guess."""
     if daemon:
         code = through_daemon(root if root_named else None, request, token=token, where=root)
@@ -63,7 +63,7 @@ def through_daemon(
 
     ``root``: the one ``--root`` named (else ``KBD_ROOT``), the only root sent
     to the daemon, which refuses a root it does not serve; with none named it
-    serves its own (README "The CLI through the daemon": a service root
+    serves its own (docs/multi-user.md "The CLI through the daemon": a service root
     elsewhere than /var/lib/kbd is reached through ``KBD_SOCKET``, by users
     who cannot name it). ``where``: the root whose default socket is used
     when no socket is named (default: ``root``, else the one kbd would choose)."""

@@ -1,5 +1,5 @@
 """The host-side client library: a long-running execution host talks to the
-kbd daemon over its Unix socket (DESIGN §6, §9) without a Python start per call.
+kbd daemon over its Unix socket (docs/api.md, docs/daemon.md) without a Python start per call.
 
     from kbd.client import Client
 
@@ -16,7 +16,7 @@ error the daemon answers arrives as the :mod:`kbd.errors` class of its code
 reached is :class:`kbd.errors.Unavailable` (exit code 69).
 
 :meth:`Client.exec` runs a command in a session's sandbox through the daemon's
-exec broker (one socket, one protocol, DESIGN §9) with descriptors the host
+exec broker (one socket, one protocol, docs/daemon.md) with descriptors the host
 provides, so a host pays the sandbox's cost per command, not a Python start.
 """
 

@@ -1,4 +1,4 @@
-"""``kbd exec`` as a thin client of the daemon's exec broker (DESIGN §9).
+"""``kbd exec`` as a thin client of the daemon's exec broker (docs/daemon.md).
 
 Runs before every agent shell command, so it imports only what it needs:
 ``os``, ``sys``, ``_socket`` and ``_signal`` (the ``socket`` and ``signal``
@@ -53,7 +53,7 @@ def default_root(environ: dict[str, str] | os._Environ[str]) -> str:
     return os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".local", "share", "kbd")
 
 
-#: The system service's root and socket (systemd/kbd.service, kbd.socket; DESIGN §10).
+#: The system service's root and socket (systemd/kbd.service, kbd.socket; docs/multi-user.md "Deploying on a host").
 SYSTEM_ROOT = "/var/lib/kbd"
 SYSTEM_SOCKET = "/run/kbd/kbd.sock"
 

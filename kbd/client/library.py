@@ -125,7 +125,7 @@ def parse_sse(lines: Iterator[str]) -> Iterator[tuple[str | None, str, str]]:
 class Client:
     """A connection to one kbd daemon (thread-safe like an ``httpx.Client``).
 
-    Every method returns the daemon's JSON (the DESIGN §6 shapes) or raises
+    Every method returns the daemon's JSON (the docs/cli.md JSON shapes) or raises
     the :mod:`kbd.errors` class of its answer."""
 
     def __init__(
@@ -314,7 +314,7 @@ class Client:
     def events(
         self, *, since: str | None = None, follow: bool = True, reconnect: bool = True
     ) -> Iterator[dict[str, Any]]:
-        """The change feed (DESIGN §9): each event as ``{"id", "type", "at", ...}``.
+        """The change feed (docs/daemon.md): each event as ``{"id", "type", "at", ...}``.
 
         With ``follow`` it never ends by itself: a dropped connection (a daemon
         restart) is resumed from the last id received, so nothing is missed or

@@ -1,10 +1,10 @@
-"""Who may read, write, manage and grant (DESIGN §3). Pure functions.
+"""Who may read, write, manage and grant (docs/access.md). Pure functions.
 
 ``audience(w)`` is everyone who can read ``w``'s outputs: effective owners,
 editors and readers. A workflow with no effective owner (no ``access.owners``
 and no ``created_by``) is *legacy*: account-visible under the host's rules.
 
-Decisions recorded here (README "Access rules"):
+Decisions recorded here (docs/access.md "Access rules"):
 
 * Enabled admins never narrow: they can read anything, so an admin in a
   consumer's audience is not required to be in the source's audience.
@@ -99,7 +99,7 @@ def can_open_session(actor: Principal, m: Manifest, *, readers_may_open: bool) -
 def require_inspectable(actor: Principal, m: Manifest, wid: str) -> None:
     """Unless ``actor`` may inspect ``m``, raise the one answer an outsider gets:
     word for word a missing workflow's (:func:`kbd.errors.workflow_not_found`
-    for ``wid``, the ID asked for), so IDs cannot be probed (DESIGN §6). Every
+    for ``wid``, the ID asked for), so IDs cannot be probed (docs/access.md "Invisible is not found"). Every
     refusal that would otherwise confirm a workflow exists checks this first."""
     if not can_inspect(actor, m):
         raise workflow_not_found(wid, outsider=True)

@@ -1,4 +1,4 @@
-"""The kbd root: where it is, and the rules of its config file (DESIGN §2).
+"""The kbd root: where it is, and the rules of its config file (docs/on-disk.md).
 
 Root precedence, highest first: ``--root`` argument → ``KBD_ROOT`` →
 ``$XDG_DATA_HOME/kbd`` → ``~/.local/share/kbd``. ``kbd.yaml`` (read by
@@ -46,7 +46,7 @@ class SandboxConfig:
     backend: str = "auto"
     network: str = "none"
     # Landlock alone cannot keep notes/_index.json read-only inside a writable
-    # notes/ (DESIGN §5): write grants need an explicit, loudly named opt-in.
+    # notes/ (docs/sandbox.md "Landlock alone"): write grants need an explicit, loudly named opt-in.
     unsafe_landlock_writes: bool = False
     unsafe_no_sandbox: bool = False
     # A group with no members that the daemon adds to the commands it sandboxes
@@ -82,8 +82,8 @@ class NotesQuota:
 
 @dataclass(frozen=True)
 class NoteHistory:
-    """Retention of note history (``note_history:`` in kbd.yaml; README "Note
-    history"). Per note: at most ``max_versions`` versions, whose distinct
+    """Retention of note history (``note_history:`` in kbd.yaml; docs/notes.md "Note history"). Per note: at
+    most ``max_versions`` versions, whose distinct
     contents add up to at most ``max_bytes``. Per source, across all its notes
     (deleted ones included): at most ``source_max_versions`` versions and
     ``source_max_bytes`` bytes, None meaning twice the source's

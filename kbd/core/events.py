@@ -1,4 +1,4 @@
-"""Change-feed events (DESIGN §9): the allow-list, ids, the stored line. Pure.
+"""Change-feed events (docs/daemon.md): the allow-list, ids, the stored line. Pure.
 
 An event is a content-free notice that something changed: ``{"id", "type",
 "at", ...}`` with exactly the fields its type lists in :data:`EVENT_FIELDS`,
@@ -18,7 +18,7 @@ session's workflow; ``resync``: none, everyone sees it). It is stripped from
 what subscribers receive (:meth:`Event.public`).
 
 Serving subscribers: what counts as a replay and when one more stream is
-refused (:class:`StreamCaps`, :func:`stream_refusal`; README "The change feed").
+refused (:class:`StreamCaps`, :func:`stream_refusal`; docs/daemon.md "The change feed").
 """
 
 from __future__ import annotations
@@ -338,8 +338,8 @@ CHUNK = 256
 
 @dataclass(frozen=True)
 class StreamCaps:
-    """How much of the change feed the daemon serves at once (README "The
-    change feed"): ``GET /v1/events`` streams per peer uid, and replays (a
+    """How much of the change feed the daemon serves at once (docs/daemon.md "The change feed"): ``GET
+    /v1/events`` streams per peer uid, and replays (a
     backlog of more than :data:`CHUNK` events, sent before the live ones) in
     all and per peer uid. A replay is bounded by the daemon's in-memory ring
     (an older ``since`` gets ``resync``), so the caps bound what replays cost

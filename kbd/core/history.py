@@ -1,4 +1,4 @@
-"""Note history, the pure part (issue 13 item 3; DESIGN §11): what a version
+"""Note history, the pure part (docs/notes.md "Note history"): what a version
 is, how a version string is checked, one log entry, which entries a
 retention setting keeps, and the unified diff of two versions.
 
@@ -167,7 +167,7 @@ def over_budget(
     present: Callable[[str], bool],
 ) -> list[Held]:  # fmt: skip
     """The entries a source's history drops to fit ``max_versions`` and
-    ``max_bytes`` across all its notes (README "Note history"): the oldest
+    ``max_bytes`` across all its notes (docs/notes.md "Note history"): the oldest
     first, whichever note they belong to, except the newest entry of a note
     ``present`` says is still in ``notes/`` — the current state of a live note
     is never forgotten, even when those alone exceed the budget. A deleted

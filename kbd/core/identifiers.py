@@ -1,4 +1,4 @@
-"""Identifier rules shared by workflows and principals (DESIGN §2)."""
+"""Identifier rules shared by workflows and principals (docs/on-disk.md "IDs")."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ ALIAS_RE = re.compile(r"[a-z][a-z0-9_]{0,47}")
 RESERVED_ALIASES = frozenset({"access"})
 
 
-#: Unicode categories no ID may contain (DESIGN §2): control (Cc, C0 and C1),
+#: Unicode categories no ID may contain (docs/on-disk.md "IDs"): control (Cc, C0 and C1),
 #: format (Cf: zero-width characters, bidi overrides), line and paragraph
 #: separators (Zl, Zp). Together with whitespace (``str.isspace``) these are the
 #: characters that make two IDs look the same, or that break a line in a
@@ -44,7 +44,7 @@ def unplain_problem(value: str) -> str | None:
 def id_problem(value: object) -> str | None:
     """Return why ``value`` is not a valid workflow or principal ID, or None if it is.
 
-    DESIGN §2: a non-empty string of at most :data:`MAX_ID_LEN` characters, no
+    docs/on-disk.md "IDs": a non-empty string of at most :data:`MAX_ID_LEN` characters, no
     ``/`` or ``\\``, not ``.`` or ``..``, and no control (Cc, C1 included),
     format (Cf), line/paragraph-separator (Zl, Zp) or whitespace character
     anywhere.

@@ -1,5 +1,5 @@
-"""Markdown import, the pure half (issue 13 item 4; DESIGN §11; seed 000
-"Publishing knowledge docs"): from one document's name and text to its title,
+"""Markdown import, the pure half (docs/search.md "Importing markdown"): from one document's name and text to
+its title,
 its container, the file kbd writes and where, and what an import does with it.
 
 * **Container** = the file's immediate parent folder name (a file directly in

@@ -1,5 +1,5 @@
-"""The prompt-injection gate for contributed notes (DESIGN §7; seed 003's
-fail-closed INJECTION gate). Rules are data in ``policies/injection.yaml``
+"""The prompt-injection gate for contributed notes (docs/notes.md "Injection gate": fail closed). Rules are
+data in ``policies/injection.yaml``
 (:func:`kbd.fs.datafiles.injection_rules` reads them; :func:`parse_rules`
 validates them).
 
@@ -26,8 +26,8 @@ sre_parse: Any = importlib.import_module("re._parser")
 sre_constants: Any = importlib.import_module("re._constants")
 sre_compiler: Any = importlib.import_module("re._compiler")
 
-# Every rule must run in time linear in the note's length (DESIGN §7; issue 9
-# item 1: one unbounded ``^\s*#{0,3}\s*system`` made 2,000 newlines cost 39 s).
+# Every rule must run in time linear in the note's length (docs/notes.md "Injection gate": one unbounded
+# ``^\s*#{0,3}\s*system`` made 2,000 newlines cost 39 s).
 # Python's ``re`` backtracks, so linearity is a property of each rule's shape,
 # checked when the rules are loaded: every quantifier is bounded (at most
 # MAX_REPEAT), only a single character is ever repeated more than once (no

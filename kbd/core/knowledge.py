@@ -1,4 +1,4 @@
-"""Search and review rules (DESIGN §11; seed 003 "governed knowledge"). Pure.
+"""Search and review rules (docs/search.md, docs/notes.md "Reviewed contributions"). Pure.
 
 What a note's provenance says (:func:`provenance_fields`), its title
 (:func:`title_of`), its review status and trust label (:func:`review_of`,
@@ -34,7 +34,7 @@ _TERM = re.compile(r"\w+", re.UNICODE)
 
 
 def digest(data: bytes) -> str:
-    """A note's version: ``sha256:<hex>`` of its bytes as stored (DESIGN §11)."""
+    """A note's version: ``sha256:<hex>`` of its bytes as stored (docs/notes.md "Note history")."""
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 

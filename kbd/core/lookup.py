@@ -1,4 +1,4 @@
-"""What a registry lookup answers, as pure data (DESIGN §2, §3).
+"""What a registry lookup answers, as pure data (docs/on-disk.md, docs/access.md).
 
 Split from :mod:`kbd.fs.registry` (the I/O side: walks, caches, ``statx`` probes)
 so the pure core — :mod:`kbd.core.resolve` and everything that plans from it — can

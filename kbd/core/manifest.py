@@ -1,4 +1,4 @@
-"""workflow.json: the fields kbd reads, their validation, and pure edits (DESIGN §2).
+"""workflow.json: the fields kbd reads, their validation, and pure edits (docs/on-disk.md).
 
 This module is pure: it turns bytes into a :class:`Manifest` and a raw document
 into a changed raw document. Reading and atomic saving live in
@@ -351,7 +351,7 @@ def validate_writers(raw: Sequence[Any], *, self_id: str) -> list[str]:
 
 
 def writer_problems(doc: dict[str, Any], *, self_id: str) -> list[str]:
-    """Every rule of DESIGN §2 a hand-edited ``access.allowed_kb_writers`` breaks
+    """Every rule of docs/on-disk.md a hand-edited ``access.allowed_kb_writers`` breaks
     (for ``kbd validate``; lookups simply never match a bad entry)."""
     access = doc.get("access")
     raw = access.get("allowed_kb_writers") if isinstance(access, dict) else None

@@ -1,4 +1,4 @@
-"""Contributed notes' rules (DESIGN §7; seed "Write access"). Pure.
+"""Contributed notes' rules (docs/notes.md "The write path"). Pure.
 
 What a note may be called (:func:`validate_target`), what it may contain
 (:func:`note_text`), the provenance frontmatter kbd stamps on it
@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the type only: config loading stays out of the pure core
 MAX_NOTE_BYTES = 1024 * 1024
 PROVENANCE_KEYS = ("contributed_by_workflow", "contributed_by_session", "contributed_at")
 
-# Bounds of one post-command audit (issue 9 item 19: a contributed notes/ is
+# Bounds of one post-command audit (docs/notes.md "Quota": a contributed notes/ is
 # attacker-shaped). The walk of each notes/ happens under its mutex, so it visits
 # at most ``notes_quota.max_files + 1`` entries (kbd.yaml; at most
 # config.MAX_QUOTA_FILES) and MAX_SCAN_DEPTH levels; then, after the mutex is

@@ -1,4 +1,4 @@
-"""The path guard's decision (DESIGN §6 ``check``): may a session's plan touch a
+"""The path guard's decision (docs/access.md "The path layer"): may a session's plan touch a
 path for read or write? For file tools that run outside the sandbox.
 
 Pure: it judges the path as spelled against the plan's grants. Whether a
@@ -23,7 +23,7 @@ _PRIORITY = {"hidden": 3, "read_only": 2, "write": 1, "read": 0}
 
 @dataclass(frozen=True)
 class PathCheck:
-    """The answer: allowed or not, and why (DESIGN §6)."""
+    """The answer: allowed or not, and why (docs/access.md "The path layer")."""
 
     allowed: bool
     reason: str

@@ -1,11 +1,11 @@
-"""Session plans: the complete, explicit grants of one lookup (DESIGN §4). Pure.
+"""Session plans: the complete, explicit grants of one lookup (docs/sessions.md). Pure.
 
 A plan is built from saved configuration only — the consumer's manifest, the
 current attachment statuses, the consumer-kind policy and the independently
 authorized folder grants — so every lookup rebuilds every KB-derived grant and
 nothing stale survives a detach, an audience change or a revoked writer.
 
-Grant lists (contract shape, DESIGN §6):
+Grant lists (contract shape, docs/sessions.md "The plan"):
 
 * ``read``: folders readable (not writable) by the session;
 * ``write``: folders writable by the session;
@@ -49,7 +49,7 @@ class Origin:
     (``local_kb``), an attached source (``kb:ALIAS``), a source's notes/ it may
     write (``kb_write:ALIAS``) or a folder grant (``folder:ALIAS``).
 
-    ``str(origin)`` is the contract's string form (DESIGN §6); :meth:`parse` is
+    ``str(origin)`` is the contract's string form (docs/sessions.md "The plan"); :meth:`parse` is
     its inverse and raises ValueError for anything else.
     """
 
@@ -259,7 +259,7 @@ def build_plan(
 def context_block(
     attachments: list[Attachment], *, effective: str, may_write_sources: bool, reads: bool
 ) -> str:
-    """The compact source list for the agent's context (seed: "Discovery and freshness")."""
+    """The compact source list for the agent's context (docs/sessions.md "The plan")."""
     if effective == "none":
         return "Knowledge base access is disabled for this session (WORKFLOW_KB_ACCESS=none).\n"
     if not attachments:
@@ -292,7 +292,7 @@ def context_block(
     return "\n".join(lines) + "\n"
 
 
-# -- pushed revocation (DESIGN §9) ------------------------------------------------------------
+# -- pushed revocation (docs/daemon.md) ------------------------------------------------------------
 
 _LEVEL = {"read": 1, "write": 2}
 _PUSHED_ENV = ("WORKFLOW_KB_", "WORKFLOW_FOLDER_")

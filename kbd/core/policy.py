@@ -1,4 +1,4 @@
-"""Consumer-kind policy, the table of ``policies/consumer_kinds.yaml`` (DESIGN §4).
+"""Consumer-kind policy, the table of ``policies/consumer_kinds.yaml`` (docs/sessions.md "Consumer kinds").
 
 The table is data so operators and reviewers read the rules in one place
 (:mod:`kbd.fs.datafiles` reads it); this module validates it strictly (unknown

@@ -1,5 +1,5 @@
 """Name rules for every path a caller hands kbd, and for files kbd writes into a
-source's notes/ (decision, README "Security").
+source's notes/ (decision, docs/access.md "Names").
 
 :func:`request_parts` is the one rule for every RELPATH kbd accepts — ``kbd
 read``, ``kbd ls``, ``kbd check``, ``kbd notes write``, their API routes and the

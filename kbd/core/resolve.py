@@ -1,8 +1,8 @@
-"""Attachment resolution: each entry of a consumer → a status (DESIGN §3).
+"""Attachment resolution: each entry of a consumer → a status (docs/access.md).
 
 Pure decisions over a :class:`SourceView` (the registry and KB probe behind a
 small interface), so the rules can be tested with fakes and a fleet index could
-replace the folder scan (DESIGN §9). Every call re-runs every check: nothing is
+replace the folder scan (docs/fleet.md). Every call re-runs every check: nothing is
 remembered between lookups, so editing JSON by hand never grants more.
 
 Attachments are not transitive: only the consumer's own entries are looked at;
@@ -36,7 +36,7 @@ REASONS = (
     "invalid_entry",
 )
 WRITE_NOT_GRANTED = "write_not_granted"
-# Write-status reason added by kbd (README): the owner granted write, but the
+# Write-status reason added by kbd (docs/access.md "Statuses and reason codes"): the owner granted write, but the
 # source's notes/ is missing, a link or a mount point.
 NOTES_UNAVAILABLE = "notes_unavailable"
 

@@ -1,7 +1,7 @@
 """Small strict readers for untrusted structured data (YAML and JSON).
 
 kbd validates its own config by hand instead of with pydantic so the hot paths
-(`kbd exec`, plan lookups) never pay pydantic's import cost (DESIGN §8). Every
+(`kbd exec`, plan lookups) never pay pydantic's import cost (docs/performance.md). Every
 failure names the file, the dotted field, what was wrong and what is allowed.
 """
 

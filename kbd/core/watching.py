@@ -1,5 +1,5 @@
 """What the file watcher reports, and the decisions about its health, as pure data
-(DESIGN §9: the watcher accelerates and pushes; it is never the source of truth).
+(docs/daemon.md: the watcher accelerates and pushes; it is never the source of truth).
 
 The I/O side is :mod:`kbd.fs.watch` (watchfiles threads, ``/proc`` reads); the
 registry consumes :class:`PathChange` without loading it, so nothing on the

@@ -1,4 +1,4 @@
-"""The exec broker's wire format (DESIGN §9; issue 11 plan §1.2-1.3). Pure.
+"""The exec broker's wire format (docs/daemon.md "The exec broker"). Pure.
 
 One connection to the daemon's socket carries one brokered command:
 
@@ -74,7 +74,7 @@ MAX_BODY = 4 << 20
 MAX_ARGV = 4096
 #: Linux's MAX_ARG_STRLEN (32 pages) less the NUL: execve refuses a longer item.
 MAX_ARG_BYTES = (32 * 4096) - 1
-#: A session ID or principal ID: at most 128 characters (DESIGN §2) of up to 4 bytes.
+#: A session ID or principal ID: at most 128 characters (docs/on-disk.md "IDs") of up to 4 bytes.
 MAX_ID_BYTES = 512
 #: PATH_MAX less the NUL.
 MAX_PATH_BYTES = 4095

@@ -1,4 +1,4 @@
-"""The exec broker (DESIGN §9): ``kbd exec`` through the daemon.
+"""The exec broker (docs/daemon.md): ``kbd exec`` through the daemon.
 
 The daemon's front door (:mod:`kbd.daemon.server`) hands every connection that starts
 with ``POST /v1/exec `` (:data:`kbd.core.wire.SNIFF`) to :meth:`Broker.adopt`.
@@ -14,7 +14,7 @@ event loop (a command can run for hours; the loop must not wait for it):
   uid, gid and supplementary groups from the kernel (``SO_PEERCRED``,
   ``SO_PEERGROUPS``), umask and rlimits from the caller's /proc entry. A
   client descriptor that is a socket reaches the command as a pipe, relayed
-  (:mod:`kbd.sandbox.relay`; README "Threat model"). It reports STARTED,
+  (:mod:`kbd.sandbox.relay`; docs/multi-user.md "Threat model"). It reports STARTED,
   NOTICE (kbd's warnings), then EXIT or ERROR, the exit status only once the
   relay has delivered all of the command's output.
 * the *reader thread*, started once the command is, forwards SIGNAL frames
@@ -458,7 +458,7 @@ class Broker:
 
 
 def _relay_for(stdio: tuple[int, int, int], *, hangup: int) -> Relay | None:
-    """Pipes in place of the client's socket stdio (README "Threat model"), or None."""
+    """Pipes in place of the client's socket stdio (docs/multi-user.md "Threat model"), or None."""
     try:
         return Relay.around(stdio, hangup=hangup)
     except OSError as exc:

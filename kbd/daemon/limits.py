@@ -1,4 +1,4 @@
-"""The HTTP layer's limits (docs: README "No client starves the daemon"): how
+"""The HTTP layer's limits (docs/api.md "Limits"): how
 long a request may take to arrive, how large its head may be, how many
 connections a peer uid and everyone may hold, and the open-file limit that
 makes room for them."""
@@ -30,7 +30,7 @@ MAX_HEADER_BYTES = 64 * 1024
 WRITE_STALL_TIMEOUT = 15.0
 KEEP_ALIVE_TIMEOUT = 5
 # 64 concurrent API clients of one service principal are a budgeted load
-# (DESIGN §8); four times that per uid leaves room, and needs several uids to
+# (docs/performance.md); four times that per uid leaves room, and needs several uids to
 # reach the total cap. Descriptors the daemon needs besides connections (state
 # files, locks, pinned folders, thread-pool work) are kept in reserve.
 MAX_CONNECTIONS_PER_UID = 256

@@ -18,7 +18,7 @@ SOCKET_GROUP = "kbd"
 
 
 def socket_gid() -> int:
-    """Group ``kbd`` if it exists, else the daemon's own group (DESIGN §10)."""
+    """Group ``kbd`` if it exists, else the daemon's own group (docs/api.md "Socket and authentication")."""
     try:
         return grp.getgrnam(SOCKET_GROUP).gr_gid
     except KeyError:

@@ -1,4 +1,4 @@
-"""The daemon's HTTP API (DESIGN §6): JSON over a Unix socket, under ``/v1``.
+"""The daemon's HTTP API (docs/api.md): JSON over a Unix socket, under ``/v1``.
 
 Every request except ``/v1/health`` is authenticated as one principal: a bearer
 token (its SHA-256 must match a principal's ``token_sha256``) or, without an
@@ -9,7 +9,7 @@ principals.yaml (:mod:`kbd.service.auth`). Unknown and disabled principals get
 ``{"error": {"code", "message", "hint"}}``; unexpected exceptions are logged
 and answered without details.
 
-No request can hold up the others (issue 9, item 7): the shared state lock is
+No request can hold up the others (docs/api.md "Limits"): the shared state lock is
 held only for registry and session-store work, never for file reads, folder
 listings, retries or notes-mutex waits, and a request that cannot get it within
 ``STATE_LOCK_WAIT`` is answered 503 ``busy`` with ``Retry-After``; note writes
@@ -22,14 +22,13 @@ access line through the ``kbd.access`` logger and the request counters that
 ``GET /v1/metrics`` answers in the Prometheus text format when asked
 (``?format=prometheus`` or ``Accept: text/plain``; JSON stays the default).
 
-``GET /v1/events`` is the change feed (DESIGN §9): Server-Sent Events from the
+``GET /v1/events`` is the change feed (docs/daemon.md): Server-Sent Events from the
 root's event log through :class:`kbd.service.subscriptions.Feed`, which the
 operations report to (``State.feed`` is put in ``Root.events``). The event log
 is one per daemon: :attr:`State.event_log`, created here unless the daemon
 passes its own to :func:`create_app`. A subscriber is admitted under the
 stream caps (one more is 503 ``stream-limit``) and its backlog read, from the
-daemon's in-memory ring only, before its stream starts (README "The change
-feed").
+daemon's in-memory ring only, before its stream starts (docs/daemon.md "The change feed").
 """
 
 from __future__ import annotations
@@ -139,7 +138,7 @@ def _not_unicode(value: object, where: str) -> str | None:
 
 class Strict(BaseModel):
     """A request body: no unknown field, and only Unicode text in any field,
-    nested ones included (README "HTTP API": checked before anything else)."""
+    nested ones included (docs/api.md "Malformed requests": checked before anything else)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -408,8 +407,8 @@ class State:
         self.host = host
         self.sessions = RootSessions(host)
         self.lock = threading.RLock()
-        # prefill: subscribers are served from the ring only (README "The change
-        # feed"), so it starts with the newest events already in the log.
+        # prefill: subscribers are served from the ring only (docs/daemon.md "The change feed"), so it starts
+        # with the newest events already in the log.
         self.event_log = event_log if event_log is not None else EventLog(host.config.state_dir, prefill=True)
         self.feed = Feed(host, self.event_log, lock=self.lock)
         host.events = self.feed
@@ -639,7 +638,7 @@ SEND_JSON = "send one JSON object, in UTF-8"
 def validation_message(errors: Sequence[Any]) -> str:
     """The first of the framework's validation errors, naming the field
     (``documents[0].file``; ``query parameter limit``), what is wrong and what
-    is allowed, as pydantic says it (README "HTTP API")."""
+    is allowed, as pydantic says it (docs/api.md "Malformed requests")."""
     first: Mapping[str, Any] = errors[0] if errors else {}
     loc = list(first.get("loc", ()))
     part = loc.pop(0) if loc and loc[0] in ("body", "query", "path", "header") else "body"
@@ -689,7 +688,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     app = FastAPI(
         title="kbd",
         version="1",
-        description="Knowledge-base attachment daemon API (DESIGN §6).",
+        description="Knowledge-base attachment daemon API (docs/api.md).",
         responses={400: {"model": ErrorResponse}, 401: {"model": ErrorResponse}, 403: {"model": ErrorResponse},
                    404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
     )  # fmt: skip
@@ -1057,7 +1056,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     async def events(
         request: Request, since: str | None = None, follow: bool = True, actor: Principal = Actor
     ) -> StreamingResponse:
-        """The change feed: content-free notices (DESIGN §9), each with ``id:``.
+        """The change feed: content-free notices (docs/daemon.md), each with ``id:``.
         Resumes after ``Last-Event-ID`` (or ``since``; the header wins); without
         either, live from now, or with ``follow=false`` the recent events. Each
         event is shown only if the caller may see its workflow when it is sent."""
@@ -1084,7 +1083,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
 
         del actor  # authenticated by the dependency; who() re-checks at every delivery
         # Admitted (or refused: StreamLimit, 503) and its backlog read before
-        # the stream starts (README "The change feed").
+        # the stream starts (docs/daemon.md "The change feed").
         subscription = await state.feed.open(
             who, since=last, follow=follow, uid=uid if isinstance(uid, int) else None
         )

@@ -8,7 +8,7 @@ already exists is never chmod-ed — or takes one from systemd socket activation
 connection's peer uid (``SO_PEERCRED``) is attached to every request on it, for
 uid-mapped authentication.
 
-Live state (DESIGN §9): at start the daemon opens the root's event log
+Live state (docs/daemon.md): at start the daemon opens the root's event log
 (``state/events.log``), appends ``resync`` with reason ``restart`` (subscribers
 cannot know what they missed while no daemon ran), and starts
 :class:`kbd.service.live.LiveState` (the watcher, the verifier, pushed
@@ -23,13 +23,13 @@ long to finish before they are terminated, finishes in-flight requests, removes
 its socket and exits 0. Commands started by an in-process ``kbd exec`` are not
 the daemon's: they keep running, and sessions survive restarts.
 
-Logs (issue 12, item 5): ``--log-level`` (``KBD_LOG_LEVEL``; default info)
+Logs (docs/daemon.md "Logs and metrics"): ``--log-level`` (``KBD_LOG_LEVEL``; default info)
 and :func:`kbd.daemon.journal.configure`: journald's native protocol when stderr is
 the journal (``$JOURNAL_STREAM``), else text on stderr; uvicorn's own loggers
 go the same way (it configures no handlers of its own), and its access log is
 off: :class:`kbd.daemon.access_log.AccessLog` writes one line per request instead.
 
-No client can starve the others (issue 9, item 7): the open-file limit is
+No client can starve the others (docs/api.md "Limits"): the open-file limit is
 raised to its hard limit at start; connections are capped per peer uid and in
 total, and a connection over a cap is answered 503 and closed at once (its
 descriptor never lingers); a request whose headers do not arrive within
@@ -129,7 +129,7 @@ class LauncherKeeper:
         from kbd.sandbox import staging
 
         # Staging layers of commands a killed daemon never finished: nothing of
-        # them was committed, and nothing will be (README "Staged contributions").
+        # them was committed, and nothing will be (docs/notes.md "Staged contributions").
         staging.sweep(self.host.config.state_dir)
         self._install()
         if self.broker.launcher is not None:

@@ -2,7 +2,7 @@
 
 Every error a user can see is a :class:`KbdError`, and every one of them is
 defined here. Each class carries a stable kebab-case ``code``, a process exit
-code (DESIGN §6: 0 2 65 66 69 70 75 77) and an HTTP status, so the CLI and the
+code (docs/cli.md "Exit codes": 0 2 65 66 69 70 75 77) and an HTTP status, so the CLI and the
 API turn any of them into the same answer without knowing the class::
 
     KbdError                        70  500  internal
@@ -58,7 +58,7 @@ Translation happens at choke points, never ad hoc: :func:`from_oserror` for an
 :func:`kbd.state.store.from_sqlite` for the session store's SQLite errors (kept
 there so this module stays pure), and
 :func:`workflow_not_found` / :func:`session_not_found` for the one answer given
-both for what does not exist and for what the actor may not see (DESIGN §6).
+both for what does not exist and for what the actor may not see (docs/access.md "Invisible is not found").
 
 Only ``kbd.cli.commands`` and ``kbd.cli.entry`` (through :func:`kbd.cli.boundary.guarded`) and the
 daemon (through :func:`http_answer`) turn these into output; nothing else calls
@@ -331,7 +331,7 @@ class Overloaded(Busy):
 
 class StreamLimit(Overloaded):
     """One more ``GET /v1/events`` than the daemon serves at once: a peer uid's
-    streams, or the replays in progress (README "The change feed"). Its own
+    streams, or the replays in progress (docs/daemon.md "The change feed"). Its own
     code, so a subscriber can tell "close your other streams" from "busy"."""
 
     code = "stream-limit"
@@ -447,7 +447,7 @@ class StateCorrupt(KbdError):
     )
 
 
-#: reason code (DESIGN §3) → the error whose exit code and HTTP status an error
+#: reason code (docs/access.md) → the error whose exit code and HTTP status an error
 #: carrying that reason answers with: an attachment whose source is missing is
 #: "not found", one whose audience check failed is "permission denied".
 REASON_ERRORS: dict[str, type[KbdError]] = {
@@ -493,7 +493,7 @@ def from_oserror(exc: OSError, *, what: str, hint: str | None = None) -> KbdErro
 
 def workflow_not_found(wid: str, *, outsider: bool = False) -> WorkflowNotFound:
     """The answer for a workflow that does not exist — and, word for word, for one
-    the actor may not see (``outsider``), so IDs cannot be probed (DESIGN §6).
+    the actor may not see (``outsider``), so IDs cannot be probed (docs/access.md "Invisible is not found").
     Only the audit record (``reason`` ``not_visible``) tells the two apart."""
     err = WorkflowNotFound(f"no workflow with ID {wid!r} on this host")
     if outsider:

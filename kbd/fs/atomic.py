@@ -1,6 +1,6 @@
 """Durable file I/O: atomic replacement of a file beneath a folder.
 
-Atomic replacement (DESIGN §7, "lose nothing"): a random temp name created with
+Atomic replacement (docs/notes.md "Concurrency"): a random temp name created with
 ``O_CREAT|O_EXCL|O_NOFOLLOW`` beside the target, write, fsync, ``rename`` over
 the target, fsync the folder. The final name is never opened for writing, so a
 symlink or hardlink planted there is replaced, not written through.

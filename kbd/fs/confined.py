@@ -1,4 +1,4 @@
-"""Race-free path resolution beneath pinned directory descriptors (DESIGN §5).
+"""Race-free path resolution beneath pinned directory descriptors (docs/access.md "The path layer").
 
 Every path kbd takes from someone else (a KB-relative path to browse, a note
 name to write) is opened *beneath* a directory fd that kbd pinned itself, never

@@ -4,7 +4,7 @@ A valid grant is opened beneath its operator-approved root through the path
 layer (no links, no ``..``, no other mount), so a grant can never be steered
 outside the approved roots; one that cannot be opened now is unavailable.
 
-On a host of many users (README "Sessions and plans") the daemon runs as
+On a host of many users (docs/sessions.md "Folder grants") the daemon runs as
 root, and a probe made as root would tell a user whether a path exists inside
 another user's private folder under an approved root. So a session whose
 principal has a uid has its grants opened *as that user* (uid, primary group

@@ -1,5 +1,5 @@
 """Markdown import on disk: reading the caller's folder, and the confined
-writes into a workflow's ``knowledgebase/context/`` (issue 13 item 4).
+writes into a workflow's ``knowledgebase/context/`` (docs/search.md "Importing markdown").
 
 Reading (:func:`read_folder`) runs in the caller's own process, as the caller:
 the folder it names is opened as any program of theirs would open it, and
@@ -73,7 +73,7 @@ def read_folder(path: Path) -> FolderRead:
     except OSError as exc:
         raise from_oserror(exc, what=f"open {str(path)[:200]!r}") from None
     # Its name is the container of the files directly in it: one that is not
-    # UTF-8 is used escaped (README "Importing markdown").
+    # UTF-8 is used escaped (docs/search.md "Importing markdown").
     out = FolderRead(shown(Path(os.path.abspath(path)).name))
     try:
         _walk(top, "", 0, out)

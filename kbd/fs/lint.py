@@ -7,7 +7,7 @@ it with no link, magic link or mount crossing, and every entry is ``lstat``ed
 relative to its opened folder. A walk that hits its bound says so ("truncated")
 instead of claiming "all ok".
 
-* Nesting (DESIGN §2): a workflow folder holding another ``workflow.json``
+* Nesting (docs/on-disk.md "Registry"): a workflow folder holding another ``workflow.json``
   below it. The registry fails closed on the nesting it can see cheaply (a known
   workflow hidden by a manifest that appeared above it); doctor also looks
   inside every workflow folder for manifests that were never discovered.

@@ -1,4 +1,4 @@
-"""Reading and saving workflow.json under its lock (DESIGN §2, §7).
+"""Reading and saving workflow.json under its lock (docs/on-disk.md, docs/notes.md).
 
 :func:`update` is the only way kbd changes a manifest: take the manifest's
 lock, re-read it, compare the expected version, compute the new document (the

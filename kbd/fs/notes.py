@@ -133,7 +133,7 @@ def scan_notes(kb_fd: int, *, quota: NotesQuota, since_ns: int | None = None) ->
 def in_kb(kb_fd: int, relpath: str) -> bool:
     """Whether ``relpath`` (relative to the pinned KB ``kb_fd``: ``notes/x.md``)
     names anything now — what the note history asks before it may forget a
-    note's newest version (README "Note history"). Only a clear "no such
+    note's newest version (docs/notes.md "Note history"). Only a clear "no such
     name" is False: a name kbd cannot check (a link, a folder it may not
     enter) counts as present, so an unsure answer never costs a version."""
     try:

@@ -1,4 +1,4 @@
-"""Workflow discovery: stable ID → canonical workflow folder (DESIGN §2, §9).
+"""Workflow discovery: stable ID → canonical workflow folder (docs/on-disk.md, docs/daemon.md).
 
 Discovery walks each configured workflow root recursively, stops at the first
 folder holding ``workflow.json`` (nested workflows inside a workflow are not
@@ -19,7 +19,7 @@ from the previous index (in memory or the cache file) are checked, so this costs
 nothing per walk; a nested manifest that was never discovered is reported by
 ``kbd doctor`` (:func:`kbd.fs.lint.nested_manifests`).
 
-Incremental maintenance (DESIGN §9): a long-lived process that watches the
+Incremental maintenance (docs/daemon.md): a long-lived process that watches the
 folders (the daemon, :mod:`kbd.fs.watch`) hands each reported change to
 :meth:`Registry.apply`, which re-derives only what that path can affect with the
 same walk and reuse rules as a rescan, and runs :meth:`Registry.verify_now`
@@ -363,7 +363,7 @@ class Registry:
             self._sweep()
         return True
 
-    # -- incremental maintenance (DESIGN §9) ----------------------------------
+    # -- incremental maintenance (docs/daemon.md) ----------------------------------
     # The daemon's watcher reports paths; apply() re-derives only what those
     # paths can change, with the same walk and the same reuse rules as rescan(),
     # so the index ends exactly where a full rescan would put it. The watcher is

@@ -134,7 +134,7 @@ def init_root(
     root.mkdir(parents=True, exist_ok=True, mode=0o750)
     _make_folders(root)
     # A service host's users are not its operator: there a shrunk grant ends the
-    # commands still using it (README "The live daemon": pushed revocation).
+    # commands still using it (docs/daemon.md "Pushed revocation").
     config = CONFIG_TEMPLATE.format(host=host_name, immediate="true" if grant_group is not None else "false")
     if grant_group is not None:
         config = config.replace(

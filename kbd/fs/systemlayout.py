@@ -1,6 +1,6 @@
 """``kbd init --system``: the groups, owners and modes of a service host's root.
 
-The decided layout (README "Deploying on a host"):
+The decided layout (docs/multi-user.md "The permission model"):
 
     <root>/              root:<group>  0750   members of <group> reach workflows/
       kbd.yaml           root:root     0640   only the daemon reads it (builders use the socket)

@@ -1,4 +1,4 @@
-"""File watching for the daemon (DESIGN §9): watchfiles' RustNotify in threads,
+"""File watching for the daemon (docs/daemon.md): watchfiles' RustNotify in threads,
 with every known way of losing events detected and reported.
 
 The watcher accelerates and pushes; it is never the source of truth. Its

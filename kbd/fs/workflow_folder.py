@@ -6,7 +6,7 @@ appears, and an existing one is never replaced. Every step works beneath the
 pinned ``workflows/`` folder, never following a link; owners and modes are set
 through each new entry's own descriptor.
 
-Layout (issue 12, README "Deploying on a host"), with a grant group::
+Layout (docs/multi-user.md "The permission model"), with a grant group::
 
     <WF>/                      owner:grant 2750
       workflow.json            owner:grant 0640

@@ -1,4 +1,4 @@
-"""The bubblewrap backend: turn a plan into a running sandbox (DESIGN §5).
+"""The bubblewrap backend: turn a plan into a running sandbox (docs/sandbox.md).
 
 Every grant is opened here, once, without following links (``pin_dir`` walks
 from ``/`` with ``RESOLVE_NO_SYMLINKS``; files are opened ``O_PATH`` beneath
@@ -334,7 +334,7 @@ def seccomp_fd(block_network: bool, *, confine: bool = False) -> int:
     """The seccomp filter (no set-id bits, keyrings, user namespaces,
     io_uring/openat2; socket families by allow-list) for bwrap's --seccomp.
     ``confine`` (the command carries the grant group): no ``socket(AF_UNIX)``,
-    stream and seqpacket pairs only (README "Threat model")."""
+    stream and seqpacket pairs only (docs/multi-user.md "Threat model")."""
     name = ("kbd-seccomp-no-net" if block_network else "kbd-seccomp-net") + ("-pairs" if confine else "")
     return SEALED.open(name, lambda: seccomp.program(block_network=block_network, unix_pairs_only=confine))
 

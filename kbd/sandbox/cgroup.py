@@ -1,5 +1,5 @@
 """Per-command cgroups: contain a sandboxed command's whole process tree, and
-bound it (DESIGN §5, issue 9 items 5 and 6).
+bound it (docs/sandbox.md "Process containment" and "Resource limits").
 
 Each ``kbd exec`` creates ``<cgroup2 mount>/kbd/<sid>.<pid>.<rand>`` and starts
 its command inside it, so everything the command forks — ``setsid``, double

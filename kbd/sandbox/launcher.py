@@ -1,4 +1,4 @@
-"""The daemon's pre-forked launcher (DESIGN §9; issue 11 plan §1.6).
+"""The daemon's pre-forked launcher (docs/daemon.md "The exec broker").
 
 Run by the daemon as ``python3 -I -S launcher.py CONFIG`` with its end of a
 ``SOCK_SEQPACKET`` socket pair (CONFIG names its number and the daemon's pid). Standard library only and
@@ -28,7 +28,7 @@ Stub ← daemon, on the stub's socket: ``{"argv", "env", "targets", "uid",
 ``SCM_RIGHTS`` (descriptor i becomes number ``targets[i]`` in the command;
 ``attach``: the staging overlays to attach first, :func:`attach_overlays`).
 Stubs wait in a user namespace owned by root (config ``"userns"``:
-:func:`own_userns`, README "The permission model"). ``launcher.py --gate SPEC
+:func:`own_userns`, docs/multi-user.md "The permission model"). ``launcher.py --gate SPEC
 -- CMD…`` (:func:`gate`) does a stub's work for one command started without one.
 The socket is close-on-exec: end of file tells the daemon the exec happened;
 a ``{"error", "where", "errno"}`` packet tells it why not.
@@ -130,7 +130,7 @@ def _check(result: int, what: str) -> None:
 
 def own_userns() -> None:
     """Enter a new user namespace owned by root, every id mapped to itself
-    (README "The permission model"). bubblewrap, run as the caller inside it,
+    (docs/multi-user.md "The permission model"). bubblewrap, run as the caller inside it,
     makes the sandbox's own namespaces as its children: a user namespace's
     owner has every capability in it only from the namespace's *parent*, so the
     caller's other processes (outside, in the host's namespace) have none in
@@ -183,7 +183,7 @@ def pin_path(path: str) -> int:
 
 
 def attach_overlays(items: list[dict[str, Any]]) -> None:
-    """Attach each staged ``notes/`` overlay (README "Staged contributions"; a
+    """Attach each staged ``notes/`` overlay (docs/notes.md "Staged contributions"; a
     detached mount the daemon made, already at descriptor ``fd``) over its real
     folder at ``path``, in a private mount namespace of this process's own.
     bubblewrap binds by path, so its bind of ``fd`` then finds the overlay.

@@ -1,4 +1,4 @@
-"""Resource limits every sandboxed command starts under (issue 9 item 6).
+"""Resource limits every sandboxed command starts under (docs/sandbox.md "Resource limits").
 
 kbd uses no ``preexec_fn``: the rlimits are set by a POSIX shell step that runs
 right before the command, inside the sandbox, and then ``exec``s it — the same

@@ -1,4 +1,4 @@
-"""Fallback containment where no cgroup v2 hierarchy is usable (issue 9 item 5).
+"""Fallback containment where no cgroup v2 hierarchy is usable (docs/sandbox.md "Process containment").
 
 ``kbd exec`` makes itself a child subreaper (``PR_SET_CHILD_SUBREAPER``): every
 process of the command's tree that is orphaned — a ``setsid`` double fork

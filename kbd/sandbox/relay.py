@@ -1,6 +1,6 @@
 """A command's stdio when the caller's descriptors are sockets: pipes, relayed.
 
-Why (README "Threat model", "Sandboxes (`kbd exec`)"): a Unix socket carries
+Why (docs/multi-user.md "Channels", docs/sandbox.md "stdio"): a Unix socket carries
 descriptors (``SCM_RIGHTS``) both ways. A command whose fd 0-2 is the caller's
 socket could send a descriptor out (a write-granted ``notes/`` to a process
 outside, which keeps writing after a revocation) or receive one from outside

@@ -1,4 +1,4 @@
-"""macOS Seatbelt profiles (DESIGN §5): rendered from ``sandbox-profiles/kbd.sb``.
+"""macOS Seatbelt profiles (docs/sandbox.md "Seatbelt"): rendered from ``sandbox-profiles/kbd.sb``.
 
 Paths never become profile text: each grant refers to ``(param "NAME")`` and
 the path travels as ``sandbox-exec -D NAME=path``, an argv word. The grant

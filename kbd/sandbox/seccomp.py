@@ -36,8 +36,8 @@ so the filter refuses, with EPERM:
   degrade as they would there: netlink (host interfaces, routes, Unix sockets
   through sock_diag), packet, vsock (the host's hypervisor channel), AF_ALG,
   AF_KEY and the rest never exist inside a sandbox;
-* with ``unix_pairs_only`` (a command carrying the host's grant group, README
-  "Threat model"), ``socket(AF_UNIX, …)`` too, and datagram ``socketpair`` types:
+* with ``unix_pairs_only`` (a command carrying the host's grant group, docs/multi-user.md "Channels"),
+  ``socket(AF_UNIX, …)`` too, and datagram ``socketpair`` types:
   a Unix socket is a descriptor channel, and a ``connect`` (or a datagram
   ``sendto``) to a pathname socket a process outside listens on is mediated by
   neither Landlock nor the mount namespace (the caller's own workflow folder

@@ -229,8 +229,8 @@ class Launcher:
             return None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            # Stubs enter a root-owned user namespace while they wait (README
-            # "The permission model"): none of a caller's other processes then
+            # Stubs enter a root-owned user namespace while they wait (docs/multi-user.md "The permission
+            # model"): none of a caller's other processes then
             # holds a capability over her command's namespaces.
             config = json.dumps(
                 {"parent": os.getpid(), "control": theirs.fileno(), "userns": own_userns_usable()}

@@ -1,5 +1,5 @@
 """Staging layers: a per-command overlay over each source ``notes/`` a command
-may write (README "Staged contributions").
+may write (docs/notes.md "Staged contributions").
 
 A command with a write grant never holds a writable descriptor to a real file in
 a source's ``notes/``. For each such folder kbd (as root) makes, under

@@ -48,7 +48,7 @@ SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 # What a forwarded signal may be: the ones a terminal or a supervisor sends to
-# stop, hang up or resize a command (DESIGN §9), on both paths alike.
+# stop, hang up or resize a command (docs/daemon.md "The exec broker"), on both paths alike.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGWINCH)
 
 
@@ -423,7 +423,7 @@ def grant_gid(name: str | None, backend: str, brokered: bool) -> int | None:
 
 def with_group(caller: Caller, gid: int) -> Caller:
     """The caller's identity with the grant group as its real, effective and
-    saved gid (README "The permission model"): the kernel lets a process trace,
+    saved gid (docs/multi-user.md "The permission model"): the kernel lets a process trace,
     ``pidfd_getfd``, read the memory of or open ``/proc/PID/{fd,root,cwd,mem}``
     of another without a capability only when uid *and* gid match, so none of
     the caller's other processes (her own gid) can reach into the command. Her
@@ -443,7 +443,7 @@ def release(box: cgroup.Box | None) -> None:
 
 def userns_usable() -> bool:
     """This daemon can give a brokered command a root-owned user namespace
-    (README "The permission model"); imported late: an in-process ``kbd exec``
+    (docs/multi-user.md "The permission model"); imported late: an in-process ``kbd exec``
     never needs the launcher's module."""
     from kbd.sandbox.spawn import own_userns_usable
 

@@ -2,8 +2,8 @@
 
 The CLI (:mod:`kbd.cli.commands`), the HTTP API (:mod:`kbd.daemon.routes`) and any future
 interface (an MCP server, a builder UI) only parse their input, call a function
-here, and render its result: text for people, or ``to_json()`` — which *is* the
-DESIGN §6 JSON shape — for ``--json`` and HTTP.
+here, and render its result: text for people, or ``to_json()`` — which *is* the JSON shape of docs/cli.md
+"JSON shapes" — for ``--json`` and HTTP.
 
 Every operation takes an explicit actor (a :class:`kbd.core.principals.Principal`,
 or for session operations an :data:`kbd.core.principals.Actor`; there is no ``None``

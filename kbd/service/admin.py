@@ -122,7 +122,7 @@ def doctor(root: Path, *, workflow_id: str | None = None) -> DoctorReport:
 
 
 def _layout_checks(host: Root) -> list[DoctorCheck]:
-    """A host with a grant group (issue 12): the group has no members, the
+    """A host with a grant group (docs/multi-user.md "The permission model"): the group has no members, the
     root is not open to others, and each workflow folder is group-owned by the
     grant group, setgid, closed to others, with a group-writable notes/. One
     FAIL line per problem, naming the path and the fix."""

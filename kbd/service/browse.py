@@ -1,5 +1,4 @@
-"""Reading and listing an attached KB as its consumer sees it (seed: "consumer-scoped
-browsing API"; DESIGN §6 Browsing).
+"""Reading and listing an attached KB as its consumer sees it (docs/cli.md "Browsing").
 
 Every call re-resolves the consumer's attachments now: the caller must be able
 to inspect the consumer, the alias must be attached and available at this
@@ -32,7 +31,7 @@ from kbd.service import JsonObject, workflows
 from kbd.service.root import Root
 
 MAX_READ_BYTES = 2 * 1024 * 1024
-# Listings are paged (issue 9 item 19: 100,000 files were 9.5 MB in one answer).
+# Listings are paged (docs/cli.md "Browsing": 100,000 files were 9.5 MB in one answer).
 
 
 class Entry(TypedDict):

@@ -200,7 +200,7 @@ def _record_versions(host: Root, ch: CommandChanges, seen: dict[str, bytes], who
             host.audit("note_history_failed", source=ch.source, path=rel, reason=str(exc)[:300])
         return
     with kb:
-        # The source's history budget asks which notes are still there (README "Note history").
+        # The source's history budget asks which notes are still there (docs/notes.md "Note history").
         present = functools.partial(in_kb, kb.fd)
         for rel, data in seen.items():
             try:
@@ -265,7 +265,7 @@ def audit_command_changes(
             digests = {rel: "sha256:" + hashlib.sha256(data).hexdigest() for rel, data in seen.items()}
             digests.update(_digests_unread(ch, seen))
             # Another workflow's bytes in the source's notes/: unreviewed until
-            # its owner decides (DESIGN §11), provenance frontmatter or not.
+            # its owner decides (docs/notes.md "Reviewed contributions"), provenance frontmatter or not.
             with contextlib.suppress(KbdError):
                 from kbd.state.reviews import record_contributions
 
@@ -291,7 +291,7 @@ def audit_command_changes(
 
 def record_own_changes(host: Root, plan: Plan, sid: str, *, since_ns: int, principal: str | None) -> None:
     """Version what a command changed in the session's own KB's ``notes/``
-    (README "Note history": a shell's edits there are versions too, ``how:
+    (docs/notes.md "Note history": a shell's edits there are versions too, ``how:
     command``). Not staged and not gated: the KB is the consumer's own. A
     bounded walk, then reads within the audit's byte budget; failures are
     audited, never the command's."""

@@ -1,4 +1,4 @@
-"""Committing a command's staged contributions (README "Staged contributions").
+"""Committing a command's staged contributions (docs/notes.md "Staged contributions").
 
 A command with a write grant wrote each source ``notes/`` through an overlay
 whose upper layer is kbd's staging folder (:mod:`kbd.sandbox.staging`). When it
@@ -79,7 +79,7 @@ class Change:
 
 @dataclass
 class Report:
-    """What became of a command's contributions (README "Staged contributions")."""
+    """What became of a command's contributions (docs/notes.md "Staged contributions")."""
 
     committed: list[tuple[str, str]] = field(default_factory=list)  # (alias, notes/... relpath)
     refused: list[dict[str, str]] = field(default_factory=list)  # alias, relpath, code, message

@@ -1,4 +1,4 @@
-"""``kbd exec``: run one command under the session's *current* plan (DESIGN §5).
+"""``kbd exec``: run one command under the session's *current* plan (docs/sandbox.md).
 
 Every command gets a fresh lookup and a new sandbox. Backends, in order of
 preference (``kbd.yaml`` ``sandbox.backend``):
@@ -181,7 +181,7 @@ class Launch:
     # status is sent (the removal of its emptied cgroups); None: done at once.
     later: list[Callable[[], None]] | None = None
     # --strict-contributions: a refused staged contribution makes the exit 65;
-    # --json: the contributions report as one JSON line (README "Staged contributions").
+    # --json: the contributions report as one JSON line (docs/notes.md "Staged contributions").
     strict: bool = False
     report_json: bool = False
     # Where a line goes as it is (the JSON report): stderr, or the broker's client.
@@ -261,7 +261,7 @@ def run(
     forward: ForwardOwnSignals | None = None
     own: OwnStdio | None = None
     try:
-        # A socket among fd 0-2 reaches the command as a relayed pipe (README "Threat model").
+        # A socket among fd 0-2 reaches the command as a relayed pipe (docs/multi-user.md "Threat model").
         own = OwnStdio.swap()
         host = Root(root)
         sessions = RootSessions(host)
@@ -311,8 +311,8 @@ def execute(
             granted = grant_gid(host.config.sandbox.grant_group, backend, launch.caller is not None)
         if granted is not None and launch.caller is not None:
             launch.caller = with_group(launch.caller, granted)
-        # Contributions to a source's notes/ are staged under bubblewrap (README
-        # "Staged contributions"): nothing of the real notes/ is writable in the
+        # Contributions to a source's notes/ are staged under bubblewrap (docs/notes.md "Staged
+        # contributions"): nothing of the real notes/ is writable in the
         # sandbox, and no notes mutex is held while the command runs.
         staged = backend == "bwrap" and bool(spec.contributed_notes(plan))
         if staged:
@@ -357,7 +357,7 @@ def execute(
 
             with launch.lock:
                 record_own_changes(host, plan, sid, since_ns=started, principal=launch.principal)
-        status = 128 - rc if rc < 0 else rc  # killed by signal N: 128+N, as a shell says (DESIGN §8)
+        status = 128 - rc if rc < 0 else rc  # killed by signal N: 128+N, as a shell says (docs/daemon.md)
         if staging is not None:
             status = _commit_staged(sessions, sid, plan, staging, who, launch, status)
         return status
@@ -379,7 +379,7 @@ def execute(
 
 def plan_writes_own_notes(plan: Plan) -> bool:
     """The session may write its own KB's ``notes/`` (then a command's edits
-    there are versioned: README "Note history")."""
+    there are versioned: docs/notes.md "Note history")."""
     from kbd.core.layout import KB_DIR, NOTES_DIR
     from kbd.core.pathguard import LinkCheckNeeded, decide
 
@@ -491,7 +491,7 @@ def _run_bwrap(
                                 staging=staging)  # fmt: skip
         record = _Record(sessions, sid, plan, command, box, principal=launch.principal)
         # A root-owned user namespace for every brokered command of another user
-        # (README "The permission model"); the pool's stubs are in one already.
+        # (docs/multi-user.md "The permission model"); the pool's stubs are in one already.
         userns = launch.caller is not None and launch.caller.uid != 0 and userns_usable()
         proc = _start(argv, box, launch, env=env, pass_fds=[*fds.handed, status_w, ready_r], record=record,
                       stub=stub, attach=list(fds.attach), userns=userns)  # fmt: skip

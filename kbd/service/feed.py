@@ -1,4 +1,4 @@
-"""The change feed's producers (DESIGN §9): the :class:`EventSink` every
+"""The change feed's producers (docs/daemon.md): the :class:`EventSink` every
 operation reports to, and who may see an event when it is delivered.
 
 Operations report through ``Root.events`` (an :class:`EventSink`):

@@ -1,4 +1,4 @@
-"""Note history operations (issue 13 item 3; DESIGN §11): ``kbd notes
+"""Note history operations (docs/notes.md "Note history"): ``kbd notes
 log|show|diff|restore SOURCE_WF RELPATH``.
 
 RELPATH is relative to the source's KB root (``notes/x.md``), as for ``kbd

@@ -1,5 +1,5 @@
 """``kbd import WF DIR``: Markdown documents into a workflow's own
-``knowledgebase/context/`` (issue 13 item 4; DESIGN §11).
+``knowledgebase/context/`` (docs/search.md "Importing markdown").
 
 The operation takes *documents* (names relative to the imported folder, and
 their bytes), never a path: the folder is read by whoever runs the command, as
@@ -62,7 +62,7 @@ class Skipped:
 
     def to_json(self) -> JsonObject:
         # A name that is not UTF-8 is shown escaped, never as a lone surrogate
-        # no JSON encoder or terminal takes (README "Importing markdown").
+        # no JSON encoder or terminal takes (docs/search.md "Importing markdown").
         return {"file": rules.shown(self.file), "reason": rules.shown(self.reason)}
 
 

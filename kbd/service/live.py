@@ -1,4 +1,4 @@
-"""The daemon's live state (DESIGN §9): watched changes applied to the registry,
+"""The daemon's live state (docs/daemon.md): watched changes applied to the registry,
 change events, and pushed revocation.
 
 One thread (``kbd-live``) serialises everything that changes the daemon's view:

@@ -1,5 +1,5 @@
-"""Contributed notes: one write into an attached source's ``notes/`` (DESIGN §7;
-seed "Write access"), the one confined write entry point for ``kbd notes
+"""Contributed notes: one write into an attached source's ``notes/`` (docs/notes.md "The write path"), the one
+confined write entry point for ``kbd notes
 write``, the API and any other writer.
 
 It re-resolves the session's plan, requires a write grant for that source
@@ -53,7 +53,7 @@ class NoteWritten:
     alias: str
     path: str  # relative to the source's KB root: notes/...
     bytes: int
-    version: str  # sha256:<hex> of the bytes written (DESIGN §11)
+    version: str  # sha256:<hex> of the bytes written (docs/notes.md "Note history")
 
     def to_json(self) -> JsonObject:
         return {"workflow_id": self.workflow_id, "alias": self.alias, "path": self.path, "bytes": self.bytes,
@@ -80,7 +80,7 @@ class PreparedNote:
     expected: str | None = None
     principal: str | None = None  # who, for the note's history
     how: str = (
-        "write"  # the history's word for it: "command" for a staged shell write (README "Note history")
+        "write"  # the history's word for it: "command" for a staged shell write (docs/notes.md history)
     )
 
     def refuse(self, err: KbdError) -> KbdError:
@@ -106,7 +106,7 @@ def prepare(
     host = sessions.host
     try:
         # A version string is decoded before the session is looked at: the
-        # same answer whatever session it names (README "HTTP API").
+        # same answer whatever session it names (docs/api.md "Malformed requests").
         if expected is not None:
             expected = parse_version(
                 expected, field="the expected version (--expected-version, If-Match)", allow_absent=True
@@ -268,10 +268,10 @@ class NoteRemoved:
 
 
 def remove(note: PreparedNote) -> NoteRemoved:
-    """Remove a prepared note's file (a staged command deleted it: README
-    "Staged contributions"): the same plan, grant and name checks as a write
+    """Remove a prepared note's file (a staged command deleted it: docs/notes.md "Staged contributions"): the
+    same plan, grant and name checks as a write
     (``prepare`` with any content), under the same mutex; only a regular file
-    is removed. Its history stays (README "Note history"). Audited
+    is removed. Its history stays (docs/notes.md history). Audited
     ``note_removed``, or ``note_refused``."""
     host = note.host
     config = host.config

@@ -1,4 +1,4 @@
-"""Managing the principals of a host (DESIGN §10): add, disable, enable,
+"""Managing the principals of a host (docs/multi-user.md "Principals"): add, disable, enable,
 remove, and give a new token.
 
 Each operation edits ``principals.yaml`` in place (:mod:`kbd.fs.principals_file`:

@@ -1,5 +1,5 @@
-"""Reviewed contributions (DESIGN §11; seed 003: captured items stay UNREVIEWED
-until someone with authority reviews them): ``kbd notes pending SOURCE_WF``
+"""Reviewed contributions (docs/notes.md "Reviewed contributions": captured items stay unreviewed until
+someone with authority reviews them): ``kbd notes pending SOURCE_WF``
 and ``kbd notes review SOURCE_WF RELPATH --approve|--reject``.
 
 A note in a source's ``notes/`` is *contributed* when its provenance
@@ -13,7 +13,7 @@ deleted outright and :func:`restore_rejected` can put it back.
 
 Only the source's owners and admins may list or review (others 77, or 66
 when they may not see the source); every review and every refusal is
-audited. No change-feed event: DESIGN §9's list has none for reviews.
+audited. No change-feed event: docs/daemon.md's list has none for reviews.
 """
 
 from __future__ import annotations
@@ -167,8 +167,8 @@ def review(
     """Approve the note's bytes the reviewer saw, or reject it: keep it in kbd's
     state and move it out of ``notes/``. RELPATH is relative to the KB root
     (``notes/x.md``). ``expected``: the version (digest) the reviewer saw
-    (``kbd notes pending``), required to approve (README "Reviewed
-    contributions": an approval names the bytes it approves); the decision is
+    (``kbd notes pending``), required to approve (docs/notes.md "Reviewed contributions": an approval names
+    the bytes it approves); the decision is
     refused (75) when the note's bytes are no longer those."""
     action = "approve" if approve else "reject"
     # The version string is decoded before any lookup: the same answer whatever workflow is named.
@@ -293,7 +293,7 @@ def restore_rejected(host: Root, source_wf: str, rejected_id: int, *, actor: Pri
         else:
             raise PathRefused(f"{kept.relpath!r} exists again; move it away first", why="exists")
         replace_note(notes_fd, tuple(parts[1:]), kept.data, shared=config.sandbox.grant_group is not None)
-        # A write kbd performs into notes/: a version in the note's history (DESIGN §11).
+        # A write kbd performs into notes/: a version in the note's history (docs/notes.md "Note history").
         store_for(config).record(source_wf, kept.relpath, kept.data, how="unreject",
                                  who=Who(actor.id, None, None), present=functools.partial(in_kb, kb.fd))  # fmt: skip
     store.mark_restored(config.state_dir, rejected_id)

@@ -1,5 +1,5 @@
-"""Confined search over every KB a session's *current* plan may read (DESIGN §11;
-seed 000: one seam, scope derived from the caller, best effort).
+"""Confined search over every KB a session's *current* plan may read (docs/search.md "Search": one seam, scope
+derived from the caller, best effort).
 
 The scope is computed from the plan at query time (:func:`scope`): the
 session's own KB unless its mode is ``none``, and each available source the

@@ -1,11 +1,11 @@
-"""Sessions (DESIGN §4): open (and copied children), show, environment, list, close,
+"""Sessions (docs/sessions.md): open (and copied children), show, environment, list, close,
 revoke, path checks — and the lookup that rebuilds a session's plan.
 
 A lookup (:meth:`RootSessions.plan`) is the only way to get a session's plan,
-and it always rebuilds the plan from saved configuration (DESIGN §4
-"Reconciliation"): every lookup re-reads the session row, verifies the
+and it always rebuilds the plan from saved configuration (docs/sessions.md "Reconciliation and generation"):
+every lookup re-reads the session row, verifies the
 consumer's and every source's manifest and probes every attached KB's identity
-on disk (DESIGN §9: "every grant is verified at lookup"). Only the pure part —
+on disk (docs/daemon.md: "every grant is verified at lookup"). Only the pure part —
 resolving those answers into attachments, building the plan, its digest — is
 remembered per session (:class:`_Memo`), and reused only when every answer is
 the same as the one it was built from.
@@ -219,8 +219,8 @@ class RootSessions:
 
     def _folder_uid(self, row: SessionRow) -> int | None:
         """Whom the session's folder grants are opened as: on a root served as
-        root, the uid of the principal who opened the session (README
-        "Sessions and plans": a user learns nothing of folders she may not
+        root, the uid of the principal who opened the session (docs/sessions.md "Folder grants": a user learns
+        nothing of folders she may not
         open; the session's, not each caller's, so the plan and its generation
         are one whoever looks it up); None: with the process's own credentials."""
         if os.geteuid() != 0:

@@ -1,4 +1,4 @@
-"""The daemon's change feed (DESIGN §9): its :class:`kbd.service.feed.EventSink`,
+"""The daemon's change feed (docs/daemon.md): its :class:`kbd.service.feed.EventSink`,
 and delivery to subscribers of ``GET /v1/events``.
 
 One shared :class:`kbd.state.events.EventLog` holds every event, whoever
@@ -25,8 +25,8 @@ it gets ``resync`` carrying the id to resume from after reloading its state. A
 daemon start appends ``resync`` (``restart``) for everyone: what the watcher
 would have seen while no daemon ran is not in the log.
 
-What a subscriber costs is bounded (README "The change feed", "Threat
-model"): a replay comes from the ring only (the log files are never read for
+What a subscriber costs is bounded (docs/daemon.md "The change feed", docs/multi-user.md "Threat model"): a
+replay comes from the ring only (the log files are never read for
 a subscriber), and :class:`StreamLimits` caps streams per peer uid and
 replays (:func:`kbd.core.events.is_replay`) in all and per uid, answering one
 more with :class:`kbd.errors.StreamLimit` before its stream starts.

@@ -4,7 +4,7 @@ The one home of these operations, for every interface. Each one authorizes its
 actor, does its work through the pure core (manifest, audience, resolve) and
 the root's registry (:class:`kbd.service.root.Root`), records every refused
 change in the audit log before the caller hears of it, and returns a typed
-result whose ``to_json()`` is the DESIGN §6 shape shared by ``--json`` and the
+result whose ``to_json()`` is the docs/cli.md "JSON shapes" shape shared by ``--json`` and the
 HTTP API.
 """
 
@@ -56,7 +56,7 @@ class WorkflowRow:
     path: str
     status: str
     problem: str | None
-    nested_in: str | None  # a workflow folder inside another one (DESIGN §2)
+    nested_in: str | None  # a workflow folder inside another one (docs/on-disk.md "Registry")
     contains: tuple[str, ...]
 
     def to_json(self) -> JsonObject:
@@ -218,7 +218,7 @@ def list_workflows(root: Root, *, actor: Principal) -> WorkflowList:
                 path=str(folder.path),
                 status=status,
                 problem=folder.problem if m is None else None,
-                # A workflow folder inside another one (DESIGN §2): both are
+                # A workflow folder inside another one (docs/on-disk.md "Registry"): both are
                 # ambiguous_id until an operator resolves it.
                 nested_in=str(folder.nested_in) if folder.nested_in is not None else None,
                 contains=tuple(str(p) for p in root.registry.contained(folder)),
@@ -558,7 +558,7 @@ def _because(err: KbdError, reason: str) -> KbdError:
     return err
 
 
-# -- creating a workflow folder (issue 12) ---------------------------------------------
+# -- creating a workflow folder (docs/multi-user.md "The permission model") ---------------------------------------------
 
 MAX_LABEL = 200
 

@@ -1,4 +1,4 @@
-"""The change feed's persisted log: ``state/events.log`` (DESIGN §9).
+"""The change feed's persisted log: ``state/events.log`` (docs/daemon.md).
 
 One JSON object a line, each event written with one ``write`` on an
 ``O_APPEND`` descriptor while holding the ``events`` lock under
@@ -310,8 +310,7 @@ class EventLog:
 
         ``files=False``: from the ring only, so the answer costs at most the
         ring's size whatever the log holds; an id older than the ring reaches
-        back is ``too-old`` (what the daemon gives subscribers: README "The
-        change feed")."""
+        back is ``too-old`` (what the daemon gives subscribers: docs/daemon.md "The change feed")."""
         with self._mutex:
             self._follow(locked=False)
             first = resume_from(last_id, epoch=self._epoch, last_seq=self._seq)

@@ -1,4 +1,4 @@
-"""Note history storage (README "Note history"): per (source workflow, note
+"""Note history storage (docs/notes.md "Note history"): per (source workflow, note
 path) a log of versions and the content-addressed blobs it names, in kbd's
 state (``state/history/``), never under a source's folder.
 

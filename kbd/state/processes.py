@@ -1,4 +1,4 @@
-"""Running commands (DESIGN §5): the record each ``kbd exec`` keeps of the
+"""Running commands (docs/sandbox.md "Process containment"): the record each ``kbd exec`` keeps of the
 command it runs. Ending those commands (session close, ``session revoke
 --immediate``) is :mod:`kbd.sandbox.trees`'s, composed by the service layer
 (:func:`kbd.service.sessions.running_commands`).

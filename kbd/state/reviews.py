@@ -1,4 +1,4 @@
-"""Review decisions on contributed notes (DESIGN §11), in kbd's state.
+"""Review decisions on contributed notes (docs/notes.md "Reviewed contributions"), in kbd's state.
 
 ``<state>/reviews.sqlite`` holds one row per (source workflow, relpath relative
 to the KB root, ``sha256:`` digest of the note's bytes): a decision is about

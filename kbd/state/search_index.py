@@ -1,4 +1,4 @@
-"""The full-text search index (DESIGN §11), in kbd's state: never in a source's folder.
+"""The full-text search index (docs/search.md "Search"), in kbd's state: never in a source's folder.
 
 ``<state>/search/kb-<dev>-<ino>.sqlite``, one file per KB folder identity:
 one row per indexed file (keyed by its relpath beneath the KB), with the

@@ -1,4 +1,4 @@
-"""Durable sessions (DESIGN §4): the SQLite store under ``state/``, and the one
+"""Durable sessions (docs/sessions.md): the SQLite store under ``state/``, and the one
 translation of its errors into the tree (:func:`from_sqlite`). The lookup that
 rebuilds a session's plan from saved configuration every time is
 :mod:`kbd.service.sessions`; running commands are :mod:`kbd.state.processes`.

@@ -1,4 +1,4 @@
-"""``kbd ui``: the Knowledge page (issue 15, DESIGN §13), a local web server for one principal.
+"""``kbd ui``: the Knowledge page (docs/knowledge-page.md), a local web server for one principal.
 
 :mod:`kbd.ui.security` decides what the web surface lets through (pure);
 :mod:`kbd.ui.server` serves the page's assets and its JSON API, every route one

@@ -1,4 +1,4 @@
-"""The Knowledge page's web surface, decided (DESIGN §13, ui-contract): pure functions, no I/O.
+"""The Knowledge page's web surface, decided (docs/knowledge-page.md): pure functions, no I/O.
 
 A local web server is an attack surface reachable by every page the user's
 browser opens and by every local process. What stands between them and the

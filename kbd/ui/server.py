@@ -1,4 +1,4 @@
-"""The Knowledge page's server (DESIGN §13, /work ui-contract): assets and a JSON API on 127.0.0.1.
+"""The Knowledge page's server (docs/knowledge-page.md): assets and a JSON API on 127.0.0.1.
 
 Every ``/api/*`` route is ONE :class:`kbd.ops.Op`, run through the backend
 the CLI chose (on the root, or through the daemon) as the one principal
@@ -11,7 +11,7 @@ check, the cookie, and for changes the CSRF token and ``Origin``
 (:mod:`kbd.ui.security` decides), and every answer leaves with the security
 headers, whatever produced it.
 
-The search runs in a read-only reviewer session (DESIGN §4: a reader may open
+The search runs in a read-only reviewer session (docs/sessions.md: a reader may open
 reviewer kinds only) that the page opens per workflow on first use and closes
 when the server stops (:class:`SearchSessions`).
 
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kbd.ui")
 
-#: The session kind the search opens: read-only, and one a reader may open (DESIGN §4).
+#: The session kind the search opens: read-only, and one a reader may open (docs/sessions.md).
 SEARCH_KIND = "reviewer_strategic"
 #: How often a direct-mode stream checks whether a daemon (the source of manifest events) runs.
 LIVE_CHECK_INTERVAL = 2.0

@@ -14,7 +14,7 @@ from tests.browser.conftest import World
 from tests.browser.harness import second_page
 from tests.integration import daemon as daemons
 
-LIVE_BUDGET = 1.0  # seconds, DESIGN §9 / the issue
+LIVE_BUDGET = 1.0  # seconds, docs/daemon.md "Pushed revocation" and "The change feed"
 # The server looks whether a daemon runs every 2 s (kbd/ui/server.py LIVE_CHECK_INTERVAL).
 SWITCH = 6.0
 OBSERVE = 10.0  # how long a late change is still waited for (to say how late)
@@ -146,7 +146,7 @@ def test_the_badge_says_whether_the_page_is_live(world: World) -> None:
     expect(badge).to_have_attribute("data-live", "on", timeout=SWITCH * 1000)
     expect(badge).to_have_text("live")
     # The server's own look (every 2 s) has seen the daemon too: it says so with a resync.
-    # (A daemon stopped before that look goes unnoticed: reported to UI-SERVER, ui-contract.md.)
+    # (A daemon stopped before that look goes unnoticed: a known gap of the page's own look.)
     watched.page.wait_for_function(
         "() => window.__sse.some(([, data]) => data.includes('live-changed'))", timeout=SWITCH * 1000
     )

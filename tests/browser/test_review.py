@@ -1,4 +1,4 @@
-"""Adversarial review (issue 15), in a real Chromium: a browser keeps one cookie
+"""Adversarial review (docs/knowledge-page.md "Web-surface defences"), in a real Chromium: a browser keeps one cookie
 jar per host, not per port, so every web server on 127.0.0.1 the user's browser
 visits (another local user's, say) receives the page's cookie. Holding it must
 not let another local user act as the page's principal."""

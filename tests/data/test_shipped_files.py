@@ -166,7 +166,7 @@ def unit(name: str) -> dict[str, list[str]]:
 
 def test_socket_unit_is_group_only() -> None:
     sock = unit("kbd.socket")
-    # DirectoryMode was 0750, which locked group kbd out (issue 9, item 11): see the next test.
+    # DirectoryMode was 0750, which locked group kbd out (docs/api.md "Socket and authentication"): see the next test.
     assert sock["SocketMode"] == ["0660"] and sock["DirectoryMode"] == ["0755"]
     assert sock["ListenStream"][0].startswith("/") and sock["Accept"] == ["no"]
 
@@ -220,7 +220,7 @@ def test_service_unit_keeps_bubblewrap_working() -> None:
     assert "RestrictNamespaces" not in svc, "bubblewrap needs namespaces"
     assert "PrivateUsers" not in svc
     for f in svc.get("SystemCallFilter", []):
-        # An allow-list must name @mount, a deny-list (~…) must not (issue 12 item 4: a deny-list).
+        # An allow-list must name @mount, a deny-list (~…) must not (systemd/README.md: a deny-list).
         assert ("@mount" in f) != f.startswith("~"), "a syscall filter without @mount breaks bubblewrap"
     assert svc["NoNewPrivileges"] == ["yes"] and svc["UMask"] == ["0027"]
     # Every directive in the Service section has a comment on its line or just above.

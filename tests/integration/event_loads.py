@@ -1,4 +1,4 @@
-"""The change feed's loads against a REAL daemon (README "The change feed" and
+"""The change feed's loads against a REAL daemon (docs/daemon.md "The change feed" and docs/multi-user.md
 "Threat model"); shared by tests/integration/test_event_flood.py and
 bench/event_flood.py.
 

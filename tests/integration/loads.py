@@ -1,4 +1,4 @@
-"""The three loads of issue 9, item 7, against a REAL daemon; shared by
+"""The three loads of docs/api.md "Limits", against a REAL daemon; shared by
 tests/integration/test_api_starvation.py and bench/api_load.py.
 
 - :func:`half_open_flood`: another process, as another uid (``nobody`` with

@@ -1,4 +1,4 @@
-"""The daemon's fast policy lookups stay exact (DESIGN §4, §6, §9): the REAL
+"""The daemon's fast policy lookups stay exact (docs/sessions.md, docs/cli.md, docs/daemon.md): the REAL
 daemon on its socket, its per-session plan memo warm, then a change on disk or
 in principals.yaml, then the very next request — sent at once, well before the
 watcher's debounce, so the answer comes from the lookup's own verification,

@@ -1,4 +1,4 @@
-"""No client can starve the API (issue 9, item 7) and every answer is in the
+"""No client can starve the API (docs/api.md "Limits") and every answer is in the
 error envelope, even for bytes that are not HTTP (item 21).
 
 The REAL daemon on its real Unix socket, started with a soft open-file limit of

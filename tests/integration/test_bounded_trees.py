@@ -1,4 +1,4 @@
-"""Issue 9 items 19 and 6 (notes quota): bounded work on attacker-shaped trees.
+"""docs/notes.md "Quota" and docs/cli.md "Browsing": bounded work on attacker-shaped trees.
 
 Listings are paged (``--limit``/``--after``, JSON says ``truncated`` and
 ``next``); the post-command audit walks a bounded number of entries and says
@@ -92,7 +92,7 @@ def _writer(kb: KbRoot) -> str:
 @pytest.mark.requires_bwrap
 @pytest.mark.requires_landlock(abi=2)  # the inner helper of write plans
 def test_a_command_that_floods_notes_stops_at_the_quota(kb: KbRoot) -> None:
-    """Staged (README "Staged contributions"): each note is committed through
+    """Staged (docs/notes.md "Staged contributions"): each note is committed through
     the write path, so the quota refuses the ones past it; notes/ never goes over."""
     _set_quota(kb, max_files=20, max_bytes=1 << 20)
     sid = _writer(kb)

@@ -1,10 +1,10 @@
-"""The change feed with the REAL daemon on its real socket (DESIGN §9, issue 11 item 5)
+"""The change feed with the REAL daemon on its real socket (docs/daemon.md "The change feed")
 and the host-side client library (item 3).
 
 - Producers: kbd's own writes through the API and through the CLI (a separate
   process appending to the shared log) give session, note and manifest events;
   a command that writes notes/ under the real sandbox gives ``note.written``.
-- Delivery: ``id:`` on every event, only the DESIGN fields (no content),
+- Delivery: ``id:`` on every event, only the documented fields (docs/daemon.md "The change feed"; no content),
   filtered when delivered: a reader removed from a source's audience stops
   receiving its events, live and in replays.
 - Continuity: ``Last-Event-ID`` (or ``since``) resumes with exactly the missed

@@ -1,4 +1,4 @@
-"""Issue 9, items 10, 12, 13, 14: identity never defaults open, a complete and
+"""docs/cli.md "Global options" and "Errors": identity never defaults open, a complete and
 readable audit log, no tracebacks and quiet pipes, and the new-user findings.
 
 Everything runs the real ``kbd`` on a real root: in real processes for exec,
@@ -163,7 +163,7 @@ def _actor_functions() -> list[tuple[str, Callable[..., Any]]]:
 
 def test_every_actor_parameter_is_required() -> None:
     found = dict(_actor_functions())
-    # The operations the issue names must be among those checked.
+    # The session and note operations (docs/cli.md "Global options": no default actor) must be among those checked.
     for name in ("RootSessions.plan", "kbd.service.sessions.close", "kbd.service.sessions.list_sessions",
                  "kbd.service.sessions.revoke", "kbd.service.sessions.check", "kbd.service.sessions.open_session",
                  "kbd.service.sessions.open_child", "kbd.service.sessions.show",

@@ -1,4 +1,4 @@
-"""What a person expects of the `kbd` command itself (issue 12 item 5): bare
+"""What a person expects of the `kbd` command itself (docs/cli.md "Global options"): bare
 `kbd` shows the help, `--version`, global options after the command, and shell
 completion (bash, zsh, fish) that completes workflow IDs, aliases, session IDs
 and principals from the root, and completes nothing — quietly — from a root it

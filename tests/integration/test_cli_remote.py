@@ -1,4 +1,4 @@
-"""The CLI through the daemon answers exactly as on the root (DESIGN §10, issue 12 item 1).
+"""The CLI through the daemon answers exactly as on the root (docs/multi-user.md "The CLI through the daemon").
 
 One script of commands — management, sessions, browsing, notes, checks,
 principals, refusals of each kind — runs twice on identically built roots at the
@@ -57,7 +57,7 @@ SCRIPT: list[tuple[str, list[str], bytes | None]] = [
     ("bob", ["sources", "attach", "con", "lib", "--alias", "other"], None),
     ("alice", ["sources", "detach", "con", "extra"], None),
     ("alice", ["sources", "detach", "con", "extra"], None),
-    # Issue 15: one attachment's access, in one locked change (and only at a version, when given).
+    # docs/knowledge-page.md "Panels": one attachment's access, in one locked change (and only at a version, when given).
     ("alice", ["sources", "access", "con", "rts", "write", "--json"], None),
     ("alice", ["sources", "access", "con", "rts", "read"], None),
     ("alice", ["sources", "access", "con", "nosuch", "read"], None),
@@ -150,7 +150,7 @@ SCRIPT: list[tuple[str, list[str], bytes | None]] = [
     ("alice", ["ls", "con", "rts"], None),
     ("alice", ["ls", "con", "rts", "notes", "--limit", "1"], None),
     ("alice", ["ls", "con", "rts", "notes", "--limit", "1", "--after", "fact.md", "--json"], None),
-    # Issue 15: ALIAS "." is the workflow's own KB (never an alias), browsed with the same rules.
+    # docs/knowledge-page.md "Panels": ALIAS "." is the workflow's own KB (never an alias), browsed with the same rules.
     ("alice", ["read", "con", ".", "notes/fact.md"], None),
     ("alice", ["read", "con", ".", "context/about.md", "--json"], None),
     ("alice", ["read", "con", ".", "../workflow.json"], None),
@@ -159,7 +159,7 @@ SCRIPT: list[tuple[str, list[str], bytes | None]] = [
     ("alice", ["ls", "con", "."], None),
     ("alice", ["ls", "con", ".", "notes", "--limit", "1", "--json"], None),
     ("dave", ["ls", "con", "."], None),
-    # Note history (issue 13 item 3): versions differ per run (provenance stamps), so they are masked.
+    # Note history (docs/notes.md "Note history"): versions differ per run (provenance stamps), so they are masked.
     (
         "alice",
         ["notes", "write", "{SID}", "rts", "remote.md", "--file", "-", "--expected-version", "none"],
@@ -366,7 +366,7 @@ def test_as_another_principal_through_the_daemon_is_refused(tmp_path: Path) -> N
         r = run_in_process(
             ["--root", str(kb.root), "sources", "list", "con", "--as", ""], input=None, env=env
         )
-        assert r.code == 2, r  # DESIGN §10: an empty --as is a usage error in both modes
+        assert r.code == 2, r  # docs/multi-user.md: an empty --as is a usage error in both modes
         # No token and uid 0 not mapped: the daemon says who is missing.
         r = run_in_process(
             ["--root", str(kb.root), "sources", "list", "con"],
@@ -503,7 +503,7 @@ def test_exec_with_a_token_file_goes_through_the_daemon(tmp_path: Path) -> None:
     assert gone.code == 69, gone
 
 
-# -- found by review (issue 12 item 1) ----------------------------------------------------------
+# -- found by review (docs/multi-user.md "The CLI through the daemon") ----------------------------------------------------------
 
 
 def test_a_name_with_a_slash_never_reaches_another_route(tmp_path: Path) -> None:

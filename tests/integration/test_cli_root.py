@@ -1,5 +1,5 @@
 """The root through the real CLI: `kbd init` (and `--demo`), the default root,
-strict config files, `kbd doctor` and `kbd validate` (DESIGN §2, §6)."""
+strict config files, `kbd doctor` and `kbd validate` (docs/on-disk.md, docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -455,7 +455,7 @@ def test_validate_lists_each_problem(tmp_path: Path) -> None:
     assert r.code == 65, r.out + r.err
     message = error_message(r)
     assert message.startswith(f"{f}: {len(BAD_PROBLEMS)} problem(s)")
-    # One line per problem on stdout (contract changed in issue 9: no longer
+    # One line per problem on stdout (docs/on-disk.md "Validation": no longer
     # joined with " | " into the error line), each starting with the entry it names.
     segments = [line.removeprefix(f"{f}: ") for line in r.out.splitlines()]
     assert len(segments) == len(BAD_PROBLEMS), segments
@@ -522,8 +522,8 @@ def test_validate_rejects(tmp_path: Path, doc: dict[str, Any], fragments: list[s
     f.write_text(json.dumps(doc))
     r = KbRoot(tmp_path / "no-root").call("validate", str(f))
     assert r.code == 65, r.out + r.err
-    # Entry and field problems are listed on stdout, one per line (issue 9 changed
-    # this contract); whole-file problems stay in the error line.
+    # Entry and field problems are listed on stdout, one per line (docs/on-disk.md "Validation"); whole-file
+    # problems stay in the error line.
     message = error_message(r) + "\n" + r.out
     for fragment in fragments:
         assert fragment in message, f"{fragment!r} not in {message!r}"

@@ -1,4 +1,4 @@
-"""DESIGN §2 validation and §6 exit codes/shapes, through the real `kbd` CLI.
+"""docs/on-disk.md "Validation" and docs/cli.md exit codes and shapes, through the real `kbd` CLI.
 
 One case per validation rule lives at the operations layer
 (tests/unit/service/test_workflows.py); here each table keeps smoke cases of
@@ -649,7 +649,7 @@ def test_detach_known_alias(world: KbRoot) -> None:
 
 @pytest.mark.parametrize("planted", [0o6755, 0o4640, 0o1660, 0o600])
 def test_manifest_save_keeps_owner_and_rw_mode_but_never_set_id_or_exec(world: KbRoot, planted: int) -> None:
-    """Issue 9 item 8: a manifest save (run as root) keeps the manifest's owner and
+    """docs/on-disk.md "Validation": a manifest save (run as root) keeps the manifest's owner and
     read/write bits, but set-id, sticky and executable bits never survive it."""
     import os
     import stat

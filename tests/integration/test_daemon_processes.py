@@ -1,5 +1,5 @@
 """The daemon as a process among processes: its socket, restarts, and the CLI and
-the daemon working on one root at the same time (DESIGN §4 "Sessions", §6, §7)."""
+the daemon working on one root at the same time (docs/sessions.md, docs/cli.md, docs/notes.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The framework's own refusals come from the error tree too (issue 10): no route,
+"""The framework's own refusals come from the error tree too (docs/api.md "Errors"): no route,
 no such method, a body over the limit, a field that cannot be decoded — on the
-real daemon and socket (README "HTTP API")."""
+real daemon and socket (docs/api.md "Errors")."""
 
 from __future__ import annotations
 

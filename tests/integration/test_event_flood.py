@@ -1,5 +1,5 @@
-"""No client starves the daemon through the change feed (README "The change
-feed" and "Threat model"): the REAL daemon on its real socket, its event log
+"""No client starves the daemon through the change feed (docs/daemon.md "The change feed" and
+docs/multi-user.md "Threat model"): the REAL daemon on its real socket, its event log
 full (42,000 events appended by kbd's own log writer before it starts, 5,000
 more while it runs, so its in-memory ring of the newest 4,096 is full too).
 

@@ -1,4 +1,4 @@
-"""The persisted event log (kbd/state/events.py; DESIGN §9, issue 11) on real
+"""The persisted event log (kbd/state/events.py; docs/daemon.md) on real
 files, with real processes.
 
 - Ids: ``<epoch>-<seq>``, consecutive, continued across a reopen; a deleted log
@@ -163,7 +163,7 @@ def test_rotation_keeps_the_epoch_and_drops_only_the_oldest(state: Path) -> None
 
 
 def test_the_ring_alone_and_a_ring_prefilled_from_the_files(state: Path) -> None:
-    """What the daemon serves subscribers from (README "The change feed"):
+    """What the daemon serves subscribers from (docs/daemon.md "The change feed"):
     ``since(files=False)`` answers from the ring or ``too-old``; with
     ``prefill`` the ring starts with the newest events already in the files,
     the rotated one included, and never reaches across a gap."""

@@ -1,4 +1,4 @@
-"""The exec broker end to end (DESIGN §9): the real daemon on its real socket,
+"""The exec broker end to end (docs/daemon.md): the real daemon on its real socket,
 the real thin client (`python -m kbd exec`), real sandboxes and real processes.
 
 The sandbox suites run on both exec paths through the ``exec_mode`` fixture;
@@ -583,7 +583,7 @@ def user() -> Iterator[User]:
 @contextlib.contextmanager
 def _serving_for(kb: KbRoot, base: Path, u: User) -> Iterator[daemon.Daemon]:
     """The daemon on a socket the user's group may use (the operator's choice;
-    DESIGN §10 names group kbd, which this test must not create host-wide)."""
+    docs/multi-user.md names group kbd, which this test must not create host-wide)."""
     with daemon.serving(kb.root, sock=base / "run" / "kbd.sock") as served:
         os.chown(served.sock.parent, -1, u.group_gid)
         os.chown(served.sock, -1, u.group_gid)

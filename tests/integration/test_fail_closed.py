@@ -193,7 +193,7 @@ def test_validate_refuses_special_files_without_hanging(kb: KbRoot, tmp_path: ob
 @pytest.mark.requires_bwrap
 def test_shell_changes_to_a_source_are_audited_note_by_note(kb: KbRoot) -> None:
     """A command's changes to a source are committed through the write path
-    (README "Staged contributions"): each committed note is audited as written by
+    (docs/notes.md "Staged contributions"): each committed note is audited as written by
     a command, each refused one with the gate's rule; a read-only command records
     nothing."""
     kb.workflow("src", access={"owners": ["bob"], "readers": ["alice"], "allowed_kb_writers": ["con"]})

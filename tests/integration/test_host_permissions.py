@@ -1,4 +1,4 @@
-"""Issue 12, item 2: the host permission model, with real Unix users.
+"""docs/multi-user.md "The permission model": the host permission model, with real Unix users.
 
 A root made by ``kbd init --system --group G --grant-group GG`` (throwaway
 groups), workflow folders made by ``kbd workflows create`` for their owners,
@@ -263,8 +263,8 @@ def test_a_sandboxed_command_uses_exactly_its_grants(host: Host) -> None:
         "NO-INDEX", "NO-SRC2-NOTES", "NO-PRIV", "NO-CHMOD-SGID", "NO-INSTALL-SGID", "",
     ], r.stderr  # fmt: skip
     notes = host.wf("src") / "knowledgebase/notes"
-    # Committed at exit through the daemon's write path (README "Staged
-    # contributions"): the note belongs to notes/'s owner and group, 0660.
+    # Committed at exit through the daemon's write path (docs/notes.md "Staged contributions"): the note
+    # belongs to notes/'s owner and group, 0660.
     made = os.stat(notes / "by-ann.md")
     assert (made.st_uid, made.st_gid) == (host.users["bob"].pw_uid, grp.getgrnam(host.grant).gr_gid)
     assert stat.S_IMODE(made.st_mode) == 0o660
@@ -297,7 +297,7 @@ def test_outside_the_sandbox_the_agent_reads_no_knowledge_base(host: Host) -> No
 # waits for one back. With the grant group a descriptor from outside could
 # reach other users' folders (fstat, inotify: Landlock mediates neither), and
 # one sent out (a write-granted notes/) would outlive a revocation. The
-# command's stdio are pipes the daemon relays (README "Threat model"): no
+# command's stdio are pipes the daemon relays (docs/multi-user.md "Channels"): no
 # descriptor crosses either way, and the bytes still do.
 SENDER = """
 import os, socket, subprocess, sys
@@ -457,7 +457,7 @@ def test_a_command_with_the_grant_group_cannot_reach_its_callers_unix_socket(hos
     ], (r.stdout, r.stderr)  # fmt: skip
 
 
-# Still open (README "Threat model", channels): the caller's own uid may trace
+# Still open (docs/multi-user.md "Channels", channels): the caller's own uid may trace
 # her sandboxed command (it runs as her uid, in a user namespace she owns), so
 # pidfd_getfd takes a descriptor it holds (a write-granted note) out of the
 # sandbox. Strict: the day the command's user namespace and credentials shut

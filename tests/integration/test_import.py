@@ -1,4 +1,4 @@
-"""`kbd import WF DIR` with real files (issue 13 item 4; DESIGN §11): idempotent,
+"""`kbd import WF DIR` with real files (docs/search.md "Importing markdown"): idempotent,
 `--update`, `--dry-run` byte-identical, never outside the workflow's own
 `context/`, links/FIFOs in DIR skipped, audience refusals, audited. Through the
 daemon: tests/integration/test_cli_remote.py (parity) and test_api.py (route)."""

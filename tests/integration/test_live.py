@@ -1,4 +1,4 @@
-"""The live daemon (issue 11 items 1, 4, 6; DESIGN §9): watched changes become
+"""The live daemon (docs/daemon.md): watched changes become
 events, a change that shrinks a session's grants reaches its running commands
 (terminated with ``revocation.immediate``, marked stale otherwise) within a
 second, also when the watcher is poisoned (the verifier), and SIGTERM stops the

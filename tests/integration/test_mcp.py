@@ -1,4 +1,4 @@
-"""``kbd mcp SID`` driven by the MCP SDK's own stdio client (issue 14, DESIGN §12).
+"""``kbd mcp SID`` driven by the MCP SDK's own stdio client (docs/mcp.md).
 
 A real ``kbd mcp`` process on a real root, spoken to over the real protocol:
 the tools a plan lists, the happy paths, the path escapes the reference
@@ -346,7 +346,7 @@ def test_a_link_swapped_in_and_a_session_closed_between_calls(tmp_path: Path) ->
     _drive(kb, sid, steps)
 
 
-# -- client roots: they narrow, never widen (issue 14) -----------------------------------
+# -- client roots: they narrow, never widen (docs/mcp.md "Rules") -----------------------------------
 
 
 def _uri(path: Path | str) -> str:
@@ -463,7 +463,7 @@ def test_raw_json_rpc_with_a_lone_surrogate_changes_nothing(tmp_path: Path) -> N
 
 
 def test_the_readme_registration_and_the_example_run(tmp_path: Path) -> None:
-    """The README's `mcpServers` snippet is valid and, filled in, starts a working
+    """The `mcpServers` snippet of docs/mcp.md is valid and, filled in, starts a working
     server; `make mcp-example` (scripts/mcp-example.py) runs end to end."""
     import json
     import re

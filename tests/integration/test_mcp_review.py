@@ -1,4 +1,4 @@
-"""``kbd mcp`` under an outside security review (issue 14): a principal disabled
+"""``kbd mcp`` under an outside security review (docs/mcp.md "Rules"): a principal disabled
 while a server runs, kinds whose plan never writes a source, own-KB search hits
 and client roots, roots changed while the client answers roots/list or never
 answered, an empty ``--as``, a note's frontmatter outside the data fence, and
@@ -141,7 +141,7 @@ def test_own_kb_search_hits_are_narrowed_by_where_they_lie(tmp_path: Path) -> No
 def test_an_empty_as_is_a_usage_error_before_serving(
     tmp_path: Path, extra: list[str], env: dict[str, str]
 ) -> None:
-    """DESIGN §10: an explicitly empty `--as ""` or `KBD_AS=` is exit 2 on every
+    """docs/multi-user.md: an explicitly empty `--as ""` or `KBD_AS=` is exit 2 on every
     command; `kbd mcp` must not start a server that acts as nobody in particular."""
     import subprocess
 

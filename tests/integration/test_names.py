@@ -1,4 +1,4 @@
-"""Names (issue 9 item 9): one rule for every RELPATH kbd accepts — ``kbd read``,
+"""Names (docs/access.md "Names"): one rule for every RELPATH kbd accepts — ``kbd read``,
 ``kbd ls``, ``kbd check``, ``kbd notes write`` — through the real CLI, the real
 daemon's API and the library, and ``check --mode write`` below a source's
 ``notes/`` agreeing with ``notes write`` on every name (a hypothesis property).

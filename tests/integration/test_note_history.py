@@ -1,4 +1,4 @@
-"""Note history and conflict handling (issue 13 item 3; DESIGN §11) with real
+"""Note history and conflict handling (docs/notes.md "Note history") with real
 processes, a real root and real sandboxes.
 
 ``src`` (owner bob, reader alice) lets ``con`` (owner alice) write into its
@@ -162,8 +162,8 @@ def test_a_shell_command_under_a_write_grant_records_versions(
     assert r.code == 0, r.err
     r = kb.cli("exec", sid, "--", "sh", "-c", 'echo second >> "$WORKFLOW_KB_SRC/notes/cmd.md"')
     assert r.code == 0, r.err
-    # Each command's change was committed through the write path (README
-    # "Staged contributions"): the body as the shell left it, under provenance.
+    # Each command's change was committed through the write path (docs/notes.md "Staged contributions"): the
+    # body as the shell left it, under provenance.
     stored = (notes / "cmd.md").read_bytes()
     assert body_of(stored.decode()) == "first\nsecond\n"
     newest, first = log(kb, "notes/cmd.md")["versions"]

@@ -1,4 +1,4 @@
-"""Concurrent note writers with REAL processes (DESIGN §7, §8 "8 processes x 200
+"""Concurrent note writers with REAL processes (docs/notes.md, docs/performance.md "8 processes x 200
 note writes into one notes/: 0 lost, 0 torn").
 
 * 8 Python processes x 200 :func:`kbd.service.notes.write` calls into one source's
@@ -325,7 +325,7 @@ def test_eight_sandboxed_shell_writers_are_serialised(kb: KbRoot) -> None:
         for p, (_, err) in zip(procs, outs, strict=True):
             assert p.returncode == 0, err.decode(errors="replace")
 
-    # Each command wrote its own staging layer (README "Staged contributions"),
+    # Each command wrote its own staging layer (docs/notes.md "Staged contributions"),
     # at the same time as the others; each changed path was committed at its
     # exit through the write path, one file at a time under the notes mutex.
     notes = source.notes
@@ -489,7 +489,7 @@ def test_kbd_exec_killed_while_writing_commits_nothing_and_holds_no_lock(kb: KbR
     argv = [sys.executable, "-m", "kbd", "--root", str(kb.root), "exec", sid, "--", "sh", "-c", script]
     with spawned([argv], env=cli_env(), start_new_session=True) as (proc,):
         assert read_line(proc) == "ready"
-        # A running command holds no notes mutex (README "Staged contributions"):
+        # A running command holds no notes mutex (docs/notes.md "Staged contributions"):
         # a note write goes through at once.
         note_ops.write(RootSessions(quick_host(kb, 0.3)), sid, "src", "meanwhile.md", b"x\n", actor=OPERATOR)
         os.killpg(proc.pid, signal.SIGKILL)
@@ -619,7 +619,7 @@ def test_a_write_plan_and_the_notes_mutex_under_every_backend(kb: KbRoot, backen
     argv = [sys.executable, "-m", "kbd", "--root", str(kb.root), "exec", sid, "--", "sh", "-c", script]
     with spawned([argv], env=cli_env(), start_new_session=True) as (proc,):
         assert read_line(proc) == "ready"
-        # bubblewrap stages the command's writes (README "Staged contributions"):
+        # bubblewrap stages the command's writes (docs/notes.md "Staged contributions"):
         # no mutex is held while it runs, and a confined write goes through. The
         # Landlock-only backend (unsafe_landlock_writes) writes the real notes/,
         # so it holds the mutex for the whole command: the write must wait.

@@ -1,4 +1,4 @@
-"""Operations on the real daemon and its real socket (issue 12, item 5): the
+"""Operations on the real daemon and its real socket (docs/daemon.md "Logs and metrics"): the
 access log, ``--log-level``, journald's native protocol under systemd, and
 ``/v1/metrics`` in the Prometheus text format."""
 

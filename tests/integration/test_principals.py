@@ -1,5 +1,5 @@
-"""`kbd principals add|disable|enable|remove|token|list` (issue 12 item 3,
-DESIGN §10): the real CLI on a real root, the operator's principals.yaml kept
+"""`kbd principals add|disable|enable|remove|token|list` (docs/multi-user.md "Principals"): the real CLI on a
+real root, the operator's principals.yaml kept
 byte for byte outside the changed entry, every refusal leaving it
 byte-identical, every change (and refusal) audited without a token, and a
 running daemon honouring the change at its next request."""
@@ -61,7 +61,7 @@ def _digest(token: str) -> str:
 
 
 def test_token_rotation_keeps_the_operators_comments_and_layout(commented: KbRoot) -> None:
-    """The bug of issue 12: `kbd principals token` rewrote the file from its
+    """A bug once fixed (docs/multi-user.md "Principals"): `kbd principals token` rewrote the file from its
     parsed document and dropped every comment."""
     r = commented.cli("principals", "token", "alice")
     assert r.code == 0, r.err

@@ -1,5 +1,5 @@
-"""Registry and root hardening through the real CLI on a real root (issue 9
-items 15, 16, 17 and 21's `kbd init` part)."""
+"""Registry and root hardening through the real CLI on a real root (docs/on-disk.md "Registry" and "Root
+layout")."""
 
 from __future__ import annotations
 

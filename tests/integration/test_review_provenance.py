@@ -1,4 +1,4 @@
-"""A contribution cannot pass for the source's own note (issue 13 item 2; DESIGN §11).
+"""A contribution cannot pass for the source's own note (docs/notes.md "Reviewed contributions").
 
 Adversarial provenance, real CLI, real files, a real sandboxed command: the
 frontmatter a contributor controls must never make its note the source's own
@@ -217,7 +217,7 @@ def test_a_review_applies_only_to_the_bytes_the_reviewer_saw(tmp_path: Path) -> 
 
 def test_a_commands_note_too_big_for_a_note_is_never_the_sources(tmp_path: Path) -> None:
     """A real sandboxed command writes a note over the note size cap: it is
-    refused at commit (README "Staged contributions"), so it never lands in
+    refused at commit (docs/notes.md "Staged contributions"), so it never lands in
     the source to be searched as the source's own; its bytes are kept for the
     contributor and the refusal is reported."""
     kb, sid = _world(tmp_path)

@@ -1,4 +1,4 @@
-"""Running commands and revocation (issue 5 item 7): a command started under an
+"""Running commands and revocation (docs/sessions.md "Closing and revoking"): a command started under an
 older plan is listed as stale, is never claimed revoked while it runs, and is
 terminated (process group) only when asked."""
 
@@ -91,7 +91,7 @@ def test_a_closed_session_refuses_new_commands_and_lists_old_ones_for_revocation
         wait_for(lambda: kb.cli("session", "show", sid, "--json").json()["running"])
         assert kb.cli("session", "close", sid).code == 0
         assert kb.cli("exec", sid, "--", "true").code == 77
-        # Contract change (issue 9 item 5): closing now terminates the session's
+        # Contract (docs/sessions.md "Closing and revoking"): closing now terminates the session's
         # commands itself (it used to leave them for `revoke --immediate`).
         closes = [e for e in kb.cli("audit", "--json").json()["events"] if e["event"] == "session_closed"]
         assert len(closes[-1]["terminated"]) == 1

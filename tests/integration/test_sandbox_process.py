@@ -1,4 +1,4 @@
-"""`kbd exec` as a process (DESIGN §5, §6): what a sandboxed command can leave
+"""`kbd exec` as a process (docs/sandbox.md, docs/cli.md): what a sandboxed command can leave
 behind, what it inherits, and what `kbd exec` reports — real shells, real
 kernel, real bubblewrap (and the inner Landlock helper for write plans).
 
@@ -33,7 +33,7 @@ pytestmark = [
 ]
 
 MODES = {"read": "read", "write": "read-write"}
-# DESIGN §4 / kbd.service.execute: the environment is built, never inherited (PWD is set by
+# docs/sessions.md / kbd.service.execute: the environment is built, never inherited (PWD is set by
 # bwrap's --chdir to the command's working folder).
 ALLOWED_ENV = {
     "PATH", "HOME", "TMPDIR", "LANG", "TERM", "PWD", "KBD_SESSION", "WORKFLOW_KB_ACCESS", "WORKFLOW_KB_SRC",
@@ -115,7 +115,7 @@ def test_a_background_process_cannot_touch_the_kb_after_the_command_returns(kb: 
     assert r.code == 0, r.err
     assert (
         body_of((notes / control).read_text()) == "late\n"
-    )  # committed at exit (README "Staged contributions")
+    )  # committed at exit (docs/notes.md "Staged contributions")
 
     marker = f"late-{uuid.uuid4().hex}.md"
     before = snapshot(src)
@@ -266,8 +266,8 @@ else:
 @pytest.mark.parametrize("session", sorted(MODES))
 def test_network_is_off_by_default(world: ProcWorld, session: str) -> None:
     """In a fresh network namespace only ``lo`` exists, and with ``network: none``
-    the seccomp allow-list refuses IPv4 sockets outright (EAFNOSUPPORT; before
-    issue 9 the socket opened and the connect failed with ENETUNREACH): it fails
+    the seccomp allow-list refuses IPv4 sockets outright (EAFNOSUPPORT; before the socket allow-list of
+    docs/sandbox.md "seccomp" the socket opened and the connect failed with ENETUNREACH): it fails
     at once, whatever the host's own network."""
     r = world.kb.cli("exec", world.sids[session], "--", "cat", "/proc/net/dev")
     assert r.code == 0, r.err

@@ -1,4 +1,4 @@
-"""Read sessions under the real sandbox (DESIGN §4, §5): real shells, the real
+"""Read sessions under the real sandbox (docs/sessions.md, docs/sandbox.md): real shells, the real
 kernel, real bubblewrap, through the real `kbd exec`.
 
 Consumer ``con`` attaches source ``src`` (alias ``src``, access read); both are

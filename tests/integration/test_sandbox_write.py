@@ -1,4 +1,4 @@
-"""Write sessions under the real sandbox (DESIGN §3, §4, §5): contributions into a
+"""Write sessions under the real sandbox (docs/access.md, docs/sessions.md, docs/sandbox.md): contributions into a
 source's ``notes/`` with the owner's consent, and everything around them that
 must stay untouchable — real shells, real kernel, real bubblewrap and Landlock.
 
@@ -137,7 +137,7 @@ def test_new_notes_subfolders_and_edits_reach_the_host(kb: KbRoot) -> None:
     r = sh(kb, sid, 'echo "new note" > "$WORKFLOW_KB_SRC/notes/new.md"')
     assert r.code == 0, r.err
     # Committed through the write path at exit: the body as written, under
-    # kbd's provenance (README "Staged contributions").
+    # kbd's provenance (docs/notes.md "Staged contributions").
     new = (notes / "new.md").read_text()
     assert body_of(new) == "new note\n"
     assert provenance_fields(new)["contributed_by_workflow"] == "con"

@@ -1,4 +1,4 @@
-"""Confined search and reviewed contributions (issue 13 items 1 and 2; DESIGN §11).
+"""Confined search and reviewed contributions (docs/search.md "Search", docs/notes.md "Reviewed contributions").
 
 Real roots, real files, the real CLI entry point (in process) and real
 processes for the races: search returns only files the session's *current*
@@ -124,7 +124,7 @@ def test_audience_change_hides_hits_at_once(tmp_path: Path) -> None:
     kb = _world(tmp_path)
     sid = _sid(kb)
     assert ("rts", "context/retry.md") in _where(_search(kb, sid, "zanzibar"))
-    # bob (in con's audience) loses src: con may no longer read it (DESIGN §3).
+    # bob (in con's audience) loses src: con may no longer read it (docs/access.md).
     kb.edit(kb.workflows / "src", access={"owners": ["alice"], "editors": ["carol"]})
     assert _where(_search(kb, sid, "zanzibar")) == {(None, "context/mine.md")}
 
@@ -417,7 +417,7 @@ def test_index_drop_and_reopen(tmp_path: Path) -> None:
 def test_a_note_written_by_a_sandboxed_command_is_an_unreviewed_contribution(tmp_path: Path) -> None:
     """A real `kbd exec` under a write grant (bubblewrap) writes into the source's
     notes/: its staged change is committed through the write path with con's
-    provenance (README "Staged contributions"), so it is pending, out of search
+    provenance (docs/notes.md "Staged contributions"), so it is pending, out of search
     until approved, and an edit by the source's own agents afterwards is the
     source's own again."""
     kb = _world(tmp_path)

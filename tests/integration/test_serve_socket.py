@@ -1,5 +1,5 @@
-"""`kbd serve --socket PATH` leaves other people's folders alone (issue 9, item 11;
-DESIGN §10): a folder kbd creates is 0750 with the socket group, an existing
+"""`kbd serve --socket PATH` leaves other people's folders alone (docs/api.md "Socket and authentication";
+docs/api.md "Socket and authentication"): a folder kbd creates is 0750 with the socket group, an existing
 folder keeps its mode (a 1777 /tmp-like folder too), a folder writable by
 others without the sticky bit is refused, and the socket is 0660 with group
 ``kbd`` when that group exists, else the daemon's own group. The REAL daemon."""

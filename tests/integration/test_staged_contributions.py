@@ -1,4 +1,4 @@
-"""Staged contributions (README "Staged contributions"): a command's shell writes
+"""Staged contributions (docs/notes.md "Staged contributions"): a command's shell writes
 into a source's ``notes/`` land in a per-command overlay and are committed at
 exit, path by path, through the note write path — provenance, the injection
 gate, the notes mutex, the quota, a ``command`` version in the history — or

@@ -1,4 +1,4 @@
-"""Socket stdio through the real ``kbd exec`` (README "Threat model"): a caller
+"""Socket stdio through the real ``kbd exec`` (docs/multi-user.md "Channels"): a caller
 whose fd 0-2 are sockets, as under ``ssh`` (stdin and stdout one socketpair,
 stderr another), runs commands that see pipes, never the sockets, and get
 their input and give their output complete, on both paths: in-process and

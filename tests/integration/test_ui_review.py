@@ -1,4 +1,4 @@
-"""Adversarial review of the Knowledge page's server (issue 15): the real `kbd ui` over real HTTP.
+"""Adversarial review of the Knowledge page's server (docs/knowledge-page.md "Web-surface defences"): the real `kbd ui` over real HTTP.
 
 127.0.0.1 is shared by every local user of the host, and browsers keep one
 cookie jar per host, not per port: whatever the page's secrets are, another
@@ -30,7 +30,7 @@ from tests.system.test_builders_through_the_daemon import REPO, Host
 
 pytestmark = pytest.mark.timeout(300)
 
-#: Real Unix users (a builder, a stranger) and a daemon on a service root (issue 12's fixture).
+#: Real Unix users (a builder, a stranger) and a daemon on a service root (the fixture of docs/multi-user.md "The permission model").
 host = builders.host
 
 NOBODY = 65534

@@ -1,4 +1,4 @@
-"""The Knowledge page's server (issue 15, DESIGN §13): the real `kbd ui` process over real HTTP on 127.0.0.1.
+"""The Knowledge page's server (docs/knowledge-page.md): the real `kbd ui` process over real HTTP on 127.0.0.1.
 
 Its web surface (Host, one-time token, cookie, CSRF, Origin, CSP and headers),
 its JSON API (each route the CLI's operation, as the start-up principal, with
@@ -366,7 +366,7 @@ def test_reader_sees_no_rights_and_forged_changes_are_refused(world: KbRoot) -> 
 def test_malformed_bodies_and_numbers_are_400s_naming_what_is_wrong(
     world: KbRoot, alice: Ui, alice_client: httpx.Client
 ) -> None:
-    """No input makes the page's JSON API answer 5xx (README "HTTP API"): a body
+    """No input makes the page's JSON API answer 5xx (docs/api.md "Malformed requests"): a body
     that is not JSON, not UTF-8, with a lone surrogate or nested too deeply, a
     field of the wrong type, a limit of thousands of digits. A body is checked
     before the workflow it names is looked at: the same 400 for one alice cannot
@@ -495,7 +495,7 @@ def sessions_of(kb: KbRoot) -> list[dict[str, Any]]:
 def test_search_opens_one_reviewer_session_and_sigterm_closes_it(tmp_path: Path) -> None:
     kb = KbRoot.create(tmp_path / "root")
     build(kb)
-    ui = serving_ui(kb.root, "--as", "bob")  # a reader: reviewer kinds only (DESIGN §4)
+    ui = serving_ui(kb.root, "--as", "bob")  # a reader: reviewer kinds only (docs/sessions.md)
     with ui as page:
         c = page.login()
         for _ in range(3):

@@ -1,5 +1,5 @@
 """The watcher's failure modes, each with a real RustNotify on real folders
-(issue 11 item 1, DESIGN §9): a lossy batch after a real kernel queue overflow,
+(docs/daemon.md "Watched state"): a lossy batch after a real kernel queue overflow,
 the watch limit (inside a user namespace with its own lowered
 ``max_inotify_watches``: the host's sysctls are never touched), a watched folder
 replaced (by rename, and by a mount that raises no event at all), and the

@@ -1,4 +1,4 @@
-"""scripts/install-check.sh (issue 12 item 6): pip into an /opt/kbd-like
+"""scripts/install-check.sh (docs/multi-user.md "Service notes"): pip into an /opt/kbd-like
 prefix, pipx and uv offline from a wheelhouse, the units verified with their
 paths rewritten into the prefix, and `kbd init` + `kbd doctor` with each
 installed kbd. Needs the package index once (the wheelhouse) and systemd-analyze."""

@@ -1,4 +1,4 @@
-"""Packaging (issue 12 item 6): the wheel `pip wheel --no-deps` builds holds the
+"""Packaging (docs/multi-user.md "Service notes"): the wheel `pip wheel --no-deps` builds holds the
 whole package and its data files and nothing else, and installed into a
 throwaway venv it gives a `kbd` that works away from the checkout: --help,
 init, doctor and a sandboxed `kbd exec` whose write plan runs the Landlock
@@ -90,7 +90,7 @@ def test_wheel_holds_the_package_and_its_data_and_nothing_else(built: Built) -> 
     assert not missing, f"modules left out of the wheel (add their package to pyproject): {sorted(missing)}"
     data = {f"kbd/policies/{p.name}" for p in (REPO / "policies").glob("*.yaml")}
     data |= {f"kbd/sandbox_profiles/{p.name}" for p in (REPO / "sandbox-profiles").glob("*.sb")}
-    # The Knowledge page's assets (kbd ui serves them from the package: no CDN, DESIGN §13).
+    # The Knowledge page's assets (kbd ui serves them from the package: no CDN, docs/knowledge-page.md).
     assets = {f"kbd/ui/assets/{p.name}" for p in (REPO / "kbd" / "ui" / "assets").iterdir()}
     assert {"kbd/ui/assets/index.html", "kbd/ui/assets/app.js", "kbd/ui/assets/app.css"} <= assets
     data |= assets
@@ -152,7 +152,7 @@ def test_installed_kbd_inits_checks_and_runs_a_sandboxed_command(built: Built, t
     r = installed(built, tmp_path, "--root", str(root), "exec", sid, "--", "sh", "-c", script)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["src", "wrote", "no-link", "secret-con"], r.stdout + r.stderr
-    # Committed at exit through the write path (README "Staged contributions").
+    # Committed at exit through the write path (docs/notes.md "Staged contributions").
     assert (
         (root / "workflows" / "src" / "knowledgebase" / "notes" / "new.md").read_text().endswith("---\nnew\n")
     )

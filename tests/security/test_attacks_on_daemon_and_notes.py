@@ -1,4 +1,4 @@
-"""Attacks on the issue 9 fixes as merged (an adversarial review): each test
+"""Attacks on the hardening of docs/multi-user.md "Threat model", as merged (an adversarial review): each test
 failed on the merged branch before the fix beside it. Real CLI, real daemon."""
 
 from __future__ import annotations

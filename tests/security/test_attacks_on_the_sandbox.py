@@ -1,4 +1,4 @@
-"""Adversarial checks of issue 9's sandbox and process items (keyrings, socket
+"""Adversarial checks of docs/sandbox.md's sandbox and process rules (keyrings, socket
 families, user namespaces, containment, limits), with real commands under both
 backends."""
 
@@ -317,7 +317,7 @@ def test_a_signal_before_the_command_starts_is_not_swallowed(kb: KbRoot) -> None
     be dropped (the forwarder had no process group yet): the command then ran in
     full. It now reaches the command as soon as it starts. Only the Landlock-only
     backend with ``unsafe_landlock_writes`` still waits for the mutex before the
-    command (bubblewrap stages instead: README "Staged contributions")."""
+    command (bubblewrap stages instead: docs/notes.md "Staged contributions")."""
     from tests.integration.test_bounded_trees import _writer
     from tests.integration.test_landlock_only import landlock_root
 

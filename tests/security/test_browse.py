@@ -1,5 +1,5 @@
-"""Consumer-scoped browsing through the real CLI and a real ``kbd mcp`` (upstream
-T1e, T7c-e, T11c; issue 14: the same cases through both interfaces)."""
+"""Consumer-scoped browsing through the real CLI and a real ``kbd mcp`` (docs/cli.md "Browsing" and
+docs/mcp.md: the same cases through both interfaces)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ ODD_PATHS: list[tuple[str, int, str]] = [
     ("notes/missing.md", 66, "path-not-found"),
     ("notes/fact.md/x", 66, "path-not-found"),
     ("..%2fworkflow.json", 66, "path-not-found"),
-    # Issue 9 item 9 (contract change): a backslash is refused by name (it was
+    # docs/access.md "Names": a backslash is refused by name (it was
     # read literally and not found).
     ("..\\workflow.json", 65, "invalid-path"),
     ("notes\\fact.md", 65, "invalid-path"),

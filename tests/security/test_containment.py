@@ -1,4 +1,4 @@
-"""Issue 9 items 5 and 18 with real processes: nothing a command starts outlives
+"""docs/sandbox.md "Process containment" with real processes: nothing a command starts outlives
 its ``kbd exec``, its session's close, or ``revoke --immediate`` — on both
 backends — and ``kbd exec`` forwards signals only to its own, unreaped child."""
 
@@ -37,8 +37,8 @@ def world(kb: KbRoot, backend: str) -> str:
 
 
 def survivor(token: str) -> str:
-    """A detached background loop that keeps reading the attached KB (the issue's
-    survivor), tagged with ``token`` so the test can find it in /proc."""
+    """A detached background loop that keeps reading the attached KB (the survivor docs/sandbox.md "Process
+    containment" is about), tagged with ``token`` so the test can find it in /proc."""
     loop = f'while :; do cat "$WORKFLOW_KB_SRC/notes/fact.md" >/dev/null; sleep 0.1; done; : {token}'
     return f"setsid sh -c '{loop}' </dev/null >/dev/null 2>&1 &"
 

@@ -1,4 +1,4 @@
-"""No input makes the daemon answer 5xx (README "HTTP API"): every route, as
+"""No input makes the daemon answer 5xx (docs/api.md "Malformed requests"): every route, as
 the running daemon's own ``/openapi.json`` lists it (a new route is covered
 without touching this file), is called over the real Unix socket with
 malformed and hostile values in each of its path, query and body fields and in
@@ -315,7 +315,7 @@ def test_a_malformed_request_says_nothing_about_what_it_names(world: World) -> N
     body or query field gets the same answer for one alice may not see (bob's
     ``hidden``, bob's session) as for one that does not exist: decoding comes
     before any lookup, and a lookup alice fails answers as for a missing one
-    (README "HTTP API")."""
+    (docs/api.md "Malformed requests")."""
     missing = {"wid": "nope", "sid": new_session_id()}
     hidden = {"wid": "hidden", "sid": world.bobs}
     compared = 0

@@ -147,8 +147,8 @@ def lexical_parts(rel: str) -> list[str] | None:
 
 
 def ends_as_folder(rel: str) -> bool:
-    """POSIX: a path ending in ``/`` (or ``/.``) names a folder, never a file (issue 9
-    item 9; until then the policy dropped the trailing slash and served the file)."""
+    """POSIX: a path ending in ``/`` (or ``/.``) names a folder, never a file (docs/access.md "Names"; the
+    policy once dropped the trailing slash and served the file)."""
     raw = rel.split("/")
     return len(raw) > 1 and raw[-1] in ("", ".") and any(p not in ("", ".") for p in raw)
 

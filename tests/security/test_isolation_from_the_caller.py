@@ -1,4 +1,4 @@
-"""The caller owns nothing of her sandbox (README "The permission model").
+"""The caller owns nothing of her sandbox (docs/multi-user.md "The permission model").
 
 On an ``init --system`` host with real users (the host of
 tests/integration/test_host_permissions.py), ``ann`` runs a brokered command

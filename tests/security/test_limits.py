@@ -1,4 +1,4 @@
-"""Issue 9 item 6 with real commands: a bounded fork bomb, a memory bomb and a
+"""docs/sandbox.md "Resource limits" with real commands: a bounded fork bomb, a memory bomb and a
 large write are stopped on both backends (through the v1 memory and cpu
 hierarchies on hybrid hosts), the sandbox's tmpfs mounts are bounded, the rlimits
 cannot be raised again, and ``kbd doctor`` says what this host enforces."""

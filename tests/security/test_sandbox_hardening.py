@@ -154,7 +154,7 @@ def test_the_filter_decides_what_it_says(machine: str, net: bool, meta: bool) ->
         assert plain == (eperm if meta and nr in arch.metadata else allow), nr
     for nr, err in arch.deny.items():
         assert verdict(nr) == seccomp.ret_errno(err)
-    # Issue 9, from numbers written out here (not the filter's own tables):
+    # docs/sandbox.md "seccomp", from numbers written out here (not the filter's own tables):
     # keyrings (EPERM), clone3 (ENOSYS so libc falls back to clone), CLONE_NEWUSER.
     add_key, request_key, keyctl = KEYRING_NR[machine]
     clone, unshare, socketpair = {"x86_64": (56, 272, 53), "aarch64": (220, 97, 199)}[machine]
@@ -207,7 +207,7 @@ def test_host_kernel_knobs_are_read_only_under_bubblewrap(kb: KbRoot) -> None:
     assert knob.read_text() == before
 
 
-# -- issue 9: keyrings, socket families, user namespaces (real commands, real sandboxes) -------------
+# -- docs/sandbox.md "seccomp": keyrings, socket families, user namespaces (real commands, real sandboxes) -------------
 
 # Every sandbox shape: bubblewrap with a write plan (inner Landlock helper), bubblewrap
 # with a read-only plan (no helper: the filter comes from bwrap's --seccomp alone), and
@@ -247,7 +247,7 @@ def _keyring(libc: object, nr: int, *args: object) -> int:
 
 @pytest.mark.parametrize(("backend", "read_only"), SHAPES)
 def test_kernel_keyrings_are_closed(kb: KbRoot, backend: str, read_only: bool) -> None:
-    """Issue 9 item 2: keyrings are not namespaced. A key planted in the host
+    """docs/sandbox.md "seccomp": keyrings are not namespaced. A key planted in the host
     user's keyring must not be readable from a sandbox, nor may a sandbox add one
     (a channel between sessions)."""
     import ctypes
@@ -297,7 +297,7 @@ for name, fam in [("pair-unix", 1), ("pair-inet", 2)]:
 @pytest.mark.parametrize("network", ["none", "host"])
 @pytest.mark.parametrize(("backend", "read_only"), SHAPES)
 def test_socket_families_are_an_allow_list(kb: KbRoot, backend: str, read_only: bool, network: str) -> None:
-    """Issue 9 item 3: AF_UNIX (not on the Landlock-only backend, which cannot
+    """docs/sandbox.md "seccomp": AF_UNIX (not on the Landlock-only backend, which cannot
     confine a connect), IPv4/IPv6 only with network: host; netlink (host
     interfaces, `ss -xl`), packet, PF_KEY, AF_ALG and vsock never."""
     sid = world(kb, backend, read_only=read_only, network=network)
@@ -338,7 +338,7 @@ USERNS = (
 @pytest.mark.requires_userns  # where the host has none, there is nothing to nest
 @pytest.mark.parametrize(("backend", "read_only"), SHAPES)
 def test_no_nested_user_namespaces(kb: KbRoot, backend: str, read_only: bool) -> None:
-    """Issue 9 item 4: no user namespace (and so no fresh capability set) inside a
+    """docs/sandbox.md "seccomp": no user namespace (and so no fresh capability set) inside a
     sandbox; forks, threads and spawns still work although clone3 is refused."""
     sid = world(kb, backend, read_only=read_only)
     r = kb.cli("exec", sid, "--", "sh", "-c", USERNS)
@@ -408,7 +408,7 @@ def test_the_helper_refuses_to_run_without_bubblewrap_and_without_a_filter(tmp_p
 
 @pytest.mark.parametrize("machine", sorted(seccomp.ARCHES))
 def test_no_setid_folders_or_files_from_any_creating_call(machine: str) -> None:
-    """Issue 12: mkdir and mkdirat join the calls whose mode may not carry
+    """docs/sandbox.md "seccomp": mkdir and mkdirat join the calls whose mode may not carry
     S_ISUID/S_ISGID (as systemd's RestrictSUIDSGID), numbers written out here."""
     arch = seccomp.ARCHES[machine]
     prog = seccomp.program(block_network=True, machine=machine)

@@ -1,4 +1,4 @@
-"""Non-root builders on a service root, with real Unix users (DESIGN §10, issue 12).
+"""Non-root builders on a service root, with real Unix users (docs/multi-user.md).
 
 The root is laid out as a service host's: ``root:G 0750`` with ``kbd.yaml``
 ``0640 root:G`` and ``state/`` ``0700 root`` — a member of group G may read
@@ -254,7 +254,7 @@ def test_a_closed_folder_before_the_socket_is_named_as_such(host: Host) -> None:
 
 
 def test_a_builder_runs_kbd_mcp_through_the_daemon(host: Host) -> None:
-    """`kbd mcp SID` run by the builder herself (issue 14): every tool call goes
+    """`kbd mcp SID` run by the builder herself (docs/mcp.md): every tool call goes
     through the daemon as her principal, and answers what the root answers."""
     root = host.kb.root
     lib = host.kb.workflows / "lib" / "knowledgebase"
@@ -307,7 +307,7 @@ def _mcp(uid: int, root: Path, sid: str, calls: list[tuple[str, dict[str, Any]]]
 
 
 def test_the_builder_s_knowledge_page_goes_through_the_daemon(host: Host) -> None:
-    """Issue 15: `kbd ui` run by a real non-root builder acts as her principal through the
+    """docs/knowledge-page.md "Panels": `kbd ui` run by a real non-root builder acts as her principal through the
     daemon (she cannot use the root): its changes are the daemon's, its feed relays the
     daemon's (a hand edit arrives within 1 s), and SIGTERM closes the session it opened."""
     import threading

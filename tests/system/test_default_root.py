@@ -1,4 +1,4 @@
-"""The system default root (DESIGN §2, §10; issue 12 item 4): without --root and
+"""The system default root (docs/cli.md "Global options", docs/multi-user.md): without --root and
 $KBD_ROOT, a caller who has no root of their own uses /var/lib/kbd when it exists.
 
 The tests never touch the host's /var/lib/kbd: each command runs in a private

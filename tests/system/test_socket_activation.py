@@ -1,4 +1,4 @@
-"""The service as its units start it (issue 12 item 4): `kbd serve` launched by
+"""The service as its units start it (docs/multi-user.md "Service notes"): `kbd serve` launched by
 systemd-socket-activate with the service's own ExecStart and Environment (read
 from systemd/kbd.service, paths mapped into a temporary folder) on a socket
 with the mode, owner and group systemd/kbd.socket gives it, serves a real

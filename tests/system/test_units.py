@@ -1,4 +1,4 @@
-"""The shipped units as systemd judges them (issue 12 item 4): `systemd-analyze
+"""The shipped units as systemd judges them (docs/multi-user.md "Service notes"): `systemd-analyze
 verify` clean and `systemd-analyze security --offline=yes` at most 4.5, with the
 hardening that would break bubblewrap kept out."""
 
@@ -44,8 +44,8 @@ def test_service_exposure_is_at_most_4_5(tmp_path: Path) -> None:
 
 
 def test_the_security_check_can_fail(tmp_path: Path) -> None:
-    """The same measure rates the unit without its hardening above the bar (the
-    7.6 of issue 12), so the test above measures the directives, not a constant."""
+    """The same measure rates the unit without its hardening above the bar (7.6: systemd/README.md), so the
+    test above measures the directives, not a constant."""
     svc = SYSTEMD / "kbd.service"
     kept = [ln for ln in svc.read_text().splitlines() if not re.match(
         r"(Protect|Restrict|Private|Capability|SystemCall|NoNew|Lock|IPAddress)\w*=", ln)]  # fmt: skip

@@ -1,7 +1,7 @@
-"""Property tests of the access rules (DESIGN §2, §3) over generated audiences and manifests.
+"""Property tests of the access rules (docs/on-disk.md, docs/access.md) over generated audiences and manifests.
 
 Pure: kbd.core.audience, kbd.core.manifest and kbd.core.resolve over a fake SourceView. The
-oracles below restate the contract from DESIGN on the raw JSON dicts, without
+oracles below restate the contract of docs/access.md on the raw JSON dicts, without
 kbd's parsing, so a wrong parse and a wrong rule are both caught.
 """
 
@@ -29,7 +29,7 @@ from kbd.errors import InvalidManifest, ManifestUnreadable
 from kbd.fs.registry import Ambiguous, Folder, Found, KbProbe, KbProblem, Lookup, Missing, Unreadable
 from tests import strategies as s
 
-# -- oracles over raw workflow.json dicts (DESIGN §2, §3) ---------------------------------
+# -- oracles over raw workflow.json dicts (docs/on-disk.md, docs/access.md) ---------------------------------
 
 TIERS = ("owners", "editors", "readers")
 
@@ -94,9 +94,9 @@ def oracle_can_write(consumer: dict[str, Any], source: dict[str, Any], principal
 
 
 def oracle_id_ok(value: object) -> bool:
-    """DESIGN §2 / kbd.core.identifiers: non-empty string, no '/', '\\', no control (Cc, C1 included),
+    """docs/on-disk.md / kbd.core.identifiers: non-empty string, no '/', '\\', no control (Cc, C1 included),
     format (Cf), line/paragraph-separator (Zl, Zp) or whitespace character anywhere
-    (issue 9 item 20: was "no surrounding whitespace, no C0 control"), not '.' or '..',
+    (docs/on-disk.md "IDs"), not '.' or '..',
     at most 128 characters."""
     if not isinstance(value, str) or not value:
         return False
@@ -703,7 +703,7 @@ def test_saving_sources_keeps_the_json_type_of_every_number(
 ) -> None:
     # `1.5e1` is a float to every JSON reader that has floats; written back as
     # `15` it becomes an integer (Python json, serde_json, ...), which changes a
-    # field kbd does not own (DESIGN §2: preserved untouched on save).
+    # field kbd does not own (docs/on-disk.md: preserved untouched on save).
     fields, literals = numbers
     assume(not set(fields) & set(doc) and all(e["workflow_id"] != doc["id"] for e in new))
     data = s.encode({**doc, **fields})

@@ -1,4 +1,4 @@
-"""The pure parts of issue 9 items 5 and 6: the ``limits:`` section of kbd.yaml,
+"""The pure parts of docs/sandbox.md "Process containment" and "Resource limits": the ``limits:`` section of kbd.yaml,
 how cgroup hierarchies are found (hybrid and pure v2), which limit files a
 command's cgroup gets, the rlimit shell step, and when a backend must refuse."""
 

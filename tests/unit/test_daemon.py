@@ -1,4 +1,4 @@
-"""The daemon's pure decisions: connection caps and the socket-folder rule (issue 9, items 7 and 11)."""
+"""The daemon's pure decisions: connection caps and the socket-folder rule (docs/api.md "Limits" and "Socket and authentication")."""
 
 from __future__ import annotations
 

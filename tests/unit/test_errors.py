@@ -1,9 +1,9 @@
 """The error tree (kbd/errors/__init__.py): complete, consistent, drawn correctly, and
-translated at its choke points (issue 10).
+translated at its choke points (docs/cli.md "Exit codes").
 
 - Every KbdError subclass anywhere in kbd is defined in kbd.errors, has a
   unique kebab-case code (a subclass that defines none is a transport variant
-  of its parent and keeps its exit code), an exit code from DESIGN §6, an HTTP
+  of its parent and keeps its exit code), an exit code from docs/cli.md "Exit codes", an HTTP
   status of the right class, and a row in the docstring's tree that states
   exactly its exit code, status and code.
 - A full disk is ``no-space`` (75), never "permission denied": on a real tmpfs
@@ -47,7 +47,7 @@ from kbd.service.sessions import RootSessions
 from kbd.state import audit
 from tests.helpers import OPERATOR, KbRoot, snapshot
 
-CONTRACT_EXIT_CODES = {2, 65, 66, 69, 70, 75, 77}  # DESIGN §6, less 0 (success is not an error)
+CONTRACT_EXIT_CODES = {2, 65, 66, 69, 70, 75, 77}  # docs/cli.md, less 0 (success is not an error)
 KEBAB = re.compile(r"^[a-z]+(-[a-z]+)*$")
 TREE_ROW = re.compile(r"^\s{4}[│├└─ ]*([A-Z][A-Za-z]+)\s+(\d+)\s+(\d{3})\s+([a-z-]+)(?:\s|$)")
 
@@ -118,7 +118,7 @@ def test_every_error_has_one_http_answer(cls: type[KbdError]) -> None:
 def test_an_answer_quoting_text_that_is_not_unicode_is_still_encodable() -> None:
     """A message may quote what a client sent; a lone surrogate (a JSON
     ``\\ud800`` escape) is shown as its escape, so the answer can be encoded
-    (it was an unencodable envelope, a 500, before; README "HTTP API")."""
+    (it was an unencodable envelope, a 500, before; docs/api.md "Errors")."""
     _, body, _ = errors.http_answer(errors.InvalidInput("no workflow a\ud800b", hint="h\udfff"))
     assert body["error"]["message"] == "no workflow a\\ud800b" and body["error"]["hint"] == "h\\udfff"
     assert json.dumps(body, ensure_ascii=False).encode("utf-8")

@@ -1,4 +1,4 @@
-"""The layering rule (STYLE habit 1, issue 10): a pure core that takes data and
+"""The layering rule (docs/architecture.md "Layers"): a pure core that takes data and
 returns decisions, and a shell that does I/O and calls it.
 
 Two tiers, both checked here:
@@ -390,6 +390,8 @@ def test_every_package_is_shipped() -> None:
     other folders): a new folder left out would be missing from the wheel."""
     import tomllib
 
-    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    listed = set(
+        tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
     folders = {".".join(("kbd", *p.parent.relative_to(PACKAGE).parts)) for p in PACKAGE.rglob("__init__.py")}
     assert folders - listed == set()

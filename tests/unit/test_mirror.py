@@ -1,4 +1,4 @@
-"""The unit tests mirror the package (issue 10): a module under
+"""The unit tests mirror the package (docs/architecture.md "Layers"): a module under
 ``tests/unit/<package>/`` is ``test_<module>.py`` for a module ``kbd/<package>/<module>.py``
 that exists, so a reader finds a module's tests by its path and a moved or
 renamed module cannot leave its tests under a stale name. Tests of a property

@@ -1,4 +1,4 @@
-"""The confined note-write entry point (DESIGN §7): :func:`kbd.service.notes.write`,
+"""The confined note-write entry point (docs/notes.md): :func:`kbd.service.notes.write`,
 ``kbd notes write``, provenance, the injection gate and the index reader.
 
 Source ``src`` is owned by bob, readable by alice, and lets workflow ``con``
@@ -237,7 +237,7 @@ def test_bad_paths_are_refused_and_nothing_is_written(world: World, case: str) -
 @pytest.mark.parametrize("via", INTERFACES)
 def test_path_and_index_refusals_are_the_same_through_each_interface(world: World, via: str) -> None:
     """PATH_REFUSALS and INDEX_LOOKALIKES through `kbd notes write` and MCP's
-    kb_write_note (issue 14): the same code for every case, nothing written."""
+    kb_write_note (docs/mcp.md): the same code for every case, nothing written."""
     before = tree(world.kb.root)
     cases = {**{c: PATH_REFUSALS[c][:2] for c in PATH_REFUSALS},
              **{f"index:{r}": (r, "permission-denied") for r in INDEX_LOOKALIKES}}  # fmt: skip
@@ -375,7 +375,7 @@ def test_cli_refusals_use_the_contract_exit_codes(world: World) -> None:
 def test_provenance_frontmatter_is_added(world: World) -> None:
     t0 = time.time()
     result = world.write("new.md", b"# Finding\n\nThe cache is rebuilt nightly.\n")
-    # Issue 13 item 3 added "version": sha256 of the bytes as stored (a new field; the others unchanged).
+    # The write answer has "version" (docs/notes.md "The write path"): sha256 of the bytes as stored (a new field; the others unchanged).
     assert result == {"workflow_id": "src", "alias": "src", "path": "notes/new.md", "bytes": result["bytes"],
                       "version": result["version"]}  # fmt: skip
     data = (world.notes / "new.md").read_bytes()
@@ -474,7 +474,7 @@ def test_an_existing_file_is_replaced_atomically_never_written_through(world: Wo
 
 
 def test_written_notes_are_0644_new_or_replaced(world: World) -> None:
-    # Contract changed (issue 9, item 8): a replaced note no longer keeps the old
+    # Contract (docs/access.md "The path layer"): a replaced note no longer keeps the old
     # file's mode (that is how a planted 06755 survived); every note is 0644.
     os.chmod(world.notes / "fact.md", 0o640)
     world.write("fact.md", b"x\n")
@@ -535,7 +535,7 @@ def test_cli_write_then_ls_shows_who_contributed(world: World) -> None:
         "alias": "src",
         "path": "notes/contrib.md",
         "bytes": r.json()["bytes"],
-        "version": r.json()["version"],  # issue 13 item 3: a new field
+        "version": r.json()["version"],  # docs/notes.md "Note history": a new field
     }
     assert (
         r.json()["version"]

@@ -1,5 +1,5 @@
 """What an outsider is told about a workflow it may not inspect: word for word
-what a missing workflow gets (DESIGN §6), built in one place —
+what a missing workflow gets (docs/access.md "Invisible is not found"), built in one place —
 :func:`kbd.core.audience.require_inspectable` — so no operation can phrase it
 differently and let IDs be probed."""
 

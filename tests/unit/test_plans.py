@@ -1,5 +1,5 @@
-"""Plans per consumer kind and kb_access mode (DESIGN §4), and live revocation at
-lookup (upstream T9, T10, T12, T13, T17, T19) through the session store."""
+"""Plans per consumer kind and kb_access mode (docs/sessions.md), and live revocation at
+lookup (docs/sessions.md "Reconciliation and generation") through the session store."""
 
 from __future__ import annotations
 
@@ -301,7 +301,7 @@ def test_path_guard(world: KbRoot) -> None:
 
 
 def test_plan_json_shape_is_unchanged_by_typed_fields(world: KbRoot) -> None:
-    """Issue 10: typed origins and explicit session fields, the same JSON. A
+    """docs/sessions.md "The plan": typed origins and explicit session fields, the same JSON. A
     session's plan starts with session_id, parent, opened_by (in that order); every
     origin is the contract's string and parses back to the same Origin."""
     s = RootSessions(world.host())

@@ -1,6 +1,6 @@
 """Fast policy lookups stay exact. The verified plan memo of
-:class:`kbd.service.sessions.RootSessions` (DESIGN §4,
-§9): a lookup asks the registry and the KB probes again every time, and reuses
+:class:`kbd.service.sessions.RootSessions` (docs/sessions.md, docs/daemon.md): a lookup asks the registry and
+the KB probes again every time, and reuses
 the remembered plan only when every answer is the one it was built from. Real
 roots, real folders, real renames; no watcher anywhere (the memo must not
 depend on one)."""

@@ -1,4 +1,4 @@
-"""Incremental registry maintenance (issue 11 item 1, DESIGN §9): Registry.apply()
+"""Incremental registry maintenance (docs/daemon.md "Watched state"): Registry.apply()
 absorbs the changes a watcher reports and Registry.verify_now() absorbs the ones
 nobody reported; both must leave exactly the index a full rescan leaves.
 

@@ -1,4 +1,4 @@
-"""Resolver scenarios (upstream T1-T4, T10, plus DESIGN §3 reason codes), through
+"""Resolver scenarios (docs/access.md "Statuses and reason codes"), through
 the library against real folders on disk. Every lookup uses a fresh resolution."""
 
 from __future__ import annotations

@@ -297,7 +297,7 @@ def test_a_note_write_returns_what_was_written(kb: KbRoot) -> None:
         "alias": "src",
         "path": "notes/a.md",
         "bytes": written.bytes,
-        "version": written.version,  # issue 13 item 3: a new field
+        "version": written.version,  # docs/notes.md "Note history": a new field
     }
     assert (kb.workflows / "src" / "knowledgebase" / "notes" / "a.md").stat().st_size == written.bytes
 
@@ -355,7 +355,7 @@ def test_principals_list_never_shows_a_token_hash(kb: KbRoot) -> None:
         "disabled": False,
         "uid": None,
         "has_token": True,
-        "label": None,  # issue 12: principals may carry a label (a field added, none renamed)
+        "label": None,  # docs/on-disk.md: principals may carry a label (a field added, none renamed)
     }
     assert auth.token_digest(token) not in str(rows)
     who = auth.authenticate(kb.host().principals, authorization=f"Bearer {token}", peer_uid=None)

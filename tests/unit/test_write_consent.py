@@ -1,4 +1,4 @@
-"""Write consent (DESIGN §3, upstream T3/T12 semantics): pending until the
+"""Write consent (docs/access.md "Access rules"): pending until the
 source's owner grants; only owners or admins grant; revoke restores pending."""
 
 from __future__ import annotations

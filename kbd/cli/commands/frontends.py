@@ -21,7 +21,7 @@ from kbd.cli.app import (
 @as_option
 @pass_ctx
 def mcp_cmd(c: Ctx, sid: str, as_: str | None) -> None:
-    """Serve session SID's knowledge tools over MCP on stdin/stdout (DESIGN §12)."""
+    """Serve session SID's knowledge tools over MCP on stdin/stdout (docs/mcp.md)."""
     from kbd.core.principals import named_principal
     from kbd.mcp import server as mcp_server
 

@@ -221,7 +221,7 @@ def audit_cmd(c: Ctx, since: str | None, wf: str | None, follow: bool, as_json: 
 @json_option
 @pass_ctx
 def events_cmd(c: Ctx, follow: bool, since: str | None, as_json: bool) -> None:
-    """Show the change feed of the running daemon (DESIGN §9): content-free
+    """Show the change feed of the running daemon (docs/daemon.md): content-free
     notices of what changed (workflows, sources, writers, sessions, notes).
 
     Needs `kbd serve` ($KBD_SOCKET, else the root's socket); authenticated as

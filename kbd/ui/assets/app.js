@@ -1,4 +1,4 @@
-// kbd · the Knowledge page (DESIGN §13). Plain JavaScript, no framework, no
+// kbd · the Knowledge page (docs/knowledge-page.md). Plain JavaScript, no framework, no
 // third-party code: the server's Content-Security-Policy allows only this file.
 //
 // Safety rule for this file: every value that comes from the server (workflow

@@ -32,7 +32,7 @@ def test_a_rejected_config_is_never_cached(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_sandbox_grant_group_is_a_group_name_kept_as_text(tmp_path: Path) -> None:
-    """Issue 12: ``sandbox.grant_group`` is parsed (purely: the gid is looked
+    """docs/multi-user.md "The permission model": ``sandbox.grant_group`` is parsed (purely: the gid is looked
     up when a command starts); a bad name is refused naming the field."""
     from kbd.errors import InvalidConfig
     from kbd.fs import rootconfig
@@ -56,7 +56,7 @@ def test_sandbox_grant_group_is_a_group_name_kept_as_text(tmp_path: Path) -> Non
             rootconfig.load_config(root)
 
 
-# -- note_history: per note, per source (README "Note history") -------------------------------
+# -- note_history: per note, per source (docs/notes.md "Note history") -------------------------------
 
 
 def test_a_sources_history_budget_defaults_to_twice_its_notes_quota(tmp_path: Path) -> None:

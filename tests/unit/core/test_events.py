@@ -1,6 +1,6 @@
-"""Change-feed events, the pure half (kbd/core/events.py; DESIGN §9, issue 11).
+"""Change-feed events, the pure half (kbd/core/events.py; docs/daemon.md).
 
-- The allow-list is DESIGN §9's list, type for type and field for field.
+- The allow-list is docs/daemon.md's list, type for type and field for field.
 - Nothing off it gets in: an unknown type, a missing or extra field (``text``,
   ``content`` …), or a value its validator refuses is EventRefused; and a
   stored line that breaks the list (a hand edit) is not read back.
@@ -26,7 +26,7 @@ from kbd.core import events as ev
 from kbd.core.events import EventRefused, Replay, Resync, make_event, parse_line, resume_from
 from kbd.state.events import _Syncer
 
-# DESIGN §9, "Types:", copied by hand so a change on either side is seen.
+# docs/daemon.md "The change feed", copied by hand so a change on either side is seen.
 DESIGN_TYPES = {
     "workflow.changed": {"workflow_id"},
     "sources.changed": {"workflow_id"},
@@ -37,7 +37,7 @@ DESIGN_TYPES = {
     "command.stale": {"session_id", "pid", "generation"},
     "command.terminated": {"session_id", "pid", "generation"},
     "note.written": {"workflow_id", "relpath", "by_workflow"},
-    "resync": {"reason"},  # DESIGN: `resync {}`; the plan (§4) adds a reason token
+    "resync": {"reason"},  # docs/daemon.md "The change feed": resync carries a reason token
 }
 EPOCH = "0badc0de"
 GOOD_FIELDS: dict[str, dict[str, Any]] = {
@@ -249,12 +249,12 @@ def test_sse_frames_and_the_per_subscriber_resync() -> None:
 
 
 def test_what_a_stream_takes_and_when_it_is_refused() -> None:
-    """README "The change feed": a backlog beyond one chunk is a replay; a uid's
+    """docs/daemon.md "The change feed": a backlog beyond one chunk is a replay; a uid's
     streams, its share of the replays and all replays are each capped, and a
     stream with no replay is refused only by its uid's stream cap."""
     assert not ev.is_replay(0) and not ev.is_replay(ev.CHUNK) and ev.is_replay(ev.CHUNK + 1)
     caps = ev.StreamCaps(streams_per_uid=3, replays=4, replays_per_uid=2)
-    # The README's figures: a uid holds at most a quarter of the replays, as of the connections.
+    # The figures of docs/daemon.md "The change feed": a uid holds at most a quarter of the replays, as of the connections.
     assert ev.StreamCaps(streams_per_uid=64, replays=16, replays_per_uid=4) == ev.STREAM_CAPS
 
     def refusal(uid_streams: int, replay: bool, replays: int, uid_replays: int) -> str | None:

@@ -1,4 +1,4 @@
-"""IDs are plain (issue 9 item 20, DESIGN §2): workflow and principal IDs hold no
+"""IDs are plain (docs/on-disk.md "IDs"): workflow and principal IDs hold no
 control (Cc, C1 included), format (Cf), line/paragraph-separator (Zl, Zp) or
 whitespace character anywhere; the error names the character by code point; an
 on-disk manifest with such an ID is ``manifest_unreadable`` with that message;

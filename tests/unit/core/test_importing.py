@@ -1,4 +1,4 @@
-"""The pure rules of `kbd import` (issue 13 item 4): title, container, slug and
+"""The pure rules of `kbd import` (docs/search.md "Importing markdown"): title, container, slug and
 target derivation, and what an import does with each document."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 9 item 1: the injection gate runs in linear time, by construction.
+"""docs/notes.md "Injection gate": the injection gate runs in linear time, by construction.
 
 Every rule in policies/injection.yaml is parsed and must be free of shapes that
 backtrack (the loader refuses them, so a future rule cannot bring one back), and

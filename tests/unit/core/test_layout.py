@@ -1,5 +1,5 @@
 """On-disk names and the racy-timestamp window are spelled once, in
-kbd/core/layout.py (issue 10): no other module of kbd holds them as literals."""
+kbd/core/layout.py (docs/on-disk.md "Root layout"): no other module of kbd holds them as literals."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``grants_shrunk`` (issue 11 item 4): the pure decision behind pushed
+"""``grants_shrunk`` (docs/daemon.md "Pushed revocation"): the pure decision behind pushed
 revocation. Properties over random grant sets on a small tree, checked against
 a brute-force oracle that compares access at *every* folder of the tree (the
 function compares only at grant paths), plus plans built by ``build_plan``."""

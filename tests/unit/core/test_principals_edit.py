@@ -1,4 +1,4 @@
-"""The principals.yaml line editor (issue 12 item 3): an edit changes only the
+"""The principals.yaml line editor (docs/multi-user.md "Principals"): an edit changes only the
 lines of its entry, every comment, blank line, key order and quoting elsewhere
 stays byte-identical, the result reads back (with the real loader) as exactly
 the intended change, and any layout the editor does not understand is refused."""

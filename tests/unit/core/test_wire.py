@@ -1,4 +1,4 @@
-"""The exec broker's wire codec (kbd/core/wire.py; issue 11, DESIGN §9).
+"""The exec broker's wire codec (kbd/core/wire.py; docs/daemon.md "The exec broker").
 
 - Round trips: any valid request and any frame sequence decode to what was
   encoded, whatever the read sizes.

@@ -1,4 +1,4 @@
-"""Doctor's bounded scans (issue 9 items 15 and 17): multi-link files in a KB and
+"""Doctor's bounded scans (docs/on-disk.md "Registry"): multi-link files in a KB and
 workflow.json files below a workflow folder, never following links, bounded."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Registry discovery and its cache (DESIGN §2; upstream weak points 3, 11, 14)."""
+"""Registry discovery and its cache (docs/on-disk.md "Registry")."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ class Clock:
 def test_long_lived_registry_answers_a_miss_as_it_stands_until_the_next_sweep(
     kb: KbRoot, no_racy: None
 ) -> None:
-    # Contract change (issue 9 item 16): a miss used to force a full re-check of
+    # Contract (docs/on-disk.md "Registry"): a miss used to force a full re-check of
     # every folder and manifest; it is now answered from the index as it stands,
     # and the re-check happens at most once per sweep interval.
     b = kb.workflow("b")
@@ -133,7 +133,7 @@ class LstatCounter:
 
 
 def test_misses_never_walk_the_registry(kb: KbRoot, no_racy: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 9 item 16: N misses within the sweep interval cost no lstat at all
+    """docs/on-disk.md "Registry": N misses within the sweep interval cost no lstat at all
     (main re-verified every folder and manifest once per miss)."""
     for i in range(200):
         kb.workflow(f"w{i}", folder=f"team{i % 10}/w{i}", kb=False)
@@ -256,7 +256,7 @@ def test_workflows_list_reports_problems(kb: KbRoot) -> None:
     )
 
 
-# -- nesting (issue 9 item 17) ------------------------------------------------------
+# -- nesting (docs/on-disk.md "Registry") ------------------------------------------------------
 
 
 def test_a_manifest_above_a_known_workflow_never_redirects_its_id(kb: KbRoot) -> None:

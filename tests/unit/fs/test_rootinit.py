@@ -11,7 +11,7 @@ from kbd.fs.rootinit import init_root
 def test_a_service_root_ends_the_commands_of_a_revoked_grant(tmp_path: Path) -> None:
     """``kbd init --system`` (a grant group) writes ``revocation.immediate: true``:
     on a host of many users a revoked writer must stop writing now, not be left
-    running marked stale (README "The live daemon": pushed revocation)."""
+    running marked stale (docs/daemon.md "Pushed revocation")."""
     system, personal = tmp_path / "system", tmp_path / "personal"
     init_root(system, host="h", force=False, demo=False, grant_group="kbd-grant")
     init_root(personal, host="h", force=False, demo=False)

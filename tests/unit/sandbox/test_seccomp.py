@@ -1,5 +1,5 @@
 """The seccomp filter's Unix-socket rule for commands carrying the grant group
-(kbd/sandbox/seccomp.py ``unix_pairs_only``; README "Threat model"): decided
+(kbd/sandbox/seccomp.py ``unix_pairs_only``; docs/multi-user.md "Channels"): decided
 by a small BPF interpreter over every architecture kbd knows, then installed
 for real in a child process on this kernel."""
 

@@ -1,5 +1,5 @@
 """The post-command audit of a write plan clears set-id bits a command left in
-a source's notes/ (issue 12: a setgid file there would hand the grant group to
+a source's notes/ (docs/multi-user.md "The permission model": a setgid file there would hand the grant group to
 whoever runs it outside). The seccomp filter refuses to set them; this is the
 second layer, proven here on real files."""
 

@@ -1,5 +1,5 @@
 """The change feed's producers (kbd/service/feed.py, kbd/service/subscriptions.py;
-DESIGN §9, issue 11 item 5), in process on a real root and a real event log.
+docs/daemon.md "The change feed"), in process on a real root and a real event log.
 
 - Manifest events have ONE producer, the diff of manifest facts: a save by kbd
   and a hand edit of workflow.json with the same effect give the same events,

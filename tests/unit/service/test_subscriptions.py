@@ -1,5 +1,5 @@
-"""The daemon's change feed, its bounds (kbd/service/subscriptions.py; README
-"The change feed" and "Threat model"), in process on a real root and a real
+"""The daemon's change feed, its bounds (kbd/service/subscriptions.py; docs/daemon.md "The change feed" and
+docs/multi-user.md "Threat model"), in process on a real root and a real
 event log.
 
 - A subscriber's backlog comes from the ring only: an id older than the ring

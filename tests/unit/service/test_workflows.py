@@ -1,4 +1,4 @@
-"""DESIGN §2 validation of attachments and write grants, at the operations layer
+"""docs/on-disk.md validation of attachments and write grants, at the operations layer
 (kbd.service.workflows, and kbd.service.auth for who is acting): one case per
 rule, each a direct call on a real temporary root, no CLI and no subprocess.
 

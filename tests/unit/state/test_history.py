@@ -1,7 +1,7 @@
 """The note history store (kbd/state/history.py) on a real state folder and a
 real KB folder: a source's budget across its notes, the expiry of deleted
 notes, blobs leaving with their last entry, and a root whose history predates
-the index moved into it (README "Note history")."""
+the index moved into it (docs/notes.md "Note history")."""
 
 from __future__ import annotations
 
