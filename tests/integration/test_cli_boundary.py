@@ -211,8 +211,8 @@ def test_local_operator_is_created_only_at_the_cli_entry_points() -> None:
                 base = f.value.id if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) else ""
                 if name == "LocalOperator" or (base == "LocalOperator" and name == "current"):
                     makers.add(path.name)
-    # backend.py: the CLI's direct mode (Direct.actor); entry.py: kbd exec in-process.
-    assert makers == {"backend.py", "entry.py"}
+    # ops.py: the CLI's direct mode (Direct.actor); exec_run.py: kbd exec in-process.
+    assert makers == {"ops.py", "exec_run.py"}
 
 
 # -- item 12: the audit log is complete and readable ------------------------------------------
@@ -402,8 +402,8 @@ def test_unexpected_errors_print_one_line_and_exit_70(world: KbRoot, target: str
 
 def test_error_lines_are_printed_in_one_place() -> None:
     package = Path(__file__).parents[2] / "kbd"
-    printers = {p.name for p in package.rglob("*.py") if 'f"error[{' in p.read_text()}
-    assert printers == {"boundary.py"}
+    printers = {p.relative_to(package).as_posix() for p in package.rglob("*.py") if 'f"error[{' in p.read_text()}
+    assert printers == {"errors/render.py"}
 
 
 def _big_log(kb: KbRoot, n: int = 20_000) -> None:
