@@ -699,7 +699,6 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     app.add_middleware(BodyLimit)
     # Outermost: the access log and request metrics see every answer the app gives.
     stats = telemetry.RequestStats()
-    app.state.request_stats = stats
     app.add_middleware(AccessLog, stats=stats)
 
     @app.exception_handler(KbdError)

@@ -26,7 +26,6 @@ from typing import NoReturn
 
 from kbd.errors import NO_SPACE_ERRNOS, KbdError, from_oserror
 
-INTERNAL_EXIT = 70
 SIGPIPE_EXIT = 128 + signal.SIGPIPE
 
 

@@ -36,8 +36,6 @@ from kbd.errors import KbdError, Unavailable
 from kbd.thin import chosen_root
 from kbd.thin import default_socket as default_socket_of
 
-#: Where a root's daemon listens unless kbd.yaml or $KBD_SOCKET says otherwise.
-DEFAULT_SOCKET = Path("state") / "run" / "kbd.sock"
 #: Reconnection waits of :meth:`Client.events` (seconds), growing to the last one.
 RECONNECT_BACKOFF = (0.1, 0.25, 0.5, 1.0, 2.0)
 

@@ -41,7 +41,6 @@ API turn any of them into the same answer without knowing the class::
     │   └── WorkflowExists          75  409  workflow-exists          workflows create: ID or folder taken
     ├── NoSpace                     75  507  no-space                 disk or quota full (ENOSPC, EDQUOT)
     ├── PermissionDenied            77  403  permission-denied
-    │   ├── AudienceDenied          77  403  audience-denied
     │   ├── PathRefused             77  403  path-refused             a link, '..', special file …
     │   ├── SessionClosed           77  410  session-closed
     │   └── Unauthenticated         77  401  unauthenticated          API: no or unknown credentials
@@ -401,14 +400,6 @@ class PermissionDenied(KbdError):
     exit_code = 77
     http_status = 403
     default_hint = "ask an owner of the workflow (or an admin) to act, or to grant you a role"
-
-
-class AudienceDenied(PermissionDenied):
-    code = "audience-denied"
-    default_hint = (
-        "every owner, editor and reader of the consumer must be able to read the source; "
-        "ask the source's owner to add them as readers"
-    )
 
 
 class PathRefused(PermissionDenied):

@@ -24,10 +24,6 @@ PREFIX = "sha256:"
 #: ``--expected-version none`` / ``If-Match: "none"``: the note must not exist yet.
 ABSENT = "none"
 _HEX = frozenset("0123456789abcdef")
-#: How a version came to be: a confined write (``kbd notes write``, the API), a
-#: change the post-command audit of a write plan detected, a restore, or bytes
-#: found on disk before a write that were never recorded (written outside kbd).
-HOWS = ("write", "command", "restore", "found")
 
 
 def version_of(data: bytes) -> str:
@@ -75,7 +71,10 @@ def note_relpath(relpath: str) -> str:
 @dataclass(frozen=True)
 class Entry:
     """One version in a note's log: what (version, previous, size), when, how,
-    and who (principal, session, consumer workflow). ``expected``: the version
+    and who (principal, session, consumer workflow). ``how``: ``write`` (a
+    confined write: ``kbd notes write``, the API), ``command`` (found by the
+    post-command audit of a write plan), ``restore``, ``unreject``, or ``found``
+    (bytes on disk before a write that were never recorded: written outside kbd). ``expected``: the version
     the writer said it started from (``--expected-version``/``If-Match``), None
     when it named none: a write whose ``previous`` is not what its writer read
     is a lost update, visible here."""

@@ -104,7 +104,6 @@ class Subscriber:
         self.size = size
         self.queue: deque[Event] = deque()
         self.ready = asyncio.Event()
-        self.overflows = 0
 
     def push(self, event: Event) -> None:
         if len(self.queue) >= self.size:
@@ -112,7 +111,6 @@ class Subscriber:
             # resync carries this event's id, which a reload covers.
             self.queue.clear()
             self.queue.append(resync_event(event.id, "overflow", ns=time.time_ns()))
-            self.overflows += 1
         else:
             self.queue.append(event)
         self.ready.set()
@@ -239,10 +237,6 @@ class Feed:
         self._file_sig: tuple[int, int, int] | None = None
         self._failing = False
 
-    @property
-    def subscribers(self) -> int:
-        return len(self._subs)
-
     # -- EventSink: called by the operations, on any thread ----------------------------------
 
     def emit(self, event_type: str, /, *, workflow_id: str | None, **fields: FieldValue) -> None:
@@ -278,11 +272,6 @@ class Feed:
             self.lost += len(items)
             self._call_soon(self._broadcast_resync, "event-lost")
             return
-        self._call_soon(self._wake)
-
-    def poke(self) -> None:
-        """Another process may have appended (a watcher saw ``state/events.log``
-        change): look now rather than at the next poll. Any thread."""
         self._call_soon(self._wake)
 
     def _call_soon(self, fn: Callable[..., None], *args: object) -> None:

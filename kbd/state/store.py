@@ -134,9 +134,6 @@ class SessionStore:
                 db.execute(stmt)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
-    def close_db(self) -> None:
-        self._db.close()
-
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """``BEGIN IMMEDIATE`` … ``COMMIT``; a lock timeout is Busy (exit 75)."""

@@ -26,7 +26,7 @@ def att(alias: str, path: Path, *, writable: bool) -> Attachment:
     return Attachment(
         alias=alias, workflow_id=alias, label=alias, access="write" if writable else "read", available=True,
         reason=None, message=None, write=WriteStatus(True, None) if writable else None,
-        path=path, source_folder=path.parent, kb_identity=(1, 1),
+        path=path, kb_identity=(1, 1),
     )  # fmt: skip
 
 

@@ -31,7 +31,6 @@ from tests.integration.daemon import Daemon, clean_env, map_uid, serving
 # A background loop that leaves the command's process group (setsid): only the
 # command's cgroup still holds it.
 SETSID_LOOP = "setsid sh -c 'while :; do sleep 0.1; done' & wait"
-MARK = "kbd-live-loop"
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> float:

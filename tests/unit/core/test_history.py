@@ -28,8 +28,6 @@ from kbd.core.history import (
 )
 from kbd.errors import InvalidInput, InvalidPath
 
-HEX = "0123456789abcdef"
-
 
 def test_a_version_is_the_sha256_of_the_bytes() -> None:
     assert version_of(b"x\n") == "sha256:" + hashlib.sha256(b"x\n").hexdigest()
