@@ -205,7 +205,7 @@ class RootSessions:
                          bare.digest(), bare)  # fmt: skip
         generation = row.generation
         if memo.digest != row.digest:
-            generation = self.store.record_generation(row.id, seen_digest=row.digest, new_digest=memo.digest)
+            generation = self.store.record_generation(row.id, new_digest=memo.digest)
         plan = memo.plan
         if (plan.generation, plan.session_id, plan.parent, plan.opened_by) != (
             generation, row.id, row.parent, row.opened_by

@@ -196,8 +196,15 @@ class SessionStore:
                 return True
         return False
 
-    def record_generation(self, sid: str, *, seen_digest: str, new_digest: str) -> int:
-        """Bump the generation if the digest changed since ``seen_digest``; returns the current one."""
+    def record_generation(self, sid: str, *, new_digest: str) -> int:
+        """Record ``new_digest`` as the session's plan; the generation that names it.
+
+        The compare-and-swap is against the digest stored *now*, in the same
+        transaction, never against the row the caller read before its lookup:
+        lookups that raced from the same row to the same plan bump once, and a
+        plan other than the one recorded meanwhile gets a generation of its own.
+        So a generation always names exactly one set of grants (README "Sessions
+        and plans"), and a command started under another plan is always "older"."""
         with self.transaction() as db:
             r = db.execute("SELECT generation, digest FROM sessions WHERE id = ?", (sid,)).fetchone()
             if r is None:
