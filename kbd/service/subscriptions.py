@@ -1,4 +1,4 @@
-"""The daemon's change feed (DESIGN §9): its :class:`kbd.service.feed.EventSink`,
+"""The daemon's change feed (DESIGN §9): its :class:`kbd.service.events.EventSink`,
 and delivery to subscribers of ``GET /v1/events``.
 
 One shared :class:`kbd.state.events.EventLog` holds every event, whoever
@@ -10,7 +10,7 @@ the others) and hands each new event to every subscriber's bounded queue.
 Delivery decides visibility *when an event is delivered*, replays included:
 the subscriber's credentials are authenticated again against the current
 principals, and each event's workflow is looked up in the registry now
-(:func:`kbd.service.feed.may_see`). A reader removed from a source's audience
+(:func:`kbd.service.events.may_see`). A reader removed from a source's audience
 stops receiving its events at the next event, and a replay never shows what
 the subscriber may no longer see. The state lock is taken only for those
 lookups, never while waiting for events, and never for more than
@@ -63,7 +63,7 @@ from kbd.core.events import (
 )
 from kbd.errors import KbdError, StreamLimit
 from kbd.fs.registry import Ambiguous, Found
-from kbd.service.feed import ManifestTracker, may_see, sees_every_workflow
+from kbd.service.events import ManifestTracker, may_see, sees_every_workflow
 
 if TYPE_CHECKING:
     from kbd.core.manifest import Manifest

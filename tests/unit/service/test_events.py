@@ -1,4 +1,4 @@
-"""The change feed's producers (kbd/service/feed.py, kbd/service/subscriptions.py;
+"""The change feed's producers (kbd/service/events.py, kbd/service/subscriptions.py;
 DESIGN §9, issue 11 item 5), in process on a real root and a real event log.
 
 - Manifest events have ONE producer, the diff of manifest facts: a save by kbd
@@ -26,7 +26,7 @@ from kbd.core.events import Event, EventRefused, Replay, manifest_change_types, 
 from kbd.core.manifest import parse_manifest
 from kbd.service import sessions as session_ops
 from kbd.service import workflows as workflow_ops
-from kbd.service.feed import LogSink, ManifestTracker, NoEvents, may_see
+from kbd.service.events import LogSink, ManifestTracker, NoEvents, may_see
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
 from kbd.service.subscriptions import Feed
