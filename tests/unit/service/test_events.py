@@ -1,4 +1,4 @@
-"""The change feed's producers (kbd/service/events.py, kbd/service/subscriptions.py;
+"""The change feed's producers (kbd/service/events.py, kbd/service/feed.py;
 DESIGN §9, issue 11 item 5), in process on a real root and a real event log.
 
 - Manifest events have ONE producer, the diff of manifest facts: a save by kbd
@@ -27,9 +27,9 @@ from kbd.core.manifest import parse_manifest
 from kbd.service import sessions as session_ops
 from kbd.service import workflows as workflow_ops
 from kbd.service.events import LogSink, ManifestTracker, NoEvents, may_see
+from kbd.service.feed import Feed
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
-from kbd.service.subscriptions import Feed
 from kbd.state.events import EventLog
 from tests.helpers import KbRoot
 
