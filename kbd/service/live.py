@@ -65,7 +65,7 @@ from kbd.fs.watch import Watcher
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
 from kbd.state.processes import ProcessRow
-from kbd.state.store import SessionRow
+from kbd.state.sessions import SessionRow
 
 log = logging.getLogger("kbd.live")
 

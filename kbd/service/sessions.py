@@ -40,7 +40,7 @@ from kbd.fs.registry import Folder
 from kbd.service import JsonObject
 from kbd.service.root import Root
 from kbd.state.processes import ProcessRow, RunningCommands, kill_unrecorded
-from kbd.state.store import SessionRow, SessionStore, new_session_id, require_open
+from kbd.state.sessions import SessionRow, SessionStore, new_session_id, require_open
 
 _MODES = {"none": set(), "read": {"r"}, "write": {"w"}, "read-write": {"r", "w"}}
 # Sessions whose last plan is remembered (least recently looked up forgotten

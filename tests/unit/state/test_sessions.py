@@ -1,4 +1,4 @@
-"""The session store (kbd.state.store) on real SQLite files: every sqlite3 error,
+"""The session store (kbd.state.sessions) on real SQLite files: every sqlite3 error,
 wherever it arises, reaches callers as the tree's error (one translator)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kbd.errors import Busy, StateCorrupt
-from kbd.state.store import SessionRow, SessionStore, new_session_id
+from kbd.state.sessions import SessionRow, SessionStore, new_session_id
 
 
 def row(sid: str | None = None) -> SessionRow:
