@@ -54,7 +54,7 @@ HeadersTooLarge) is a transport variant of its parent: same code and exit code, 
 
 Translation happens at choke points, never ad hoc: :func:`from_oserror` for an
 ``OSError`` (a full disk is ``no-space``, never "permission denied"),
-:func:`kbd.state.sessions.from_sqlite` for the session store's SQLite errors (kept
+:func:`kbd.state.sqlite.from_sqlite` for the SQLite stores' errors (kept
 there so this module stays pure), and
 :func:`workflow_not_found` / :func:`session_not_found` for the one answer given
 both for what does not exist and for what the actor may not see (DESIGN §6).

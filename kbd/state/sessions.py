@@ -1,5 +1,5 @@
-"""Durable sessions (DESIGN §4): the SQLite store under ``state/``, and the one
-translation of its errors into the tree (:func:`from_sqlite`). The lookup that
+"""Durable sessions (DESIGN §4): the SQLite store under ``state/``; its errors
+reach callers through :func:`kbd.state.sqlite.from_sqlite`. The lookup that
 rebuilds a session's plan from saved configuration every time is
 :mod:`kbd.service.sessions`; running commands are :mod:`kbd.state.processes`.
 
@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from kbd.errors import Busy, KbdError, NoSpace, SessionClosed, StateCorrupt, session_not_found
+from kbd.errors import SessionClosed, session_not_found
 from kbd.fs.atomic import ensure_private_dir
+from kbd.state.sqlite import from_sqlite
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -50,18 +51,6 @@ SCHEMA_VERSION = 1
 # What a query takes: SQLite's own value types. What it returns is untyped
 # (``sqlite3`` rows are ``Any``): the one dynamic boundary here, read by _row.
 SqlValue: TypeAlias = str | int | float | bytes | None
-
-
-def from_sqlite(exc: Exception, *, what: str = "the session store") -> KbdError:
-    """The tree's error for a ``sqlite3`` error: a full disk is NoSpace; any
-    other ``OperationalError`` (a lock held past the timeout, above all) is Busy;
-    any other database error means the file is damaged: StateCorrupt (its text
-    is not chained: SQLite's message may name the host path)."""
-    if (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_FULL:
-        return NoSpace(f"{what} cannot grow: {exc}")
-    if isinstance(exc, sqlite3.OperationalError):
-        return Busy(f"{what} is busy: {exc}")
-    return StateCorrupt(f"{what} is unreadable: {exc}")
 
 
 @contextmanager

@@ -178,7 +178,7 @@ def test_from_oserror(code: int, cls: type[KbdError]) -> None:
 
 
 def test_from_sqlite_on_real_databases(tmp_path: Path) -> None:
-    from kbd.state.sessions import from_sqlite
+    from kbd.state.sqlite import from_sqlite
 
     db = tmp_path / "s.db"
     holder = sqlite3.connect(db, isolation_level=None)
