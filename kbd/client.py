@@ -36,6 +36,9 @@ from kbd.errors import KbdError, Unavailable
 from kbd.thin import chosen_root
 from kbd.thin import default_socket as default_socket_of
 
+# The public surface (tests/unit/test_public_surface.py); errors are kbd.errors'.
+__all__ = ["Client", "default_socket", "error_from", "socket_of"]
+
 #: Reconnection waits of :meth:`Client.events` (seconds), growing to the last one.
 RECONNECT_BACKOFF = (0.1, 0.25, 0.5, 1.0, 2.0)
 

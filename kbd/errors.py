@@ -72,6 +72,53 @@ from __future__ import annotations
 import errno
 import os
 
+# The public surface (tests/unit/test_public_surface.py): the tree drawn above,
+# and the table that gives two of its classes their reason's exit code. The
+# translators and the HTTP answer are kbd's own choke points, not an API.
+__all__ = [
+    "REASON_ERRORS",
+    "AmbiguousWorkflow",
+    "Busy",
+    "ContainmentUnavailable",
+    "GrantGroupMissing",
+    "HeadersTooLarge",
+    "IndexUnreadable",
+    "InjectionRefused",
+    "InvalidConfig",
+    "InvalidInput",
+    "InvalidManifest",
+    "InvalidPath",
+    "KbdError",
+    "ManifestUnreadable",
+    "MethodNotAllowed",
+    "NoSpace",
+    "NotFound",
+    "NoteVersionConflict",
+    "Overloaded",
+    "PathNotFound",
+    "PathRefused",
+    "PayloadTooLarge",
+    "PermissionDenied",
+    "QuotaExceeded",
+    "RequestTimeout",
+    "RootError",
+    "RootExists",
+    "SandboxSetupError",
+    "SessionClosed",
+    "SourceUnavailable",
+    "SourceUnusable",
+    "StateCorrupt",
+    "StreamLimit",
+    "Unauthenticated",
+    "Unavailable",
+    "UnsafeSocketFolder",
+    "UsageError",
+    "VersionConflict",
+    "WireError",
+    "WorkflowExists",
+    "WorkflowNotFound",
+]
+
 
 class KbdError(Exception):
     """Base class: an error with a stable code, exit code, HTTP status and hint."""
