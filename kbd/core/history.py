@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from kbd.core.layout import NOTES_DIR
 from kbd.core.relpaths import request_parts
@@ -147,18 +146,6 @@ def held_totals(held: Sequence[Held]) -> tuple[int, int]:
     """(versions, bytes) of a source's whole history: every entry counts as a
     version; a blob is stored once per (note, version), so its bytes count once."""
     return len(held), sum({(h.relpath, h.version): h.size for h in held}.values())
-
-
-def annotated(held: Sequence[Held]) -> list[Held]:
-    """A source's whole history, oldest first, each entry with ``newest`` and
-    ``copies`` as that whole history makes them (the store reads them from
-    its index instead, for the oldest entries only)."""
-    ordered = sorted(held, key=lambda h: h.seq)
-    newest = {h.relpath: h.seq for h in ordered}
-    copies = Counter((h.relpath, h.version) for h in ordered)
-    return [
-        replace(h, newest=h.seq == newest[h.relpath], copies=copies[(h.relpath, h.version)]) for h in ordered
-    ]
 
 
 def over_budget(
