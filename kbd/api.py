@@ -23,7 +23,7 @@ access line through the ``kbd.access`` logger and the request counters that
 (``?format=prometheus`` or ``Accept: text/plain``; JSON stays the default).
 
 ``GET /v1/events`` is the change feed (DESIGN §9): Server-Sent Events from the
-root's event log through :class:`kbd.service.feed.Feed`, which the
+root's event log through :class:`kbd.service.changefeed.Feed`, which the
 operations report to (``State.feed`` is put in ``Root.events``). The event log
 is one per daemon: :attr:`State.event_log`, created here unless the daemon
 passes its own to :func:`create_app`. A subscriber is admitted under the
@@ -91,7 +91,7 @@ from kbd.service import reviews as review_ops
 from kbd.service import search as search_ops
 from kbd.service import sessions as session_ops
 from kbd.service import workflows as workflow_ops
-from kbd.service.feed import Feed, Subscription
+from kbd.service.changefeed import Feed, Subscription
 from kbd.service.gauges import host_gauges
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions

@@ -532,7 +532,7 @@ def test_a_revocation_setting_changed_while_the_daemon_runs_applies_to_the_next_
 def test_the_registry_sweeps_rarely_only_while_the_watcher_is_healthy(world: KbRoot) -> None:
     import threading
 
-    from kbd.service.feed import Feed
+    from kbd.service.changefeed import Feed
     from kbd.service.live import HEALTHY_SWEEP, LiveState
     from kbd.service.root import Root
     from kbd.service.sessions import RootSessions

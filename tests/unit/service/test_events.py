@@ -1,4 +1,4 @@
-"""The change feed's producers (kbd/service/events.py, kbd/service/feed.py;
+"""The change feed's producers (kbd/service/events.py, kbd/service/changefeed.py;
 DESIGN §9, issue 11 item 5), in process on a real root and a real event log.
 
 - Manifest events have ONE producer, the diff of manifest facts: a save by kbd
@@ -26,8 +26,8 @@ from kbd.core.events import Event, EventRefused, Replay, manifest_change_types, 
 from kbd.core.manifest import parse_manifest
 from kbd.service import sessions as session_ops
 from kbd.service import workflows as workflow_ops
+from kbd.service.changefeed import Feed
 from kbd.service.events import LogSink, ManifestTracker, may_see
-from kbd.service.feed import Feed
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
 from kbd.state.events import EventLog

@@ -1,4 +1,4 @@
-"""The daemon's change feed, its bounds (kbd/service/feed.py; README
+"""The daemon's change feed, its bounds (kbd/service/changefeed.py; README
 "The change feed" and "Threat model"), in process on a real root and a real
 event log.
 
@@ -20,7 +20,7 @@ import pytest
 
 from kbd.core.events import CHUNK, StreamCaps
 from kbd.errors import StreamLimit, http_answer
-from kbd.service.feed import LOOKUP_BATCH, Feed, StreamLimits
+from kbd.service.changefeed import LOOKUP_BATCH, Feed, StreamLimits
 from kbd.service.root import Root
 from kbd.state.events import EventLog
 from tests.helpers import KbRoot
