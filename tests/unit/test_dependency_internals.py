@@ -6,7 +6,13 @@ A library appears in INTERNALS when kbd imports one of its private modules
 (``watchfiles._rust_notify``) or subclasses an undocumented class and overrides
 its methods (uvicorn's ``HttpToolsProtocol`` and ``Server``); each such library
 carries an upper bound in pyproject.toml. The AST scan below fails on a new
-import of a private module (a ``_name`` component) that is not listed here."""
+import of a private module (a ``_name`` component) that is not listed here,
+``importlib.import_module("x._y")`` included.
+
+The standard library's private modules kbd uses (STDLIB_INTERNALS: the regex
+parser behind kbd/core/injection.py, the JSON scanner of the Landlock helper)
+are bound by the Python version instead; their test below fails on the first
+Python that moves them."""
 
 from __future__ import annotations
 
@@ -15,7 +21,9 @@ import asyncio
 import importlib
 import importlib.metadata
 import inspect
+import json
 import pkgutil
+import re
 import sys
 import threading
 import tomllib
@@ -35,6 +43,12 @@ INTERNALS: dict[str, set[str]] = {
     "uvicorn": {"uvicorn.protocols.http.httptools_impl"},
     "watchfiles": {"watchfiles._rust_notify"},
 }
+#: The standard library's private modules kbd uses: the regex parser (kbd/core/injection.py), and C
+#: modules that spare the lean start-up paths (kbd exec, the Landlock helper) their Python wrappers.
+STDLIB_INTERNALS = {
+    "_ctypes", "_frozen_importlib_external", "_json", "_signal", "_socket",
+    "re._casefix", "re._compiler", "re._constants", "re._parser",
+}  # fmt: skip
 
 
 def _requirements() -> dict[str, Requirement]:
@@ -43,7 +57,8 @@ def _requirements() -> dict[str, Requirement]:
 
 
 def _imports() -> set[str]:
-    """Every module a kbd/ file imports (absolute imports; relative ones are kbd's own)."""
+    """Every module a kbd/ file imports (absolute imports, relative ones being
+    kbd's own, and ``importlib.import_module`` of a literal name)."""
     found: set[str] = set()
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -51,7 +66,50 @@ def _imports() -> set[str]:
                 found.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 found.add(node.module)
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "import_module"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                found.add(node.args[0].value)
     return found
+
+
+def _private(module: str) -> bool:
+    parts = module.split(".")
+    return not module.startswith("__") and any(part.startswith("_") for part in parts)
+
+
+def _used_names() -> dict[str, set[str]]:
+    """Private module → the names kbd takes from it: ``from m import a`` and
+    ``m.a`` after ``import m`` (in the same file)."""
+    used: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        bound: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level and _private(node.module):
+                used.setdefault(node.module, set()).update(a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                bound.update({a.asname or a.name: a.name for a in node.names if _private(a.name)})
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in bound
+            ):
+                used.setdefault(bound[node.value.id], set()).add(node.attr)
+    return used
+
+
+def test_every_name_kbd_takes_from_a_private_module_exists() -> None:
+    for module, names in _used_names().items():
+        mod = importlib.import_module(module)
+        missing = sorted(n for n in names if not hasattr(mod, n))
+        assert missing == [], f"{module} lacks {missing}"
 
 
 def _kbd_subclasses(base: type) -> list[type]:
@@ -85,14 +143,35 @@ def test_each_library_whose_internals_kbd_uses_is_bounded(dist: str) -> None:
 
 
 def test_no_private_module_is_imported_unlisted() -> None:
+    imported = _imports()
     listed = set().union(*INTERNALS.values())
     private = {
-        m for m in _imports()
-        if m.split(".")[0] not in ("kbd", *sys.stdlib_module_names)
-        and any(part.startswith("_") for part in m.split(".")[1:])
-    }  # fmt: skip
+        m for m in imported if m.split(".")[0] not in ("kbd", *sys.stdlib_module_names) and _private(m)
+    }
     assert private <= listed, sorted(private - listed)
-    assert listed <= _imports(), sorted(listed - _imports())  # a stale entry here: drop it and its bound
+    assert listed <= imported, sorted(listed - imported)  # a stale entry here: drop it and its bound
+    stdlib = {m for m in imported if m.split(".")[0] in sys.stdlib_module_names and _private(m)}
+    assert stdlib == STDLIB_INTERNALS, sorted(stdlib ^ STDLIB_INTERNALS)
+
+
+def test_the_stdlib_internals_have_what_kbd_uses() -> None:
+    """Every ``sre_parse.X`` / ``sre_constants.X`` / ``sre_compiler.X`` that
+    kbd/core/injection.py names, the case-folding table, and the C JSON scanner
+    with the decoder attributes the Landlock helper hands it."""
+    source = (PACKAGE / "core" / "injection.py").read_text()
+    for alias, module in (("sre_parse", "re._parser"), ("sre_constants", "re._constants"),
+                          ("sre_compiler", "re._compiler")):  # fmt: skip
+        assert f'{alias}: Any = importlib.import_module("{module}")' in source, alias
+        used = set(re.findall(rf"\b{alias}\.(\w+)", source))
+        assert used, alias
+        missing = sorted(n for n in used if not hasattr(importlib.import_module(module), n))
+        assert missing == [], f"{module} lacks {missing}"
+    assert isinstance(importlib.import_module("re._casefix")._EXTRA_CASES, dict)
+    from kbd.sandbox.landlock_helper import loads
+
+    assert loads(' {"a": [1, 2.5, "x", null, true]} ') == json.loads('{"a": [1, 2.5, "x", null, true]}')
+    make_scanner = importlib.import_module("_json").make_scanner
+    assert callable(make_scanner)
 
 
 def test_uvicorn_httptools_protocol_has_what_kbd_overrides_and_reads() -> None:
