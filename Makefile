@@ -36,6 +36,7 @@ mcp-example: venv
 lint: venv
 	$(BIN)/ruff check kbd tests bench
 	$(BIN)/ruff format --check kbd tests bench
+	$(BIN)/vulture
 
 typecheck: venv
 	$(BIN)/mypy

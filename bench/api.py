@@ -47,8 +47,7 @@ import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kbd.fs.rootconfig import issue_token
-from tests.helpers import KbRoot
+from tests.helpers import KbRoot, issue_token
 
 ROUNDS = int(os.environ.get("KBD_BENCH_ROUNDS", "2"))
 CLOSED_CLIENTS = 8

@@ -317,11 +317,6 @@ def open_remote(socket_path: Path, *, token: str | None) -> Remote:
     return Remote(Client(socket_path, token=token))
 
 
-def check_socket_option(value: str | None) -> None:
-    if value is not None and not value:
-        raise UsageError("--socket was given an empty path", hint="pass --socket PATH, or leave --socket out")
-
-
 # -- the operations -----------------------------------------------------------------------
 # One class per command, in the CLI's order. Each direct() is the call the API
 # route makes for http(); keep the two in step (tests/integration/

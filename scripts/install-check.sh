@@ -10,8 +10,8 @@
 #   2. pip into a venv laid out like /opt/kbd (the service's ExecStart);
 #   3. pipx install and 4. uv tool install of the checkout, both offline
 #      (--no-index, the wheelhouse only);
-#   5. the units copied with their paths rewritten into the prefix, then
-#      `systemd-analyze verify` (clean) and `systemd-analyze security`;
+#   5. the units installed by scripts/install-units.sh for the prefix's kbd,
+#      then `systemd-analyze verify` (clean) and `systemd-analyze security`;
 #   6. `kbd init` of a temporary root and `kbd doctor` there, with each kbd;
 #   7. the service install of docs/multi-user.md "Deploying on a host": `kbd init --system` (with throwaway group
 #      names, removed at exit), a principal added, `kbd doctor` clean.
@@ -58,15 +58,13 @@ UV_TOOL_DIR="$work/uv-tools" UV_TOOL_BIN_DIR="$work/uv-bin" UV_CACHE_DIR="$work/
   --find-links "$work/wheelhouse" --python "$python" "$work/src" >"$work/uv.log" 2>&1 \
   || fail "uv tool install: $(tail -n 30 "$work/uv.log")"
 
-step "5. systemd units (paths rewritten into the prefix)"
-mkdir "$work/units"
-for unit in kbd.socket kbd.service; do
-  sed -e "s#/opt/kbd#$work/opt/kbd#g" "$repo/systemd/$unit" >"$work/units/$unit"
-done
-grep -q "^ExecStart=$work/opt/kbd/bin/kbd serve\$" "$work/units/kbd.service" || fail "ExecStart not rewritten"
-verify=$(cd "$work/units" && systemd-analyze verify kbd.socket kbd.service 2>&1) || fail "verify: $verify"
+step "5. systemd units (installed by scripts/install-units.sh for the prefix's kbd)"
+"$repo/scripts/install-units.sh" "$work/opt/kbd/bin/kbd" "$work/dest" >/dev/null || fail "install-units.sh"
+units="$work/dest/etc/systemd/system"
+grep -q "^ExecStart=$work/opt/kbd/bin/kbd serve\$" "$units/kbd.service" || fail "ExecStart not written"
+verify=$(cd "$units" && systemd-analyze verify kbd.socket kbd.service 2>&1) || fail "verify: $verify"
 [ -z "$verify" ] || fail "systemd-analyze verify is not clean: $verify"
-(cd "$work/units" && systemd-analyze security --offline=yes kbd.service | tail -1)
+(cd "$units" && systemd-analyze security --offline=yes kbd.service | tail -1)
 
 step "6. kbd --help, --version, init, doctor with each installed kbd"
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$repo/pyproject.toml")

@@ -181,6 +181,26 @@ class KbRoot:
         return str(r.json()["session_id"])
 
 
+def issue_token(root: Path, pid: str, *, timeout: float = 10.0) -> str:
+    """A fixture's bearer token for ``pid``: only its SHA-256 is stored in
+    principals.yaml (the one-line edit kbd makes, comments and layout kept), and
+    nothing is audited, unlike `kbd principals token` (rotate_token)."""
+    import hashlib
+    import secrets
+
+    from kbd.core.principals_edit import SetField
+    from kbd.fs import principals_file
+
+    token = "kbd_" + secrets.token_urlsafe(32)
+
+    def decide(current: principals_file.Current) -> SetField:
+        assert current.principals.get(pid) is not None, f"no principal {pid!r} to give a token"
+        return SetField(pid, "token_sha256", hashlib.sha256(token.encode()).hexdigest())
+
+    principals_file.update(root, decide, timeout=timeout)
+    return token
+
+
 @contextlib.contextmanager
 def exec_mode_for(kb: KbRoot, mode: str) -> Iterator[None]:
     """Run ``kb``'s `kbd exec` calls in ``mode`` for the block: ``brokered``

@@ -27,7 +27,6 @@ from typing import NoReturn
 from kbd.errors import KbdError
 from kbd.errors.render import internal_error, print_error
 
-INTERNAL_EXIT = 70
 SIGPIPE_EXIT = 128 + signal.SIGPIPE
 
 

@@ -17,8 +17,9 @@ from kbd.client.brokered import chosen_root
 from kbd.client.brokered import default_socket as default_socket_of
 from kbd.errors import KbdError, Unavailable
 
-#: Where a root's daemon listens unless kbd.yaml or $KBD_SOCKET says otherwise.
-DEFAULT_SOCKET = Path("state") / "run" / "kbd.sock"
+# The public surface (tests/unit/test_public_surface.py); errors are kbd.errors'.
+__all__ = ["Client", "default_socket", "error_from", "socket_of"]
+
 #: Reconnection waits of :meth:`Client.events` (seconds), growing to the last one.
 RECONNECT_BACKOFF = (0.1, 0.25, 0.5, 1.0, 2.0)
 

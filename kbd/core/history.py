@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from kbd.core.layout import NOTES_DIR
 from kbd.core.relpaths import request_parts
@@ -24,10 +23,6 @@ PREFIX = "sha256:"
 #: ``--expected-version none`` / ``If-Match: "none"``: the note must not exist yet.
 ABSENT = "none"
 _HEX = frozenset("0123456789abcdef")
-#: How a version came to be: a confined write (``kbd notes write``, the API), a
-#: change the post-command audit of a write plan detected, a restore, or bytes
-#: found on disk before a write that were never recorded (written outside kbd).
-HOWS = ("write", "command", "restore", "found")
 
 
 def version_of(data: bytes) -> str:
@@ -75,7 +70,10 @@ def note_relpath(relpath: str) -> str:
 @dataclass(frozen=True)
 class Entry:
     """One version in a note's log: what (version, previous, size), when, how,
-    and who (principal, session, consumer workflow). ``expected``: the version
+    and who (principal, session, consumer workflow). ``how``: ``write`` (a
+    confined write: ``kbd notes write``, the API), ``command`` (found by the
+    post-command audit of a write plan), ``restore``, ``unreject``, or ``found``
+    (bytes on disk before a write that were never recorded: written outside kbd). ``expected``: the version
     the writer said it started from (``--expected-version``/``If-Match``), None
     when it named none: a write whose ``previous`` is not what its writer read
     is a lost update, visible here."""
@@ -148,18 +146,6 @@ def held_totals(held: Sequence[Held]) -> tuple[int, int]:
     """(versions, bytes) of a source's whole history: every entry counts as a
     version; a blob is stored once per (note, version), so its bytes count once."""
     return len(held), sum({(h.relpath, h.version): h.size for h in held}.values())
-
-
-def annotated(held: Sequence[Held]) -> list[Held]:
-    """A source's whole history, oldest first, each entry with ``newest`` and
-    ``copies`` as that whole history makes them (the store reads them from
-    its index instead, for the oldest entries only)."""
-    ordered = sorted(held, key=lambda h: h.seq)
-    newest = {h.relpath: h.seq for h in ordered}
-    copies = Counter((h.relpath, h.version) for h in ordered)
-    return [
-        replace(h, newest=h.seq == newest[h.relpath], copies=copies[(h.relpath, h.version)]) for h in ordered
-    ]
 
 
 def over_budget(

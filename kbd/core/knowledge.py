@@ -22,7 +22,6 @@ from kbd.errors import InvalidInput, UsageError
 
 Review = Literal["own", "unreviewed", "approved"]
 Trust = Literal["own", "source", "contributed-unreviewed", "contributed-approved"]
-Decision = Literal["approved", "rejected"]
 
 MAX_QUERY_CHARS = 500
 MAX_QUERY_TERMS = 32

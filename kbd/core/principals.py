@@ -106,10 +106,6 @@ def named_principal(flag: str | None, env: str | None) -> str | None:
     return None
 
 
-def actor_name(actor: Actor) -> str:
-    return actor.name if isinstance(actor, LocalOperator) else actor.id
-
-
 @dataclass(frozen=True)
 class Principals:
     by_id: Mapping[str, Principal]

@@ -69,7 +69,6 @@ class Attachment:
     message: str | None
     write: WriteStatus | None
     path: Path | None  # canonical KB folder; None whenever not available
-    source_folder: Path | None = None  # workflow folder, only when available
     kb_identity: tuple[int, int] | None = None  # (st_dev, st_ino) seen at resolution
 
     @property
@@ -186,7 +185,6 @@ def resolve_entry(
         message=None,
         write=write,
         path=found.folder.kb_path,
-        source_folder=found.folder.path,
         kb_identity=probe.identity,
     )
 

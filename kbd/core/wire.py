@@ -471,11 +471,6 @@ class FrameReader:
         self._buf = bytearray()
         self._broken: WireError | None = None
 
-    @property
-    def pending(self) -> int:
-        """Bytes of an incomplete frame held back (nonzero at EOF = truncated)."""
-        return len(self._buf)
-
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
         """Every frame completed by ``data``, in order."""
         if self._broken is not None:
@@ -504,11 +499,6 @@ class FrameReader:
             raise
         del self._buf[:pos]
         return frames
-
-    def eof(self) -> None:
-        """Raise WireError if the stream ended inside a frame."""
-        if self._buf:
-            raise WireError(f"the stream ended inside a frame ({len(self._buf)} bytes of it)")
 
 
 # -- typed frames ---------------------------------------------------------------------------------

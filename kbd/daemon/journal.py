@@ -33,7 +33,6 @@ from typing import IO, Any
 from kbd.core.telemetry import journal_datagram, syslog_priority
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
-DEFAULT_LEVEL = "info"
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 TEST_SOCKET_ENV = "KBD_TEST_JOURNAL_SOCKET"
 IDENTIFIER = "kbd"

@@ -23,7 +23,7 @@ access line through the ``kbd.access`` logger and the request counters that
 (``?format=prometheus`` or ``Accept: text/plain``; JSON stays the default).
 
 ``GET /v1/events`` is the change feed (docs/daemon.md): Server-Sent Events from the
-root's event log through :class:`kbd.service.subscriptions.Feed`, which the
+root's event log through :class:`kbd.service.changefeed.Feed`, which the
 operations report to (``State.feed`` is put in ``Root.events``). The event log
 is one per daemon: :attr:`State.event_log`, created here unless the daemon
 passes its own to :func:`create_app`. A subscriber is admitted under the
@@ -90,10 +90,10 @@ from kbd.service import reviews as review_ops
 from kbd.service import search as search_ops
 from kbd.service import sessions as session_ops
 from kbd.service import workflows as workflow_ops
+from kbd.service.changefeed import Feed, Subscription
 from kbd.service.gauges import host_gauges
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
-from kbd.service.subscriptions import Feed, Subscription
 from kbd.state.events import EventLog
 
 log = logging.getLogger("kbd.api")
@@ -698,7 +698,6 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     app.add_middleware(BodyLimit)
     # Outermost: the access log and request metrics see every answer the app gives.
     stats = telemetry.RequestStats()
-    app.state.request_stats = stats
     app.add_middleware(AccessLog, stats=stats)
 
     @app.exception_handler(KbdError)

@@ -41,7 +41,6 @@ API turn any of them into the same answer without knowing the class::
     │   └── WorkflowExists          75  409  workflow-exists          workflows create: ID or folder taken
     ├── NoSpace                     75  507  no-space                 disk or quota full (ENOSPC, EDQUOT)
     ├── PermissionDenied            77  403  permission-denied
-    │   ├── AudienceDenied          77  403  audience-denied
     │   ├── PathRefused             77  403  path-refused             a link, '..', special file …
     │   ├── SessionClosed           77  410  session-closed
     │   └── Unauthenticated         77  401  unauthenticated          API: no or unknown credentials
@@ -55,7 +54,7 @@ HeadersTooLarge) is a transport variant of its parent: same code and exit code, 
 
 Translation happens at choke points, never ad hoc: :func:`from_oserror` for an
 ``OSError`` (a full disk is ``no-space``, never "permission denied"),
-:func:`kbd.state.store.from_sqlite` for the session store's SQLite errors (kept
+:func:`kbd.state.sqlite.from_sqlite` for the SQLite stores' errors (kept
 there so this module stays pure), and
 :func:`workflow_not_found` / :func:`session_not_found` for the one answer given
 both for what does not exist and for what the actor may not see (docs/access.md "Invisible is not found").
@@ -72,6 +71,53 @@ from __future__ import annotations
 
 import errno
 import os
+
+# The public surface (tests/unit/test_public_surface.py): the tree drawn above,
+# and the table that gives two of its classes their reason's exit code. The
+# translators and the HTTP answer are kbd's own choke points, not an API.
+__all__ = [
+    "REASON_ERRORS",
+    "AmbiguousWorkflow",
+    "Busy",
+    "ContainmentUnavailable",
+    "GrantGroupMissing",
+    "HeadersTooLarge",
+    "IndexUnreadable",
+    "InjectionRefused",
+    "InvalidConfig",
+    "InvalidInput",
+    "InvalidManifest",
+    "InvalidPath",
+    "KbdError",
+    "ManifestUnreadable",
+    "MethodNotAllowed",
+    "NoSpace",
+    "NotFound",
+    "NoteVersionConflict",
+    "Overloaded",
+    "PathNotFound",
+    "PathRefused",
+    "PayloadTooLarge",
+    "PermissionDenied",
+    "QuotaExceeded",
+    "RequestTimeout",
+    "RootError",
+    "RootExists",
+    "SandboxSetupError",
+    "SessionClosed",
+    "SourceUnavailable",
+    "SourceUnusable",
+    "StateCorrupt",
+    "StreamLimit",
+    "Unauthenticated",
+    "Unavailable",
+    "UnsafeSocketFolder",
+    "UsageError",
+    "VersionConflict",
+    "WireError",
+    "WorkflowExists",
+    "WorkflowNotFound",
+]
 
 
 class KbdError(Exception):
@@ -401,14 +447,6 @@ class PermissionDenied(KbdError):
     exit_code = 77
     http_status = 403
     default_hint = "ask an owner of the workflow (or an admin) to act, or to grant you a role"
-
-
-class AudienceDenied(PermissionDenied):
-    code = "audience-denied"
-    default_hint = (
-        "every owner, editor and reader of the consumer must be able to read the source; "
-        "ask the source's owner to add them as readers"
-    )
 
 
 class PathRefused(PermissionDenied):

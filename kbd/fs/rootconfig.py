@@ -1,17 +1,16 @@
 """The root's two config files on disk: reading ``kbd.yaml`` and
-``principals.yaml`` (through the parse cache of :mod:`kbd.fs.datafiles`) and
-giving a principal a new token (edited in place by :mod:`kbd.fs.principals_file`). What each file may say is decided by the pure
-rules of :mod:`kbd.core.config` and :mod:`kbd.core.principals`."""
+``principals.yaml`` (through the parse cache of :mod:`kbd.fs.datafiles`). What
+each file may say is decided by the pure rules of :mod:`kbd.core.config` and
+:mod:`kbd.core.principals`; a new token is :func:`kbd.service.principals.rotate_token`."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from kbd.core.config import Config, parse_config
 from kbd.core.layout import CACHE_DIR, CONFIG_NAME, PRINCIPALS_NAME, STATE_DIR
 from kbd.core.principals import Principals, parse_principals
-from kbd.errors import NotFound, RootError
+from kbd.errors import RootError
 from kbd.fs.datafiles import read_yaml_cached
 
 
@@ -39,23 +38,3 @@ def load_principals(root: Path) -> Principals:
         cache=root / STATE_DIR / CACHE_DIR / f"{PRINCIPALS_NAME}.json",
         parse=lambda data: parse_principals(data, source=str(path)),
     )
-
-
-def issue_token(root: Path, pid: str, *, timeout: float) -> str:
-    """Give ``pid`` a new bearer token: store only its SHA-256 in principals.yaml
-    (an edit of that one line, under the principals lock, comments and layout
-    kept: :mod:`kbd.fs.principals_file`) and return the token, shown once."""
-    import secrets
-
-    from kbd.core.principals_edit import SetField
-    from kbd.fs import principals_file
-
-    token = "kbd_" + secrets.token_urlsafe(32)
-
-    def decide(current: principals_file.Current) -> SetField:
-        if current.principals.get(pid) is None:
-            raise NotFound(f"unknown principal {pid!r}", hint="add it first: kbd principals add NAME --uid N")
-        return SetField(pid, "token_sha256", hashlib.sha256(token.encode()).hexdigest())
-
-    principals_file.update(root, decide, timeout=timeout)
-    return token

@@ -109,8 +109,6 @@ def apply_layout(root: Path, *, group: str, grant_group: str) -> list[str]:
 
 # -- doctor -----------------------------------------------------------------------------
 
-SETGID = 0o2000
-
 
 def grant_group_problems(name: str) -> list[str]:
     """Why the grant group ``name`` breaks the model, if it does."""

@@ -104,7 +104,9 @@ class Notifier(Protocol):
 
 
 def rust_notify(paths: list[str]) -> Notifier:
-    """A non-recursive RustNotify over ``paths`` (inotify; permission errors ignored)."""
+    """A non-recursive RustNotify over ``paths`` (inotify; permission errors ignored).
+    The one place kbd builds watchfiles' private ``RustNotify`` (its version is
+    bounded in pyproject.toml; tests/unit/test_dependency_internals.py)."""
     notifier: Notifier = RustNotify(paths, False, False, 50, False, True)
     return notifier
 

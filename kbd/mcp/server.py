@@ -10,6 +10,8 @@ the current plan cannot use is neither listed nor callable.
 The decisions (which tools a plan allows, what the arguments mean, how a
 result is rendered) are pure functions below; the MCP SDK is touched only in
 :func:`serve`, imported there because it is heavy and only ``kbd mcp`` needs it.
+It is an extra (``pip install 'kbd[mcp]'``): without it ``kbd mcp`` exits 69
+naming the extra (README "Agents' file tools over MCP").
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from kbd.errors import (
     NotFound,
     PermissionDenied,
     SourceUnavailable,
+    Unavailable,
     UsageError,
     render,
 )
@@ -476,10 +479,17 @@ def serve(via: Backend, sid: str, as_: str | None) -> None:
     import warnings
 
     import anyio
-    import mcp_types as types
-    from mcp import MCPDeprecationWarning
-    from mcp.server.lowlevel import NotificationOptions, Server
-    from mcp.server.stdio import stdio_server
+
+    try:
+        import mcp_types as types
+        from mcp import MCPDeprecationWarning
+        from mcp.server.lowlevel import NotificationOptions, Server
+        from mcp.server.stdio import stdio_server
+    except ImportError as exc:  # the SDK is the `mcp` extra (pyproject.toml)
+        raise Unavailable(
+            f"kbd mcp needs the MCP SDK, which is not installed with this kbd (no module {exc.name!r})",
+            hint="install kbd with its MCP extra: pip install 'kbd[mcp]'",
+        ) from exc
 
     session = Session(via, sid, as_)
     roots_stale = True  # asked again after notifications/roots/list_changed

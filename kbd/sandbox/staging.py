@@ -119,12 +119,6 @@ class Staging:
     folder: Path
     areas: list[Area] = field(default_factory=list)
 
-    def by_notes(self) -> dict[str, Area]:
-        return {str(a.notes): a for a in self.areas}
-
-    def attach_spec(self) -> list[dict[str, object]]:
-        return [a.attach() for a in self.areas]
-
     def close_fds(self) -> None:
         """The mount descriptors (the sandbox holds its own references once set up)."""
         for area in self.areas:

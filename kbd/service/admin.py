@@ -19,7 +19,6 @@ from kbd.core.layout import KB_DIR
 from kbd.core.manifest import MAX_MANIFEST_BYTES, Manifest, entry_problems, parse_manifest, writer_problems
 from kbd.core.principals import Actor, Principal
 from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, NotFound, PermissionDenied
-from kbd.fs.rootconfig import issue_token
 from kbd.service import JsonObject
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
@@ -290,11 +289,6 @@ class PrincipalList:
 
     def to_json(self) -> JsonObject:
         return {"principals": [p.to_json() for p in self.principals]}
-
-
-def new_token(host: Root, pid: str) -> str:
-    """A new API token for ``pid``; only its hash is stored. Shown once."""
-    return issue_token(host.config.root, pid, timeout=host.config.lock_timeout)
 
 
 # -- the daemon's own counters ---------------------------------------------------------------

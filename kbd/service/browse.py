@@ -110,7 +110,7 @@ def own_kb(host: Root, wid: str, *, actor: Principal) -> Attachment:
         )
     m = found.manifest
     return Attachment(alias="", workflow_id=m.id, label=m.label, access="read", available=True, reason=None,
-                      message=None, write=None, path=found.folder.kb_path, source_folder=found.folder.path,
+                      message=None, write=None, path=found.folder.kb_path,
                       kb_identity=probe.identity)  # fmt: skip
 
 

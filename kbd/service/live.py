@@ -13,7 +13,7 @@ lock (the one the API takes for registry and session-store work):
    every verifier pass;
 3. diffs the registry's index against the copy taken by the previous pass and
    reports each changed ID to the change feed's one manifest-event producer
-   (:meth:`kbd.service.subscriptions.Feed.observe`, which the daemon's own
+   (:meth:`kbd.service.changefeed.Feed.observe`, which the daemon's own
    saves report to as well, so nothing is announced twice): a hand edit of
    ``workflow.json`` and a CLI edit give the same ``workflow.changed`` /
    ``sources.changed`` / ``writers.changed``, and a change absorbed by some
@@ -65,7 +65,7 @@ from kbd.fs.watch import Watcher
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions, end_command, running_commands
 from kbd.state.processes import ProcessRow
-from kbd.state.store import SessionRow
+from kbd.state.sessions import SessionRow
 
 log = logging.getLogger("kbd.live")
 
@@ -134,7 +134,7 @@ def commands_to_act(
 
 class LiveSink(Protocol):
     """Where the live state's events go: the daemon's change feed
-    (:class:`kbd.service.subscriptions.Feed`)."""
+    (:class:`kbd.service.changefeed.Feed`)."""
 
     def emit(self, event_type: str, /, *, workflow_id: str | None, **fields: str | int) -> None: ...
 

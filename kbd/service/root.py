@@ -23,7 +23,7 @@ from kbd.core.resolve import Attachment, SourceView, resolve_all
 from kbd.errors import AmbiguousWorkflow, KbdError, ManifestUnreadable, workflow_not_found
 from kbd.fs.registry import Ambiguous, Found, KbProbe, Lookup, Missing, Registry, probe_kb
 from kbd.fs.rootconfig import load_config, load_principals
-from kbd.service.feed import EventSink, LogSink
+from kbd.service.events import EventSink, LogSink
 from kbd.state import audit
 
 
@@ -31,7 +31,7 @@ class Root:
     """One kbd root: config, principals, the workflow registry (which it lends
     the resolver as its :class:`kbd.core.resolve.SourceView`), the audit log,
     and ``events``, where operations report what changed (the change feed,
-    :mod:`kbd.service.feed`): by default the root's shared event log; the
+    :mod:`kbd.service.events`): by default the root's shared event log; the
     daemon puts its own feed there."""
 
     def __init__(self, root: Path, *, sweep_interval: float = 1.0, events: EventSink | None = None) -> None:

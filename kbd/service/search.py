@@ -340,7 +340,7 @@ class KbWatcher:
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        from watchfiles._rust_notify import RustNotify
+        from kbd.fs.watch import rust_notify
 
         while not self._stop.is_set():
             with self._lock:
@@ -348,7 +348,7 @@ class KbWatcher:
                 self._changed.clear()
             paths = sorted({p for _, folders in wanted.values() for p in folders})
             try:
-                notifier = RustNotify(paths, False, False, 50, False, True)
+                notifier = rust_notify(paths)
             except Exception as exc:
                 # Not watched means every search re-checks its KBs (still correct, slower): say why.
                 log.warning("search watch unavailable, searches re-check their KBs: %s", exc)

@@ -41,7 +41,7 @@ from kbd.sandbox import trees
 from kbd.service import JsonObject
 from kbd.service.root import Root
 from kbd.state.processes import ProcessRow, RunningCommands
-from kbd.state.store import SessionRow, SessionStore, new_session_id, require_open
+from kbd.state.sessions import SessionRow, SessionStore, new_session_id, require_open
 
 _MODES = {"none": set(), "read": {"r"}, "write": {"w"}, "read-write": {"r", "w"}}
 # Sessions whose last plan is remembered (least recently looked up forgotten
@@ -206,7 +206,7 @@ class RootSessions:
                          bare.digest(), bare)  # fmt: skip
         generation = row.generation
         if memo.digest != row.digest:
-            generation = self.store.record_generation(row.id, seen_digest=row.digest, new_digest=memo.digest)
+            generation = self.store.record_generation(row.id, new_digest=memo.digest)
         plan = memo.plan
         if (plan.generation, plan.session_id, plan.parent, plan.opened_by) != (
             generation, row.id, row.parent, row.opened_by

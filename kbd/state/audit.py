@@ -92,14 +92,6 @@ class Tail:
         self.pending = b""
         self.torn = 0
 
-    @classmethod
-    def at_end(cls, state_dir: Path) -> Tail:
-        try:
-            size = os.stat(state_dir / AUDIT_NAME).st_size
-        except FileNotFoundError:
-            size = 0
-        return cls(state_dir, offset=size)
-
     def poll(self, *, max_bytes: int | None = None) -> list[dict[str, Any]]:
         """The complete records appended since the last call (reading at most
         ``max_bytes`` more of the file, when given)."""

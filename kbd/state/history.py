@@ -52,7 +52,7 @@ from kbd.core.history import (
 from kbd.errors import StateCorrupt
 from kbd.fs.atomic import ensure_private_dir, write_atomic
 from kbd.fs.locks import held
-from kbd.state.store import from_sqlite
+from kbd.state.sqlite import from_sqlite
 
 if TYPE_CHECKING:
     from kbd.core.config import Config, NoteHistory

@@ -9,7 +9,7 @@ restorable (:func:`kbd.service.reviews.restore_rejected`).
 
 SQLite in WAL mode (shared by CLI processes and the daemon, like the session
 store); every change is one short transaction. Errors become the tree's
-(:func:`kbd.state.store.from_sqlite`).
+(:func:`kbd.state.sqlite.from_sqlite`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kbd.fs.atomic import ensure_private_dir
-from kbd.state.store import from_sqlite
+from kbd.state.sqlite import from_sqlite
 
 DB_NAME = "reviews.sqlite"
 SCHEMA = """

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kbd.fs.atomic import ensure_private_dir
-from kbd.state.store import from_sqlite
+from kbd.state.sqlite import from_sqlite
 
 SEARCH_DIR = "search"
 # 2: provenance read to the block's real end (rows of 1 may hold a wrong contributor).

@@ -18,7 +18,7 @@ when the server stops (:class:`SearchSessions`).
 The change feed (``/api/events``): through the daemon, its ``/v1/events``
 relayed (it filters for the connection's principal); directly on the root, the
 root's shared ``state/events.log`` followed in process with the daemon's own
-visibility rule (:class:`kbd.service.subscriptions.Feed`). Manifest events
+visibility rule (:class:`kbd.service.changefeed.Feed`). Manifest events
 (a detach, a hand edit of workflow.json) are written to that log by a running
 daemon's watcher only, so without a daemon the page is told ``live: false``
 and shows it (never silently stale); the stream says ``resync`` when a daemon
@@ -59,7 +59,7 @@ from kbd.ui import security
 
 if TYPE_CHECKING:
     from kbd.service import JsonObject
-    from kbd.service.subscriptions import Feed
+    from kbd.service.changefeed import Feed
 
 log = logging.getLogger("kbd.ui")
 
@@ -675,7 +675,7 @@ async def _follow(page: Page, last: str | None) -> AsyncGenerator[bytes, None]:
 
 def _direct_feed(page: Page) -> Feed:
     """One in-process follower of the root's event log per page (made on first use)."""
-    from kbd.service.subscriptions import Feed
+    from kbd.service.changefeed import Feed
     from kbd.state.events import EventLog
 
     if page.feed is None:

@@ -14,8 +14,6 @@ made (so a hostile `<img src=x>` that loaded would be seen).
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,13 +149,3 @@ def ready(page: Page, workflow: str | None) -> None:
     if workflow is not None:
         expect(page.locator(f'[data-workflow="{workflow}"]')).to_have_attribute("aria-current", "page")
         expect(page.locator(".wf-head .wf-id")).to_have_text(workflow)
-
-
-def wait_until(check: Callable[[], bool], *, timeout: float, what: str) -> float:
-    """Poll ``check`` (every 10 ms) until true; the seconds it took. Fails after ``timeout``."""
-    t0 = time.monotonic()
-    while not check():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"{what}: not within {timeout}s")
-        time.sleep(0.01)
-    return time.monotonic() - t0

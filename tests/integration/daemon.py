@@ -27,7 +27,7 @@ from typing import IO, Any
 import httpx
 import yaml
 
-from kbd.fs.rootconfig import issue_token
+from tests.helpers import issue_token
 
 READY_PREFIX = "kbd: serving on "
 START_TIMEOUT = 30.0

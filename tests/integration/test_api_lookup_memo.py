@@ -28,8 +28,7 @@ import pytest
 import yaml
 
 from kbd.core import layout
-from kbd.fs.rootconfig import issue_token
-from tests.helpers import KbRoot
+from tests.helpers import KbRoot, issue_token
 from tests.integration import daemon
 
 WARM = 5  # lookups before the change: the memo holds the plan

@@ -17,7 +17,6 @@ import shutil
 import socket
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -212,12 +211,6 @@ SCRIPT: list[tuple[str, list[str], bytes | None]] = [
     ("ops", ["principals", "remove", "newbie"], None),
     ("alice", ["principals", "enable", "mallory"], None),
 ]
-
-
-@dataclass
-class Run:
-    results: list[CliResult]
-    root: Path
 
 
 def _build(root: Path) -> KbRoot:

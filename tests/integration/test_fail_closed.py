@@ -246,7 +246,7 @@ def test_session_commands_accept_as_and_authorize_like_the_api(kb: KbRoot) -> No
 def test_a_running_daemon_honours_principal_changes_at_once(kb: KbRoot) -> None:
     import yaml
 
-    from kbd.fs.rootconfig import issue_token
+    from tests.helpers import issue_token
     from tests.integration.daemon import issue_tokens, serving
 
     kb.workflow("con", access={"owners": ["carol"]})

@@ -31,7 +31,6 @@ from tests.integration.daemon import Daemon, clean_env, map_uid, serving
 # A background loop that leaves the command's process group (setsid): only the
 # command's cgroup still holds it.
 SETSID_LOOP = "setsid sh -c 'while :; do sleep 0.1; done' & wait"
-MARK = "kbd-live-loop"
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> float:
@@ -533,10 +532,10 @@ def test_a_revocation_setting_changed_while_the_daemon_runs_applies_to_the_next_
 def test_the_registry_sweeps_rarely_only_while_the_watcher_is_healthy(world: KbRoot) -> None:
     import threading
 
+    from kbd.service.changefeed import Feed
     from kbd.service.live import HEALTHY_SWEEP, LiveState
     from kbd.service.root import Root
     from kbd.service.sessions import RootSessions
-    from kbd.service.subscriptions import Feed
     from kbd.state.events import EventLog
 
     kb = world

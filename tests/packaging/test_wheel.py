@@ -157,3 +157,23 @@ def test_installed_kbd_inits_checks_and_runs_a_sandboxed_command(built: Built, t
         (root / "workflows" / "src" / "knowledgebase" / "notes" / "new.md").read_text().endswith("---\nnew\n")
     )
     assert not os.path.lexists(root / "workflows" / "src" / "knowledgebase" / "notes" / "link")
+
+
+def test_the_mcp_sdk_is_an_extra_and_kbd_mcp_names_it(built: Built, tmp_path: Path) -> None:
+    """`pip install kbd` leaves the MCP SDK out (it is the `kbd[mcp]` extra):
+    the installed `kbd mcp` then exits 69 naming the extra, and the rest of kbd
+    works without it."""
+    with zipfile.ZipFile(built.wheel) as whl:
+        info = next(n.split("/")[0] for n in whl.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = email.parser.Parser().parsestr(whl.read(f"{info}/METADATA").decode())
+    sdk = [r for r in meta.get_all("Requires-Dist") or [] if r.split(";")[0].strip().startswith("mcp")]
+    assert sdk and all("extra ==" in r and "mcp" in r.split(";")[1] for r in sdk), sdk
+    r = _run([built.venv / "bin" / "python", "-c", "import mcp"], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode != 0, "the plain install pulled the MCP SDK in"
+    root = tmp_path / "root"
+    r = installed(built, tmp_path, "--root", str(root), "init", "--host", "pkg")
+    assert r.returncode == 0, r.stderr
+    r = installed(built, tmp_path, "--root", str(root), "mcp", "s_0123456789abcdef0123")
+    assert r.returncode == 69, r.stderr
+    assert r.stderr.startswith("error[unavailable]: kbd mcp needs the MCP SDK"), r.stderr
+    assert "pip install 'kbd[mcp]'" in r.stderr and r.stdout == "", r.stderr

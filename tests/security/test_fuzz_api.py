@@ -31,7 +31,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbd.state.store import new_session_id
+from kbd.state.sessions import new_session_id
 from tests.helpers import KbRoot
 from tests.integration.daemon import Daemon, issue_tokens, serving
 

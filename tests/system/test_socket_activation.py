@@ -28,7 +28,7 @@ import pytest
 from tests.helpers import KbRoot
 from tests.integration import daemon
 from tests.system.units import (
-    INSTALL_PREFIX,
+    KBD_BIN,
     RUNTIME,
     STATE_ROOT,
     directives,
@@ -134,7 +134,7 @@ def activate(base: Path, root: Path) -> Activated:
     before the daemon runs (it starts on the first connection)."""
     tool = shutil.which("systemd-socket-activate")
     assert tool is not None, "systemd-socket-activate is missing: apt-get install -y systemd"
-    paths = {INSTALL_PREFIX: sys.prefix, STATE_ROOT: str(root), RUNTIME: str(base / "run" / "kbd")}
+    paths = {KBD_BIN: f"{sys.prefix}/bin/kbd", STATE_ROOT: str(root), RUNTIME: str(base / "run" / "kbd")}
     socket_unit, service = directives("kbd.socket"), directives("kbd.service")
     (listen,) = socket_unit["ListenStream"]
     sock = Path(rewrite(listen, paths))

@@ -1,32 +1,123 @@
 """The shipped units as systemd judges them (docs/multi-user.md "Service notes"): `systemd-analyze
-verify` clean and `systemd-analyze security --offline=yes` at most 4.5, with the
-hardening that would break bubblewrap kept out."""
+verify` clean once installed (scripts/install-units.sh writes the executable in)
+and `systemd-analyze security --offline=yes` at most 4.5, with the hardening that
+would break bubblewrap kept out; and the sysusers.d and tmpfiles.d files beside
+them, applied by systemd's own tools, make exactly the groups and folders the
+units and `kbd init --system` expect."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import stat
 import subprocess
 from pathlib import Path
 
-from tests.system.units import SYSTEMD, UNITS, directives, exec_start, rewrite, systemd_analyze
+import pytest
+
+from kbd.fs.systemlayout import LAYOUT
+from kbd.service.admin import SystemLayout
+from tests.system.units import (
+    KBD_BIN,
+    RUNTIME,
+    STATE_ROOT,
+    SYSTEMD,
+    UNITS,
+    directives,
+    environment,
+    exec_start,
+    install_units,
+    installed_units,
+    rewrite,
+    systemd_analyze,
+)
 
 MAX_EXPOSURE = 4.5
 
 
 def installed_copy(tmp_path: Path) -> Path:
-    """The units with the install prefix pointed at a real binary (verify checks ExecStart exists)."""
-    for name in UNITS:
-        text = rewrite((SYSTEMD / name).read_text(), {"/opt/kbd/bin/kbd": "/bin/true"})
-        (tmp_path / name).write_text(text)
-    return tmp_path
+    """The units as scripts/install-units.sh installs them, for a real binary
+    (verify checks that ExecStart exists)."""
+    done = install_units("/bin/true", tmp_path / "dest")
+    assert done.returncode == 0, done.stderr
+    return installed_units(tmp_path / "dest")
 
 
 def test_units_verify_clean(tmp_path: Path) -> None:
     where = installed_copy(tmp_path)
+    assert exec_start(directives("kbd.service", folder=where)) == ["/bin/true", "serve"]
     proc = subprocess.run([systemd_analyze(), "verify", *(str(where / n) for n in UNITS)], cwd=where,
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip() == "", proc.stderr
+
+
+def test_the_shipped_service_names_no_install_path_and_cannot_start_unfilled(tmp_path: Path) -> None:
+    """The executable is a placeholder (no /opt/kbd baked in); a unit copied
+    without install-units.sh fails verify naming it, rather than running
+    something else."""
+    assert exec_start(directives("kbd.service")) == [KBD_BIN, "serve"]
+    for name in UNITS:
+        assert not [v for vs in directives(name).values() for v in vs if "/opt/" in v], name
+        shutil.copy(SYSTEMD / name, tmp_path / name)
+    proc = subprocess.run([systemd_analyze(), "verify", *UNITS], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert proc.returncode != 0 and KBD_BIN in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "kbd_bin", ["bin/kbd", "/opt/my kbd/bin/kbd", "/opt/kbd/bin/kbd%n", "/nonexistent/kbd"]
+)
+def test_install_units_refuses_what_systemd_would_misread(tmp_path: Path, kbd_bin: str) -> None:
+    """A relative path, a space (a word break), a specifier or a missing file: exit
+    2, nothing written."""
+    done = install_units(kbd_bin, tmp_path / "dest")
+    assert done.returncode == 2 and done.stderr.startswith("install-units: "), done.stderr
+    assert not (tmp_path / "dest").exists()
+
+
+def _group_file(root: Path) -> dict[str, int]:
+    out = {}
+    for line in (root / "etc" / "group").read_text().splitlines():
+        name, _, gid, _ = line.split(":", 3)
+        out[name] = int(gid)
+    return out
+
+
+def test_sysusers_and_tmpfiles_make_what_the_units_and_init_system_expect(tmp_path: Path) -> None:
+    """systemd-sysusers and systemd-tmpfiles, on an empty root, with the files
+    install-units.sh installs: the groups `kbd init --system` expects by default
+    (the socket's SocketGroup among them) and no user (the service runs as
+    root); /var/lib/kbd as init --system's layout leaves it, /run/kbd as
+    kbd.socket's DirectoryMode makes it."""
+    dest = tmp_path / "dest"
+    done = install_units("/bin/true", dest)
+    assert done.returncode == 0, done.stderr
+    for argv in (["systemd-sysusers", f"--root={dest}", str(dest / "etc/sysusers.d/kbd.conf")],
+                 ["systemd-tmpfiles", "--create", f"--root={dest}", str(dest / "etc/tmpfiles.d/kbd.conf")]):  # fmt: skip
+        tool = shutil.which(argv[0])
+        assert tool is not None, f"{argv[0]} is missing: apt-get install -y systemd"
+        proc = subprocess.run([tool, *argv[1:]], capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 0, proc.stderr
+    groups = _group_file(dest)
+    defaults = SystemLayout()
+    assert set(groups) == {defaults.group, defaults.grant_group}, groups
+    assert not (dest / "etc" / "passwd").exists() or (dest / "etc" / "passwd").read_text().strip() == ""
+    service, sock = directives("kbd.service"), directives("kbd.socket")
+    assert "User" not in service and sock["SocketGroup"] == [defaults.group]
+
+    state = dest / STATE_ROOT.lstrip("/")
+    assert environment(service)["KBD_ROOT"] == STATE_ROOT and service["StateDirectory"] == ["kbd"]
+    (root_mode,) = [mode for rel, _, mode in LAYOUT if rel == ""]
+    st = os.stat(state)
+    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (root_mode, 0, groups[defaults.group])
+    assert int(service["StateDirectoryMode"][0], 8) == root_mode
+
+    runtime = dest / RUNTIME.lstrip("/")
+    assert Path(sock["ListenStream"][0]).parent == Path(RUNTIME)
+    st = os.stat(runtime)
+    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (int(sock["DirectoryMode"][0], 8), 0, 0)
 
 
 def exposure(tmp_path: Path) -> tuple[float, str]:
@@ -53,7 +144,7 @@ def test_the_security_check_can_fail(tmp_path: Path) -> None:
     bare.mkdir()
     for name in UNITS:
         text = "\n".join(kept) + "\n" if name == "kbd.service" else (SYSTEMD / name).read_text()
-        (bare / name).write_text(rewrite(text, {"/opt/kbd/bin/kbd": "/bin/true"}))
+        (bare / name).write_text(rewrite(text, {KBD_BIN: "/bin/true"}))
     proc = subprocess.run([systemd_analyze(), "security", "--offline=yes", str(bare / "kbd.service")],
                           cwd=bare, capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     found = re.search(r"Overall exposure level for kbd\.service: (\d+\.\d+)", proc.stdout)

@@ -1,25 +1,30 @@
 """The shipped systemd units, read as systemd reads them (for the tests here and
-scripts/install-check.sh's twin checks): ``[Section]`` → directive → values."""
+scripts/install-check.sh's twin checks): ``[Section]`` → directive → values; and
+installed as a host installs them (scripts/install-units.sh)."""
 
 from __future__ import annotations
 
 import re
 import shlex
 import shutil
+import subprocess
 from pathlib import Path
 
-SYSTEMD = Path(__file__).resolve().parents[2] / "systemd"
+REPO = Path(__file__).resolve().parents[2]
+SYSTEMD = REPO / "systemd"
+INSTALL_UNITS = REPO / "scripts" / "install-units.sh"
 UNITS = ("kbd.socket", "kbd.service")
+# The placeholder of kbd.service's ExecStart that install-units.sh fills in.
+KBD_BIN = "{{KBD_BIN}}"
 # Where the units put things on a real host; tests map each to a temporary folder.
-INSTALL_PREFIX = "/opt/kbd"
 STATE_ROOT = "/var/lib/kbd"
 RUNTIME = "/run/kbd"
 
 
-def directives(name: str) -> dict[str, list[str]]:
+def directives(name: str, *, folder: Path = SYSTEMD) -> dict[str, list[str]]:
     """Every ``Key=value`` of unit ``name`` (all sections), values in order."""
     out: dict[str, list[str]] = {}
-    for raw in (SYSTEMD / name).read_text().splitlines():
+    for raw in (folder / name).read_text().splitlines():
         line = raw.strip()
         if not line or line.startswith(("#", ";", "[")):
             continue
@@ -49,6 +54,17 @@ def rewrite(text: str, paths: dict[str, str]) -> str:
     for old in sorted(paths, key=len, reverse=True):
         text = re.sub(re.escape(old) + r"(?=/|\s|$)", paths[old], text)
     return text
+
+
+def install_units(kbd_bin: str, dest: Path) -> subprocess.CompletedProcess[str]:
+    """scripts/install-units.sh KBD_BIN DEST: the units, sysusers.d and tmpfiles.d under DEST/etc."""
+    return subprocess.run([str(INSTALL_UNITS), kbd_bin, str(dest)], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+
+
+def installed_units(dest: Path) -> Path:
+    """Where install_units put the units."""
+    return dest / "etc" / "systemd" / "system"
 
 
 def systemd_analyze() -> str:

@@ -12,6 +12,7 @@ translated at its choke points (docs/cli.md "Exit codes").
 
 from __future__ import annotations
 
+import ast
 import errno
 import importlib
 import json
@@ -178,7 +179,7 @@ def test_from_oserror(code: int, cls: type[KbdError]) -> None:
 
 
 def test_from_sqlite_on_real_databases(tmp_path: Path) -> None:
-    from kbd.state.store import from_sqlite
+    from kbd.state.sqlite import from_sqlite
 
     db = tmp_path / "s.db"
     holder = sqlite3.connect(db, isolation_level=None)
@@ -293,3 +294,55 @@ def test_out_of_blocks_is_no_space_not_permission_denied(kb: KbRoot, small_disk:
     # Space freed: the same write succeeds.
     (small_disk / "filler").unlink()
     assert note_ops.write(sessions, sid, "src", "new.md", b"a note\n", actor=OPERATOR).path == "notes/new.md"
+
+
+def _constructions(package: Path, names: set[str]) -> dict[str, set[str]]:
+    """Class name of ``names`` → the modules of ``package`` that construct it
+    (``X(…)`` or ``errors.X(…)``). Inside the package's errors.py a
+    construction counts only in a function some other module calls (the
+    translators and the not-found answers), never in a helper nobody uses."""
+    trees = {p.relative_to(package).as_posix(): ast.parse(p.read_text()) for p in package.rglob("*.py")}
+
+    def called(node: ast.Call) -> str | None:
+        f = node.func
+        return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+
+    outside_calls = {
+        called(n) for rel, tree in trees.items() if rel != "errors.py"
+        for n in ast.walk(tree) if isinstance(n, ast.Call)
+    }  # fmt: skip
+    found: dict[str, set[str]] = {}
+    for rel, tree in trees.items():
+        scopes: list[ast.AST] = [tree]
+        if rel == "errors.py":
+            scopes = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name in outside_calls]
+        for scope in scopes:
+            for node in ast.walk(scope):
+                if isinstance(node, ast.Call) and (name := called(node)) in names:
+                    found.setdefault(name, set()).add(rel)
+    return found
+
+
+CONSTRUCTED = _constructions(Path(kbd.__file__).parent, {cls.__name__ for cls in ALL})
+
+
+@pytest.mark.parametrize("cls", ALL, ids=lambda c: c.__name__)
+def test_every_error_class_is_raised_somewhere_in_kbd(cls: type[KbdError]) -> None:
+    """A class of the tree that nothing in kbd/ constructs is a code no user can
+    ever see (as AudienceDenied was, while audience refusals answered as
+    PermissionDenied): remove it, or raise it where it applies."""
+    assert CONSTRUCTED.get(cls.__name__), f"nothing in kbd/ raises {cls.__name__}"
+
+
+def test_the_raise_scan_counts_only_real_constructions(tmp_path: Path) -> None:
+    (tmp_path / "errors.py").write_text(
+        "class Used(Exception): ...\nclass Helper(Exception): ...\nclass Dead(Exception): ...\n"
+        "class Defined(Exception): ...\n"
+        "def translate(): return Helper('x')\ndef unused(): return Dead('x')\n"
+    )
+    (tmp_path / "ops.py").write_text(
+        "import errors\nfrom errors import Used, translate\n"
+        "def op():\n    translate()\n    raise errors.Used('x')\n"
+    )
+    found = _constructions(tmp_path, {"Used", "Helper", "Dead", "Defined"})
+    assert found == {"Used": {"ops.py"}, "Helper": {"errors.py"}}

@@ -27,7 +27,7 @@ from kbd.service import JsonObject, admin, auth, browse, notes, sessions, workfl
 from kbd.service import principals as principal_ops
 from kbd.service.sessions import RootSessions
 from kbd.state import audit
-from tests.helpers import OPERATOR, KbRoot
+from tests.helpers import OPERATOR, KbRoot, issue_token
 
 SERVICE_MODULES = (auth, workflows, sessions, browse, notes, admin)
 
@@ -345,7 +345,7 @@ def test_doctor_reports_a_broken_config_as_one_failed_check(tmp_path: Path) -> N
 
 def test_principals_list_never_shows_a_token_hash(kb: KbRoot) -> None:
     h = kb.host()
-    token = admin.new_token(h, "alice")
+    token = issue_token(h.config.root, "alice")
     rows = principal_ops.listing(kb.host(), actor=OPERATOR).to_json()["principals"]
     alice = next(r for r in rows if r["id"] == "alice")
     assert alice == {

@@ -5,7 +5,9 @@ expiry of deleted notes, diffs."""
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -16,7 +18,6 @@ from kbd.core.history import (
     DAY,
     Entry,
     Held,
-    annotated,
     expired,
     held_totals,
     note_relpath,
@@ -27,8 +28,6 @@ from kbd.core.history import (
     version_of,
 )
 from kbd.errors import InvalidInput, InvalidPath
-
-HEX = "0123456789abcdef"
 
 
 def test_a_version_is_the_sha256_of_the_bytes() -> None:
@@ -118,6 +117,18 @@ def source_histories(draw: st.DrawFn) -> tuple[list[Held], frozenset[str]]:
         size = sizes.setdefault((rel, v), size)  # one version has one size
         held.append(Held(seq, rel, f"sha256:{v:064x}", size))
     return held, frozenset(draw(st.sets(st.sampled_from(NOTES))))
+
+
+def annotated(held: list[Held]) -> list[Held]:
+    """The oracle of what the store reads from its index: a source's whole
+    history, oldest first, each entry with ``newest`` and ``copies`` as that
+    whole history makes them."""
+    ordered = sorted(held, key=lambda h: h.seq)
+    newest = {h.relpath: h.seq for h in ordered}
+    copies = Counter((h.relpath, h.version) for h in ordered)
+    return [
+        replace(h, newest=h.seq == newest[h.relpath], copies=copies[(h.relpath, h.version)]) for h in ordered
+    ]
 
 
 def budget(

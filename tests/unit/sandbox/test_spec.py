@@ -21,7 +21,7 @@ def att(alias: str, *, writable: bool = False) -> Attachment:
         alias=alias, workflow_id=f"wf_{alias}", label=alias, access="write" if writable else "read",
         available=True, reason=None, message=None,
         write=WriteStatus(True, None) if writable else None,
-        path=R / alias / "knowledgebase", source_folder=R / alias, kb_identity=(1, 2),
+        path=R / alias / "knowledgebase", kb_identity=(1, 2),
     )  # fmt: skip
 
 

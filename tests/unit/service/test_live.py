@@ -1,6 +1,6 @@
 """The live state's decisions (kbd/service/live.py): which running commands a
 re-plan acts on. (Which events a manifest change gives is the change feed's one
-producer, tested in tests/unit/service/test_feed.py.)"""
+producer, tested in tests/unit/service/test_events.py.)"""
 
 from __future__ import annotations
 

@@ -64,21 +64,6 @@ class EventSink(Protocol):
         """kbd saved ``workflow_id``'s workflow.json: ``old`` before, ``new`` after."""
 
 
-class NoEvents:
-    """A sink that reports nothing (tools and tests that want no event log)."""
-
-    def emit(self, event_type: str, /, *, workflow_id: str | None, **fields: FieldValue) -> None:
-        return None
-
-    def resync(self, reason: str) -> None:
-        return None
-
-    def manifest_saved(
-        self, workflow_id: str, old: Manifest | None, new: Manifest | None, *, folder: Path | None = None
-    ) -> None:
-        return None
-
-
 class LogSink:
     """A process on the root appends to ``<state>/events.log`` itself (opened on
     the first event: a command that reports nothing never pays for the log)."""

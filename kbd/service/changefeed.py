@@ -1,4 +1,4 @@
-"""The daemon's change feed (docs/daemon.md): its :class:`kbd.service.feed.EventSink`,
+"""The daemon's change feed (docs/daemon.md): its :class:`kbd.service.events.EventSink`,
 and delivery to subscribers of ``GET /v1/events``.
 
 One shared :class:`kbd.state.events.EventLog` holds every event, whoever
@@ -10,7 +10,7 @@ the others) and hands each new event to every subscriber's bounded queue.
 Delivery decides visibility *when an event is delivered*, replays included:
 the subscriber's credentials are authenticated again against the current
 principals, and each event's workflow is looked up in the registry now
-(:func:`kbd.service.feed.may_see`). A reader removed from a source's audience
+(:func:`kbd.service.events.may_see`). A reader removed from a source's audience
 stops receiving its events at the next event, and a replay never shows what
 the subscriber may no longer see. The state lock is taken only for those
 lookups, never while waiting for events, and never for more than
@@ -63,7 +63,7 @@ from kbd.core.events import (
 )
 from kbd.errors import KbdError, StreamLimit
 from kbd.fs.registry import Ambiguous, Found
-from kbd.service.feed import ManifestTracker, may_see, sees_every_workflow
+from kbd.service.events import ManifestTracker, may_see, sees_every_workflow
 
 if TYPE_CHECKING:
     from kbd.core.manifest import Manifest
@@ -104,7 +104,6 @@ class Subscriber:
         self.size = size
         self.queue: deque[Event] = deque()
         self.ready = asyncio.Event()
-        self.overflows = 0
 
     def push(self, event: Event) -> None:
         if len(self.queue) >= self.size:
@@ -112,7 +111,6 @@ class Subscriber:
             # resync carries this event's id, which a reload covers.
             self.queue.clear()
             self.queue.append(resync_event(event.id, "overflow", ns=time.time_ns()))
-            self.overflows += 1
         else:
             self.queue.append(event)
         self.ready.set()
@@ -239,10 +237,6 @@ class Feed:
         self._file_sig: tuple[int, int, int] | None = None
         self._failing = False
 
-    @property
-    def subscribers(self) -> int:
-        return len(self._subs)
-
     # -- EventSink: called by the operations, on any thread ----------------------------------
 
     def emit(self, event_type: str, /, *, workflow_id: str | None, **fields: FieldValue) -> None:
@@ -278,11 +272,6 @@ class Feed:
             self.lost += len(items)
             self._call_soon(self._broadcast_resync, "event-lost")
             return
-        self._call_soon(self._wake)
-
-    def poke(self) -> None:
-        """Another process may have appended (a watcher saw ``state/events.log``
-        change): look now rather than at the next poll. Any thread."""
         self._call_soon(self._wake)
 
     def _call_soon(self, fn: Callable[..., None], *args: object) -> None:

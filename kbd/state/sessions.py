@@ -1,5 +1,5 @@
-"""Durable sessions (docs/sessions.md): the SQLite store under ``state/``, and the one
-translation of its errors into the tree (:func:`from_sqlite`). The lookup that
+"""Durable sessions (docs/sessions.md): the SQLite store under ``state/``; its errors
+reach callers through :func:`kbd.state.sqlite.from_sqlite`. The lookup that
 rebuilds a session's plan from saved configuration every time is
 :mod:`kbd.service.sessions`; running commands are :mod:`kbd.state.processes`.
 
@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from kbd.errors import Busy, KbdError, NoSpace, SessionClosed, StateCorrupt, session_not_found
+from kbd.errors import SessionClosed, session_not_found
 from kbd.fs.atomic import ensure_private_dir
+from kbd.state.sqlite import from_sqlite
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -50,18 +51,6 @@ SCHEMA_VERSION = 1
 # What a query takes: SQLite's own value types. What it returns is untyped
 # (``sqlite3`` rows are ``Any``): the one dynamic boundary here, read by _row.
 SqlValue: TypeAlias = str | int | float | bytes | None
-
-
-def from_sqlite(exc: Exception, *, what: str = "the session store") -> KbdError:
-    """The tree's error for a ``sqlite3`` error: a full disk is NoSpace; any
-    other ``OperationalError`` (a lock held past the timeout, above all) is Busy;
-    any other database error means the file is damaged: StateCorrupt (its text
-    is not chained: SQLite's message may name the host path)."""
-    if (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_FULL:
-        return NoSpace(f"{what} cannot grow: {exc}")
-    if isinstance(exc, sqlite3.OperationalError):
-        return Busy(f"{what} is busy: {exc}")
-    return StateCorrupt(f"{what} is unreadable: {exc}")
 
 
 @contextmanager
@@ -134,9 +123,6 @@ class SessionStore:
                 db.execute(stmt)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
-    def close_db(self) -> None:
-        self._db.close()
-
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """``BEGIN IMMEDIATE`` … ``COMMIT``; a lock timeout is Busy (exit 75)."""
@@ -199,8 +185,15 @@ class SessionStore:
                 return True
         return False
 
-    def record_generation(self, sid: str, *, seen_digest: str, new_digest: str) -> int:
-        """Bump the generation if the digest changed since ``seen_digest``; returns the current one."""
+    def record_generation(self, sid: str, *, new_digest: str) -> int:
+        """Record ``new_digest`` as the session's plan; the generation that names it.
+
+        The compare-and-swap is against the digest stored *now*, in the same
+        transaction, never against the row the caller read before its lookup:
+        lookups that raced from the same row to the same plan bump once, and a
+        plan other than the one recorded meanwhile gets a generation of its own.
+        So a generation always names exactly one set of grants (README "Sessions
+        and plans"), and a command started under another plan is always "older"."""
         with self.transaction() as db:
             r = db.execute("SELECT generation, digest FROM sessions WHERE id = ?", (sid,)).fetchone()
             if r is None:

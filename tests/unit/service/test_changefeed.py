@@ -1,4 +1,4 @@
-"""The daemon's change feed, its bounds (kbd/service/subscriptions.py; docs/daemon.md "The change feed" and
+"""The daemon's change feed, its bounds (kbd/service/changefeed.py; docs/daemon.md "The change feed" and
 docs/multi-user.md "Threat model"), in process on a real root and a real
 event log.
 
@@ -20,8 +20,8 @@ import pytest
 
 from kbd.core.events import CHUNK, StreamCaps
 from kbd.errors import StreamLimit, http_answer
+from kbd.service.changefeed import LOOKUP_BATCH, Feed, StreamLimits
 from kbd.service.root import Root
-from kbd.service.subscriptions import LOOKUP_BATCH, Feed, StreamLimits
 from kbd.state.events import EventLog
 from tests.helpers import KbRoot
 

@@ -1,4 +1,4 @@
-"""The change feed's producers (kbd/service/feed.py, kbd/service/subscriptions.py;
+"""The change feed's producers (kbd/service/events.py, kbd/service/changefeed.py;
 docs/daemon.md "The change feed"), in process on a real root and a real event log.
 
 - Manifest events have ONE producer, the diff of manifest facts: a save by kbd
@@ -26,10 +26,10 @@ from kbd.core.events import Event, EventRefused, Replay, manifest_change_types, 
 from kbd.core.manifest import parse_manifest
 from kbd.service import sessions as session_ops
 from kbd.service import workflows as workflow_ops
-from kbd.service.feed import LogSink, ManifestTracker, NoEvents, may_see
+from kbd.service.changefeed import Feed
+from kbd.service.events import LogSink, ManifestTracker, may_see
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
-from kbd.service.subscriptions import Feed
 from kbd.state.events import EventLog
 from tests.helpers import KbRoot
 
@@ -145,7 +145,6 @@ def test_a_log_that_cannot_be_written_loses_the_notice_not_the_operation(kb: KbR
     assert not log_file.exists() or b"session.opened" not in log_file.read_bytes()
     with pytest.raises(EventRefused):  # a producer bug is never swallowed
         host.events.emit("session.opened", workflow_id="w", session_id="s_1", text="content")
-    NoEvents().emit("anything", workflow_id=None)
 
 
 def test_who_sees_what(kb: KbRoot) -> None:
