@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install kbd's systemd files (README "Deploying on a host"), with the kbd executable written
+# Install kbd's systemd files (docs/multi-user.md "The permission model"), with the kbd executable written
 # into kbd.service's ExecStart (systemd expands no variable in an executable path):
 #
 #   systemd/kbd.socket, systemd/kbd.service  -> DESTDIR/etc/systemd/system/

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # not typing's: the lean exec path imports kbd.client.brokered
 if TYPE_CHECKING:
-    from kbd.client.library import Client, default_socket, error_from, parse_sse, refusal_error, socket_of
+    from kbd.client.library import Client, default_socket, error_from, socket_of
 
-__all__ = ["Client", "default_socket", "error_from", "parse_sse", "refusal_error", "socket_of"]
+__all__ = ["Client", "default_socket", "error_from", "socket_of"]
 
 
 def __getattr__(name: str) -> object:

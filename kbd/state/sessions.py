@@ -192,8 +192,8 @@ class SessionStore:
         transaction, never against the row the caller read before its lookup:
         lookups that raced from the same row to the same plan bump once, and a
         plan other than the one recorded meanwhile gets a generation of its own.
-        So a generation always names exactly one set of grants (README "Sessions
-        and plans"), and a command started under another plan is always "older"."""
+        So a generation always names exactly one set of grants (docs/sessions.md "Folder grants"), and a
+        command started under another plan is always "older"."""
         with self.transaction() as db:
             r = db.execute("SELECT generation, digest FROM sessions WHERE id = ?", (sid,)).fetchone()
             if r is None:

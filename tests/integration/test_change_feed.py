@@ -34,7 +34,8 @@ from typing import Any
 
 import pytest
 
-from kbd.client import Client, parse_sse
+from kbd.client import Client
+from kbd.client.library import parse_sse
 from kbd.core.events import EVENT_FIELDS, parse_id
 from kbd.errors import InvalidInput, NotFound, SessionClosed, Unauthenticated, Unavailable
 from kbd.state.events import EventLog
