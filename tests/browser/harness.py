@@ -23,6 +23,7 @@ from typing import Any
 from playwright.sync_api import Browser, BrowserContext, Page, Request, expect
 
 from tests.integration.ui import Ui, start_ui
+from tests.waiting import wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 WIDE = {"width": 1280, "height": 800}
@@ -154,10 +155,7 @@ def ready(page: Page, workflow: str | None) -> None:
 
 
 def wait_until(check: Callable[[], bool], *, timeout: float, what: str) -> float:
-    """Poll ``check`` (every 10 ms) until true; the seconds it took. Fails after ``timeout``."""
+    """:func:`tests.waiting.wait_for`, polled at least every 10 ms; the seconds it took."""
     t0 = time.monotonic()
-    while not check():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"{what}: not within {timeout}s")
-        time.sleep(0.01)
+    wait_for(check, timeout, what, max_interval=0.01)
     return time.monotonic() - t0

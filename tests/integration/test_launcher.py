@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,15 +29,13 @@ from kbd.sandbox import cgroup, spawn
 from tests.helpers import IN_PROCESS_ENV, KbRoot, alive, live_processes
 from tests.integration import daemon
 from tests.integration.test_exec_broker import _build, _client, _tree, _wait_line
+from tests.waiting import wait_for
 
 LIMITS = LimitsConfig()
 
 
-def _wait(predicate: object, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
+def _wait(predicate: Callable[[], object], what: str, timeout: float = 10.0) -> None:
+    wait_for(predicate, timeout, what, max_interval=0.02)
 
 
 def _pool(launcher: spawn.Launcher) -> list[spawn.Stub]:
@@ -363,10 +361,8 @@ def test_a_killed_daemon_takes_launcher_stubs_and_a_setsid_loop_and_the_next_sta
                 proc.kill()
             proc.communicate(timeout=10)
         assert proc.returncode == 69
-        deadline = time.monotonic() + 1.0
-        while (_tree(marker) or any(alive(p) for p in doomed)) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert _tree(marker) == [] and [p for p in doomed if alive(p)] == []
+        _wait(lambda: not _tree(marker) and not any(alive(p) for p in doomed),
+              "the command's tree and the doomed processes to be gone", timeout=1.0)  # fmt: skip
         # The launcher may have seen the daemon's socket close before its own
         # SIGKILL (and cleaned up); whatever it could not remove, the next start does.
         with daemon.serving(kb.root):
@@ -424,7 +420,7 @@ def test_a_changed_limit_reaches_the_next_command_and_a_dead_launcher_is_replace
             proc = _client(kb, sid, f"echo ready; exec sleep {marker}", env)
             try:
                 _wait_line(proc, b"ready\n")
-                _wait(lambda m=marker: _tree(m), "the command never ran")
+                _wait(lambda m=marker: _tree(m), "the command never ran")  # type: ignore[misc]
                 assert _pids_max_of_running(marker) == str(pids_max)
                 (pid,) = _tree(marker)
                 names = [p.rsplit("/", 1)[1] for p in _stub_cgroups(pid)]
@@ -433,7 +429,7 @@ def test_a_changed_limit_reaches_the_next_command_and_a_dead_launcher_is_replace
             finally:
                 proc.kill()
                 proc.communicate(timeout=10)
-            assert _gone_within_marker(marker)
+            _wait(lambda m=marker: not _tree(m), "the command's tree to be gone", timeout=2.0)  # type: ignore[misc]
         r = kb.cli("exec", sid, "--", "sh", "-c", "echo fine", env=env)
         assert (r.code, r.out) == (0, "fine\n"), r
         # The daemon started a new launcher; the old one's stub cgroups are gone.
@@ -457,13 +453,6 @@ def test_a_changed_limit_reaches_the_next_command_and_a_dead_launcher_is_replace
         finally:
             proc.kill()
             proc.communicate(timeout=10)
-
-
-def _gone_within_marker(marker: str, seconds: float = 2.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while _tree(marker) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return not _tree(marker)
 
 
 def test_a_pooled_stub_that_dies_leaves_the_pool_and_is_replaced(launcher: spawn.Launcher) -> None:
