@@ -53,9 +53,11 @@ check: venv
 # Most tests wait on subprocesses, sandboxes and sockets, so more workers than
 # cores pays (README "Development"); each test module stays on one worker
 # (loadfile), so its module-scoped daemons and worlds are built once.
+# COVERAGE= turns the report off.
 TEST_WORKERS ?= 4
+COVERAGE ?= --cov --cov-report=term
 test: lint typecheck
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 --cov --cov-report=term
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 $(COVERAGE)
 
 security: venv
 	$(BIN)/pytest -q tests/security
