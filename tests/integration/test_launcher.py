@@ -487,14 +487,20 @@ def test_a_command_too_large_for_a_stub_runs_the_slow_way_in_its_cgroup(
     kb, sid, d = served
     launcher_pid = _launcher_of(d.proc.pid)
     words = ["x" * 50_000 for _ in range(4)]
-    before = set(_named("b_"))
+    before = _stubs_of(launcher_pid)
     r = kb.cli(
         "exec", sid, "--", "sh", "-c", 'echo "$# ${#1}"', "sh", *words, env={"KBD_SOCKET": str(d.sock)}
     )
     assert (r.code, r.out) == (0, "4 50000\n"), r.err
     _wait(lambda: len(_children(launcher_pid)) >= 2, "the pool did not refill")
-    pooled = {p for p in _named("b_") if any(f"/{n}" in p for n in _pool_names(launcher_pid))}
-    assert set(_named("b_")) - before - pooled == set(), "a stub cgroup was left behind"
+    pooled = {p for p in _stubs_of(launcher_pid) if any(f"/{n}" in p for n in _pool_names(launcher_pid))}
+    assert _stubs_of(launcher_pid) - before - pooled == set(), "a stub cgroup was left behind"
+
+
+def _stubs_of(launcher_pid: int) -> set[str]:
+    """The stub cgroups of one launcher (b_<id>.<launcher pid>.<n>): the daemons of
+    tests running in parallel have launchers and stubs of their own."""
+    return {p for p in _named("b_") if p.rsplit("/", 1)[1].split(".")[1] == str(launcher_pid)}
 
 
 def _pool_names(launcher_pid: int) -> set[str]:
