@@ -26,6 +26,14 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
+# `make check` (README "Development"): the same properties, fewer examples, so
+# the unit tier stays well inside its minute; `make test` keeps "ci".
+settings.register_profile(
+    "quick",
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 settings.register_profile(
     "nightly",
     max_examples=5000,

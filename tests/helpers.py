@@ -8,7 +8,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ import yaml
 from kbd.core.principals import LocalOperator
 from kbd.fs.rootinit import init_root
 from kbd.service.root import Root
+from tests.waiting import wait_for
 
 # The trusted local operator, as the CLI creates it for session commands.
 OPERATOR = LocalOperator.current()
@@ -218,10 +218,9 @@ def exec_mode_for(kb: KbRoot, mode: str) -> Iterator[None]:
         client = served.client()
 
         def settle(wid: str) -> None:
-            deadline = time.monotonic() + 10
-            while client.get(f"/v1/workflows/{wid}").status_code == 404:  # unknown to the daemon yet
-                assert time.monotonic() < deadline, f"the daemon never saw workflow {wid!r}"
-                time.sleep(0.02)
+            # 404 while the daemon's watcher has not yet reported the new folder.
+            wait_for(lambda: client.get(f"/v1/workflows/{wid}").status_code != 404, 10,
+                     f"the daemon to see workflow {wid!r}")  # fmt: skip
 
         kb.exec_env = {"KBD_SOCKET": str(served.sock)}
         kb.settle = settle
@@ -320,6 +319,39 @@ def holding_notes_mutex(kb: KbRoot, workflow: str) -> Iterator[None]:
         finally:
             holder.stdin.close()
             holder.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def lock_attempts(kb: KbRoot, kind: str = "notes") -> Iterator[Callable[[], bool]]:
+    """For the block: a callable that is true once anyone opened a lock file of
+    ``kind`` (kbd.fs.locks.lock_path) since the block began (inotify IN_OPEN). A
+    lock waiter opens the lock file at every attempt (filelock), so this observes
+    a ``kbd exec`` that has reached its wait for a mutex another process holds."""
+    import ctypes
+    import struct
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    locks = kb.root / "state" / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    assert fd >= 0, os.strerror(ctypes.get_errno())
+    in_open = 0x20
+    try:
+        assert libc.inotify_add_watch(fd, bytes(locks), in_open) >= 0, os.strerror(ctypes.get_errno())
+        seen: list[bytes] = []
+
+        def opened() -> bool:
+            with contextlib.suppress(BlockingIOError):
+                data = os.read(fd, 65536)
+                while data:
+                    _wd, _mask, _cookie, size = struct.unpack_from("iIII", data)
+                    seen.append(data[16 : 16 + size].rstrip(b"\0"))
+                    data = data[16 + size :]
+            return any(name.startswith(f"{kind}-".encode()) and name.endswith(b".lock") for name in seen)
+
+        yield opened
+    finally:
+        os.close(fd)
 
 
 def process_state(pid: int) -> str | None:

@@ -13,6 +13,7 @@ from tests.browser import worlds
 from tests.browser.conftest import World
 from tests.browser.harness import second_page
 from tests.integration import daemon as daemons
+from tests.waiting import wait_for
 
 LIVE_BUDGET = 1.0  # seconds, docs/daemon.md "Pushed revocation" and "The change feed"
 # The server looks whether a daemon runs every 2 s (kbd/ui/server.py LIVE_CHECK_INTERVAL).
@@ -76,11 +77,15 @@ def within_budget(pages: list[Page], change: Callable[[], None], alias: str, wha
         page.evaluate(ARM, [alias, present, text])
     change()
     done = time.time()
-    late: list[float] = []
-    for page in pages:
-        while (when := page.evaluate("window.__when")) is None and time.time() - done < OBSERVE:
-            time.sleep(0.02)
-        late.append(float("inf") if when is None else round(max(0.0, when / 1000 - done), 3))
+    whens: list[float | None] = []
+
+    def shown_everywhere() -> bool:
+        whens[:] = [page.evaluate("window.__when") for page in pages]
+        return None not in whens
+
+    wait_for(shown_everywhere, OBSERVE, f"{what} on every page", max_interval=0.02,
+             detail=lambda: f"shown at {whens}; the first page saw: {feed_log(pages[0], done)}")  # fmt: skip
+    late = [round(max(0.0, when / 1000 - done), 3) for when in whens if when is not None]
     assert max(late) <= LIVE_BUDGET, (
         f"{what}: shown after {late} s (budget {LIVE_BUDGET} s); the first page saw: {feed_log(pages[0], done)}"
     )

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.waiting import wait_for
+
 NOBODY = 65534
 HALF_REQUEST = b"GET /v1/health HTTP/1.1\r\nHost: kbd\r\nX-Slow: "
 REPO = Path(__file__).resolve().parents[2]
@@ -63,7 +65,7 @@ def _connect(path: str, patience: float = 2.0) -> socket.socket | None:
             s.close()
             if time.monotonic() > deadline:
                 return None
-            time.sleep(0.002)
+            time.sleep(0.002)  # not a test's wait: the flood's own retry of a full listen queue
 
 
 def _flood(path: str, n: int) -> None:
@@ -103,11 +105,15 @@ class Flood:
 
     def settled(self, open_at_most: int, timeout: float = 10.0) -> dict[str, int]:
         """The report once at most ``open_at_most`` connections are still open
-        (the daemon may still be draining its listen queue), or at the timeout."""
-        deadline = time.monotonic() + timeout
-        while (seen := self.report())["open"] > open_at_most and time.monotonic() < deadline:
-            time.sleep(0.1)
-        return seen
+        (the daemon may still be draining its listen queue); fails after ``timeout``."""
+        last: list[dict[str, int]] = []
+
+        def drained() -> dict[str, int] | None:
+            last[:] = [self.report()]
+            return last[0] if last[0]["open"] <= open_at_most else None
+
+        return wait_for(drained, timeout, f"at most {open_at_most} of the flood's connections open",
+                        detail=lambda: last)  # fmt: skip
 
     def report(self) -> dict[str, int]:
         assert self.proc.stdin is not None and self.proc.stdout is not None

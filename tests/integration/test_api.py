@@ -14,7 +14,6 @@ import itertools
 import json
 import os
 import re
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import pytest
 
 from tests.helpers import PRINCIPALS, KbRoot
 from tests.integration.daemon import Daemon, issue_tokens, map_uid, serving
+from tests.waiting import wait_for
 
 MiB = 1024 * 1024
 ATTACHMENT_KEYS = {"alias", "workflow_id", "label", "access", "available", "reason", "message", "write", "env", "path"}  # fmt: skip
@@ -152,11 +152,9 @@ class World:
         miss is answered from its index as it stands, re-checked at most once per
         sweep interval (1 s; docs/on-disk.md "Registry": a missing ID must not cost a walk),
         so a new folder shows up within about a second, not at once."""
-        deadline = time.monotonic() + 10
         for wid in ids:
-            while self.as_("ops").get(f"/v1/workflows/{wid}").status_code == 404:
-                assert time.monotonic() < deadline, f"the daemon never saw {wid}"
-                time.sleep(0.05)
+            wait_for(lambda wid=wid: self.as_("ops").get(f"/v1/workflows/{wid}").status_code != 404,  # type: ignore[misc]
+                     10, f"the daemon to see workflow {wid}")  # fmt: skip
 
     def error(self, r: httpx.Response, status: int, code: str) -> str:
         """Assert the contract's error shape, the status and code, and no host path; the message."""
@@ -1136,11 +1134,8 @@ def test_session_search_and_review(world: World, s: Scenario) -> None:
     assert [h["relpath"] for h in search("about", alias="rts")["hits"]] == ["context/about.md"]
     body = {"alias": "rts", "path": "api-found.md", "content": "# Found\nquixotic latency\n"}
     assert alice.post(f"/v1/sessions/{sid}/notes", json=body).status_code == 201
-    deadline = time.monotonic() + 10
-    while not search("quixotic", include_unreviewed="true")["hits"]:
-        assert time.monotonic() < deadline, "the written note never became searchable"
-        time.sleep(0.05)
-    [hit] = search("quixotic", include_unreviewed="true")["hits"]
+    [hit] = wait_for(lambda: search("quixotic", include_unreviewed="true")["hits"], 10,
+                     "the written note to become searchable")  # fmt: skip
     assert (hit["alias"], hit["relpath"], hit["trust"]) == (
         "rts",
         "notes/api-found.md",
@@ -1149,9 +1144,7 @@ def test_session_search_and_review(world: World, s: Scenario) -> None:
     assert search("quixotic")["hits"] == []
     # A file the source's own agents write straight to disk is found too (the daemon's KB watch).
     (Path(s.src_kb) / "context" / "direct.md").write_text("# Direct\nperspicacious\n")
-    while not search("perspicacious")["hits"]:
-        assert time.monotonic() < deadline + 10, "a file written to disk never became searchable"
-        time.sleep(0.05)
+    wait_for(lambda: search("perspicacious")["hits"], 20, "a file written to disk to become searchable")
     world.error(alice.get(f"/v1/sessions/{sid}/search", params={"q": "!!"}), 400, "usage")
     world.error(alice.get(f"/v1/sessions/{sid}/search", params={"q": "x", "limit": "x"}), 400, "usage")
     world.error(alice.get(f"/v1/sessions/{sid}/search", params={"q": "x", "alias": "nope"}), 404, "not-found")

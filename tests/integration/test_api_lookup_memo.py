@@ -30,6 +30,7 @@ import yaml
 from kbd.core import layout
 from tests.helpers import KbRoot, issue_token
 from tests.integration import daemon
+from tests.waiting import wait_for
 
 WARM = 5  # lookups before the change: the memo holds the plan
 
@@ -83,7 +84,8 @@ def _world(tmp_path: Path, prefix: Sequence[str] = ()) -> Iterator[World]:
     # A file changed within RACY_NS is never trusted unchanged: until the new
     # root's files are older than that, every lookup rebuilds (nothing is
     # remembered) and these tests would not exercise the memo.
-    time.sleep(layout.RACY_NS / 1e9 * 1.5)
+    wait_for(lambda: not any(layout.racy(os.lstat(p), time.time_ns()) for p in kb.root.rglob("*")), 10,
+             "every file of the new root to be older than layout.RACY_NS")  # fmt: skip
     kb.exec_env = {}
     with daemon.serving(kb.root, prefix=prefix) as served:
         yield World(kb, served, tokens, str(r.json()["session_id"]))

@@ -32,6 +32,7 @@ from kbd.fs.notes import notes_lock
 from tests.helpers import PRINCIPALS, KbRoot
 from tests.integration.daemon import Daemon, issue_tokens, serving
 from tests.integration.loads import half_open_flood, in_threads, index_reads, note_posts, timed
+from tests.waiting import wait_for
 
 NOFILE = (1024, 4096)
 WITHIN = 1.0
@@ -53,6 +54,9 @@ class Setup:
             headers={"Authorization": f"Bearer {self.tokens[pid]}"},
             timeout=timeout,
         )
+
+    def daemon_fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.daemon.proc.pid}/fd"))
 
     def answered_quickly(self) -> None:
         """Health, whoami and a state-lock route, each from a fresh client, each within 1 s."""
@@ -116,8 +120,11 @@ def test_note_posts_waiting_on_a_held_notes_mutex_do_not_starve_others(setup: Se
     notes = os.open(setup.kb.workflows / "src" / "knowledgebase" / "notes", os.O_RDONLY | os.O_DIRECTORY)
     try:
         with notes_lock(state_dir, notes, timeout=5, who={"workflow": "holder"}):
+            before = setup.daemon_fds()
             load = note_posts(setup.client, setup.sid, "rts", 50)
-            time.sleep(0.5)  # let every POST reach the daemon
+            # Every POST has reached the daemon: answered already, or a connection it holds open.
+            wait_for(lambda: len(load.answers) + setup.daemon_fds() - before >= 50, 30,
+                     "the 50 note POSTs to reach the daemon", detail=lambda: (len(load.answers), setup.daemon_fds()))  # fmt: skip
             setup.answered_quickly()
     finally:
         os.close(notes)
@@ -133,7 +140,7 @@ def test_note_posts_waiting_on_a_held_notes_mutex_do_not_starve_others(setup: Se
 
 def test_reads_of_a_broken_index_do_not_hold_up_others(setup: Setup) -> None:
     load = index_reads(setup.client, "con", "broken", 30)
-    time.sleep(0.1)
+    wait_for(lambda: load.answers, 30, "the first read of the broken index to be answered")
     setup.answered_quickly()
     for r in load.join():
         assert isinstance(r, httpx.Response)
@@ -148,9 +155,14 @@ def test_a_request_behind_a_long_state_lock_holder_fails_fast_with_retry_after(s
     folder = str((setup.kb.workflows / "src").resolve())
     with held(state_dir, "manifest", folder, timeout=5, what="src"):
         grant = in_threads(1, setup.client, lambda c: c.delete("/v1/workflows/src/writers/nobody-wf"))
-        time.sleep(0.3)  # the grant now holds the state lock, waiting for the manifest lock
-        with setup.client() as c:
-            elapsed, r = timed(c, "/v1/workflows/con/sources")
+
+        def refused_busy() -> tuple[float, httpx.Response] | None:
+            with setup.client() as c:
+                elapsed, r = timed(c, "/v1/workflows/con/sources")
+            return (elapsed, r) if r.status_code != 200 else None
+
+        # A state-lock route is refused once the grant holds the state lock (waiting for the manifest lock).
+        elapsed, r = wait_for(refused_busy, 30, "a state-lock route to be refused while the grant waits")
         assert r.status_code == 503, (r.status_code, r.text)
         assert r.json()["error"]["code"] == "busy" and r.headers["retry-after"] == "1", r.text
         assert elapsed < STATE_LOCK_WAIT + 1.0, elapsed

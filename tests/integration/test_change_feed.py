@@ -41,6 +41,7 @@ from kbd.errors import InvalidInput, NotFound, SessionClosed, Unauthenticated, U
 from kbd.state.events import EventLog
 from tests.helpers import PRINCIPALS, KbRoot
 from tests.integration.daemon import Daemon, issue_tokens, serving, start
+from tests.waiting import wait_for
 
 TIMEOUT = 15.0
 TEAM = {"owners": ["alice"], "editors": ["carol"], "readers": ["bob"]}
@@ -225,15 +226,17 @@ def pair(world: World) -> tuple[str, str]:
     world.kb.workflow(f"{p}src", access=TEAM)
     world.kb.workflow(f"{p}con", access=TEAM, sources=[{"workflow_id": f"{p}src", "alias": "rts"}])
     c = world.client("ops")
-    deadline = time.monotonic() + 10
-    while True:  # the daemon sees folders made behind its back at its next sweep (≤ 1 s)
+
+    def seen() -> bool:
         try:
             c.request("GET", f"/v1/workflows/{p}con")
             c.request("GET", f"/v1/workflows/{p}src")
-            break
         except NotFound:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+            return False
+        return True
+
+    # The daemon sees folders made behind its back at its next sweep (≤ 1 s).
+    wait_for(seen, 10, f"the daemon to see {p}src and {p}con")
     return f"{p}src", f"{p}con"
 
 
@@ -499,12 +502,15 @@ def test_restart_resyncs_and_client_events_resume_across_it(kb: KbRoot, tmp_path
 
         follower = threading.Thread(target=follow, daemon=True)
         follower.start()
-        deadline = time.monotonic() + TIMEOUT
-        first = None
-        while not got:  # until the follower is connected
-            first = client.open_session("w", kind="builder")["session_id"]
-            time.sleep(0.05)
-            assert time.monotonic() < deadline
+        opened: list[str] = []
+
+        def connected() -> bool:  # each session opened is an event the follower sees once connected
+            if got:
+                return True
+            opened.append(client.open_session("w", kind="builder")["session_id"])
+            return False
+
+        wait_for(connected, TIMEOUT, "the follower to be connected (to see a session.opened)")
         daemon.stop()
         # While no daemon runs, the CLI still appends to the shared log.
         r = kb.cli("session", "open", "w", "--kind", "builder", "--as", "alice", "--json")
@@ -523,7 +529,7 @@ def test_restart_resyncs_and_client_events_resume_across_it(kb: KbRoot, tmp_path
         ], types
         ids = [e["id"] for e in got]
         assert len(set(ids)) == len(ids), "nothing delivered twice across the reconnect"
-        assert first is not None
+        assert opened
         client.close()
         client2.close()
         daemon.stop()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from kbd.core.events import CHUNK, STREAM_CAPS, parse_id
 from tests.helpers import PRINCIPALS, KbRoot
 from tests.integration.daemon import Daemon, issue_tokens, serving
 from tests.integration.event_loads import Stream, connect_as, fill_log, health_ms, pct, rss_mib
+from tests.waiting import wait_for
 
 FULL = 42_000
 RING_FILL = 5_000
@@ -136,15 +136,16 @@ def test_a_stale_replay_flood_from_one_uid_starves_nobody(feed: Feed) -> None:
 def _admitted(open_one: Callable[[], Stream], timeout: float = 10.0) -> Stream:
     """The first stream ``open_one()`` gets admitted (a slot frees when the
     daemon sees its subscriber hang up), within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def admitted() -> Stream | None:
         s = open_one()
         if s.status == 200:
             return s
         assert s.status == 503 and s.error()["code"] == "stream-limit", (s.status, s.raw)
         s.close()
-        assert time.monotonic() < deadline, "no slot was freed"
-        time.sleep(0.02)
+        return None
+
+    return wait_for(admitted, timeout, "a stream slot to be freed", max_interval=0.02)
 
 
 def _refused(s: Stream, words: str) -> None:

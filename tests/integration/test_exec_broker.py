@@ -33,6 +33,7 @@ from kbd.core import wire
 from kbd.core.knowledge import body_of
 from tests.helpers import IN_PROCESS_ENV, CliResult, KbRoot, live_processes
 from tests.integration import daemon
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_landlock(abi=2)]
 
@@ -269,7 +270,7 @@ def test_http_still_works_beside_exec_and_an_exec_request_without_fds_is_400(bro
         s.settimeout(10)
         s.connect(str(broker.daemon.sock))
         s.sendall(b"POST /v1/")
-        time.sleep(0.05)
+        time.sleep(0.05)  # not a wait: the rest arrives as a separate read, as a slow client's would
         s.sendall(b"nothing HTTP/1.1\r\nHost: kbd\r\nContent-Length: 0\r\n\r\n")
         answer = _read_all(s, until=b"\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 404 "), answer
@@ -311,10 +312,8 @@ def test_descriptors_after_the_first_bytes_are_refused_at_once(broker: Broker) -
             # The refusal, when the reset did not eat it, names the descriptors.
             assert answer == b"" or (answer.startswith(b"HTTP/1.1 400 ") and b"descriptors" in answer), answer
             assert sent < 200 * 4  # refused long before the client was done
-        deadline = time.monotonic() + 5
-        while _daemon_fds(broker) > before + 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _daemon_fds(broker) <= before + 2  # every received descriptor was closed
+        wait_for(lambda: _daemon_fds(broker) <= before + 2, 5, "every received descriptor to be closed",
+                 detail=lambda: (before, _daemon_fds(broker)))  # fmt: skip
     finally:
         os.close(null)
 
@@ -425,11 +424,8 @@ def _assert_brokered(marker: str, *, daemon_pid: int, client_pid: int) -> None:
         assert daemon_pid in line and client_pid not in line, (pid, line)
 
 
-def _gone_within(marker: str, seconds: float) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while (left := _tree(marker)) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return left
+def _gone_within(marker: str, seconds: float, what: str) -> None:
+    wait_for(lambda: not _tree(marker), seconds, what, max_interval=0.02, detail=lambda: _tree(marker))
 
 
 def test_killing_the_client_kills_the_whole_tree_within_a_second(broker: Broker) -> None:
@@ -438,14 +434,12 @@ def test_killing_the_client_kills_the_whole_tree_within_a_second(broker: Broker)
     proc = _client(broker.kb, broker.read_sid, script, {"KBD_SOCKET": str(broker.daemon.sock)})
     try:
         _wait_line(proc, b"ready\n")
-        deadline = time.monotonic() + 10
-        while len(_tree(marker)) < 2:  # the shell execs its sleep right after "ready"
-            assert time.monotonic() < deadline, "the command and its setsid child never both ran"
-            time.sleep(0.02)
+        # The shell execs its sleep right after "ready".
+        wait_for(lambda: len(_tree(marker)) >= 2, 10, "the command and its setsid child both running")
         _assert_brokered(marker, daemon_pid=broker.daemon.proc.pid, client_pid=proc.pid)
         proc.kill()
         proc.communicate(timeout=10)
-        assert _gone_within(marker, 1.0) == [], "the command's tree outlived its client"
+        _gone_within(marker, 1.0, "the command's tree to die with its client")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -480,7 +474,7 @@ def test_a_dead_daemon_ends_the_client_with_69_and_takes_the_tree(tmp_path: Path
             "error[unavailable]: the kbd daemon stopped while the command ran; the command was terminated\n"
             "hint: check the daemon's log; KBD_NO_DAEMON=1 runs the command in-process\n"
         )
-        assert _gone_within(marker, 1.0) == []
+        _gone_within(marker, 1.0, "the command's tree to die with the daemon")
         # Its empty cgroup may be left behind (named after the dead daemon's
         # launcher: a stub's cgroup, made before the session was known); the
         # next daemon sweeps it.

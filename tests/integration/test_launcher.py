@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,15 +30,13 @@ from kbd.sandbox import cgroup, spawn
 from tests.helpers import IN_PROCESS_ENV, KbRoot, alive, live_processes
 from tests.integration import daemon
 from tests.integration.test_exec_broker import _build, _client, _tree, _wait_line
+from tests.waiting import wait_for
 
 LIMITS = LimitsConfig()
 
 
-def _wait(predicate: object, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
+def _wait(predicate: Callable[[], object], what: str, timeout: float = 10.0) -> None:
+    wait_for(predicate, timeout, what, max_interval=0.02)
 
 
 def _pool(launcher: spawn.Launcher) -> list[spawn.Stub]:
@@ -364,10 +362,8 @@ def test_a_killed_daemon_takes_launcher_stubs_and_a_setsid_loop_and_the_next_sta
                 proc.kill()
             proc.communicate(timeout=10)
         assert proc.returncode == 69
-        deadline = time.monotonic() + 1.0
-        while (_tree(marker) or any(alive(p) for p in doomed)) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert _tree(marker) == [] and [p for p in doomed if alive(p)] == []
+        _wait(lambda: not _tree(marker) and not any(alive(p) for p in doomed),
+              "the command's tree and the doomed processes to be gone", timeout=1.0)  # fmt: skip
         # The launcher may have seen the daemon's socket close before its own
         # SIGKILL (and cleaned up); whatever it could not remove, the next start does.
         with daemon.serving(kb.root):
@@ -425,7 +421,7 @@ def test_a_changed_limit_reaches_the_next_command_and_a_dead_launcher_is_replace
             proc = _client(kb, sid, f"echo ready; exec sleep {marker}", env)
             try:
                 _wait_line(proc, b"ready\n")
-                _wait(lambda m=marker: _tree(m), "the command never ran")
+                _wait(lambda m=marker: _tree(m), "the command never ran")  # type: ignore[misc]
                 assert _pids_max_of_running(marker) == str(pids_max)
                 (pid,) = _tree(marker)
                 names = [p.rsplit("/", 1)[1] for p in _stub_cgroups(pid)]
@@ -434,7 +430,7 @@ def test_a_changed_limit_reaches_the_next_command_and_a_dead_launcher_is_replace
             finally:
                 proc.kill()
                 proc.communicate(timeout=10)
-            assert _gone_within_marker(marker)
+            _wait(lambda m=marker: not _tree(m), "the command's tree to be gone", timeout=2.0)  # type: ignore[misc]
         r = kb.cli("exec", sid, "--", "sh", "-c", "echo fine", env=env)
         assert (r.code, r.out) == (0, "fine\n"), r
         # The daemon started a new launcher; the old one's stub cgroups are gone.
@@ -458,13 +454,6 @@ def test_a_changed_limit_reaches_the_next_command_and_a_dead_launcher_is_replace
         finally:
             proc.kill()
             proc.communicate(timeout=10)
-
-
-def _gone_within_marker(marker: str, seconds: float = 2.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while _tree(marker) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return not _tree(marker)
 
 
 def test_a_pooled_stub_that_dies_leaves_the_pool_and_is_replaced(launcher: spawn.Launcher) -> None:
@@ -499,14 +488,20 @@ def test_a_command_too_large_for_a_stub_runs_the_slow_way_in_its_cgroup(
     kb, sid, d = served
     launcher_pid = _launcher_of(d.proc.pid)
     words = ["x" * 50_000 for _ in range(4)]
-    before = set(_named("b_"))
+    before = _stubs_of(launcher_pid)
     r = kb.cli(
         "exec", sid, "--", "sh", "-c", 'echo "$# ${#1}"', "sh", *words, env={"KBD_SOCKET": str(d.sock)}
     )
     assert (r.code, r.out) == (0, "4 50000\n"), r.err
     _wait(lambda: len(_children(launcher_pid)) >= 2, "the pool did not refill")
-    pooled = {p for p in _named("b_") if any(f"/{n}" in p for n in _pool_names(launcher_pid))}
-    assert set(_named("b_")) - before - pooled == set(), "a stub cgroup was left behind"
+    pooled = {p for p in _stubs_of(launcher_pid) if any(f"/{n}" in p for n in _pool_names(launcher_pid))}
+    assert _stubs_of(launcher_pid) - before - pooled == set(), "a stub cgroup was left behind"
+
+
+def _stubs_of(launcher_pid: int) -> set[str]:
+    """The stub cgroups of one launcher (b_<id>.<launcher pid>.<n>): the daemons of
+    tests running in parallel have launchers and stubs of their own."""
+    return {p for p in _named("b_") if p.rsplit("/", 1)[1].split(".")[1] == str(launcher_pid)}
 
 
 def _pool_names(launcher_pid: int) -> set[str]:

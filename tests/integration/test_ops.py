@@ -19,6 +19,7 @@ from kbd.core.telemetry import CONTENT_TYPE
 from tests.helpers import KbRoot
 from tests.integration.daemon import Daemon, clean_env, issue_tokens, map_uid, serving
 from tests.unit.core.test_telemetry import parse_datagram, strict_check
+from tests.waiting import wait_for
 
 WAIT = 10.0
 # Sets JOURNAL_STREAM to the stderr it really has, then becomes the daemon (same
@@ -35,11 +36,11 @@ def access_lines(daemon: Daemon) -> list[str]:
 
 
 def wait_for_lines(daemon: Daemon, n: int) -> list[str]:
-    deadline = time.monotonic() + WAIT
-    while len(lines := access_lines(daemon)) < n:
-        assert time.monotonic() < deadline, (n, daemon.stderr)
-        time.sleep(0.02)
-    return lines
+    def enough() -> list[str] | None:
+        lines = access_lines(daemon)
+        return lines if len(lines) >= n else None
+
+    return wait_for(enough, WAIT, f"{n} access log lines", detail=lambda: daemon.stderr)
 
 
 @pytest.fixture
@@ -318,8 +319,6 @@ def test_prometheus_counts_a_running_command(world: tuple[KbRoot, dict[str, str]
         finally:
             proc.kill()  # the client's death ends the command's tree
             proc.communicate(timeout=WAIT)
-        deadline = time.monotonic() + WAIT
-        while prometheus(daemon, tokens["svc"])["kbd_commands_running"] != [({}, 0)]:
-            assert time.monotonic() < deadline, "the ended command is still counted"
-            time.sleep(0.05)
+        wait_for(lambda: prometheus(daemon, tokens["svc"])["kbd_commands_running"] == [({}, 0)], WAIT,
+                 "the ended command to be no longer counted")  # fmt: skip
         assert prometheus(daemon, tokens["svc"])["kbd_sessions_open"] == [({}, 1)]

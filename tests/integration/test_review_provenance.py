@@ -164,7 +164,7 @@ def test_an_approved_note_rewritten_in_place_does_not_keep_its_approval(tmp_path
     note = kb.workflows / "src" / "knowledgebase" / "notes" / "ok.md"
     before = os.stat(note)
     data = note.read_bytes()
-    time.sleep(0.02)
+    time.sleep(0.02)  # not a wait: the rewrite's ctime lands on a later tick of the coarse file clock
     with open(note, "r+b") as f:  # the same inode, the same size, other bytes
         f.write(data.replace(b"approved text", b"injected text"))
     os.utime(note, ns=(before.st_atime_ns, before.st_mtime_ns))

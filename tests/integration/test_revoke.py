@@ -6,21 +6,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 
 from tests.helpers import KbRoot, alive
-
-
-def wait_for(predicate: object, timeout: float = 15.0) -> None:
-    """Poll a condition on another process's state (there is no event to wait on)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached")
+from tests.waiting import wait_for
 
 
 @pytest.mark.requires_bwrap
@@ -39,7 +29,9 @@ def test_stale_commands_are_listed_and_terminated_only_when_asked(kb: KbRoot) ->
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for(lambda: kb.cli("session", "show", sid, "--json").json()["running"])
+        wait_for(
+            lambda: kb.cli("session", "show", sid, "--json").json()["running"], 15, "the command to be listed"
+        )
         running = kb.cli("session", "show", sid, "--json").json()["running"]
         assert (
             len(running) == 1
@@ -66,7 +58,7 @@ def test_stale_commands_are_listed_and_terminated_only_when_asked(kb: KbRoot) ->
         assert r["terminated"] == [pgid] and r["still_running"] == []
         runner.wait(timeout=30)
         assert runner.returncode != 0
-        wait_for(lambda: not alive(pgid))
+        wait_for(lambda: not alive(pgid), 15, "the revoked process group to be gone")
         assert kb.cli("session", "show", sid, "--json").json()["running"] == []
         events = [e for e in kb.cli("audit", "--json").json()["events"] if e["event"] == "session_revoke"]
         assert events[-1]["terminated"] == [pgid]
@@ -88,7 +80,9 @@ def test_a_closed_session_refuses_new_commands_and_lists_old_ones_for_revocation
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for(lambda: kb.cli("session", "show", sid, "--json").json()["running"])
+        wait_for(
+            lambda: kb.cli("session", "show", sid, "--json").json()["running"], 15, "the command to be listed"
+        )
         assert kb.cli("session", "close", sid).code == 0
         assert kb.cli("exec", sid, "--", "true").code == 77
         # Contract (docs/sessions.md "Closing and revoking"): closing now terminates the session's

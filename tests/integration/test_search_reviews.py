@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from kbd.service.sessions import RootSessions
 from kbd.state import audit
 from kbd.state.search_index import SearchIndex
 from tests.helpers import KbRoot
+from tests.waiting import wait_for
 
 TEAM = {"owners": ["alice"], "editors": ["carol"], "readers": ["bob"]}
 
@@ -202,10 +202,8 @@ def test_a_file_swapped_in_during_indexing_is_never_returned(tmp_path: Path) -> 
         stdout=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 10
-        while not Path(str(stop) + ".ready").exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_for(lambda: Path(str(stop) + ".ready").exists(), 10, "the swapper to start",
+                 detail=swapper.poll)  # fmt: skip
         host = kb.host()
         sessions = RootSessions(host)
         sid = _sid(kb)

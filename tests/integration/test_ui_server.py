@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 from tests.helpers import KbRoot, snapshot
 from tests.integration import daemon
 from tests.integration.ui import Ui, serving_ui
+from tests.waiting import holds_for, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -525,15 +527,21 @@ def test_search_opens_one_reviewer_session_and_sigterm_closes_it(tmp_path: Path)
 # -- the change feed --------------------------------------------------------------------------------
 
 
-def read_events(c: httpx.Client, until: float, want: int = 1) -> list[tuple[float, dict[str, Any]]]:
+def read_events(
+    c: httpx.Client, until: float, want: int = 1, following: threading.Event | None = None
+) -> list[tuple[float, dict[str, Any]]]:
     """(arrival time, event) from /api/events until ``want`` arrived or the deadline
     passed (the stream pings every few seconds, so a read never blocks for long).
-    Frames are ``id:`` and ``data:`` only: EventSource.onmessage gets every one."""
+    Frames are ``id:`` and ``data:`` only: EventSource.onmessage gets every one.
+    ``following`` is set at the first ``: ping``: the server relays one as soon as
+    its own subscription to the change feed is open (``: kbd events``)."""
     out: list[tuple[float, dict[str, Any]]] = []
     with c.stream("GET", "/api/events", timeout=httpx.Timeout(15, read=20)) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             assert not line.startswith("event:"), line
+            if line == ": ping" and following is not None:
+                following.set()
             if line.startswith("data: "):
                 out.append((time.monotonic(), orjson.loads(line[6:])))
             if time.monotonic() > until or len(out) >= want:
@@ -547,19 +555,19 @@ def test_live_with_a_daemon_a_hand_edit_reaches_the_page_within_a_second(tmp_pat
     with daemon.serving(kb.root), serving_ui(kb.root, "--as", "bob") as ui:
         c = ui.login()
         assert c.get("/api/me").json()["live"] is True
-        import threading
-
         got: list[tuple[float, dict[str, Any]]] = []
+        following = threading.Event()
 
         def listen() -> None:
-            got.extend(read_events(c, time.monotonic() + 10, want=1))
+            got.extend(read_events(c, time.monotonic() + 10, want=1, following=following))
 
         t = threading.Thread(target=listen)
         t.start()
-        time.sleep(1.0)  # the stream is open and following
-        # A workflow bob may not see changes first: never delivered to him.
+        wait_for(following.is_set, 10, "the page's event stream to follow the feed")
+        # A workflow bob may not see changes first: never delivered to him (a
+        # negative window in which a leaked event would arrive).
         kb.edit(kb.workflows / "private", label="hidden change")
-        time.sleep(0.3)
+        holds_for(lambda: not got, 0.3, "no event for a workflow bob may not see", detail=lambda: got)
         edited = time.monotonic()
         kb.edit(kb.workflows / "con", knowledgebase_sources=[])  # a hand detach
         t.join(timeout=30)
@@ -655,7 +663,9 @@ def test_pages_that_leave_their_event_stream_leave_no_error(world: KbRoot) -> No
                 assert r.status_code == 200
                 if i % 2:
                     next(r.iter_lines())  # the first frame, then gone
-        time.sleep(0.5)
+        # A negative window: an error of a left stream is logged as the server notices it.
+        holds_for(lambda: "Traceback" not in ui.stderr and "Exception" not in ui.stderr, 0.5,
+                  "a clean server log", detail=lambda: ui.stderr)  # fmt: skip
         assert c.get("/api/me").status_code == 200
     assert "Traceback" not in ui.stderr and "Exception" not in ui.stderr, ui.stderr
 

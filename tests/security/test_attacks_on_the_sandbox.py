@@ -10,14 +10,14 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import KbRoot, holding_notes_mutex
+from tests.helpers import KbRoot, holding_notes_mutex, lock_attempts
 from tests.security.test_limits import world
+from tests.waiting import wait_for
 
 BACKENDS = ["bwrap", "landlock"]
 
@@ -325,9 +325,11 @@ def test_a_signal_before_the_command_starts_is_not_swallowed(kb: KbRoot) -> None
     notes = kb.workflows / "src" / "knowledgebase" / "notes"
     argv = [sys.executable, "-m", "kbd", "--root", str(kb.root), "exec", sid, "--", "sh", "-c",
             'echo ran > "$WORKFLOW_KB_SRC/notes/ran.md"']  # fmt: skip
-    with holding_notes_mutex(kb, "src"):
+    with holding_notes_mutex(kb, "src"), lock_attempts(kb) as attempted:
         waiter = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        time.sleep(1.0)  # waiting for the notes lock the holder has
+        # The signal must arrive while kbd exec waits for the mutex: a fixed sleep let
+        # a slow start be killed before it got there, and the test then passed unchecked.
+        wait_for(lambda: attempted() or waiter.poll() is not None, 30, "kbd exec to try the held notes mutex")
         assert waiter.poll() is None, waiter.communicate()
         waiter.send_signal(signal.SIGTERM)
     _out, err = waiter.communicate(timeout=30)
@@ -335,10 +337,12 @@ def test_a_signal_before_the_command_starts_is_not_swallowed(kb: KbRoot) -> None
     # The command was stopped by the signal, never started or killed at once: not 0.
     assert waiter.returncode != 0, (waiter.returncode, err)
     # Control: without the signal, the same command runs once the mutex is free.
-    with holding_notes_mutex(kb, "src"):
+    with holding_notes_mutex(kb, "src"), lock_attempts(kb) as attempted:
         control = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        time.sleep(0.5)
-        assert control.poll() is None
+        wait_for(
+            lambda: attempted() or control.poll() is not None, 30, "kbd exec to try the held notes mutex"
+        )
+        assert control.poll() is None, control.communicate()
     _out, err = control.communicate(timeout=30)
     assert control.returncode == 0 and (notes / "ran.md").exists(), err
 

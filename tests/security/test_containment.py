@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 from kbd.sandbox import start as process_start
 from tests.features import backends
 from tests.helpers import KbRoot
+from tests.waiting import holds_for, wait_for
 
 BACKENDS = backends("bwrap", "landlock")
 
@@ -69,15 +69,6 @@ def _carrying(token: str) -> list[int]:
     return out
 
 
-def settle(predicate: object, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @pytest.fixture
 def token() -> Iterator[str]:
     value = f"kbd-survivor-{os.urandom(6).hex()}"
@@ -100,7 +91,7 @@ def test_a_setsid_loop_dies_when_kbd_exec_returns(kb: KbRoot, backend: str, toke
     sid = world(kb, backend)
     r = kb.cli("exec", sid, "--", "sh", "-c", f"{survivor(token)} sleep 0.3; echo started")
     assert r.code == 0 and r.out.strip() == "started", (r.code, r.err)
-    assert settle(lambda: not tagged(token), timeout=3), f"{backend}: a background loop outlived kbd exec"
+    wait_for(lambda: not tagged(token), 3, f"{backend}: the background loop to die with kbd exec")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -108,9 +99,9 @@ def test_session_close_kills_the_whole_tree(kb: KbRoot, backend: str, token: str
     sid = world(kb, backend)
     proc = start(kb, sid, f"{survivor(token)} sleep 60")
     try:
-        assert settle(lambda: tagged(token)), "the survivor never started"
+        wait_for(lambda: tagged(token), 10, "the survivor to start")
         assert kb.cli("session", "close", sid).code == 0
-        assert settle(lambda: not tagged(token), timeout=3), f"{backend}: close left a background loop"
+        wait_for(lambda: not tagged(token), 3, f"{backend}: session close to kill the background loop")
         proc.wait(timeout=30)
         closes = [e for e in kb.cli("audit", "--json").json()["events"] if e["event"] == "session_closed"]
         assert len(closes[-1]["terminated"]) == 1
@@ -125,14 +116,14 @@ def test_revoke_immediate_kills_the_whole_tree_and_lists_it(kb: KbRoot, backend:
     sid = world(kb, backend)
     proc = start(kb, sid, f"{survivor(token)} sleep 60")
     try:
-        assert settle(lambda: tagged(token)), "the survivor never started"
+        wait_for(lambda: tagged(token), 10, "the survivor to start")
         running = kb.cli("session", "show", sid, "--json").json()["running"]
         assert len(running) == 1
         # The grants shrink: the running command is now stale.
         assert kb.cli("sources", "detach", "con", "src", "--as", "alice").code == 0
         r = kb.cli("session", "revoke", sid, "--immediate", "--json").json()
         assert r["terminated"] == [running[0]["pid"]] and r["still_running"] == []
-        assert settle(lambda: not tagged(token), timeout=3), f"{backend}: revoke left a background loop"
+        wait_for(lambda: not tagged(token), 3, f"{backend}: revoke --immediate to kill the background loop")
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
@@ -152,19 +143,23 @@ def test_revoke_finds_a_tree_whose_kbd_exec_was_killed(kb: KbRoot, token: str) -
     sid = world(kb, "landlock")
     proc = start(kb, sid, f"{survivor(token)} sleep 60")
     try:
-        assert settle(lambda: tagged(token)), "the survivor never started"
+        wait_for(lambda: tagged(token), 10, "the survivor to start")
         main = kb.cli("session", "show", sid, "--json").json()["running"][0]["pid"]
         proc.kill()
         proc.wait(timeout=30)
         os.killpg(main, signal.SIGKILL)
-        assert settle(lambda: not os.path.exists(f"/proc/{main}") or _zombie(main))
+        wait_for(
+            lambda: not os.path.exists(f"/proc/{main}") or _zombie(main),
+            10,
+            "the killed main process to be gone",
+        )
         assert tagged(token), "the loop should still be running: nothing else killed it"
         running = kb.cli("session", "show", sid, "--json").json()["running"]
         assert [p["pid"] for p in running] == [main]
         assert kb.cli("sources", "detach", "con", "src", "--as", "alice").code == 0
         r = kb.cli("session", "revoke", sid, "--immediate", "--json").json()
         assert r["terminated"] == [main]
-        assert settle(lambda: not tagged(token), timeout=3)
+        wait_for(lambda: not tagged(token), 3, "the background loop to be gone")
         assert kb.cli("session", "show", sid, "--json").json()["running"] == []
     finally:
         if proc.poll() is None:
@@ -193,8 +188,8 @@ def test_the_forwarder_reaches_the_child_and_is_disarmed_before_it_is_reaped() -
         bystander = subprocess.Popen(["sleep", "30"], start_new_session=True)
         try:
             os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.1)
-            assert bystander.poll() is None
+            # A negative window: a stale forward would have signalled the bystander by now.
+            holds_for(lambda: bystander.poll() is None, 0.1, "the bystander running")
         finally:
             bystander.kill()
             bystander.wait()
@@ -204,13 +199,16 @@ def test_the_forwarder_reaches_the_child_and_is_disarmed_before_it_is_reaped() -
 
 # -- the fallback without a cgroup: kbd exec as the command's subreaper ------------------------
 REAPER = """
-import subprocess, sys, time
+import subprocess, sys
 from kbd.sandbox import reaper
+from tests.waiting import wait_for
 assert reaper.become_subreaper()
 loop = "while :; do sleep 0.1; done; : " + sys.argv[1]
 p = subprocess.Popen(["sh", "-c", f"setsid sh -c '{loop}' </dev/null >/dev/null 2>&1 & exit 0"], start_new_session=True)
 p.wait()
-time.sleep(0.3)
+def looping():  # the reparented loop has a child of its own (a sleep): a whole tree to kill
+    return any(open(f"/proc/{c}/task/{c}/children").read().split() for c in reaper.children())
+wait_for(looping, 30, "the detached loop to run a sleep")
 print(len(reaper.children()), reaper.kill_descendants(), len(reaper.children()))
 """
 
@@ -243,7 +241,7 @@ def test_a_killed_kbd_exec_leaves_no_cgroup_behind(kb: KbRoot, token: str) -> No
     sid = world(kb, "bwrap")
     proc = start(kb, sid, f"{survivor(token)} sleep 60")
     try:
-        assert settle(lambda: tagged(token)), "the survivor never started"
+        wait_for(lambda: tagged(token), 10, "the survivor to start")
         v2 = cgroup.detect().v2 or "/nonexistent"
         # In-process: named after the session. Brokered: a launcher stub's
         # cgroup (b_…, made before the session was known), named in the record.
@@ -251,10 +249,18 @@ def test_a_killed_kbd_exec_leaves_no_cgroup_behind(kb: KbRoot, token: str) -> No
         assert len(before) == 1
         proc.kill()
         proc.wait(timeout=30)
-        assert settle(lambda: not tagged(token), timeout=5)
-        assert settle(lambda: kb.cli("session", "show", sid, "--json").json()["running"] == [])
+        wait_for(lambda: not tagged(token), 5, "the background loop to be gone")
+        wait_for(
+            lambda: kb.cli("session", "show", sid, "--json").json()["running"] == [],
+            10,
+            "the session to list no running command",
+        )
         assert not [n for n in os.listdir(v2) if n.startswith(sid)]
-        assert settle(lambda: not [n for n in before if os.path.exists(f"{v2}/{n}")])
+        wait_for(
+            lambda: not [n for n in before if os.path.exists(f"{v2}/{n}")],
+            10,
+            "the empty cgroup to be removed",
+        )
         assert not list((kb.root / "state" / "procs" / sid).iterdir())
     finally:
         if proc.poll() is None:

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_host_permissions import Host, as_user, host  # noqa: F401 - the module's fixture
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_userns]
 
@@ -90,8 +91,8 @@ REFUSED = {"EACCES", "EPERM", "ENOENT", "EINVAL"}
 
 def _command_pid(uid: int, marker: str, timeout: float = 30.0) -> int:
     """The pid (in the host's namespace) of the sandboxed process whose argv holds ``marker``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def found() -> int | None:
         for name in os.listdir("/proc"):
             if not name.isdigit():
                 continue
@@ -109,8 +110,10 @@ def _command_pid(uid: int, marker: str, timeout: float = 30.0) -> int:
                 and b"bwrap" not in cmdline
             ):
                 return int(name)
-        time.sleep(0.05)  # polling /proc: the sandboxed process has no other way to announce its host pid
-    raise AssertionError(f"no sandboxed process with {marker!r} appeared")
+        return None
+
+    # Polling /proc: the sandboxed process has no other way to announce its host pid.
+    return wait_for(found, timeout, f"a sandboxed process with {marker!r}")
 
 
 @pytest.fixture

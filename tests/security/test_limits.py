@@ -22,6 +22,7 @@ from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
 from tests.features import backends
 from tests.helpers import KbRoot
+from tests.waiting import wait_for
 
 BACKENDS = backends("bwrap", "landlock")
 
@@ -170,11 +171,8 @@ def test_the_command_cgroups_carry_the_configured_values(kb: KbRoot, backend: st
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 15
-        rows: list[Any] = []
-        while not rows and time.monotonic() < deadline:
-            rows = RootSessions(Root(kb.root)).commands.of_session(sid)
-            time.sleep(0.05)
+        rows: list[Any] = wait_for(lambda: RootSessions(Root(kb.root)).commands.of_session(sid), 15,
+                                   "the command's process record")  # fmt: skip
         assert len(rows) == 1 and rows[0].cgroup, rows
         pid, name = rows[0].pid, rows[0].cgroup
         hierarchy = cgroup.detect()

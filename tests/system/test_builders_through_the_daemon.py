@@ -315,6 +315,7 @@ def test_the_builder_s_knowledge_page_goes_through_the_daemon(host: Host) -> Non
 
     from tests.integration.test_ui_server import read_events
     from tests.integration.ui import serving_ui
+    from tests.waiting import wait_for
 
     root = host.kb.root
     env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "PYTHONPATH": str(REPO), "LANG": "C.UTF-8",
@@ -336,9 +337,12 @@ def test_the_builder_s_knowledge_page_goes_through_the_daemon(host: Host) -> Non
         assert r.status_code == 403 and r.json()["error"]["code"] == "permission-denied", r.text
         assert c.get("/api/workflows/mine/search", params={"q": "lib"}).status_code == 200
         got: list[tuple[float, dict[str, object]]] = []
-        t = threading.Thread(target=lambda: got.extend(read_events(c, time.monotonic() + 10)))
+        following = threading.Event()
+        t = threading.Thread(
+            target=lambda: got.extend(read_events(c, time.monotonic() + 10, following=following))
+        )
         t.start()
-        time.sleep(1.0)
+        wait_for(following.is_set, 10, "the page's event stream to follow the feed")
         edited = time.monotonic()
         host.kb.edit(mine, knowledgebase_sources=[])  # a hand detach
         t.join(timeout=30)

@@ -12,6 +12,9 @@ NOTHING changed anywhere under the root except ``state/`` (names, types, modes,
 mtimes — so even a temp file created and removed again would show in the
 folder's mtime — and bytes), and exactly one ``note_refused`` audit event naming
 the code (and the rule, for injections).
+
+The same cases through real ``kbd`` and ``kbd mcp`` processes are in
+tests/integration/test_notes_cli.py.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 import yaml
 
@@ -42,7 +44,6 @@ from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
 from kbd.state import audit
 from tests.helpers import OPERATOR, Entry, KbRoot, snapshot
-from tests.interfaces import INTERFACES, interface
 
 ISO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
 INDEX_BYTES = b'{"notes": ["fact.md"]}\n'
@@ -234,19 +235,6 @@ def test_bad_paths_are_refused_and_nothing_is_written(world: World, case: str) -
     assert not os.path.lexists(world.src / "soul" / "planted.md")
 
 
-@pytest.mark.parametrize("via", INTERFACES)
-def test_path_and_index_refusals_are_the_same_through_each_interface(world: World, via: str) -> None:
-    """PATH_REFUSALS and INDEX_LOOKALIKES through `kbd notes write` and MCP's
-    kb_write_note (docs/mcp.md): the same code for every case, nothing written."""
-    before = tree(world.kb.root)
-    cases = {**{c: PATH_REFUSALS[c][:2] for c in PATH_REFUSALS},
-             **{f"index:{r}": (r, "permission-denied") for r in INDEX_LOOKALIKES}}  # fmt: skip
-    with interface(via, world.kb, "con", world.sid) as i:
-        got = {case: i.write_note("src", relpath, "a note\n").error for case, (relpath, _) in cases.items()}
-    assert got == {case: code for case, (_, code) in cases.items()}
-    assert tree(world.kb.root) == before
-
-
 DATA_REFUSALS: dict[str, bytes] = {
     "latin-1": "café\n".encode("latin-1"),
     "lone-surrogate": b"note \xed\xa0\x80\n",
@@ -326,18 +314,6 @@ def _close(world: World) -> None:
     assert session_ops.close(world.sessions, world.sid, actor=OPERATOR).closed == (world.sid,)
 
 
-def test_closed_session_is_refused_with_exit_77_and_nothing_written(world: World) -> None:
-    _close(world)
-    before = tree(world.kb.root)
-    with pytest.raises(KbdError) as info:
-        world.write("new.md", b"x\n")
-    assert (info.value.code, info.value.exit_code) == ("session-closed", 77)
-    r = world.kb.cli("notes", "write", world.sid, "src", "new.md", input=b"x\n")
-    assert r.code == 77, r.err
-    assert "error[session-closed]" in r.err
-    assert tree(world.kb.root) == before
-
-
 def test_closed_session_refusal_is_audited(world: World) -> None:
     _close(world)
     seen = len(world.events())
@@ -345,28 +321,6 @@ def test_closed_session_refusal_is_audited(world: World) -> None:
         world.write("new.md", b"x\n")
     refused = [e for e in world.events()[seen:] if e["event"] == "note_refused"]
     assert [(e["code"], e["session"]) for e in refused] == [("session-closed", world.sid)]
-
-
-def test_cli_refusals_use_the_contract_exit_codes(world: World) -> None:
-    before = tree(world.kb.root)
-    for relpath, data, code, exit_code in [
-        ("_index.json", b"{}\n", "permission-denied", 77),
-        ("../context/x.md", b"x\n", "invalid-path", 65),
-        ("evil/x.md", b"x\n", "path-refused", 77),
-        ("x.sh", b"x\n", "invalid-input", 65),
-        ("x.md", b"\xff\xfe\n", "invalid-input", 65),
-    ]:
-        r = world.kb.cli("notes", "write", world.sid, "src", relpath, input=data)
-        assert r.code == exit_code, (relpath, r.err)
-        assert f"error[{code}]" in r.err, r.err
-        assert r.out == ""
-    assert tree(world.kb.root) == before
-    codes = [e["code"] for e in world.events() if e["event"] == "note_refused"]
-    assert codes == ["permission-denied", "invalid-path", "path-refused", "invalid-input", "invalid-input"]
-    # The audit is visible through the CLI as well.
-    r = world.kb.cli("audit", "--json")
-    assert r.code == 0, r.err
-    assert [e["code"] for e in r.json()["events"] if e["event"] == "note_refused"] == codes
 
 
 # -- accepted writes ------------------------------------------------------------------------------
@@ -527,45 +481,6 @@ def test_a_written_note_is_audited(world: World) -> None:
     assert event["bytes"] == result["bytes"]
 
 
-def test_cli_write_then_ls_shows_who_contributed(world: World) -> None:
-    r = world.kb.cli("notes", "write", world.sid, "src", "contrib.md", "--json", input=b"via the CLI\n")
-    assert r.code == 0, r.err
-    assert r.json() == {
-        "workflow_id": "src",
-        "alias": "src",
-        "path": "notes/contrib.md",
-        "bytes": r.json()["bytes"],
-        "version": r.json()["version"],  # docs/notes.md "Note history": a new field
-    }
-    assert (
-        r.json()["version"]
-        == "sha256:" + hashlib.sha256((world.notes / "contrib.md").read_bytes()).hexdigest()
-    )
-    note = world.kb.root / "cli-note.md"
-    note.write_bytes(b"from a file\n")
-    r = world.kb.cli("notes", "write", world.sid, "src", "deep/from-file.md", "--file", str(note))
-    assert r.code == 0, r.err
-    _, body = split_note((world.notes / "deep" / "from-file.md").read_text())
-    assert body == "from a file\n"
-
-    r = world.kb.cli("ls", "con", "src", "notes", "--as", "alice", "--json")
-    assert r.code == 0, r.err
-    entries = {e["name"]: e for e in r.json()["entries"]}
-    assert entries["contrib.md"]["contributed_by"] == "con"
-    assert entries["fact.md"]["contributed_by"] is None  # the source's own note
-    assert entries["deep"]["type"] == "dir"
-    r = world.kb.cli("ls", "con", "src", "notes/deep", "--as", "alice", "--json")
-    assert r.code == 0, r.err
-    assert [(e["name"], e["contributed_by"]) for e in r.json()["entries"]] == [("from-file.md", "con")]
-    # The same view in process, and through a reader's eyes (the source's owner).
-    by_name = {
-        e["name"]: e
-        for e in browse.ls(world.host, "con", "src", "notes", actor=world.host.actor("alice")).entries
-    }
-    assert by_name["contrib.md"]["contributed_by"] == "con"
-    assert "contributed_by" not in by_name["_index.json"]
-
-
 # -- the injection gate ---------------------------------------------------------------------------
 
 INJECTIONS: dict[str, str] = {
@@ -627,15 +542,6 @@ def test_injection_in_merged_frontmatter_is_refused_too(world: World) -> None:
     world.refused(
         "fm.md", note.encode(), code="injection-refused", exit_code=65, rule="ignore-previous-instructions"
     )
-
-
-def test_cli_injection_refusal_names_the_rule(world: World) -> None:
-    r = world.kb.cli(
-        "notes", "write", world.sid, "src", "advice.md", input=INJECTIONS["conceal-from-user"].encode()
-    )
-    assert r.code == 65, r.err
-    assert "error[injection-refused]" in r.err and "conceal-from-user" in r.err
-    assert not (world.notes / "advice.md").exists()
 
 
 ORDINARY_NOTES = [
@@ -707,15 +613,6 @@ def test_cli_read_of_a_bad_index_exits_75(world: World, case: str) -> None:
         assert r.code == 75, r.err
         assert "error[index-unreadable]" in r.err
         assert r.out == ""
-
-
-def test_a_valid_index_is_returned_as_is(world: World) -> None:
-    assert _pinned_read_index(world) == INDEX_BYTES
-    r = world.kb.cli("read", "con", "src", "notes/_index.json", "--as", "alice")
-    assert (r.code, r.out) == (0, INDEX_BYTES.decode()), r.err
-    r = world.kb.cli("read", "con", "src", "./notes//_index.json", "--as", "alice", "--json")
-    assert r.code == 0, r.err
-    assert orjson.loads(r.json()["content"]) == {"notes": ["fact.md"]}
 
 
 def test_a_missing_index_is_an_error_not_an_empty_index(world: World) -> None:

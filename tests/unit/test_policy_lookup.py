@@ -8,11 +8,8 @@ depend on one)."""
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -20,7 +17,6 @@ import pytest
 import yaml
 
 from kbd.core import layout
-from kbd.core.lookup import KbProbe
 from kbd.fs.registry import probe_kb
 from kbd.service import sessions as session_ops
 from kbd.service.root import Root
@@ -31,6 +27,11 @@ from tests.helpers import KbRoot
 
 @pytest.fixture
 def kb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> KbRoot:
+    return world(tmp_path, monkeypatch)
+
+
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> KbRoot:
+    """This module's root (also tests/integration/test_mount_namespaces.py's)."""
     # Files changed within RACY_NS are never trusted unchanged (every lookup
     # re-reads them, so nothing is remembered): a fresh root would be racy for
     # the whole test. Every edit below changes the file's size.
@@ -179,70 +180,6 @@ def test_a_kb_probe_makes_no_inotify_event(kb: KbRoot) -> None:
         assert struct.unpack_from("iI", data)[1] & (IN_OPEN | IN_CLOSE_NOWRITE)
     finally:
         os.close(fd)
-
-
-# A lookup in a private mount namespace (the host's mounts are never touched):
-# the memo is warm (the same Plan object twice), then a bind mount is made, then
-# the very next lookup. Printed as JSON for the test process.
-_MOUNT_AFTER_WARM = """
-import json, subprocess, sys
-from pathlib import Path
-from kbd.core import layout
-layout.RACY_NS = 0  # as the fixture: the fresh root's files are trusted unchanged
-from kbd.service import sessions as session_ops
-from kbd.service.root import Root
-from kbd.service.sessions import RootSessions
-host = Root(Path(sys.argv[1]))
-sessions = RootSessions(host)
-alice = host.actor("alice")
-sid = str(session_ops.open_session(sessions, "con", actor=alice, kind="execution",
-                                   kb_access="read-write").session_id)
-first = sessions.plan(sid, actor=alice)
-warm = sessions.plan(sid, actor=alice) is first
-subprocess.run(["mount", "--bind", *sys.argv[2:]], check=True)
-after = sessions.plan(sid, actor=alice)
-src = next(a for a in after.sources if a.alias == "src")
-print(json.dumps({"warm": warm, "same_object": after is first, "available": src.available,
-                  "reason": src.reason, "writable": src.writable,
-                  "write_reason": src.write.reason if src.write is not None else None,
-                  "generations": [first.generation, after.generation]}))
-"""
-
-
-@pytest.mark.parametrize("mounted", ["another-kb", "the-kb-itself", "another-notes"])
-def test_a_bind_mount_made_after_a_memoised_lookup_is_seen_by_the_next_lookup(
-    kb: KbRoot, mounted: str
-) -> None:
-    """``the-kb-itself``: the KB bound over itself keeps its (st_dev, st_ino) and
-    contents; only its mount differs (statx STATX_ATTR_MOUNT_ROOT). No mount event
-    reaches any watcher, and there is none here: the lookup's own probe must see it."""
-    src = kb.workflows / "src" / "knowledgebase"
-    other = kb.workflows / "other" / "knowledgebase"
-    (other / "notes").mkdir(exist_ok=True)
-    bind = {
-        "another-kb": [str(other), str(src)],
-        "the-kb-itself": [str(src), str(src)],
-        "another-notes": [str(other / "notes"), str(src / "notes")],
-    }[mounted]
-    proc = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", _MOUNT_AFTER_WARM, str(kb.root),
-         *bind],
-        capture_output=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr.decode()
-    seen = json.loads(proc.stdout)
-    assert seen["warm"] and not seen["same_object"]
-    if mounted == "another-notes":
-        assert (seen["available"], seen["writable"], seen["write_reason"]) == (
-            True,
-            False,
-            "notes_unavailable",
-        )
-    else:
-        assert (seen["available"], seen["reason"]) == (False, "kb_mountpoint")
-    assert seen["generations"][1] > seen["generations"][0]
-    # Nothing was mounted outside that namespace.
-    assert probe_kb(kb.workflows / "src", notes=True) == KbProbe(None, _identity(src), None)
 
 
 def _identity(path: Path) -> tuple[int, int]:

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kbd.core import layout
 from kbd.core.watching import PathChange
 from kbd.fs import registry
 from kbd.fs.registry import Ambiguous, Found, Missing, Registry
@@ -229,7 +230,15 @@ def max_depth(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
 
 
 @pytest.fixture
-def bases(tmp_path: Path) -> Iterator[Any]:
+def bases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Fresh worlds. Every manifest counts as racy (kbd.core.layout.RACY_NS), as
+    it does on a quiet host where an example takes well under the 200 ms window:
+    on a loaded one (the suite runs in parallel) an example crossed the window
+    half-way, and a racy entry re-read later was reported changed (a spurious,
+    conservative delta) where the rescan saw no change, so the exact-delta
+    assertion failed by timing alone."""
+    monkeypatch.setattr(layout, "RACY_NS", 10**18)
+
     def make() -> Path:
         return Path(tempfile.mkdtemp(dir=tmp_path))
 
