@@ -21,7 +21,6 @@ from typing import Any
 from playwright.sync_api import Browser, BrowserContext, Page, Request, expect
 
 from tests.integration.ui import Ui, start_ui
-from tests.waiting import wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 WIDE = {"width": 1280, "height": 800}
@@ -150,10 +149,3 @@ def ready(page: Page, workflow: str | None) -> None:
     if workflow is not None:
         expect(page.locator(f'[data-workflow="{workflow}"]')).to_have_attribute("aria-current", "page")
         expect(page.locator(".wf-head .wf-id")).to_have_text(workflow)
-
-
-def wait_until(check: Callable[[], bool], *, timeout: float, what: str) -> float:
-    """:func:`tests.waiting.wait_for`, polled at least every 10 ms; the seconds it took."""
-    t0 = time.monotonic()
-    wait_for(check, timeout, what, max_interval=0.01)
-    return time.monotonic() - t0

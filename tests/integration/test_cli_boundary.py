@@ -402,7 +402,9 @@ def test_unexpected_errors_print_one_line_and_exit_70(world: KbRoot, target: str
 
 def test_error_lines_are_printed_in_one_place() -> None:
     package = Path(__file__).parents[2] / "kbd"
-    printers = {p.relative_to(package).as_posix() for p in package.rglob("*.py") if 'f"error[{' in p.read_text()}
+    printers = {
+        p.relative_to(package).as_posix() for p in package.rglob("*.py") if 'f"error[{' in p.read_text()
+    }
     assert printers == {"errors/render.py"}
 
 

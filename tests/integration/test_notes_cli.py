@@ -30,7 +30,7 @@ from tests.unit.test_notes import (  # noqa: F401 - world is the shared fixture
 @pytest.mark.parametrize("via", INTERFACES)
 def test_path_and_index_refusals_are_the_same_through_each_interface(world: World, via: str) -> None:  # noqa: F811
     """PATH_REFUSALS and INDEX_LOOKALIKES through `kbd notes write` and MCP's
-    kb_write_note (issue 14): the same code for every case, nothing written."""
+    kb_write_note (docs/mcp.md): the same code for every case, nothing written."""
     before = tree(world.kb.root)
     cases = {**{c: PATH_REFUSALS[c][:2] for c in PATH_REFUSALS},
              **{f"index:{r}": (r, "permission-denied") for r in INDEX_LOOKALIKES}}  # fmt: skip
@@ -82,7 +82,7 @@ def test_cli_write_then_ls_shows_who_contributed(world: World) -> None:  # noqa:
         "alias": "src",
         "path": "notes/contrib.md",
         "bytes": r.json()["bytes"],
-        "version": r.json()["version"],  # issue 13 item 3: a new field
+        "version": r.json()["version"],  # docs/notes.md "Note history": a new field
     }
     assert (
         r.json()["version"]
