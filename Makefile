@@ -43,10 +43,7 @@ typecheck: venv
 
 # The fast loop (README "Development"): lint, strict types and the unit tests on
 # the quick hypothesis profile, two workers; under a minute on a 2-core machine.
-check: venv
-	$(BIN)/ruff check kbd tests bench
-	$(BIN)/ruff format --check kbd tests bench
-	$(BIN)/mypy
+check: lint typecheck
 	HYPOTHESIS_PROFILE=quick $(BIN)/pytest -q -n 2 tests/unit
 
 # The whole suite: lint, strict types, every test (security suite on the CI
