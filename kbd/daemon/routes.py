@@ -40,29 +40,36 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import unquote
 
 import anyio
 import anyio.from_thread
 import anyio.to_thread
 import orjson
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Header, Query, Request, Security
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPBearer
+from fastapi.utils import create_model_field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, RootModel, model_validator
 from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kbd.core import telemetry
 from kbd.core.events import parse_id
+from kbd.core.history import version_of
+from kbd.core.identifiers import ALIAS_RE, MAX_ID_LEN, RESERVED_ALIASES
 from kbd.core.knowledge import MAX_LIMIT as MAX_SEARCH_LIMIT
-from kbd.core.knowledge import check_limit, match_expression
+from kbd.core.knowledge import MAX_QUERY_CHARS, MAX_QUERY_TERMS, check_limit, match_expression
 from kbd.core.plan import Plan
-from kbd.core.principals import Principal
+from kbd.core.policy import KINDS as POLICY_KINDS
+from kbd.core.principals import MAX_UID, Principal
 from kbd.core.relpaths import MAX_LS_LIMIT
 from kbd.core.strict import is_unicode
 from kbd.daemon.access_log import AccessLog, note_principal, note_route
@@ -94,6 +101,7 @@ from kbd.service.changefeed import Feed, Subscription
 from kbd.service.gauges import host_gauges
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
+from kbd.service.workflows import MAX_LABEL
 from kbd.state.events import EventLog
 
 log = logging.getLogger("kbd.api")
@@ -136,11 +144,104 @@ def _not_unicode(value: object, where: str) -> str | None:
     return None
 
 
+#: A note version as the server reads one (:func:`kbd.core.history.parse_version`):
+#: ``sha256:`` and 64 lower-case hex digits, optionally in double quotes (an
+#: entity tag), surrounding blanks ignored; ``NOTE_VERSION_OR_NONE`` also takes
+#: ``none`` (the note must not exist yet).
+NOTE_VERSION = r'^\s*(sha256:[0-9a-f]{64}|"sha256:[0-9a-f]{64}")\s*$'
+NOTE_VERSION_OR_NONE = r'^\s*(sha256:[0-9a-f]{64}|"sha256:[0-9a-f]{64}"|none|"none")\s*$'
+#: A note write's If-Match: a version, none, or * (any current version).
+IF_MATCH = r'^\s*(sha256:[0-9a-f]{64}|"sha256:[0-9a-f]{64}"|none|"none"|\*)\s*$'
+#: What _base64 decodes: standard base64, padded.
+BASE64 = r"^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+#: An event id (:func:`kbd.core.events.parse_id`).
+EVENT_ID = r"^[0-9a-f]{8}-(0|[1-9][0-9]{0,18})$"
+#: A search query (:func:`kbd.core.knowledge.match_expression`), as a string format: its
+#: words are Unicode's (a pattern's ``\w`` is ASCII in some regex dialects, Unicode in others).
+SEARCH_QUERY = {"type": "string", "format": "kbd-search-query", "minLength": 1, "maxLength": MAX_QUERY_CHARS,
+                "description": f"1 to {MAX_QUERY_TERMS} words (runs of Unicode letters, digits and '_')"}  # fmt: skip
+
+
 class Strict(BaseModel):
     """A request body: no unknown field, and only Unicode text in any field,
     nested ones included (docs/api.md "Malformed requests": checked before anything else)."""
 
-    model_config = ConfigDict(extra="forbid")
+
+def _schema(
+    schema: dict[str, Any], *, nullable: bool = False, required: bool = False
+) -> Callable[[dict[str, Any]], None]:
+    """A field's JSON schema, exactly ``schema`` (what the server accepts, which
+    the field's Python type may say more loosely: a query value read as text
+    and checked by the operation, as the CLI's flag is). ``nullable``: a body
+    field that may also be null; ``required``: a query parameter whose
+    default the server refuses (see :meth:`_Api.openapi`)."""
+
+    def replace(found: dict[str, Any]) -> None:
+        keep: dict[str, Any] = {
+            k: found[k] for k in ("title", "description", "default") if k in found and not required
+        }
+        found.clear()
+        found.update(keep)
+        found.update({"anyOf": [schema, {"type": "null"}]} if nullable else schema)
+        if required:
+            found[REQUIRED] = True
+
+    return replace
+
+
+# What the operations accept as a name, as string formats (README "HTTP API"):
+# the rules are Unicode categories, which a pattern could only spell as
+# thousands of ranges; each format's description says them.
+ID_FORMAT = {"type": "string", "format": "kbd-id", "minLength": 1, "maxLength": MAX_ID_LEN,
+             "not": {"enum": [".", ".."]},
+             "description": "a workflow or principal ID (DESIGN §2): no control (Cc), format (Cf), line or "
+                            "paragraph separator (Zl, Zp) or whitespace character, no '/' or '\\', not '.' or '..'"}  # fmt: skip
+NEW_WORKFLOW_FORMAT = {**ID_FORMAT, "format": "kbd-new-workflow-id", "pattern": "^[^.]",
+                       "description": "an ID (kbd-id) that does not start with '.' and is printable "
+                                      "(str.isprintable: it is the label when none is given)"}  # fmt: skip
+LABEL_FORMAT = {"type": "string", "format": "kbd-label", "minLength": 1, "maxLength": MAX_LABEL,
+                "description": "printable characters (str.isprintable), not only blanks"}  # fmt: skip
+
+
+#: Marks a parameter schema whose parameter must be given (taken out of the schema).
+REQUIRED = "x-kbd-required"
+
+
+def _tagged(answer: JsonObject, version: str, known: str | None, response: Response) -> JsonObject | Response:
+    """A read whose strong ETag is the version of the bytes it holds (the
+    note's version, README "Note history"): 304 without content when
+    If-None-Match names it or is ``*`` (RFC 9110 §13.1.2), else the answer."""
+    tag = f'"{version}"'
+    if known is not None:
+        names = {t.strip().removeprefix("W/") for t in known.split(",")}
+        if "*" in names or tag in names:
+            return Response(status_code=304, headers={"ETag": tag})
+    response.headers["ETag"] = tag
+    return answer
+
+
+def _integral(value: Any) -> Any:
+    # JSON has one number type: 3.0 is an integer to JSON Schema, and to this
+    # server; "3", true and 3.5 are not (strict validation refuses them).
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: An integer field of a body: a JSON number with no fraction.
+JsonInteger = Annotated[int, BeforeValidator(_integral)]
+#: One change-feed event as /openapi.json documents the stream's items.
+EVENT_SCHEMA = {"type": "object", "required": ["id", "event", "data"],
+                "properties": {"id": {"type": "string", "pattern": EVENT_ID}, "event": {"type": "string"},
+                               "data": {"type": "string", "contentMediaType": "application/json"}}}  # fmt: skip
+
+
+class Strict(BaseModel):
+    """A request body: no unknown field, every field of its declared JSON type
+    (``"yes"`` is not a boolean, ``0`` neither), and only Unicode text in any
+    field, nested ones included (README "HTTP API": checked before anything else)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -158,19 +259,29 @@ class Strict(BaseModel):
 
 class AttachBody(Strict):
     workflow_id: str
-    alias: str
+    alias: str = Field(
+        json_schema_extra=_schema(
+            {"type": "string", "pattern": f"^{ALIAS_RE.pattern}$", "not": {"enum": sorted(RESERVED_ALIASES)}}
+        )
+    )
     access: Literal["read", "write"] = "read"
 
 
 class ReplaceSourcesBody(Strict):
     # Checked by the operation, not here: its answer (which entry, which field)
     # is the one the CLI gives on the root, for any document.
-    sources: Any = Field(description="the complete attachment list (a JSON array); [] detaches all")
+    sources: Any = Field(
+        description="the complete attachment list (a JSON array); [] detaches all",
+        json_schema_extra={"type": "array", "items": {"type": "object"}},
+    )
     expected_version: str | None = None
 
 
 class AccessBody(Strict):
-    access: str = Field(description="read or write (checked by the operation, as on the root)")
+    access: str = Field(
+        description="read or write (checked by the operation, as on the root)",
+        json_schema_extra={"enum": ["read", "write"]},
+    )
     expected_version: str | None = Field(
         default=None,
         description="the manifest version the change was decided on: refused (409) when it moved",
@@ -182,15 +293,22 @@ class GrantBody(Strict):
 
 
 class CreateWorkflowBody(Strict):
-    workflow_id: str
-    label: str | None = None
+    workflow_id: str = Field(json_schema_extra=_schema(NEW_WORKFLOW_FORMAT))
+    label: str | None = Field(default=None, json_schema_extra=_schema(LABEL_FORMAT, nullable=True))
     owner: str | None = Field(default=None, description="the owning principal; default: the caller")
 
 
 class OpenSessionBody(Strict):
+    model_config = ConfigDict(json_schema_extra={"anyOf": [
+        {"required": ["kind"], "properties": {"kind": {"type": "string"}}},
+        {"required": ["parent"], "properties": {"parent": {"type": "string"}}},
+    ]})  # fmt: skip
+
     workflow_id: str
     kind: str | None = Field(
-        default=None, description="required unless parent is given (default: the parent's)"
+        default=None,
+        description="required unless parent is given (default: the parent's)",
+        json_schema_extra=_schema({"enum": list(POLICY_KINDS)}, nullable=True),
     )
     kb_access: Literal["none", "read", "write", "read-write"] | None = None
     item_kb_write: bool | None = None
@@ -198,21 +316,33 @@ class OpenSessionBody(Strict):
 
 
 class ChildBody(Strict):
-    kind: str | None = None
+    kind: str | None = Field(
+        default=None,
+        description="empty or null: the parent's",
+        json_schema_extra=_schema({"enum": ["", *POLICY_KINDS]}, nullable=True),
+    )
     kb_access: Literal["none", "read", "write", "read-write"] | None = None
     item_kb_write: bool | None = None
 
 
 class NoteBody(Strict):
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"required": ["content"], "properties": {"content": {"type": "string"}}},
+        {"required": ["content_base64"], "properties": {"content_base64": {"type": "string"}}},
+    ]})  # fmt: skip
+
     alias: str
-    path: str = Field(description="relative to the source's notes/")
+    path: str = Field(description="relative to the source's notes/", json_schema_extra={"minLength": 1})
     content: str | None = Field(default=None, description="the note's text (or content_base64)")
     content_base64: str | None = Field(
         default=None, description="the note's bytes, base64 (the CLI sends these: text that is not UTF-8 is "
-        "refused by the same checks as every note)"
+        "refused by the same checks as every note)", json_schema_extra=_schema({"type": "string",
+                                                                                "pattern": BASE64}, nullable=True)
     )  # fmt: skip
     expected_version: str | None = Field(
-        default=None, description="as the If-Match header: sha256:<hex>, or none (must not exist yet)"
+        default=None,
+        description="as the If-Match header: sha256:<hex>, or none (must not exist yet)",
+        json_schema_extra=_schema({"type": "string", "pattern": NOTE_VERSION_OR_NONE}, nullable=True),
     )
 
     def data(self) -> bytes:
@@ -246,7 +376,10 @@ def _base64(text: str, *, field: str) -> bytes:
 
 class ImportDocument(Strict):
     file: str = Field(description="the document's name relative to the imported folder")
-    content_base64: str = Field(description="its bytes, base64 (text that is not UTF-8 is skipped)")
+    content_base64: str = Field(
+        description="its bytes, base64 (text that is not UTF-8 is skipped)",
+        json_schema_extra={"pattern": BASE64},
+    )
 
 
 class ImportSkipped(Strict):
@@ -275,8 +408,12 @@ class ImportBody(Strict):
 
 
 class RestoreBody(Strict):
-    path: str = Field(description="relative to the source's KB root: notes/...")
-    version: str | None = None
+    path: str = Field(
+        description="relative to the source's KB root: notes/...", json_schema_extra={"minLength": 1}
+    )
+    version: str | None = Field(
+        default=None, json_schema_extra=_schema({"type": "string", "pattern": NOTE_VERSION}, nullable=True)
+    )
 
 
 def _expected(header: str | None, body: str | None) -> str | None:
@@ -292,8 +429,14 @@ class RevokeBody(Strict):
 
 
 class AddPrincipalBody(Strict):
-    id: str
-    uid: int | None = None
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"required": ["uid"], "properties": {"uid": {"type": "integer"}}},
+        {"required": ["login"], "properties": {"login": {"type": "string"}}},
+    ]})  # fmt: skip
+
+    id: str = Field(json_schema_extra=_schema(ID_FORMAT))
+    uid: JsonInteger | None = Field(default=None, json_schema_extra=_schema(
+        {"type": "integer", "minimum": 0, "maximum": MAX_UID}, nullable=True))  # fmt: skip
     login: str | None = Field(default=None, description="a login on this host, instead of uid")
     kind: Literal["user", "service"] = "user"
     admin: bool = False
@@ -305,11 +448,14 @@ class ForceBody(Strict):
 
 
 class ReviewBody(Strict):
-    path: str = Field(description="relative to the source's KB root: notes/...")
+    path: str = Field(
+        description="relative to the source's KB root: notes/...", json_schema_extra={"minLength": 1}
+    )
     decision: Literal["approve", "reject"]
     expected_version: str | None = Field(
         default=None,
         description="the version (digest) reviewed, required to approve: refused (412) when the note changed since",
+        json_schema_extra=_schema({"type": "string", "pattern": NOTE_VERSION}, nullable=True),
     )
 
 
@@ -375,6 +521,352 @@ class ErrorBody(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorBody
+
+
+# Each route's answer as /openapi.json documents it. These describe, and never
+# re-serialise: the route answers its operation's ``to_json()`` as the CLI's
+# ``--json`` prints it (README "HTTP API"), checked against these by the
+# property-based API test (tests/integration/test_api_schema.py).
+
+
+class Answer(BaseModel):
+    """A documented answer (see :class:`_Route`)."""
+
+    documented_only: ClassVar[bool] = True
+
+
+class HealthAnswer(Answer):
+    status: Literal["ok"]
+    host: str
+    uptime_seconds: float
+
+
+class MetricsAnswer(Answer):
+    requests: dict[str, int] = Field(description="requests by route group (the path segment after /v1)")
+    registry_scans: int
+    open_sessions: int
+
+
+class IdentityAnswer(Answer):
+    id: str
+    kind: Literal["user", "service"]
+    admin: bool
+
+
+class WorkflowRowModel(BaseModel):
+    id: str | None
+    label: str | None
+    path: str
+    status: str
+    problem: str | None
+    nested_in: str | None
+    contains: list[str]
+
+
+class WorkflowListAnswer(Answer):
+    workflows: list[WorkflowRowModel]
+
+
+class CandidateModel(BaseModel):
+    workflow_id: str
+    label: str
+    write_granted: bool
+
+
+class WorkflowAnswer(Answer):
+    workflow_id: str
+    label: str
+    path: str
+    version: str
+    host: str | None
+    legacy: bool
+    owners: list[str]
+    editors: list[str]
+    readers: list[str]
+    sources: list[AttachmentModel]
+    writes_into: list[str]
+    allowed_kb_writers: list[str]
+    candidates: list[CandidateModel]
+    can_manage: bool
+    can_grant: bool
+
+
+class DetachedAnswer(Answer):
+    workflow_id: str
+    detached: str = Field(description="the alias detached")
+
+
+class CandidatesAnswer(Answer):
+    workflow_id: str
+    candidates: list[CandidateModel]
+
+
+class FileAnswer(Answer):
+    workflow_id: str
+    alias: str | None = Field(description="null: the workflow's own KB")
+    path: str
+    size: int
+    encoding: Literal["utf-8", "base64"]
+    content: str
+
+
+class DirEntryModel(BaseModel):
+    name: str
+    type: Literal["file", "dir", "symlink", "other"]
+    contributed_by: str | None = Field(
+        default=None,
+        description="files with a note's suffix: the contributing workflow (null: the source's own)",
+    )
+
+
+class DirAnswer(Answer):
+    workflow_id: str
+    alias: str | None = Field(description="null: the workflow's own KB")
+    path: str
+    entries: list[DirEntryModel]
+    truncated: bool
+    next: str | None = Field(description="the next page's `after`; null when this page ends the folder")
+
+
+class HistoryEntryModel(BaseModel):
+    version: str
+    previous: str | None
+    at: float
+    size: int
+    how: Literal["write", "command", "restore", "found"]
+    principal: str | None
+    session: str | None
+    workflow: str | None
+    expected: str | None
+
+
+class NoteLogAnswer(Answer):
+    workflow_id: str
+    relpath: str
+    current: str | None
+    versions: list[HistoryEntryModel] = Field(description="newest first")
+
+
+class NoteVersionAnswer(Answer):
+    workflow_id: str
+    relpath: str
+    version: str
+    size: int
+    encoding: Literal["utf-8", "base64"]
+    content: str
+
+
+class NoteDiffAnswer(Answer):
+    workflow_id: str
+    relpath: str
+    from_: str | None = Field(alias="from", description="null: the note had no earlier version")
+    to: str
+    diff: str
+
+
+class NoteRestoredAnswer(Answer):
+    workflow_id: str
+    relpath: str
+    version: str
+    previous: str | None
+    bytes: int
+
+
+class WorkflowCreatedAnswer(Answer):
+    workflow_id: str
+    label: str
+    owners: list[str]
+    path: str
+
+
+class WriterModel(BaseModel):
+    workflow_id: str
+    exists: bool
+
+
+class WritersAnswer(Answer):
+    workflow_id: str
+    writers: list[WriterModel]
+    legacy: bool
+
+
+class WriterChangeAnswer(Answer):
+    source: str
+    consumer: str
+    granted: bool
+    changed: bool
+
+
+class SessionRowModel(BaseModel):
+    session_id: str
+    workflow_id: str
+    kind: str
+    kb_access: str
+    item_kb_write: bool
+    parent: str | None
+    opened_by: str
+    opened_at: float
+    closed: bool
+    generation: int
+
+
+class SessionListAnswer(Answer):
+    sessions: list[SessionRowModel]
+
+
+class EnvironmentAnswer(RootModel[dict[str, str]]):
+    """The variables a command of the session gets from its current plan."""
+
+    documented_only: ClassVar[bool] = True
+
+
+class RevokedAnswer(Answer):
+    session_id: str
+    generation: int
+    terminated: list[int]
+    still_running: list[int]
+
+
+class ImportedModel(BaseModel):
+    file: str
+    path: str
+    title: str
+
+
+class SkippedModel(BaseModel):
+    file: str
+    reason: str
+
+
+class ImportAnswer(Answer):
+    workflow_id: str
+    dry_run: bool
+    created: list[ImportedModel]
+    updated: list[ImportedModel]
+    unchanged: list[ImportedModel]
+    skipped: list[SkippedModel]
+
+
+class ClosedAnswer(Answer):
+    session_id: str
+    closed: list[str] = Field(description="the session and its open children, as closed now")
+
+
+class NoteWrittenAnswer(Answer):
+    workflow_id: str
+    alias: str
+    path: str
+    bytes: int
+    version: str
+
+
+class HitModel(BaseModel):
+    alias: str | None
+    workflow_id: str
+    relpath: str
+    title: str
+    snippet: str
+    score: float
+    modified_at: str
+    contributed_by_workflow: str | None
+    review: Literal["own", "unreviewed", "approved"]
+    trust: Literal["own", "source", "contributed-unreviewed", "contributed-approved"]
+
+
+class SearchAnswer(Answer):
+    session_id: str
+    query: str
+    hits: list[HitModel]
+    dropped_by_gate: int
+
+
+class PendingNoteModel(BaseModel):
+    relpath: str
+    contributed_by_workflow: str
+    contributed_by_session: str | None
+    contributed_at: str | None
+    digest: str
+    bytes: int
+
+
+class PendingAnswer(Answer):
+    workflow_id: str
+    pending: list[PendingNoteModel]
+    truncated: bool
+
+
+class ReviewedAnswer(Answer):
+    workflow_id: str
+    relpath: str
+    decision: Literal["approved", "rejected"]
+    digest: str
+    contributed_by_workflow: str
+    contributed_at: str | None
+    rejected_id: int | None
+
+
+class RejectedModel(BaseModel):
+    id: int
+    relpath: str
+    digest: str
+    bytes: int
+    rejected_by: str
+    rejected_at: float
+
+
+class RejectedAnswer(Answer):
+    workflow_id: str
+    rejected: list[RejectedModel]
+
+
+class UnrejectedAnswer(Answer):
+    workflow_id: str
+    relpath: str
+    rejected_id: int
+    digest: str
+
+
+class PrincipalModel(BaseModel):
+    id: str
+    kind: Literal["user", "service"]
+    admin: bool
+    disabled: bool
+    uid: int | None
+    has_token: bool
+    label: str | None
+
+
+class PrincipalsAnswer(Answer):
+    principals: list[PrincipalModel]
+
+
+class PrincipalChangedAnswer(Answer):
+    action: Literal["add", "disable", "enable", "remove", "token"]
+    changed: bool
+    principal: PrincipalModel
+    user: str | None
+
+
+class TokenAnswer(Answer):
+    id: str
+    token: str = Field(description="the new bearer token, shown this once")
+
+
+class AuditAnswer(Answer):
+    events: list[dict[str, Any]]
+    skipped_lines: int
+    offset: int = Field(description="where the next chunk starts")
+
+
+class DoctorCheckModel(BaseModel):
+    check: str
+    ok: bool
+    detail: str
+
+
+class DoctorAnswer(Answer):
+    ok: bool
+    checks: list[DoctorCheckModel]
 
 
 class _EventStream(StreamingResponse):
@@ -557,6 +1049,75 @@ class OneSegmentIds:
         await _error(err)(scope, receive, send)
 
 
+class HeadAsGet:
+    """``HEAD`` is ``GET`` without the content (RFC 9110 §9.3.2): the same
+    status and headers, Content-Length included, and no body. A streamed
+    answer (the change feed) ends with its headers: the route is told that
+    the client left, as it would be for a GET whose client went away."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http" or scope.get("method") != "HEAD":
+            await self.app(scope, receive, send)
+            return
+        done = anyio.Event()
+
+        async def headers_only(message: Message) -> None:
+            if done.is_set():
+                return
+            if message["type"] == "http.response.start":
+                await send(message)
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                done.set()
+
+        async def until_done() -> Message:
+            if done.is_set():
+                return {"type": "http.disconnect"}
+            found: Message = {"type": "http.disconnect"}
+            async with anyio.create_task_group() as group:
+
+                async def client() -> None:
+                    nonlocal found
+                    found = await receive()
+                    group.cancel_scope.cancel()
+
+                group.start_soon(client)
+                await done.wait()
+                group.cancel_scope.cancel()
+            return found
+
+        await self.app({**scope, "method": "GET"}, until_done, headers_only)
+
+
+def allowed_methods(app: ASGIApp, scope: Scope) -> str:
+    """The ``Allow`` header of a 405: every method some route serves at this
+    path (RFC 9110 §15.5.6), not only the first route's; HEAD wherever GET."""
+    methods: set[str] = set()
+    for route in getattr(app, "routes", ()):
+        found, _ = route.matches({**scope, "type": "http"})
+        if found != Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
+    if "GET" in methods:
+        methods.add("HEAD")
+    return ", ".join(sorted(methods))
+
+
+#: ``Authorization: Bearer <token>``, as /openapi.json declares it; a peer whose
+#: uid principals.yaml maps needs no header (README "HTTP API").
+BEARER = HTTPBearer(
+    scheme_name="bearer", auto_error=False,
+    description="a principal's token (kbd principals token); without the header, the socket peer's uid "
+    "as principals.yaml maps it",
+)  # fmt: skip
+#: A conditional GET of what the client already has (If-None-Match).
+NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
+    304: {"description": "If-None-Match names the current version: no content",
+          "headers": {"ETag": {"schema": {"type": "string"}}}},
+}  # fmt: skip
+
+
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a note is at most 1 MiB; JSON escaping can grow it
 
 
@@ -675,7 +1236,53 @@ def body_problem(cause: BaseException | None) -> str | None:
 
 def _error(err: KbdError) -> JSONResponse:
     status, envelope, headers = http_answer(err)
+    if isinstance(err, Unauthenticated):
+        # RFC 9110 §11.6.1: a 401 names the scheme that would authenticate (RFC 6750).
+        headers = {**headers, "WWW-Authenticate": "Bearer"}
     return JSONResponse(envelope, status_code=status, headers=headers)
+
+
+class _Route(APIRoute):
+    """A route whose ``response_model`` is an :class:`Answer` documents it in
+    /openapi.json and answers what the operation returned, serialised as before
+    (the bytes of every answer stay those the CLI's ``--json`` mirrors); other
+    routes are FastAPI's own."""
+
+    def get_route_handler(self) -> Callable[[Request], Any]:
+        documented = self.response_field
+        if getattr(self.response_model, "documented_only", False):
+            # What the route's ``-> JsonObject`` made it before it was documented.
+            self.response_field = create_model_field(
+                name="Response_" + self.unique_id, type_=JsonObject, mode="serialization"
+            )
+        try:
+            return super().get_route_handler()
+        finally:
+            self.response_field = documented
+
+
+class _Api(FastAPI):
+    """The application, whose /openapi.json says what the server does (README
+    "HTTP API"): a refused request is a 400 with the error envelope, never the
+    framework's 422, and every route but health needs the bearer scheme (or the
+    peer's uid on the socket, which OpenAPI cannot name)."""
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is not None:
+            return self.openapi_schema
+        doc = super().openapi()
+        for ops in doc.get("paths", {}).values():
+            for op in ops.values():
+                op.get("responses", {}).pop("422", None)
+                for param in op.get("parameters", ()):
+                    if param.get("schema", {}).pop(REQUIRED, False):
+                        param["required"] = True
+                        param["schema"].pop("default", None)
+        schemas = doc.get("components", {}).get("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+        self.openapi_schema = doc
+        return doc
 
 
 def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
@@ -685,17 +1292,23 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     is not in the log."""
     state = State(host, event_log=event_log)
     state.feed.resync("restart")
-    app = FastAPI(
+    app = _Api(
         title="kbd",
         version="1",
         description="Knowledge-base attachment daemon API (docs/api.md).",
-        responses={400: {"model": ErrorResponse}, 401: {"model": ErrorResponse}, 403: {"model": ErrorResponse},
-                   404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+        responses={400: {"model": ErrorResponse, "description": "a request that cannot be decoded (docs/api.md \"Malformed requests\")"},
+                   401: {"model": ErrorResponse, "description": "no or unknown credentials",
+                         "headers": {"WWW-Authenticate": {"schema": {"type": "string", "const": "Bearer"}}}},
+                   403: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 409: {"model": ErrorResponse},
+                   503: {"model": ErrorResponse},
+                   "default": {"model": ErrorResponse, "description": "any other refusal, in the same envelope"}},
     )  # fmt: skip
+    app.router.route_class = _Route
     app.state.kbd = state
     app.add_middleware(OneSegmentIds)  # innermost: the policy fast path never routes a '/' in an ID
     app.add_middleware(PolicyFastPath, state=state)  # inside BodyLimit (added after it: outermost)
     app.add_middleware(BodyLimit)
+    app.add_middleware(HeadAsGet)
     # Outermost: the access log and request metrics see every answer the app gives.
     stats = telemetry.RequestStats()
     app.add_middleware(AccessLog, stats=stats)
@@ -711,7 +1324,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # The framework's own refusals (no such route or method, a body it cannot
         # parse) in the tree's terms; 405 keeps the Allow header it must carry.
         cls = HTTP_ERRORS.get(exc.status_code, InvalidInput if exc.status_code < 500 else KbdError)
@@ -720,8 +1333,8 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
             response = _error(InvalidInput(unreadable, hint="see /openapi.json for the request shape"))
         else:
             response = _error(cls(str(exc.detail), hint="see /openapi.json for the routes"))
-        if exc.headers and "Allow" in exc.headers:
-            response.headers["Allow"] = exc.headers["Allow"]
+        if exc.status_code == 405:
+            response.headers["Allow"] = allowed_methods(app, request.scope)
         return response
 
     @app.exception_handler(Exception)
@@ -731,30 +1344,54 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         log.exception("internal error")
         return _error(KbdError("internal error"))
 
-    async def principal(request: Request) -> Principal:
+    Bearer = Security(BEARER)
+
+    async def principal(request: Request, _: Any = Bearer) -> Principal:
+        # BEARER only declares the scheme in /openapi.json; the header is read here.
         who = state.authenticate(request.url.path, request.headers.get("authorization"),
                                  request.scope.get(PEER_UID))  # fmt: skip
         note_principal(request.scope, who.id)
         return who
 
     Actor = Depends(principal)
+    # Query values read as text and checked as the CLI's flags are (the same
+    # answers); documented as what they accept.
+    LsLimit = Query(
+        None, json_schema_extra=_schema({"type": "integer", "minimum": 1, "maximum": MAX_LS_LIMIT})
+    )
+    Version = Query(None, json_schema_extra=_schema({"type": "string", "pattern": NOTE_VERSION}))
+    # One parameter object per parameter name: the framework records the name it binds in it.
+    Against = Query(None, json_schema_extra=_schema({"type": "string", "pattern": NOTE_VERSION}))
+    After = Query(None, json_schema_extra=_schema({"type": "string", "minLength": 1}))
+    RelPath = Query(json_schema_extra=_schema({"type": "string", "minLength": 1}))
+    Known = Header(
+        None, alias="If-None-Match", description="a version the client has (or *): 304 when current"
+    )
+    IfMatch = Header(None, alias="If-Match", description="the version the write expects, none, or * (any)",
+                     json_schema_extra=_schema({"type": "string", "pattern": IF_MATCH}))  # fmt: skip
+    IfNoneMatch = Header(None, alias="If-None-Match", description="*: the note must not exist yet",
+                         json_schema_extra=_schema({"type": "string", "enum": ["*"]}))  # fmt: skip
     # ?alias=a&alias=b (or alias=a,b): the sources a search is narrowed to.
     Aliases = Query(default_factory=list)
 
     # health and whoami are async: they never wait for a worker thread.
-    @app.get("/v1/health")
+    @app.get("/v1/health", response_model=HealthAnswer)
     async def health() -> JsonObject:
         return admin.health(state.host, started=state.started, now=time.time()).to_json()
 
     @app.get(
         "/v1/metrics",
         response_model=None,
-        responses={200: {"content": {"application/json": {}, telemetry.CONTENT_TYPE: {}},
+        responses={200: {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/MetricsAnswer"}},
+                                     telemetry.CONTENT_TYPE: {"schema": {"type": "string"}}},
                          "description": "JSON by default; the Prometheus text format (0.0.4) for "
-                                        "?format=prometheus or an Accept header preferring text/plain"}},
+                                        "?format=prometheus or an Accept header preferring text/plain",
+                         "model": MetricsAnswer}},
     )  # fmt: skip
     def metrics(
-        request: Request, fmt: str | None = Query(None, alias="format"), actor: Principal = Actor
+        request: Request,
+        fmt: str | None = Query(None, alias="format", json_schema_extra={"enum": ["json", "prometheus"]}),
+        actor: Principal = Actor,
     ) -> JsonObject | Response:
         admin.may_see_metrics(actor=actor)  # a refusal never waits for the state lock
         if telemetry.wants_prometheus(fmt, request.headers.get("accept")):
@@ -768,16 +1405,16 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         with state.locked():
             return admin.metrics(state.sessions, actor=actor, requests=dict(state.requests)).to_json()
 
-    @app.get("/v1/whoami")
+    @app.get("/v1/whoami", response_model=IdentityAnswer)
     async def whoami(actor: Principal = Actor) -> JsonObject:
         return auth.Identity(actor).to_json()
 
-    @app.get("/v1/workflows")
+    @app.get("/v1/workflows", response_model=WorkflowListAnswer)
     def workflows(actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return workflow_ops.list_workflows(state.host, actor=actor).to_json()
 
-    @app.get("/v1/workflows/{wid}")
+    @app.get("/v1/workflows/{wid}", response_model=WorkflowAnswer)
     def workflow(wid: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return workflow_ops.show(state.host, wid, actor=actor).to_json()
@@ -803,7 +1440,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
             )
             return att.to_json()
 
-    @app.delete("/v1/workflows/{wid}/sources/{alias}")
+    @app.delete("/v1/workflows/{wid}/sources/{alias}", response_model=DetachedAnswer)
     def detach(wid: str, alias: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return workflow_ops.detach(state.host, wid, alias, actor=actor).to_json()
@@ -815,21 +1452,29 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
                                           expected_version=body.expected_version)  # fmt: skip
             return att.to_json()
 
-    @app.get("/v1/workflows/{wid}/candidates")
+    @app.get("/v1/workflows/{wid}/candidates", response_model=CandidatesAnswer)
     def candidates(wid: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return workflow_ops.candidates(state.host, wid, actor=actor).to_json()
 
-    @app.get("/v1/workflows/{wid}/sources/{alias}/file")
-    def read_file(wid: str, alias: str, path: str, actor: Principal = Actor) -> JsonObject:
+    @app.get("/v1/workflows/{wid}/sources/{alias}/file", response_model=FileAnswer, responses=NOT_MODIFIED)
+    def read_file(
+        wid: str,
+        alias: str,
+        response: Response,
+        path: str = RelPath,
+        actor: Principal = Actor,
+        known: str | None = Known,
+    ) -> JsonObject | Response:
         with state.locked():
             att = browse_ops.attachment(state.host, wid, alias, actor=actor)
         # The read (and the index reader's retries) outside the state lock.
-        return browse_ops.read_file(att, wid, alias, path).to_json()
+        found = browse_ops.read_file(att, wid, alias, path)
+        return _tagged(found.to_json(), version_of(found.data), known, response)
 
-    @app.get("/v1/workflows/{wid}/sources/{alias}/dir")
+    @app.get("/v1/workflows/{wid}/sources/{alias}/dir", response_model=DirAnswer)
     def list_dir(
-        wid: str, alias: str, path: str = "", limit: str | None = None, after: str | None = None,
+        wid: str, alias: str, path: str = "", limit: str | None = LsLimit, after: str | None = After,
         actor: Principal = Actor,
     ) -> JsonObject:  # fmt: skip
         size = _ls_limit(limit)
@@ -838,41 +1483,56 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         # The listing outside the state lock.
         return browse_ops.list_dir(att, wid, alias, path, limit=size, after=after).to_json()
 
-    @app.get("/v1/workflows/{wid}/kb/file")
-    def read_own_file(wid: str, path: str, actor: Principal = Actor) -> JsonObject:
+    @app.get("/v1/workflows/{wid}/kb/file", response_model=FileAnswer, responses=NOT_MODIFIED)
+    def read_own_file(
+        wid: str, response: Response, path: str = RelPath, actor: Principal = Actor, known: str | None = Known
+    ) -> JsonObject | Response:
         with state.locked():
             att = browse_ops.own_kb(state.host, wid, actor=actor)
-        return browse_ops.read_file(att, wid, None, path).to_json()
+        found = browse_ops.read_file(att, wid, None, path)
+        return _tagged(found.to_json(), version_of(found.data), known, response)
 
-    @app.get("/v1/workflows/{wid}/kb/dir")
+    @app.get("/v1/workflows/{wid}/kb/dir", response_model=DirAnswer)
     def list_own_dir(
-        wid: str, path: str = "", limit: str | None = None, after: str | None = None, actor: Principal = Actor
+        wid: str,
+        path: str = "",
+        limit: str | None = LsLimit,
+        after: str | None = After,
+        actor: Principal = Actor,
     ) -> JsonObject:
         size = _ls_limit(limit)
         with state.locked():
             att = browse_ops.own_kb(state.host, wid, actor=actor)
         return browse_ops.list_dir(att, wid, None, path, limit=size, after=after).to_json()
 
-    @app.get("/v1/workflows/{wid}/notes/history")
-    def note_log(wid: str, path: str, actor: Principal = Actor) -> JsonObject:
+    @app.get("/v1/workflows/{wid}/notes/history", response_model=NoteLogAnswer)
+    def note_log(wid: str, path: str = RelPath, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return history_ops.log(state.host, wid, path, actor=actor).to_json()
 
-    @app.get("/v1/workflows/{wid}/notes/history/version")
-    def note_version(wid: str, path: str, version: str | None = None, actor: Principal = Actor) -> JsonObject:
+    @app.get(
+        "/v1/workflows/{wid}/notes/history/version", response_model=NoteVersionAnswer, responses=NOT_MODIFIED
+    )
+    def note_version(wid: str, response: Response, path: str = RelPath, version: str | None = Version,
+                     actor: Principal = Actor, known: str | None = Known) -> JsonObject | Response:  # fmt: skip
         with state.locked():
-            return history_ops.show(state.host, wid, path, actor=actor, version=version).to_json()
+            found = history_ops.show(state.host, wid, path, actor=actor, version=version)
+        return _tagged(found.to_json(), found.version, known, response)
 
-    @app.get("/v1/workflows/{wid}/notes/history/diff")
+    @app.get("/v1/workflows/{wid}/notes/history/diff", response_model=NoteDiffAnswer)
     def note_diff(
-        wid: str, path: str, version: str | None = None, against: str | None = None, actor: Principal = Actor
+        wid: str,
+        path: str = RelPath,
+        version: str | None = Version,
+        against: str | None = Against,
+        actor: Principal = Actor,
     ) -> JsonObject:
         with state.locked():
             return history_ops.diff(
                 state.host, wid, path, actor=actor, version=version, against=against
             ).to_json()
 
-    @app.post("/v1/workflows/{wid}/notes/history/restore")
+    @app.post("/v1/workflows/{wid}/notes/history/restore", response_model=NoteRestoredAnswer)
     async def note_restore(wid: str, body: RestoreBody, actor: Principal = Actor) -> JsonObject:
         def prepare() -> history_ops.PreparedRestore:
             with state.locked():
@@ -887,7 +1547,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         )
         return done.to_json()
 
-    @app.post("/v1/workflows", status_code=201)
+    @app.post("/v1/workflows", response_model=WorkflowCreatedAnswer, status_code=201)
     def create_workflow(body: CreateWorkflowBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             made = workflow_ops.create(
@@ -895,17 +1555,17 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
             )
             return made.to_json()
 
-    @app.get("/v1/workflows/{wid}/writers")
+    @app.get("/v1/workflows/{wid}/writers", response_model=WritersAnswer)
     def writers(wid: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return workflow_ops.writers(state.host, wid, actor=actor).to_json()
 
-    @app.post("/v1/workflows/{wid}/writers")
+    @app.post("/v1/workflows/{wid}/writers", response_model=WriterChangeAnswer)
     def grant(wid: str, body: GrantBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return workflow_ops.grant(state.host, wid, body.workflow_id, actor=actor).to_json()
 
-    @app.delete("/v1/workflows/{wid}/writers/{consumer}")
+    @app.delete("/v1/workflows/{wid}/writers/{consumer}", response_model=WriterChangeAnswer)
     def revoke(wid: str, consumer: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return workflow_ops.revoke(state.host, wid, consumer, actor=actor).to_json()
@@ -918,7 +1578,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
                                             parent=body.parent)  # fmt: skip
             return plan.to_json()
 
-    @app.get("/v1/sessions")
+    @app.get("/v1/sessions", response_model=SessionListAnswer)
     def list_sessions(
         workflow_id: str | None = None, all: bool = False, actor: Principal = Actor
     ) -> JsonObject:
@@ -927,12 +1587,12 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
                 state.sessions, actor=actor, workflow_id=workflow_id, include_closed=all
             ).to_json()
 
-    @app.get("/v1/sessions/{sid}/env")
+    @app.get("/v1/sessions/{sid}/env", response_model=EnvironmentAnswer)
     def session_env(sid: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return session_ops.environment(state.sessions, sid, actor=actor).to_json()
 
-    @app.post("/v1/sessions/{sid}/revoke")
+    @app.post("/v1/sessions/{sid}/revoke", response_model=RevokedAnswer)
     def revoke_session(sid: str, body: RevokeBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             todo = session_ops.revocation(state.sessions, sid, actor=actor, immediate=body.immediate)
@@ -946,7 +1606,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         # plan is already in the documented shape: no pydantic re-validation.
         return Response(await state.policy_body(sid, actor), media_type="application/json")
 
-    @app.post("/v1/workflows/{wid}/import")
+    @app.post("/v1/workflows/{wid}/import", response_model=ImportAnswer)
     async def import_documents(wid: str, body: ImportBody, actor: Principal = Actor) -> JsonObject:
         docs = body.docs()
 
@@ -969,23 +1629,30 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
                                           kb_access=body.kb_access, item_kb_write=body.item_kb_write)  # fmt: skip
             return plan.to_json()
 
-    @app.delete("/v1/sessions/{sid}")
+    @app.delete("/v1/sessions/{sid}", response_model=ClosedAnswer)
     def close_session(sid: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return session_ops.close(state.sessions, sid, actor=actor).to_json()
 
-    @app.post("/v1/sessions/{sid}/notes", status_code=201)
+    @app.post("/v1/sessions/{sid}/notes", response_model=NoteWrittenAnswer, status_code=201)
     async def write_note(sid: str, body: NoteBody, request: Request, response: Response,
-                         actor: Principal = Actor) -> JsonObject:  # fmt: skip
+                         actor: Principal = Actor, if_match: str | None = IfMatch,
+                         if_none_match: str | None = IfNoneMatch) -> JsonObject:  # fmt: skip
         data = body.data()
-        expected = _expected(request.headers.get("if-match"), body.expected_version)
+        # If-Match: * asks for any current version, If-None-Match: * for none (RFC 9110 §13.1.1-2).
+        must_exist = if_match is not None and if_match.strip() == "*"
+        expected = _expected(None if must_exist else if_match, body.expected_version)
+        if if_none_match is not None and if_none_match.strip() != "*":
+            raise UsageError(f"If-None-Match on a note write takes only *, not {if_none_match[:80]!r}",
+                             hint="name the version you expect with If-Match")  # fmt: skip
         if state.notes_in_flight >= NOTE_WORKERS + NOTE_BACKLOG:
             raise Overloaded(f"{state.notes_in_flight} note writes are already waiting")
 
         def prepare() -> note_ops.PreparedNote:
             with state.locked():
                 return note_ops.prepare(state.sessions, sid, body.alias, body.path, data, actor=actor,
-                                        expected=expected)  # fmt: skip
+                                        expected=expected, must_exist=must_exist,
+                                        must_not_exist=if_none_match is not None)  # fmt: skip
 
         state.notes_in_flight += 1
         try:
@@ -999,9 +1666,13 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         finally:
             state.notes_in_flight -= 1
 
-    @app.get("/v1/sessions/{sid}/search")
+    @app.get("/v1/sessions/{sid}/search", response_model=SearchAnswer)
     def search(
-        sid: str, q: str = "", alias: list[str] = Aliases, limit: str | None = None,
+        sid: str,
+        q: str = Query("", json_schema_extra=_schema(SEARCH_QUERY, required=True)),
+        alias: list[str] = Aliases,
+        limit: str | None = Query(None, json_schema_extra=_schema({"type": "integer", "minimum": 1,
+                                                                   "maximum": MAX_SEARCH_LIMIT})),
         include_unreviewed: bool = False, actor: Principal = Actor,
     ) -> JsonObject:  # fmt: skip
         # Checked in the CLI's order (query, limit, then the session), so both answer alike.
@@ -1018,13 +1689,13 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         return search_ops.run(state_dir, where, q, limit=size, include_unreviewed=include_unreviewed,
                               searcher=search_ops.searcher_for(state_dir, watch=True)).to_json()  # fmt: skip
 
-    @app.get("/v1/workflows/{wid}/notes/pending")
+    @app.get("/v1/workflows/{wid}/notes/pending", response_model=PendingAnswer)
     def notes_pending(wid: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             found = review_ops.pending(state.host, wid, actor=actor)
         return found.to_json()
 
-    @app.post("/v1/workflows/{wid}/notes/review")
+    @app.post("/v1/workflows/{wid}/notes/review", response_model=ReviewedAnswer)
     def notes_review(wid: str, body: ReviewBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             done = review_ops.review(
@@ -1037,12 +1708,12 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
             )
         return done.to_json()
 
-    @app.get("/v1/workflows/{wid}/notes/rejected")
+    @app.get("/v1/workflows/{wid}/notes/rejected", response_model=RejectedAnswer)
     def notes_rejected(wid: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return review_ops.rejected_notes(state.host, wid, actor=actor).to_json()
 
-    @app.post("/v1/workflows/{wid}/notes/rejected/{rid}/restore")
+    @app.post("/v1/workflows/{wid}/notes/rejected/{rid}/restore", response_model=UnrejectedAnswer)
     def notes_unreject(wid: str, rid: int, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return review_ops.restore_rejected(state.host, wid, rid, actor=actor).to_json()
@@ -1050,10 +1721,18 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     @app.get(
         EVENTS_PATH,
         response_class=StreamingResponse,
-        responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}},
+        responses={
+            200: {
+                "content": {"text/event-stream": {"schema": EVENT_SCHEMA}},
+                "description": "Server-Sent Events, each an event id, its type and its JSON",
+            }
+        },
     )
     async def events(
-        request: Request, since: str | None = None, follow: bool = True, actor: Principal = Actor
+        request: Request,
+        since: str | None = Query(None, json_schema_extra=_schema({"type": "string", "pattern": EVENT_ID})),
+        follow: bool = True,
+        actor: Principal = Actor,
     ) -> StreamingResponse:
         """The change feed: content-free notices (docs/daemon.md), each with ``id:``.
         Resumes after ``Last-Event-ID`` (or ``since``; the header wins); without
@@ -1100,23 +1779,23 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
 
     # -- the root's administration, for admins (the CLI's principals, audit and doctor) --
 
-    @app.get("/v1/principals")
+    @app.get("/v1/principals", response_model=PrincipalsAnswer)
     def principals(actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return principal_ops.listing(state.host, actor=actor).to_json()
 
-    @app.post("/v1/principals", status_code=201)
+    @app.post("/v1/principals", response_model=PrincipalChangedAnswer, status_code=201)
     def add_principal(body: AddPrincipalBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return principal_ops.add(state.host, body.id, uid=body.uid, login=body.login, kind=body.kind,
                                      admin=body.admin, label=body.label, actor=actor).to_json()  # fmt: skip
 
-    @app.post("/v1/principals/{pid}/token")
+    @app.post("/v1/principals/{pid}/token", response_model=TokenAnswer)
     def principal_token(pid: str, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return principal_ops.rotate_token(state.host, pid, actor=actor).to_json()
 
-    @app.post("/v1/principals/{pid}/{action}")
+    @app.post("/v1/principals/{pid}/{action}", response_model=PrincipalChangedAnswer)
     def change_principal(pid: str, action: str, body: ForceBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             if action == "enable":
@@ -1127,12 +1806,12 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
                 return principal_ops.remove(state.host, pid, force=body.force, actor=actor).to_json()
         raise NotFound(f"no principal action {action!r}", hint="actions: disable, enable, remove, token")
 
-    @app.get("/v1/audit")
+    @app.get("/v1/audit", response_model=AuditAnswer)
     def audit(offset: int = 0, actor: Principal = Actor) -> JsonObject:
         # The log is append-only and read by offset: no state lock needed.
         return admin.audit_chunk(state.host, offset=offset, actor=actor).to_json()
 
-    @app.get("/v1/doctor")
+    @app.get("/v1/doctor", response_model=DoctorAnswer)
     def doctor(workflow: str | None = None, actor: Principal = Actor) -> JsonObject:
         if not actor.enabled_admin:
             raise PermissionDenied(

@@ -68,6 +68,7 @@ class ToolSpec:
     description: str
     args: tuple[Arg, ...]
     needs: str  # "always", "read" (an available source), "write" (a writable source)
+    output: dict[str, Any]  # the JSON schema of its structuredContent (OUTPUTS)
 
     def input_schema(self) -> dict[str, Any]:
         props = {a.name: {"type": "string" if a.kind is str else "integer", "description": a.description}
@@ -76,10 +77,59 @@ class ToolSpec:
                 "additionalProperties": False}  # fmt: skip
 
 
+def _object(required: dict[str, Any], optional: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"type": "object", "properties": {**required, **(optional or {})}, "required": list(required)}
+
+
+_STR, _INT, _BOOL = {"type": "string"}, {"type": "integer"}, {"type": "boolean"}
+_STR_OR_NULL = {"type": ["string", "null"]}
+#: Where a result came from (:func:`provenance`): the label fields only for an attached alias.
+_PROVENANCE = _object(
+    {"alias": _STR, "trust": _STR}, {"source_workflow": _STR_OR_NULL, "label": _STR_OR_NULL}
+)
+#: Each tool's structuredContent, the CLI's ``--json`` of its operation (README "Agents' file tools over MCP").
+OUTPUTS: dict[str, dict[str, Any]] = {
+    "kb_sources": _object({
+        "session_id": _STR_OR_NULL, "effective_kb_access": _STR_OR_NULL,
+        "sources": {"type": "array", "items": _object({
+            "alias": _STR_OR_NULL, "workflow_id": _STR_OR_NULL, "label": _STR_OR_NULL, "access": _STR_OR_NULL,
+            "available": {"type": ["boolean", "null"]}, "reason": _STR_OR_NULL, "message": _STR_OR_NULL,
+            "writable": _BOOL})},
+    }),
+    "kb_list": _object({
+        "workflow_id": _STR, "alias": _STR_OR_NULL, "path": _STR, "truncated": _BOOL, "next": _STR_OR_NULL,
+        "entries": {"type": "array", "items": _object(
+            {"name": _STR, "type": {"enum": ["file", "dir", "symlink", "other"]}},
+            {"contributed_by": _STR_OR_NULL})},
+        "provenance": _PROVENANCE,
+    }),
+    "kb_read": _object({
+        "workflow_id": _STR, "alias": _STR_OR_NULL, "path": _STR, "size": _INT,
+        "encoding": {"enum": ["utf-8", "base64"]}, "content": _STR, "provenance": _PROVENANCE,
+    }),
+    "kb_search": _object({
+        "session_id": _STR, "query": _STR, "dropped_by_gate": _INT,
+        "hits": {"type": "array", "items": _object({
+            "alias": _STR_OR_NULL, "workflow_id": _STR, "relpath": _STR, "title": _STR, "snippet": _STR,
+            "score": {"type": "number"}, "modified_at": _STR, "contributed_by_workflow": _STR_OR_NULL,
+            "review": {"enum": ["own", "unreviewed", "approved"]},
+            "trust": {"enum": ["own", "source", "contributed-unreviewed", "contributed-approved"]}})},
+    }, {"dropped_by_roots": {**_INT, "description": "hits outside the client's roots, dropped"}}),
+    "kb_check": _object({"allowed": _BOOL, "reason": _STR}),
+    "kb_write_note": _object({
+        "workflow_id": _STR, "alias": _STR, "path": _STR, "bytes": _INT,
+        "version": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}, "provenance": _PROVENANCE,
+    }),
+}  # fmt: skip
+
 _ALIAS = Arg("alias", str, True, "the source's alias in this session (see kb_sources)")
 TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
-        "kb_sources", "The session's knowledge-base sources, each with its status and reason.", (), "always"
+        "kb_sources",
+        "The session's knowledge-base sources, each with its status and reason.",
+        (),
+        "always",
+        OUTPUTS["kb_sources"],
     ),
     ToolSpec(
         "kb_list",
@@ -90,12 +140,14 @@ TOOLS: tuple[ToolSpec, ...] = (
             Arg("after", str, False, "the previous page's `next`: list the names after it"),
         ),
         "read",
+        OUTPUTS["kb_list"],
     ),
     ToolSpec(
         "kb_read",
         "Read one file of a source's knowledge base (same caps and refusals as `kbd read`).",
         (_ALIAS, Arg("relpath", str, True, "file relative to the KB root, e.g. notes/fact.md")),
         "read",
+        OUTPUTS["kb_read"],
     ),
     ToolSpec(
         "kb_search",
@@ -106,12 +158,14 @@ TOOLS: tuple[ToolSpec, ...] = (
             Arg("limit", int, False, "at most this many hits"),
         ),
         "read",
+        OUTPUTS["kb_search"],
     ),
     ToolSpec(
         "kb_check",
         "May this session read or write PATH? (the same answer as `kbd check`)",
         (Arg("path", str, True, "an absolute host path"), Arg("mode", str, True, "'read' or 'write'")),
         "always",
+        OUTPUTS["kb_check"],
     ),
     ToolSpec(
         "kb_write_note",
@@ -123,6 +177,7 @@ TOOLS: tuple[ToolSpec, ...] = (
             Arg("expected_version", str, False, "the version you last read, or 'none' for a new note"),
         ),
         "write",
+        OUTPUTS["kb_write_note"],
     ),
 )
 BY_NAME = {t.name: t for t in TOOLS}
@@ -172,11 +227,16 @@ def parse_args(spec: ToolSpec, arguments: Mapping[str, Any] | None) -> dict[str,
         )
     out: dict[str, Any] = {}
     for a in spec.args:
-        if a.name not in given or given[a.name] is None:
+        if a.name not in given or (a.required and given[a.name] is None):
             if a.required:
                 raise InvalidInput(f"{spec.name}: argument {a.name!r} is required", hint=a.description)
             continue
         value = given[a.name]
+        if value is None:
+            # The input schema says its type, not null: leave the argument out instead.
+            want = "a string" if a.kind is str else "an integer"
+            raise InvalidInput(f"{spec.name}: argument {a.name!r} must be {want}, got null",
+                               hint=f"{a.description}; leave it out for the default")  # fmt: skip
         # bool is an int in Python; JSON true is not a limit.
         if not isinstance(value, a.kind) or isinstance(value, bool):
             want = "a string" if a.kind is str else "an integer"
@@ -482,9 +542,10 @@ def serve(via: Backend, sid: str, as_: str | None) -> None:
 
     try:
         import mcp_types as types
-        from mcp import MCPDeprecationWarning
+        from mcp import MCPDeprecationWarning, MCPError
         from mcp.server.lowlevel import NotificationOptions, Server
         from mcp.server.stdio import stdio_server
+        from mcp_types import INVALID_PARAMS
     except ImportError as exc:  # the SDK is the `mcp` extra (pyproject.toml)
         raise Unavailable(
             f"kbd mcp needs the MCP SDK, which is not installed with this kbd (no module {exc.name!r})",
@@ -533,9 +594,14 @@ def serve(via: Backend, sid: str, as_: str | None) -> None:
 
     async def list_tools(_ctx: Any, _params: Any) -> types.ListToolsResult:
         return types.ListToolsResult(tools=[types.Tool(name=t.name, description=t.description,
-                                                       input_schema=t.input_schema()) for t in session.tools()])  # fmt: skip
+                                                       input_schema=t.input_schema(), output_schema=t.output)
+                                            for t in session.tools()])  # fmt: skip
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        if params.name not in BY_NAME:
+            # No such tool is a protocol error (MCP "Tools", error handling), unlike a
+            # refusal by a tool that exists, which is the tool's own result.
+            raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {params.name[:100]!r}")
         try:
             await refresh_roots(ctx)
             text, structured = session.call(params.name, params.arguments)

@@ -82,6 +82,10 @@ class PreparedNote:
     how: str = (
         "write"  # the history's word for it: "command" for a staged shell write (docs/notes.md history)
     )
+    # HTTP's ``If-Match: *``: the note must exist now, at any version; ``If-None-Match: *``:
+    # it must not (README "HTTP API"). Both with ``expected``, as preconditions that must all hold.
+    must_exist: bool = False
+    must_not_exist: bool = False
 
     def refuse(self, err: KbdError) -> KbdError:
         self.host.audit("note_refused", session=self.sid, workflow_id=self.consumer, alias=self.alias,
@@ -92,7 +96,8 @@ class PreparedNote:
 
 def prepare(
     sessions: RootSessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor,
-    expected: str | None = None, how: str = "write", plan: Plan | None = None,
+    expected: str | None = None, how: str = "write", plan: Plan | None = None, must_exist: bool = False,
+    must_not_exist: bool = False,
 ) -> PreparedNote:  # fmt: skip
     """Everything but the gate and the write: the session's plan now, the grant,
     the name, the size, the text, and the provenance-stamped content.
@@ -102,7 +107,10 @@ def prepare(
     state lock); waits for no file lock and does no work proportional to the
     note beyond decoding it (the injection gate runs in :func:`commit`). Every
     refusal is audited. ``plan``: the session's plan as just looked up by the
-    caller (a staged commit looks it up once for all of a command's files)."""
+    caller (a staged commit looks it up once for all of a command's files).
+    ``must_exist``/``must_not_exist``: refuse (NoteVersionConflict) unless the
+    note exists, at whatever version (``If-Match: *``), or does not
+    (``If-None-Match: *``)."""
     host = sessions.host
     try:
         # A version string is decoded before the session is looked at: the
@@ -148,7 +156,8 @@ def prepare(
     # As its audit records name it: a principal's ID, the local operator's user name.
     principal = str(actor_fields(actor)["actor"])
     return PreparedNote(host, sid, plan.workflow_id, alias, relpath, att.workflow_id, att.path, att.kb_identity,
-                        tuple(parts), final, actor_fields(actor), text, expected, principal, how)  # fmt: skip
+                        tuple(parts), final, actor_fields(actor), text, expected, principal, how,
+                        must_exist, must_not_exist)  # fmt: skip
 
 
 def _current(notes_fd: int, note: PreparedNote) -> bytes | None:
@@ -161,13 +170,25 @@ def _current(notes_fd: int, note: PreparedNote) -> bytes | None:
     except PathNotFound:
         return None
     except KbdError:
-        if note.expected is not None:
+        if note.expected is not None or note.must_exist or note.must_not_exist:
             raise
         return None
 
 
 def _check_expected(note: PreparedNote, old: bytes | None) -> None:
-    """Refuse (NoteVersionConflict, 75) when the note is not at the version its writer expected."""
+    """Refuse (NoteVersionConflict, 75) when the note is not at the version its
+    writer expected, or does not exist when it must."""
+    if note.must_exist and old is None:
+        raise NoteVersionConflict(
+            f"notes/{'/'.join(note.parts)} in {note.source!r} does not exist (If-Match: * needs a current version)",
+            current=ABSENT,
+        )
+    if note.must_not_exist and old is not None:
+        current = version_of(old)
+        raise NoteVersionConflict(
+            f"notes/{'/'.join(note.parts)} in {note.source!r} exists, at version {current} (If-None-Match: *)",
+            current=current,
+        )
     if note.expected is None:
         return
     current = ABSENT if old is None else version_of(old)

@@ -17,11 +17,11 @@ def test_framework_refusals_are_tree_errors(kb: KbRoot) -> None:
         client = daemon.client()
         r = client.get("/v1/no-such-route")
         assert (r.status_code, r.json()["error"]["code"]) == (NotFound.http_status, NotFound.code), r.text
-        # /v1/health is GET only: 405 with the Allow header RFC 9110 requires.
+        # /v1/health is GET (and HEAD) only: 405 with the Allow header RFC 9110 requires.
         r = client.delete("/v1/health")
         assert r.status_code == MethodNotAllowed.http_status == 405, r.text
         assert r.json()["error"]["code"] == MethodNotAllowed.code == "method-not-allowed", r.text
-        assert r.headers.get("allow") == "GET", r.headers
+        assert r.headers.get("allow") == "GET, HEAD", r.headers
         r = client.post("/v1/sessions/s_x/notes", content=b"x" * (MAX_BODY_BYTES + 1))
         expected = PayloadTooLarge(f"request body over {MAX_BODY_BYTES} bytes")
         assert (r.status_code, r.json()) == (expected.http_status, {"error": expected.to_dict()}), r.text
