@@ -162,11 +162,6 @@ SEARCH_QUERY = {"type": "string", "format": "kbd-search-query", "minLength": 1, 
                 "description": f"1 to {MAX_QUERY_TERMS} words (runs of Unicode letters, digits and '_')"}  # fmt: skip
 
 
-class Strict(BaseModel):
-    """A request body: no unknown field, and only Unicode text in any field,
-    nested ones included (docs/api.md "Malformed requests": checked before anything else)."""
-
-
 def _schema(
     schema: dict[str, Any], *, nullable: bool = False, required: bool = False
 ) -> Callable[[dict[str, Any]], None]:
@@ -189,12 +184,12 @@ def _schema(
     return replace
 
 
-# What the operations accept as a name, as string formats (README "HTTP API"):
+# What the operations accept as a name, as string formats (docs/api.md "Malformed requests"):
 # the rules are Unicode categories, which a pattern could only spell as
 # thousands of ranges; each format's description says them.
 ID_FORMAT = {"type": "string", "format": "kbd-id", "minLength": 1, "maxLength": MAX_ID_LEN,
              "not": {"enum": [".", ".."]},
-             "description": "a workflow or principal ID (DESIGN §2): no control (Cc), format (Cf), line or "
+             "description": "a workflow or principal ID (docs/on-disk.md): no control (Cc), format (Cf), line or "
                             "paragraph separator (Zl, Zp) or whitespace character, no '/' or '\\', not '.' or '..'"}  # fmt: skip
 NEW_WORKFLOW_FORMAT = {**ID_FORMAT, "format": "kbd-new-workflow-id", "pattern": "^[^.]",
                        "description": "an ID (kbd-id) that does not start with '.' and is printable "
@@ -209,7 +204,7 @@ REQUIRED = "x-kbd-required"
 
 def _tagged(answer: JsonObject, version: str, known: str | None, response: Response) -> JsonObject | Response:
     """A read whose strong ETag is the version of the bytes it holds (the
-    note's version, README "Note history"): 304 without content when
+    note's version, docs/notes.md "Note history"): 304 without content when
     If-None-Match names it or is ``*`` (RFC 9110 §13.1.2), else the answer."""
     tag = f'"{version}"'
     if known is not None:
@@ -239,7 +234,7 @@ EVENT_SCHEMA = {"type": "object", "required": ["id", "event", "data"],
 class Strict(BaseModel):
     """A request body: no unknown field, every field of its declared JSON type
     (``"yes"`` is not a boolean, ``0`` neither), and only Unicode text in any
-    field, nested ones included (README "HTTP API": checked before anything else)."""
+    field, nested ones included (docs/api.md "Malformed requests": checked before anything else)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -525,7 +520,7 @@ class ErrorResponse(BaseModel):
 
 # Each route's answer as /openapi.json documents it. These describe, and never
 # re-serialise: the route answers its operation's ``to_json()`` as the CLI's
-# ``--json`` prints it (README "HTTP API"), checked against these by the
+# ``--json`` prints it (docs/api.md "Malformed requests"), checked against these by the
 # property-based API test (tests/integration/test_api_schema.py).
 
 
@@ -1105,7 +1100,7 @@ def allowed_methods(app: ASGIApp, scope: Scope) -> str:
 
 
 #: ``Authorization: Bearer <token>``, as /openapi.json declares it; a peer whose
-#: uid principals.yaml maps needs no header (README "HTTP API").
+#: uid principals.yaml maps needs no header (docs/api.md "Malformed requests").
 BEARER = HTTPBearer(
     scheme_name="bearer", auto_error=False,
     description="a principal's token (kbd principals token); without the header, the socket peer's uid "
@@ -1262,8 +1257,8 @@ class _Route(APIRoute):
 
 
 class _Api(FastAPI):
-    """The application, whose /openapi.json says what the server does (README
-    "HTTP API"): a refused request is a 400 with the error envelope, never the
+    """The application, whose /openapi.json says what the server does (docs/api.md "Malformed requests"): a
+    refused request is a 400 with the error envelope, never the
     framework's 422, and every route but health needs the bearer scheme (or the
     peer's uid on the socket, which OpenAPI cannot name)."""
 

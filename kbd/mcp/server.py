@@ -11,7 +11,7 @@ The decisions (which tools a plan allows, what the arguments mean, how a
 result is rendered) are pure functions below; the MCP SDK is touched only in
 :func:`serve`, imported there because it is heavy and only ``kbd mcp`` needs it.
 It is an extra (``pip install 'kbd[mcp]'``): without it ``kbd mcp`` exits 69
-naming the extra (README "Agents' file tools over MCP").
+naming the extra (docs/mcp.md).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ _STR_OR_NULL = {"type": ["string", "null"]}
 _PROVENANCE = _object(
     {"alias": _STR, "trust": _STR}, {"source_workflow": _STR_OR_NULL, "label": _STR_OR_NULL}
 )
-#: Each tool's structuredContent, the CLI's ``--json`` of its operation (README "Agents' file tools over MCP").
+#: Each tool's structuredContent, the CLI's ``--json`` of its operation (docs/mcp.md).
 OUTPUTS: dict[str, dict[str, Any]] = {
     "kb_sources": _object({
         "session_id": _STR_OR_NULL, "effective_kb_access": _STR_OR_NULL,

@@ -83,7 +83,7 @@ class PreparedNote:
         "write"  # the history's word for it: "command" for a staged shell write (docs/notes.md history)
     )
     # HTTP's ``If-Match: *``: the note must exist now, at any version; ``If-None-Match: *``:
-    # it must not (README "HTTP API"). Both with ``expected``, as preconditions that must all hold.
+    # it must not (docs/api.md "Malformed requests"). Both with ``expected``, as preconditions that must all hold.
     must_exist: bool = False
     must_not_exist: bool = False
 

@@ -1,6 +1,6 @@
 """Schemathesis hooks for tests/integration/test_api_schema.py (loaded by the
 ``st`` process through its ``hooks`` setting): strategies for the string
-formats /openapi.json names (README "HTTP API"), each drawing only what the
+formats /openapi.json names (docs/api.md "Malformed requests"), each drawing only what the
 operations' own checks accept, so a "valid" example is valid to the server."""
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ schemathesis.openapi.format(
 
 @schemathesis.hook
 def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
-    """The change feed follows until its client leaves (README "The change
-    feed"): asked to follow, it is asked for its bounded replay instead
+    """The change feed follows until its client leaves (docs/daemon.md "The change feed"): asked to follow, it
+    is asked for its bounded replay instead
     (``follow=false``), any other value of ``follow`` stays as generated."""
     del context, kwargs
     query = case.query if isinstance(case.query, dict) else {}

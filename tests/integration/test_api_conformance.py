@@ -1,5 +1,5 @@
 """The HTTP API says what it does and does what HTTP says, on the REAL daemon
-over its Unix socket (README "HTTP API"): documented answers and security,
+over its Unix socket (docs/api.md "Malformed requests"): documented answers and security,
 the 400 envelope instead of 422, the limits the server enforces, strict body
 types, ``Allow`` on every 405, ``HEAD``, ``WWW-Authenticate`` on 401,
 ``If-Match: *`` and ``If-None-Match: *`` on note writes, and strong ETags

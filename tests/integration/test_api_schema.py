@@ -3,7 +3,7 @@ the REAL daemon from the daemon's own ``/openapi.json`` with every check it
 has, in every phase (examples, coverage, fuzzing, stateful): answers conform
 to the documented schemas, statuses and headers, what the schema calls valid
 is accepted, what it calls invalid is refused, credentials are required where
-declared, undocumented methods answer 405 with ``Allow`` (README "HTTP API").
+declared, undocumented methods answer 405 with ``Allow`` (docs/api.md "Malformed requests").
 
 Schemathesis speaks TCP; the daemon listens only on its Unix socket. A small
 relay in this test (:class:`Relay`) carries each connection's bytes to the
@@ -81,7 +81,7 @@ def test_the_daemon_does_what_its_schema_says(tmp_path: Path) -> None:
     session: admin routes and workflow creation answer 403, the rest is
     decided by what each request names. (Rules that depend on a named
     workflow's contents, such as a path inside its KB or a grant to itself,
-    are checked once it is found, README "HTTP API"; OpenAPI cannot state
+    are checked once it is found, docs/api.md "Malformed requests"; OpenAPI cannot state
     them, and a tester that creates workflows would meet them as 400s.) This
     process's uid is no principal's: without the token a request is
     unauthenticated, as the schema says."""

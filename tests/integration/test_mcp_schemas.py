@@ -1,6 +1,5 @@
 """``kbd mcp`` as the MCP specification's "Tools" section asks, through the
-real SDK client and a real server process (README "Agents' file tools over
-MCP"): every tool declares an ``outputSchema`` and every result's
+real SDK client and a real server process (docs/mcp.md): every tool declares an ``outputSchema`` and every result's
 ``structuredContent`` conforms to it (checked here with ``jsonschema``, not only
 by the SDK), its text is that content's JSON (retrieved text excepted: it is
 fenced data), an unknown tool is the protocol error ``-32602`` and a ``null``
@@ -18,11 +17,11 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped]  # (
 from mcp import MCPError
 from mcp.client.session import ClientSession
 
-from kbd.mcp_server import OUTPUTS, TOOLS
+from kbd.mcp.server import OUTPUTS, TOOLS
 from tests.integration.daemon import issue_tokens, serving
 from tests.integration.test_mcp import ALL_TOOLS, _call, _drive, _text, _world
 
-#: Tools whose text is fenced data for the model, not the JSON of their content (README "Retrieved text is data").
+#: Tools whose text is fenced data for the model, not the JSON of their content (docs/mcp.md "Rules").
 FENCED = {"kb_read", "kb_search"}
 
 
