@@ -183,7 +183,7 @@ def test_exec_grammar_refusals(args: list[str], message: str) -> None:
 def test_the_click_command_is_a_thin_delegator(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No second parser: the click command hands its raw arguments, untouched, to
     the one grammar (what that grammar answers is checked above, on both paths)."""
-    from kbd.cli import commands as cli
+    from kbd.cli import app, commands
 
     seen: list[list[str]] = []
 
@@ -191,8 +191,8 @@ def test_the_click_command_is_a_thin_delegator(monkeypatch: pytest.MonkeyPatch, 
         seen.append(list(args))
         raise UsageError("spied")
 
-    monkeypatch.setattr(cli, "parse_exec", spy)
+    monkeypatch.setattr(app, "parse_exec", spy)  # ExecCommand's one parse
     argv = ["S", "--cwd", "d", "--weird", "--", "ls", "--as", "x"]
     with pytest.raises(SystemExit) as info:
-        cli.run(["--root", str(tmp_path), "exec", *argv])
+        commands.run(["--root", str(tmp_path), "exec", *argv])
     assert (info.value.code, seen) == (2, [argv])
