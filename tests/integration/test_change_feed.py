@@ -260,7 +260,15 @@ def test_kbd_writes_through_api_and_cli_are_delivered_with_ids(world: World) -> 
     alice.request("DELETE", f"/v1/workflows/{con}/sources/rts")
     alice.request("POST", f"/v1/workflows/{src}/writers", json={"workflow_id": con})
     got = sub.until(lambda e: e["type"] == "writers.changed")
-    mine = [(e["type"], e.get("workflow_id"), e.get("session_id")) for e in got]
+    # The detach changes the plan of the CLI's open builder session: whether its
+    # session.plan_changed comes here depends on whether the daemon had read the
+    # CLI's session.opened from the shared log by then (a loaded host: not
+    # always). Pushed plan changes are tested in test_live.py.
+    mine = [
+        (e["type"], e.get("workflow_id"), e.get("session_id"))
+        for e in got
+        if e["type"] != "session.plan_changed"
+    ]
     assert mine == [
         ("session.opened", con, sid),
         ("session.opened", con, cli_sid),  # appended by the CLI process, delivered by the daemon
