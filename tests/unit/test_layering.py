@@ -86,6 +86,16 @@ def _module_file(name: str) -> Path | None:
     return None
 
 
+def _from_base(node: ast.ImportFrom, package: str) -> str:
+    """The module a ``from … import`` names, relative imports resolved in ``package``."""
+    base = node.module or ""
+    if node.level:
+        parts = package.split(".")
+        parent = ".".join(parts[: len(parts) - node.level + 1])
+        base = f"{parent}.{base}" if base else parent
+    return base
+
+
 def imports_of(source: str, *, module: str, is_package: bool = False) -> set[str]:
     """Every module ``source`` imports, at any depth (functions, classes, try
     blocks), except under ``if TYPE_CHECKING:``. ``importlib.import_module`` and
@@ -101,11 +111,7 @@ def imports_of(source: str, *, module: str, is_package: bool = False) -> set[str
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                parent = ".".join(parts[: len(parts) - node.level + 1])
-                base = f"{parent}.{base}" if base else parent
+            base = _from_base(node, package)
             found.add(base)
             # `from kbd import audience` imports the module kbd.core.audience.
             found.update(f"{base}.{a.name}" for a in node.names if _module_file(f"{base}.{a.name}"))
@@ -283,11 +289,7 @@ def kbd_imports_in(source: str, *, module: str, is_package: bool = False) -> set
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                parent = ".".join(parts[: len(parts) - node.level + 1])
-                base = f"{parent}.{base}" if base else parent
+            base = _from_base(node, package)
             names = [base, *(f"{base}.{a.name}" for a in node.names)]
         found.update(n for n in names if n.split(".")[0] == "kbd" and _module_file(n) is not None)
     return found - {module}
