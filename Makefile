@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEMO_ROOT ?= .demo
 
-.PHONY: venv demo mcp-example check test lint typecheck unit security bench nightly screenshots clean
+.PHONY: venv demo mcp-example check test lint typecheck unit security bench nightly screenshots clean man
 
 # An editable install in setuptools' `compat` mode: one static .pth line (this
 # folder) instead of the import-hook finder of the default mode, whose imports
@@ -75,6 +75,10 @@ nightly: venv
 bench: venv
 	$(BIN)/python -m compileall -q kbd >/dev/null
 	for b in paths registry sessions api api_load event_flood access_log exec cli notes gate live import search mcp_read; do echo; $(BIN)/python bench/$$b.py || exit 1; done
+
+# Man pages from the CLI's own definitions (kbd/cli/manpages.py), into build/man/ (never committed).
+man: venv
+	$(BIN)/python scripts/man.py build/man
 
 clean:
 	rm -rf $(VENV) $(DEMO_ROOT) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info .coverage .coverage.*
