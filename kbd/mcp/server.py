@@ -28,6 +28,7 @@ from kbd import ops
 from kbd.core.identifiers import one_line
 from kbd.core.knowledge import MAX_LIMIT, check_limit
 from kbd.core.layout import KB_DIR
+from kbd.core.plan import Origin
 from kbd.core.strict import is_unicode
 from kbd.errors import (
     InvalidInput,
@@ -202,10 +203,23 @@ def _writable(plan: JsonObject, source: JsonObject) -> bool:
     (origin ``kb_write:ALIAS``) decides, not the attachment's ``write`` status:
     a writer grant from the source's owner does not make its notes/ writable in
     a kind that never writes sources (builder, kb_maintenance) or a read plan."""
-    origin = f"kb_write:{source.get('alias')}"
-    grants = [g for g in plan.get("grants", []) if isinstance(g, dict)]
-    return bool(source.get("available")) and any(g.get("mode") == "write" and g.get("origin") == origin
-                                                 for g in grants)  # fmt: skip
+    alias = source.get("alias")
+    if not (source.get("available") and isinstance(alias, str)):
+        return False
+    wanted = Origin("kb_write", alias)
+    return any(
+        g.get("mode") == "write" and _origin(g) == wanted
+        for g in plan.get("grants", [])
+        if isinstance(g, dict)
+    )
+
+
+def _origin(grant: JsonObject) -> Origin | None:
+    """A grant's origin, read with the plan's own parser (None: not one)."""
+    try:
+        return Origin.parse(str(grant.get("origin")))
+    except ValueError:
+        return None
 
 
 def allowed_tools(plan: JsonObject) -> tuple[ToolSpec, ...]:
