@@ -293,32 +293,18 @@ def _exit_code(main: Callable[[], None]) -> int:
     return 0
 
 
-_HOLD_NOTES = """
-import os, sys
-from pathlib import Path
-from kbd.fs.notes import notes_lock
-fd = os.open(sys.argv[2], os.O_RDONLY | os.O_DIRECTORY)
-with notes_lock(Path(sys.argv[1]), fd, timeout=5, who={"workflow": "holder"}):
-    print("ready", flush=True)
-    sys.stdin.read()
-"""
-
-
 @contextlib.contextmanager
 def holding_notes_mutex(kb: KbRoot, workflow: str) -> Iterator[None]:
-    """A real process holds WORKFLOW's notes mutex for the duration."""
-    notes = kb.workflows / workflow / "knowledgebase" / "notes"
-    with subprocess.Popen(
-        [sys.executable, "-c", _HOLD_NOTES, str(kb.root / "state"), str(notes)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-    ) as holder:  # fmt: skip
-        assert holder.stdin is not None and holder.stdout is not None
-        try:
-            assert holder.stdout.readline() == b"ready\n", "the holder never took the mutex"
+    """This process holds WORKFLOW's notes mutex for the duration (the real lock:
+    every daemon and ``kbd exec`` under test is another process)."""
+    from kbd.fs.notes import notes_lock
+
+    notes = os.open(kb.workflows / workflow / "knowledgebase" / "notes", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with notes_lock(kb.root / "state", notes, timeout=5, who={"workflow": "holder"}):
             yield
-        finally:
-            holder.stdin.close()
-            holder.wait(timeout=30)
+    finally:
+        os.close(notes)
 
 
 @contextlib.contextmanager

@@ -28,8 +28,7 @@ import pytest
 from kbd.daemon.limits import HEADER_TIMEOUT, MAX_CONNECTIONS_PER_UID
 from kbd.daemon.routes import STATE_LOCK_WAIT
 from kbd.fs.locks import held
-from kbd.fs.notes import notes_lock
-from tests.helpers import PRINCIPALS, KbRoot
+from tests.helpers import PRINCIPALS, KbRoot, holding_notes_mutex
 from tests.integration.daemon import Daemon, issue_tokens, serving
 from tests.integration.loads import half_open_flood, in_threads, index_reads, note_posts, timed
 from tests.waiting import wait_for
@@ -116,18 +115,13 @@ def test_half_open_flood_from_another_uid_does_not_starve_others(setup: Setup) -
 
 
 def test_note_posts_waiting_on_a_held_notes_mutex_do_not_starve_others(setup: Setup) -> None:
-    state_dir = setup.kb.host().config.state_dir
-    notes = os.open(setup.kb.workflows / "src" / "knowledgebase" / "notes", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        with notes_lock(state_dir, notes, timeout=5, who={"workflow": "holder"}):
-            before = setup.daemon_fds()
-            load = note_posts(setup.client, setup.sid, "rts", 50)
-            # Every POST has reached the daemon: answered already, or a connection it holds open.
-            wait_for(lambda: len(load.answers) + setup.daemon_fds() - before >= 50, 30,
-                     "the 50 note POSTs to reach the daemon", detail=lambda: (len(load.answers), setup.daemon_fds()))  # fmt: skip
-            setup.answered_quickly()
-    finally:
-        os.close(notes)
+    with holding_notes_mutex(setup.kb, "src"):
+        before = setup.daemon_fds()
+        load = note_posts(setup.client, setup.sid, "rts", 50)
+        # Every POST has reached the daemon: answered already, or a connection it holds open.
+        wait_for(lambda: len(load.answers) + setup.daemon_fds() - before >= 50, 30,
+                 "the 50 note POSTs to reach the daemon", detail=lambda: (len(load.answers), setup.daemon_fds()))  # fmt: skip
+        setup.answered_quickly()
     answers = load.join()
     statuses = sorted(r.status_code if isinstance(r, httpx.Response) else repr(r) for r in answers)
     assert set(statuses) <= {201, 503}, statuses
