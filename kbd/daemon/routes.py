@@ -411,14 +411,6 @@ class RestoreBody(Strict):
     )
 
 
-def _expected(header: str | None, body: str | None) -> str | None:
-    """The version a note write expects: ``If-Match`` or the body's
-    ``expected_version`` (the CLI's), never two that differ."""
-    if header is not None and body is not None and header.strip().strip('"') != body.strip().strip('"'):
-        raise UsageError("If-Match and expected_version name different versions; give one")
-    return header if header is not None else body
-
-
 class RevokeBody(Strict):
     immediate: bool = False
 
@@ -1636,7 +1628,8 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         data = body.data()
         # If-Match: * asks for any current version, If-None-Match: * for none (RFC 9110 §13.1.1-2).
         must_exist = if_match is not None and if_match.strip() == "*"
-        expected = _expected(None if must_exist else if_match, body.expected_version)
+        # If-Match and the body's expected_version (the CLI's) are both preconditions: each must hold.
+        expected = None if must_exist else if_match
         if if_none_match is not None and if_none_match.strip() != "*":
             raise UsageError(f"If-None-Match on a note write takes only *, not {if_none_match[:80]!r}",
                              hint="name the version you expect with If-Match")  # fmt: skip
@@ -1647,7 +1640,8 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
             with state.locked():
                 return note_ops.prepare(state.sessions, sid, body.alias, body.path, data, actor=actor,
                                         expected=expected, must_exist=must_exist,
-                                        must_not_exist=if_none_match is not None)  # fmt: skip
+                                        must_not_exist=if_none_match is not None,
+                                        also_expected=body.expected_version)  # fmt: skip
 
         state.notes_in_flight += 1
         try:

@@ -86,6 +86,9 @@ class PreparedNote:
     # it must not (docs/api.md "Malformed requests"). Both with ``expected``, as preconditions that must all hold.
     must_exist: bool = False
     must_not_exist: bool = False
+    # A second version the note must be at (the API's body ``expected_version`` beside an
+    # ``If-Match`` header): every precondition given must hold, so two that differ never do.
+    also_expected: str | None = None
 
     def refuse(self, err: KbdError) -> KbdError:
         self.host.audit("note_refused", session=self.sid, workflow_id=self.consumer, alias=self.alias,
@@ -97,7 +100,7 @@ class PreparedNote:
 def prepare(
     sessions: RootSessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor,
     expected: str | None = None, how: str = "write", plan: Plan | None = None, must_exist: bool = False,
-    must_not_exist: bool = False,
+    must_not_exist: bool = False, also_expected: str | None = None,
 ) -> PreparedNote:  # fmt: skip
     """Everything but the gate and the write: the session's plan now, the grant,
     the name, the size, the text, and the provenance-stamped content.
@@ -110,7 +113,8 @@ def prepare(
     caller (a staged commit looks it up once for all of a command's files).
     ``must_exist``/``must_not_exist``: refuse (NoteVersionConflict) unless the
     note exists, at whatever version (``If-Match: *``), or does not
-    (``If-None-Match: *``)."""
+    (``If-None-Match: *``). ``also_expected``: one more version the note must be
+    at, checked like ``expected`` (all preconditions must hold)."""
     host = sessions.host
     try:
         # A version string is decoded before the session is looked at: the
@@ -119,6 +123,9 @@ def prepare(
             expected = parse_version(
                 expected, field="the expected version (--expected-version, If-Match)", allow_absent=True
             )
+        if also_expected is not None:
+            also_expected = parse_version(also_expected, field="the expected version (expected_version)",
+                                          allow_absent=True)  # fmt: skip
         if plan is None:
             plan = sessions.plan(sid, actor=actor)
     except KbdError as err:
@@ -157,7 +164,7 @@ def prepare(
     principal = str(actor_fields(actor)["actor"])
     return PreparedNote(host, sid, plan.workflow_id, alias, relpath, att.workflow_id, att.path, att.kb_identity,
                         tuple(parts), final, actor_fields(actor), text, expected, principal, how,
-                        must_exist, must_not_exist)  # fmt: skip
+                        must_exist, must_not_exist, also_expected)  # fmt: skip
 
 
 def _current(notes_fd: int, note: PreparedNote) -> bytes | None:
@@ -170,7 +177,12 @@ def _current(notes_fd: int, note: PreparedNote) -> bytes | None:
     except PathNotFound:
         return None
     except KbdError:
-        if note.expected is not None or note.must_exist or note.must_not_exist:
+        if (
+            note.expected is not None
+            or note.also_expected is not None
+            or note.must_exist
+            or note.must_not_exist
+        ):
             raise
         return None
 
@@ -189,14 +201,13 @@ def _check_expected(note: PreparedNote, old: bytes | None) -> None:
             f"notes/{'/'.join(note.parts)} in {note.source!r} exists, at version {current} (If-None-Match: *)",
             current=current,
         )
-    if note.expected is None:
-        return
     current = ABSENT if old is None else version_of(old)
-    if current != note.expected:
-        raise NoteVersionConflict(
-            f"notes/{'/'.join(note.parts)} in {note.source!r} is at version {current}, not {note.expected}",
-            current=current,
-        )
+    for wanted in (note.expected, note.also_expected):
+        if wanted is not None and current != wanted:
+            raise NoteVersionConflict(
+                f"notes/{'/'.join(note.parts)} in {note.source!r} is at version {current}, not {wanted}",
+                current=current,
+            )
 
 
 def _record(note: PreparedNote, old: bytes | None, path: str, kb_fd: int) -> None:

@@ -236,6 +236,28 @@ def test_if_none_match_star_refuses_to_overwrite(world: World) -> None:
     assert message.startswith("If-None-Match on a note write takes only *"), message
 
 
+def test_if_match_and_expected_version_must_both_hold(world: World) -> None:
+    """If-Match and the body's expected_version are two preconditions, each
+    checked once the note is found: the same version passes, two that differ
+    can never both hold (412, nothing written), a session that does not exist
+    is 404 first (a schema-valid request is never a 400 for this)."""
+    alice = world.as_("alice")
+    notes = world.kb.workflows / "src" / "knowledgebase" / "notes"
+    body = {"alias": "src", "path": "both.md", "content": "# Both\nfirst\n"}
+    r = alice.post(f"/v1/sessions/{world.sid}/notes", json=body)
+    assert r.status_code == 201, r.text
+    first = r.json()["version"]
+    again = {**body, "content": "# Both\nsecond\n", "expected_version": first}
+    r = alice.post(f"/v1/sessions/{world.sid}/notes", json=again, headers={"If-Match": '"none"'})
+    _error(r, 412, "note-version-conflict")
+    assert r.headers["etag"] == f'"{first}"' and (notes / "both.md").read_text().endswith("first\n")
+    r = alice.post(f"/v1/sessions/s_{'0' * 20}/notes", json=again, headers={"If-Match": '"none"'})
+    assert r.status_code == 404, r.text
+    r = alice.post(f"/v1/sessions/{world.sid}/notes", json=again, headers={"If-Match": f'"{first}"'})
+    assert r.status_code == 201, r.text
+    assert (notes / "both.md").read_text().endswith("second\n")
+
+
 def test_reads_carry_a_strong_etag_and_honour_if_none_match(world: World) -> None:
     alice = world.as_("alice")
     tag = f'"{version(NOTE)}"'
