@@ -1628,8 +1628,8 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         data = body.data()
         # If-Match: * asks for any current version, If-None-Match: * for none (RFC 9110 §13.1.1-2).
         must_exist = if_match is not None and if_match.strip() == "*"
-        # If-Match and the body's expected_version (the CLI's) are both preconditions: each must hold.
-        expected = None if must_exist else if_match
+        # The body's expected_version (the CLI's) and If-Match are both preconditions: each must hold.
+        also = None if must_exist else if_match
         if if_none_match is not None and if_none_match.strip() != "*":
             raise UsageError(f"If-None-Match on a note write takes only *, not {if_none_match[:80]!r}",
                              hint="name the version you expect with If-Match")  # fmt: skip
@@ -1639,9 +1639,8 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         def prepare() -> note_ops.PreparedNote:
             with state.locked():
                 return note_ops.prepare(state.sessions, sid, body.alias, body.path, data, actor=actor,
-                                        expected=expected, must_exist=must_exist,
-                                        must_not_exist=if_none_match is not None,
-                                        also_expected=body.expected_version)  # fmt: skip
+                                        expected=body.expected_version, must_exist=must_exist,
+                                        must_not_exist=if_none_match is not None, also_expected=also)  # fmt: skip
 
         state.notes_in_flight += 1
         try:

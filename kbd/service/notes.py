@@ -124,8 +124,9 @@ def prepare(
                 expected, field="the expected version (--expected-version, If-Match)", allow_absent=True
             )
         if also_expected is not None:
-            also_expected = parse_version(also_expected, field="the expected version (expected_version)",
-                                          allow_absent=True)  # fmt: skip
+            also_expected = parse_version(
+                also_expected, field="the expected version (--expected-version, If-Match)", allow_absent=True
+            )
         if plan is None:
             plan = sessions.plan(sid, actor=actor)
     except KbdError as err:
@@ -218,8 +219,9 @@ def _record(note: PreparedNote, old: bytes | None, path: str, kb_fd: int) -> Non
     host = note.host
     store = store_for(host.config)
     who = Who(note.principal, note.sid, note.consumer)
+    expected = note.expected if note.expected is not None else note.also_expected  # both held: one is enough
     try:
-        store.record(note.source, path, note.data, how=note.how, who=who, expected=note.expected, found=old,
+        store.record(note.source, path, note.data, how=note.how, who=who, expected=expected, found=old,
                      present=functools.partial(in_kb, kb_fd))  # fmt: skip
     except (KbdError, OSError) as exc:
         host.audit("note_history_failed", source=note.source, path=path, reason=str(exc)[:300])

@@ -1087,7 +1087,9 @@ def test_note_history_if_match_and_routes(world: World, s: Scenario) -> None:
                                   headers={"If-Match": "W/abc"}), 400, "invalid-input")  # fmt: skip
     both = alice.post(url, json={"alias": "rts", "path": "h.md", "content": "x", "expected_version": v2},
                       headers={"If-Match": f'"{v1}"'})  # fmt: skip
-    world.error(both, 400, "usage")
+    # Two preconditions that name different versions cannot both hold: refused as one that fails.
+    assert both.status_code == 412 and both.json()["error"]["code"] == "note-version-conflict", both.text
+    assert both.json()["error"]["current_version"] == v2
     base = f"/v1/workflows/{s.src_id}/notes/history"
     got = world.as_("bob").get(base, params={"path": "notes/h.md"})  # a reader of src
     assert got.status_code == 200, got.text
