@@ -38,6 +38,7 @@ from kbd.client import Client
 from kbd.client.library import parse_sse
 from kbd.core.events import EVENT_FIELDS, parse_id
 from kbd.errors import InvalidInput, NotFound, SessionClosed, Unauthenticated, Unavailable
+from kbd.service.changefeed import QUEUE_SIZE
 from kbd.state.events import EventLog
 from tests.helpers import PRINCIPALS, KbRoot
 from tests.integration.daemon import Daemon, issue_tokens, serving, start
@@ -413,7 +414,17 @@ def test_a_slow_subscriber_whose_queue_overflows_gets_resync_then_continues(worl
     with EventLog(world.kb.root / "state", sync_interval=0) as log:
         events = log.append_many([("workflow.changed", wid, {})] * n)
     last = events[-1].id
-    fast.until(lambda e: e["id"] == last, timeout=60)  # the daemon has pushed the whole burst
+    # `slow` has overflowed once the daemon has pushed more than its queue plus
+    # what the socket and the transport buffer hold (< 300 KB, at 100+ bytes an
+    # event: < 3,000 events); `fast` shows how far the daemon has pushed. `slow`
+    # is read from then on, not only after the whole burst: a subscriber whose
+    # writes make no progress for WRITE_STALL_TIMEOUT is closed, and on a loaded
+    # host the whole burst can take longer than that.
+    # (`fast` may overflow too, as a test process parsing every event is slower
+    # than the daemon: it waits for any event at or past that one, resync included.)
+    overflowed = parse_id(events[QUEUE_SIZE + 3500].id)
+    fast.until(lambda e: (p := parse_id(e["id"])) is not None and overflowed is not None and p >= overflowed,
+               timeout=60)  # fmt: skip
     got = slow.until(lambda e: e["id"] == last, timeout=60)
     kinds = [e["type"] for e in got]
     assert "resync" in kinds, "the slow subscriber's queue never overflowed"

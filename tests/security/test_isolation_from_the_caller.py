@@ -104,7 +104,10 @@ def _command_pid(uid: int, marker: str, timeout: float = 30.0) -> int:
             nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
             uids = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
             if (
-                marker.encode() in cmdline
+                # The marker as a whole argument: the python3 the shell execs into,
+                # after it opened fd 3 (the shell before it carries the marker only
+                # inside its script argument).
+                marker.encode() in cmdline.split(b"\0")
                 and len(nspid) > 1
                 and int(uids[0]) == uid
                 and b"bwrap" not in cmdline
