@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import stat
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 from urllib.parse import quote
@@ -78,9 +79,50 @@ def check_names(op: Op) -> None:
     ``%00``, a NUL the daemon then named and audited)."""
     if not op.names_in_path:
         return
-    for field, what in NAMES.items():
-        if getattr(op, field, None) == "":
+    for name, what in NAMES.items():
+        if getattr(op, name, None) == "":
             raise UsageError(f"the {what} is empty", hint="name one; an empty name never exists")
+
+
+@dataclass(frozen=True)
+class Route:
+    """How an operation is asked through the API, spelled once for the client
+    (:meth:`Op.http`) and the daemon (:mod:`kbd.daemon.routes` serves the
+    operations of :data:`SERVED` from it; docs/architecture.md "Typed operations").
+
+    ``path``'s ``{names}`` are filled from the operation's fields (``fields``
+    maps a name to its field when they differ); ``body`` and ``query`` map each
+    wire key to the field it carries (a None value is left out; in the query a
+    True is ``true``, a False left out, a tuple joined with commas).
+    """
+
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
+    path: str
+    fields: Mapping[str, str] = field(default_factory=dict)
+    body: Mapping[str, str] | None = None
+    query: Mapping[str, str] = field(default_factory=dict)
+    status: int = 200
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The path's ``{names}``, in order."""
+        return tuple(_PLACEHOLDER.findall(self.path))
+
+    def field_of(self, name: str) -> str:
+        return self.fields.get(name, name)
+
+
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+
+
+def _query_value(value: object) -> str | None:
+    if value is None or value is False or value == ():
+        return None
+    if value is True:
+        return "true"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))  # aliases never hold a comma
+    return str(value)
 
 
 class Op:
@@ -89,12 +131,31 @@ class Op:
     actor_rule: ClassVar[ActorRule] = "mapped"
     #: Its names go into the API path (check_names); else into the query.
     names_in_path: ClassVar[bool] = True
+    #: How the API asks it (see :class:`Route`).
+    route: ClassVar[Route]
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
         raise NotImplementedError
 
     def http(self) -> Request:
-        raise NotImplementedError
+        """The API request that asks the daemon this operation, from :attr:`route`."""
+        route = self.route
+        path = _PLACEHOLDER.sub(lambda m: segment(str(getattr(self, route.field_of(m.group(1))))), route.path)
+        body: JsonObject | None = None
+        if route.body is not None:
+            body = {k: v for k, f in route.body.items() if (v := getattr(self, f)) is not None}
+        params = {k: v for k, f in route.query.items() if (v := _query_value(getattr(self, f))) is not None}
+        return Request(route.method, path, body, params or None)
+
+    @classmethod
+    def from_wire(cls, values: Mapping[str, object]) -> Op:
+        """The operation a request asks: ``values`` holds the path's names and
+        the body's keys (already checked by the daemon's body model)."""
+        route = cls.route
+        wire = {route.field_of(n): n for n in route.names}
+        wire.update({f: k for k, f in (route.body or {}).items()})
+        kwargs = {f: values[k] for f, k in wire.items() if k in values}
+        return cls(**kwargs)
 
 
 class DirectContext:
@@ -102,10 +163,11 @@ class DirectContext:
     why this process may not change it (None: it may), raised before the
     session store, which lives in the state it may not write, is opened."""
 
-    def __init__(self, root: Root, refusal: KbdError | None = None) -> None:
+    def __init__(self, root: Root, refusal: KbdError | None = None, *, sessions: RootSessions | None = None) -> None:
         self.root = root
         self.refusal = refusal
-        self._sessions: RootSessions | None = None
+        # The daemon's own session store (kbd.daemon.routes serves operations on it); else opened when first used.
+        self._sessions = sessions
 
     @property
     def sessions(self) -> RootSessions:
@@ -331,17 +393,19 @@ def _principal(actor: Actor) -> Principal:
 
 @dataclass(frozen=True)
 class WorkflowsList(Op):
+    route: ClassVar[Route] = Route("GET", "/v1/workflows")
+
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
         from kbd.service import workflows as _workflows
 
         return _workflows.list_workflows(ctx.root, actor=_principal(actor))
 
-    def http(self) -> Request:
-        return Request("GET", "/v1/workflows")
-
 
 @dataclass(frozen=True)
 class WorkflowCreate(Op):
+    route: ClassVar[Route] = Route(
+        "POST", "/v1/workflows", body={"workflow_id": "wf", "label": "label", "owner": "owner"}, status=201
+    )
     wf: str
     label: str | None
     owner: str | None
@@ -353,17 +417,10 @@ class WorkflowCreate(Op):
             ctx.root, self.wf, label=self.label, owner=self.owner, actor=_principal(actor)
         )
 
-    def http(self) -> Request:
-        body: JsonObject = {"workflow_id": self.wf}
-        if self.label is not None:
-            body["label"] = self.label
-        if self.owner is not None:
-            body["owner"] = self.owner
-        return Request("POST", "/v1/workflows", body)
-
 
 @dataclass(frozen=True)
 class WorkflowShow(Op):
+    route: ClassVar[Route] = Route("GET", "/v1/workflows/{wid}", {"wid": "wf"})
     wf: str
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
@@ -371,12 +428,10 @@ class WorkflowShow(Op):
 
         return _workflows.show(ctx.root, self.wf, actor=_principal(actor))
 
-    def http(self) -> Request:
-        return Request("GET", f"/v1/workflows/{segment(self.wf)}")
-
 
 @dataclass(frozen=True)
 class SourcesList(Op):
+    route: ClassVar[Route] = Route("GET", "/v1/workflows/{wid}/sources", {"wid": "wf"})
     wf: str
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
@@ -384,12 +439,16 @@ class SourcesList(Op):
 
         return _workflows.sources(ctx.root, self.wf, actor=_principal(actor))
 
-    def http(self) -> Request:
-        return Request("GET", f"/v1/workflows/{segment(self.wf)}/sources")
-
 
 @dataclass(frozen=True)
 class Attach(Op):
+    route: ClassVar[Route] = Route(
+        "POST",
+        "/v1/workflows/{wid}/sources",
+        {"wid": "wf"},
+        body={"workflow_id": "source", "alias": "alias", "access": "access"},
+        status=201,
+    )
     wf: str
     source: str
     alias: str
@@ -401,13 +460,10 @@ class Attach(Op):
         return _workflows.attach(ctx.root, self.wf, self.source, alias=self.alias, access=self.access,
                                  actor=_principal(actor))  # fmt: skip
 
-    def http(self) -> Request:
-        body = {"workflow_id": self.source, "alias": self.alias, "access": self.access}
-        return Request("POST", f"/v1/workflows/{segment(self.wf)}/sources", body)
-
 
 @dataclass(frozen=True)
 class Detach(Op):
+    route: ClassVar[Route] = Route("DELETE", "/v1/workflows/{wid}/sources/{alias}", {"wid": "wf"})
     wf: str
     alias: str
 
@@ -416,12 +472,15 @@ class Detach(Op):
 
         return _workflows.detach(ctx.root, self.wf, self.alias, actor=_principal(actor))
 
-    def http(self) -> Request:
-        return Request("DELETE", f"/v1/workflows/{segment(self.wf)}/sources/{segment(self.alias)}")
-
 
 @dataclass(frozen=True)
 class SetSources(Op):
+    route: ClassVar[Route] = Route(
+        "PUT",
+        "/v1/workflows/{wid}/sources",
+        {"wid": "wf"},
+        body={"sources": "sources", "expected_version": "expected_version"},
+    )
     wf: str
     sources: Any  # the parsed JSON document, checked by the operation
     expected_version: str | None
@@ -443,6 +502,13 @@ class SetSources(Op):
 class SetAccess(Op):
     """Change one attachment's access (``kbd sources access``), atomically."""
 
+    route: ClassVar[Route] = Route(
+        "PATCH",
+        "/v1/workflows/{wid}/sources/{alias}",
+        {"wid": "wf"},
+        body={"access": "access", "expected_version": "expected_version"},
+    )
+
     wf: str
     alias: str
     access: str
@@ -454,15 +520,10 @@ class SetAccess(Op):
         return _workflows.set_access(ctx.root, self.wf, self.alias, self.access, actor=_principal(actor),
                                      expected_version=self.expected_version)  # fmt: skip
 
-    def http(self) -> Request:
-        body: JsonObject = {"access": self.access}
-        if self.expected_version is not None:
-            body["expected_version"] = self.expected_version
-        return Request("PATCH", f"/v1/workflows/{segment(self.wf)}/sources/{segment(self.alias)}", body)
-
 
 @dataclass(frozen=True)
 class Candidates(Op):
+    route: ClassVar[Route] = Route("GET", "/v1/workflows/{wid}/candidates", {"wid": "wf"})
     wf: str
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
@@ -470,12 +531,10 @@ class Candidates(Op):
 
         return _workflows.candidates(ctx.root, self.wf, actor=_principal(actor))
 
-    def http(self) -> Request:
-        return Request("GET", f"/v1/workflows/{segment(self.wf)}/candidates")
-
 
 @dataclass(frozen=True)
 class WritersList(Op):
+    route: ClassVar[Route] = Route("GET", "/v1/workflows/{wid}/writers", {"wid": "source"})
     source: str
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
@@ -483,12 +542,12 @@ class WritersList(Op):
 
         return _workflows.writers(ctx.root, self.source, actor=_principal(actor))
 
-    def http(self) -> Request:
-        return Request("GET", f"/v1/workflows/{segment(self.source)}/writers")
-
 
 @dataclass(frozen=True)
 class Grant(Op):
+    route: ClassVar[Route] = Route(
+        "POST", "/v1/workflows/{wid}/writers", {"wid": "source"}, body={"workflow_id": "consumer"}
+    )
     source: str
     consumer: str
 
@@ -497,14 +556,10 @@ class Grant(Op):
 
         return _workflows.grant(ctx.root, self.source, self.consumer, actor=_principal(actor))
 
-    def http(self) -> Request:
-        return Request(
-            "POST", f"/v1/workflows/{segment(self.source)}/writers", {"workflow_id": self.consumer}
-        )
-
 
 @dataclass(frozen=True)
 class Revoke(Op):
+    route: ClassVar[Route] = Route("DELETE", "/v1/workflows/{wid}/writers/{consumer}", {"wid": "source"})
     source: str
     consumer: str
 
@@ -513,12 +568,21 @@ class Revoke(Op):
 
         return _workflows.revoke(ctx.root, self.source, self.consumer, actor=_principal(actor))
 
-    def http(self) -> Request:
-        return Request("DELETE", f"/v1/workflows/{segment(self.source)}/writers/{segment(self.consumer)}")
-
 
 @dataclass(frozen=True)
 class SessionOpen(Op):
+    route: ClassVar[Route] = Route(
+        "POST",
+        "/v1/sessions",
+        body={
+            "workflow_id": "wf",
+            "kind": "kind",
+            "kb_access": "kb_access",
+            "item_kb_write": "item_kb_write",
+            "parent": "parent",
+        },
+        status=201,
+    )
     wf: str
     kind: str | None
     kb_access: str | None
@@ -532,16 +596,10 @@ class SessionOpen(Op):
                                       kb_access=self.kb_access, item_kb_write=self.item_kb_write,
                                       parent=self.parent)  # fmt: skip
 
-    def http(self) -> Request:
-        body: JsonObject = {"workflow_id": self.wf}
-        for name in ("kind", "kb_access", "item_kb_write", "parent"):
-            if getattr(self, name) is not None:
-                body[name] = getattr(self, name)
-        return Request("POST", "/v1/sessions", body)
-
 
 @dataclass(frozen=True)
 class SessionShow(Op):
+    route: ClassVar[Route] = Route("GET", "/v1/sessions/{sid}")
     actor_rule: ClassVar[ActorRule] = "operator"
     sid: str
 
@@ -550,12 +608,10 @@ class SessionShow(Op):
 
         return _sessions.show(ctx.sessions, self.sid, actor=actor)
 
-    def http(self) -> Request:
-        return Request("GET", f"/v1/sessions/{segment(self.sid)}")
-
 
 @dataclass(frozen=True)
 class SessionRevoke(Op):
+    route: ClassVar[Route] = Route("POST", "/v1/sessions/{sid}/revoke", body={"immediate": "immediate"})
     actor_rule: ClassVar[ActorRule] = "operator"
     sid: str
     immediate: bool
@@ -565,12 +621,10 @@ class SessionRevoke(Op):
 
         return _sessions.revoke(ctx.sessions, self.sid, actor=actor, immediate=self.immediate)
 
-    def http(self) -> Request:
-        return Request("POST", f"/v1/sessions/{segment(self.sid)}/revoke", {"immediate": self.immediate})
-
 
 @dataclass(frozen=True)
 class SessionEnv(Op):
+    route: ClassVar[Route] = Route("GET", "/v1/sessions/{sid}/env")
     actor_rule: ClassVar[ActorRule] = "operator"
     sid: str
 
@@ -579,12 +633,12 @@ class SessionEnv(Op):
 
         return _sessions.environment(ctx.sessions, self.sid, actor=actor)
 
-    def http(self) -> Request:
-        return Request("GET", f"/v1/sessions/{segment(self.sid)}/env")
-
 
 @dataclass(frozen=True)
 class SessionList(Op):
+    route: ClassVar[Route] = Route(
+        "GET", "/v1/sessions", query={"workflow_id": "wf", "all": "include_closed"}
+    )
     actor_rule: ClassVar[ActorRule] = "operator"
     names_in_path: ClassVar[bool] = False
     wf: str | None
@@ -596,15 +650,10 @@ class SessionList(Op):
         return _sessions.list_sessions(ctx.sessions, actor=actor, workflow_id=self.wf,
                                        include_closed=self.include_closed)  # fmt: skip
 
-    def http(self) -> Request:
-        params = {"workflow_id": self.wf} if self.wf is not None else {}
-        if self.include_closed:
-            params["all"] = "true"
-        return Request("GET", "/v1/sessions", params=params)
-
 
 @dataclass(frozen=True)
 class SessionClose(Op):
+    route: ClassVar[Route] = Route("DELETE", "/v1/sessions/{sid}")
     actor_rule: ClassVar[ActorRule] = "operator"
     sid: str
 
@@ -613,12 +662,10 @@ class SessionClose(Op):
 
         return _sessions.close(ctx.sessions, self.sid, actor=actor)
 
-    def http(self) -> Request:
-        return Request("DELETE", f"/v1/sessions/{segment(self.sid)}")
-
 
 @dataclass(frozen=True)
 class Check(Op):
+    route: ClassVar[Route] = Route("POST", "/v1/sessions/{sid}/check", body={"path": "path", "mode": "mode"})
     actor_rule: ClassVar[ActorRule] = "operator"
     sid: str
     path: str
@@ -629,14 +676,10 @@ class Check(Op):
 
         return _sessions.check(ctx.sessions, self.sid, self.path, self.mode, actor=actor)
 
-    def http(self) -> Request:
-        return Request(
-            "POST", f"/v1/sessions/{segment(self.sid)}/check", {"path": self.path, "mode": self.mode}
-        )
-
 
 @dataclass(frozen=True)
 class NoteWrite(Op):
+    route: ClassVar[Route] = Route("POST", "/v1/sessions/{sid}/notes", status=201)
     actor_rule: ClassVar[ActorRule] = "operator"
     sid: str
     alias: str
@@ -666,14 +709,11 @@ class NoteWrite(Op):
 # -- note history (docs/notes.md "Note history") ---------------------------------------------------------
 
 
-def _history_params(relpath: str, **optional: str | None) -> dict[str, str]:
-    params = {"path": relpath}
-    params.update({k: v for k, v in optional.items() if v is not None})
-    return params
-
-
 @dataclass(frozen=True)
 class NoteLog(Op):
+    route: ClassVar[Route] = Route(
+        "GET", "/v1/workflows/{wid}/notes/history", {"wid": "wf"}, query={"path": "relpath"}
+    )
     wf: str
     relpath: str
 
@@ -682,13 +722,15 @@ class NoteLog(Op):
 
         return _history.log(ctx.root, self.wf, self.relpath, actor=_principal(actor))
 
-    def http(self) -> Request:
-        return Request("GET", f"/v1/workflows/{segment(self.wf)}/notes/history",
-                       params=_history_params(self.relpath))  # fmt: skip
-
 
 @dataclass(frozen=True)
 class NoteShow(Op):
+    route: ClassVar[Route] = Route(
+        "GET",
+        "/v1/workflows/{wid}/notes/history/version",
+        {"wid": "wf"},
+        query={"path": "relpath", "version": "version"},
+    )
     wf: str
     relpath: str
     version: str | None
@@ -698,13 +740,15 @@ class NoteShow(Op):
 
         return _history.show(ctx.root, self.wf, self.relpath, actor=_principal(actor), version=self.version)
 
-    def http(self) -> Request:
-        return Request("GET", f"/v1/workflows/{segment(self.wf)}/notes/history/version",
-                       params=_history_params(self.relpath, version=self.version))  # fmt: skip
-
 
 @dataclass(frozen=True)
 class NoteDiff(Op):
+    route: ClassVar[Route] = Route(
+        "GET",
+        "/v1/workflows/{wid}/notes/history/diff",
+        {"wid": "wf"},
+        query={"path": "relpath", "version": "version", "against": "against"},
+    )
     wf: str
     relpath: str
     version: str | None
@@ -716,13 +760,15 @@ class NoteDiff(Op):
         return _history.diff(ctx.root, self.wf, self.relpath, actor=_principal(actor), version=self.version,
                              against=self.against)  # fmt: skip
 
-    def http(self) -> Request:
-        return Request("GET", f"/v1/workflows/{segment(self.wf)}/notes/history/diff",
-                       params=_history_params(self.relpath, version=self.version, against=self.against))  # fmt: skip
-
 
 @dataclass(frozen=True)
 class NoteRestore(Op):
+    route: ClassVar[Route] = Route(
+        "POST",
+        "/v1/workflows/{wid}/notes/history/restore",
+        {"wid": "wf"},
+        body={"path": "relpath", "version": "version"},
+    )
     wf: str
     relpath: str
     version: str | None
@@ -734,15 +780,12 @@ class NoteRestore(Op):
             ctx.root, self.wf, self.relpath, actor=_principal(actor), version=self.version
         )
 
-    def http(self) -> Request:
-        body: JsonObject = {"path": self.relpath}
-        if self.version is not None:
-            body["version"] = self.version
-        return Request("POST", f"/v1/workflows/{segment(self.wf)}/notes/history/restore", body)
-
 
 @dataclass(frozen=True)
 class Read(Op):
+    route: ClassVar[Route] = Route(
+        "GET", "/v1/workflows/{wid}/sources/{alias}/file", {"wid": "wf"}, query={"path": "relpath"}
+    )
     wf: str
     alias: str
     relpath: str
@@ -752,13 +795,15 @@ class Read(Op):
 
         return _browse.read(ctx.root, self.wf, self.alias, self.relpath, actor=_principal(actor))
 
-    def http(self) -> Request:
-        return Request("GET", f"/v1/workflows/{segment(self.wf)}/sources/{segment(self.alias)}/file",
-                       params={"path": self.relpath})  # fmt: skip
-
 
 @dataclass(frozen=True)
 class Ls(Op):
+    route: ClassVar[Route] = Route(
+        "GET",
+        "/v1/workflows/{wid}/sources/{alias}/dir",
+        {"wid": "wf"},
+        query={"path": "reldir", "limit": "limit", "after": "after"},
+    )
     wf: str
     alias: str
     reldir: str
@@ -771,22 +816,6 @@ class Ls(Op):
         return _browse.ls(ctx.root, self.wf, self.alias, self.reldir, actor=_principal(actor), limit=self.limit,
                           after=self.after)  # fmt: skip
 
-    def http(self) -> Request:
-        params = _page_params(self.reldir, self.limit, self.after)
-        return Request(
-            "GET", f"/v1/workflows/{segment(self.wf)}/sources/{segment(self.alias)}/dir", params=params
-        )
-
-
-def _page_params(reldir: str, limit: int | None, after: str | None) -> dict[str, str]:
-    """The query of one page of a folder listing (``…/dir``)."""
-    params = {"path": reldir}
-    if limit is not None:
-        params["limit"] = str(limit)
-    if after is not None:
-        params["after"] = after
-    return params
-
 
 #: The ALIAS that names the workflow's own KB in `kbd read`/`kbd ls`: never an alias (docs/on-disk.md "IDs").
 OWN_KB = "."
@@ -796,6 +825,10 @@ OWN_KB = "."
 class OwnRead(Op):
     """A file of the workflow's own KB (``kbd read WF . RELPATH``)."""
 
+    route: ClassVar[Route] = Route(
+        "GET", "/v1/workflows/{wid}/kb/file", {"wid": "wf"}, query={"path": "relpath"}
+    )
+
     wf: str
     relpath: str
 
@@ -804,13 +837,17 @@ class OwnRead(Op):
 
         return _browse.read_own(ctx.root, self.wf, self.relpath, actor=_principal(actor))
 
-    def http(self) -> Request:
-        return Request("GET", f"/v1/workflows/{segment(self.wf)}/kb/file", params={"path": self.relpath})
-
 
 @dataclass(frozen=True)
 class OwnLs(Op):
     """A folder of the workflow's own KB (``kbd ls WF . [RELDIR]``)."""
+
+    route: ClassVar[Route] = Route(
+        "GET",
+        "/v1/workflows/{wid}/kb/dir",
+        {"wid": "wf"},
+        query={"path": "reldir", "limit": "limit", "after": "after"},
+    )
 
     wf: str
     reldir: str
@@ -823,15 +860,13 @@ class OwnLs(Op):
         return _browse.ls_own(ctx.root, self.wf, self.reldir, actor=_principal(actor), limit=self.limit,
                               after=self.after)  # fmt: skip
 
-    def http(self) -> Request:
-        params = _page_params(self.reldir, self.limit, self.after)
-        return Request("GET", f"/v1/workflows/{segment(self.wf)}/kb/dir", params=params)
-
 
 @dataclass(frozen=True)
 class Import(Op):
     """One batch of ``kbd import``: documents read by the CLI (as its caller),
     never a path for the daemon to open (:mod:`kbd.service.importing`)."""
+
+    route: ClassVar[Route] = Route("POST", "/v1/workflows/{wid}/import", {"wid": "wf"})
 
     wf: str
     folder: str
@@ -903,6 +938,16 @@ def import_batches(
 
 @dataclass(frozen=True)
 class Search(Op):
+    route: ClassVar[Route] = Route(
+        "GET",
+        "/v1/sessions/{sid}/search",
+        query={
+            "q": "query",
+            "alias": "aliases",
+            "limit": "limit",
+            "include_unreviewed": "include_unreviewed",
+        },
+    )
     actor_rule: ClassVar[ActorRule] = "operator"
     sid: str
     query: str
@@ -916,19 +961,10 @@ class Search(Op):
         return _search.search(ctx.sessions, self.sid, self.query, aliases=self.aliases, limit=self.limit,
                               include_unreviewed=self.include_unreviewed, actor=actor)  # fmt: skip
 
-    def http(self) -> Request:
-        params = {"q": self.query}
-        if self.aliases:
-            params["alias"] = ",".join(self.aliases)  # aliases never hold a comma
-        if self.limit is not None:
-            params["limit"] = str(self.limit)
-        if self.include_unreviewed:
-            params["include_unreviewed"] = "true"
-        return Request("GET", f"/v1/sessions/{segment(self.sid)}/search", params=params)
-
 
 @dataclass(frozen=True)
 class NotesPending(Op):
+    route: ClassVar[Route] = Route("GET", "/v1/workflows/{wid}/notes/pending", {"wid": "wf"})
     wf: str
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
@@ -936,12 +972,10 @@ class NotesPending(Op):
 
         return _reviews.pending(ctx.root, self.wf, actor=_principal(actor))
 
-    def http(self) -> Request:
-        return Request("GET", f"/v1/workflows/{segment(self.wf)}/notes/pending")
-
 
 @dataclass(frozen=True)
 class NotesRejected(Op):
+    route: ClassVar[Route] = Route("GET", "/v1/workflows/{wid}/notes/rejected", {"wid": "wf"})
     wf: str
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
@@ -949,12 +983,12 @@ class NotesRejected(Op):
 
         return _reviews.rejected_notes(ctx.root, self.wf, actor=_principal(actor))
 
-    def http(self) -> Request:
-        return Request("GET", f"/v1/workflows/{segment(self.wf)}/notes/rejected")
-
 
 @dataclass(frozen=True)
 class NotesUnreject(Op):
+    route: ClassVar[Route] = Route(
+        "POST", "/v1/workflows/{wid}/notes/rejected/{rid}/restore", {"wid": "wf", "rid": "rejected_id"}
+    )
     wf: str
     rejected_id: int
 
@@ -965,28 +999,26 @@ class NotesUnreject(Op):
             raise ctx.refusal
         return _reviews.restore_rejected(ctx.root, self.wf, self.rejected_id, actor=_principal(actor))
 
-    def http(self) -> Request:
-        return Request("POST", f"/v1/workflows/{segment(self.wf)}/notes/rejected/{self.rejected_id}/restore")
-
 
 @dataclass(frozen=True)
 class NotesReview(Op):
+    route: ClassVar[Route] = Route(
+        "POST",
+        "/v1/workflows/{wid}/notes/review",
+        {"wid": "wf"},
+        body={"path": "relpath", "decision": "decision", "expected_version": "expected"},
+    )
     wf: str
     relpath: str
-    approve: bool
+    decision: Literal["approve", "reject"]
     expected: str | None = None
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
         from kbd.service import reviews as _reviews
 
-        return _reviews.review(ctx.root, self.wf, self.relpath, approve=self.approve, actor=_principal(actor),
+        return _reviews.review(ctx.root, self.wf, self.relpath, approve=self.decision == "approve",
+                               actor=_principal(actor),
                                expected=self.expected)  # fmt: skip
-
-    def http(self) -> Request:
-        body: JsonObject = {"path": self.relpath, "decision": "approve" if self.approve else "reject"}
-        if self.expected is not None:
-            body["expected_version"] = self.expected
-        return Request("POST", f"/v1/workflows/{segment(self.wf)}/notes/review", body)
 
 
 # -- principals (the root's operator, or an admin) ---------------------------------------------
@@ -994,6 +1026,7 @@ class NotesReview(Op):
 
 @dataclass(frozen=True)
 class PrincipalsList(Op):
+    route: ClassVar[Route] = Route("GET", "/v1/principals")
     actor_rule: ClassVar[ActorRule] = "operator"
 
     def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
@@ -1001,12 +1034,22 @@ class PrincipalsList(Op):
 
         return _principals.listing(ctx.root, actor=actor)
 
-    def http(self) -> Request:
-        return Request("GET", "/v1/principals")
-
 
 @dataclass(frozen=True)
 class PrincipalAdd(Op):
+    route: ClassVar[Route] = Route(
+        "POST",
+        "/v1/principals",
+        body={
+            "id": "name",
+            "kind": "kind",
+            "admin": "admin",
+            "uid": "uid",
+            "login": "login",
+            "label": "label",
+        },
+        status=201,
+    )
     actor_rule: ClassVar[ActorRule] = "operator"
     name: str
     uid: int | None
@@ -1021,17 +1064,14 @@ class PrincipalAdd(Op):
         return _principals.add(ctx.root, self.name, uid=self.uid, login=self.login, kind=self.kind,
                                admin=self.admin, label=self.label, actor=actor)  # fmt: skip
 
-    def http(self) -> Request:
-        body: JsonObject = {"id": self.name, "kind": self.kind, "admin": self.admin}
-        for name in ("uid", "login", "label"):
-            if getattr(self, name) is not None:
-                body[name] = getattr(self, name)
-        return Request("POST", "/v1/principals", body)
-
 
 @dataclass(frozen=True)
 class PrincipalChange(Op):
     """disable, enable, remove."""
+
+    route: ClassVar[Route] = Route(
+        "POST", "/v1/principals/{pid}/{action}", {"pid": "name"}, body={"force": "force"}
+    )
 
     actor_rule: ClassVar[ActorRule] = "operator"
     action: Literal["disable", "enable", "remove"]
@@ -1046,12 +1086,10 @@ class PrincipalChange(Op):
         change = _principals.disable if self.action == "disable" else _principals.remove
         return change(ctx.root, self.name, force=self.force, actor=actor)
 
-    def http(self) -> Request:
-        return Request("POST", f"/v1/principals/{segment(self.name)}/{self.action}", {"force": self.force})
-
 
 @dataclass(frozen=True)
 class PrincipalToken(Op):
+    route: ClassVar[Route] = Route("POST", "/v1/principals/{pid}/token", {"pid": "name"})
     actor_rule: ClassVar[ActorRule] = "operator"
     name: str
 
@@ -1059,9 +1097,6 @@ class PrincipalToken(Op):
         from kbd.service import principals as _principals
 
         return _principals.rotate_token(ctx.root, self.name, actor=actor)
-
-    def http(self) -> Request:
-        return Request("POST", f"/v1/principals/{segment(self.name)}/token")
 
 
 # -- the audit log (the root's operator, or an admin) -------------------------------------------
@@ -1072,6 +1107,8 @@ class AuditChunk(Op):
     """The records from byte ``offset`` of the log on and where the next chunk
     starts (the CLI selects records itself: :class:`kbd.service.admin.AuditFeed`)."""
 
+    route: ClassVar[Route] = Route("GET", "/v1/audit", query={"offset": "offset"})
+
     actor_rule: ClassVar[ActorRule] = "operator"
     offset: int
 
@@ -1080,13 +1117,12 @@ class AuditChunk(Op):
 
         return _admin.audit_chunk(ctx.root, offset=self.offset, actor=actor)
 
-    def http(self) -> Request:
-        return Request("GET", "/v1/audit", params={"offset": str(self.offset)})
-
 
 @dataclass(frozen=True)
 class Doctor(Op):
     """The daemon's checks of its root (admins): the server half of ``kbd doctor``."""
+
+    route: ClassVar[Route] = Route("GET", "/v1/doctor", query={"workflow": "workflow"})
 
     actor_rule: ClassVar[ActorRule] = "operator"
     workflow: str | None
@@ -1095,9 +1131,6 @@ class Doctor(Op):
         from kbd.service import admin as _admin
 
         return _admin.doctor(ctx.root.config.root, workflow_id=self.workflow)
-
-    def http(self) -> Request:
-        return Request("GET", "/v1/doctor", params={"workflow": self.workflow} if self.workflow else None)
 
 
 def remote_doctor(remote: Remote, workflow: str | None) -> JsonObject:

@@ -36,9 +36,12 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import inspect
 import logging
+import re
 import threading
 import time
+import typing
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Annotated, Any, ClassVar, Literal
@@ -61,6 +64,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kbd import ops
 from kbd.core import telemetry
 from kbd.core.events import parse_id
 from kbd.core.history import version_of
@@ -93,10 +97,8 @@ from kbd.service import history as history_ops
 from kbd.service import importing as import_ops
 from kbd.service import notes as note_ops
 from kbd.service import principals as principal_ops
-from kbd.service import reviews as review_ops
 from kbd.service import search as search_ops
 from kbd.service import sessions as session_ops
-from kbd.service import workflows as workflow_ops
 from kbd.service.changefeed import Feed, Subscription
 from kbd.service.gauges import host_gauges
 from kbd.service.root import Root
@@ -1258,8 +1260,8 @@ class _Api(FastAPI):
         if self.openapi_schema is not None:
             return self.openapi_schema
         doc = super().openapi()
-        for ops in doc.get("paths", {}).values():
-            for op in ops.values():
+        for methods in doc.get("paths", {}).values():
+            for op in methods.values():
                 op.get("responses", {}).pop("422", None)
                 for param in op.get("parameters", ()):
                     if param.get("schema", {}).pop(REQUIRED, False):
@@ -1270,6 +1272,97 @@ class _Api(FastAPI):
             schemas.pop(name, None)
         self.openapi_schema = doc
         return doc
+
+
+#: The operations answered straight from the operations table (kbd/ops.py
+#: :class:`kbd.ops.Route`): the body model that checks and documents the
+#: request, and the answer that documents the result.
+SERVED: dict[type[ops.Op], tuple[type[Strict] | None, type[BaseModel]]] = {
+    ops.WorkflowsList: (None, WorkflowListAnswer),
+    ops.WorkflowShow: (None, WorkflowAnswer),
+    ops.SourcesList: (None, SourcesResponse),
+    ops.SetSources: (ReplaceSourcesBody, SourcesResponse),
+    ops.Attach: (AttachBody, AttachmentModel),
+    ops.Detach: (None, DetachedAnswer),
+    ops.SetAccess: (AccessBody, AttachmentModel),
+    ops.Candidates: (None, CandidatesAnswer),
+    ops.WorkflowCreate: (CreateWorkflowBody, WorkflowCreatedAnswer),
+    ops.WritersList: (None, WritersAnswer),
+    ops.Grant: (GrantBody, WriterChangeAnswer),
+    ops.Revoke: (None, WriterChangeAnswer),
+    ops.SessionOpen: (OpenSessionBody, PlanResponse),
+    ops.SessionEnv: (None, EnvironmentAnswer),
+    ops.SessionClose: (None, ClosedAnswer),
+    ops.NotesPending: (None, PendingAnswer),
+    ops.NotesReview: (ReviewBody, ReviewedAnswer),
+    ops.NotesRejected: (None, RejectedAnswer),
+    ops.NotesUnreject: (None, UnrejectedAnswer),
+    ops.Check: (CheckBody, CheckResponse),
+    ops.PrincipalsList: (None, PrincipalsAnswer),
+    ops.PrincipalAdd: (AddPrincipalBody, PrincipalChangedAnswer),
+    ops.PrincipalToken: (None, TokenAnswer),
+}
+
+#: The operations whose routes are written out below, and why: each asks for
+#: something the table's plain "run it under the state lock" does not give.
+OWN_HANDLER: dict[type[ops.Op], str] = {
+    ops.SessionShow: "answered by PolicyFastPath before routing, from the cached plan",
+    ops.SessionRevoke: "the termination waits out its grace period outside the state lock",
+    ops.SessionList: "query parameters",
+    ops.NoteWrite: "If-Match/If-None-Match, an ETag, and the notes mutex waited for in the notes pool",
+    ops.NoteRestore: "the notes mutex waited for in the notes pool",
+    ops.NoteLog: "query parameters",
+    ops.NoteShow: "query parameters and an ETag",
+    ops.NoteDiff: "query parameters",
+    ops.Read: "query parameters, an ETag, the read outside the state lock",
+    ops.OwnRead: "query parameters, an ETag, the read outside the state lock",
+    ops.Ls: "query parameters, the listing outside the state lock",
+    ops.OwnLs: "query parameters, the listing outside the state lock",
+    ops.Import: "documents decoded from base64, the writes outside the state lock",
+    ops.Search: "query parameters, the index read outside the state lock",
+    ops.PrincipalChange: "the action is a path segment (an unknown one is 404)",
+    ops.AuditChunk: "query parameters, read without the state lock",
+    ops.Doctor: "admins only, on a fresh Root of the daemon's own root",
+}
+
+
+def serve_op(
+    app: FastAPI, state: State, op: type[ops.Op], body: type[Strict] | None, answer: type[BaseModel],
+    actor: Any,
+) -> None:  # fmt: skip
+    """Answer ``op``'s :class:`kbd.ops.Route` by running the operation under the
+    state lock, as on a root the CLI uses itself (docs/architecture.md "Typed
+    operations"): the path's names and the body (checked by ``body``, which
+    documents it) make the operation; ``answer`` documents its result; ``actor``
+    is the authenticating dependency."""
+    route = op.route
+    hints = typing.get_type_hints(op)
+    params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[route.field_of(name)])
+              for name in route.names]  # fmt: skip
+    if body is not None:
+        params.append(inspect.Parameter("body", inspect.Parameter.KEYWORD_ONLY, annotation=body))
+    params.append(
+        inspect.Parameter("actor", inspect.Parameter.KEYWORD_ONLY, annotation=Principal, default=actor)
+    )
+    wire_keys = tuple(route.body or ())
+
+    def endpoint(**values: Any) -> JsonObject:
+        who: Principal = values.pop("actor")
+        if (checked := values.pop("body", None)) is not None:
+            values.update({k: getattr(checked, k) for k in wire_keys})
+        request = op.from_wire(values)
+        with state.locked():
+            ctx = ops.DirectContext(state.host, sessions=state.sessions)
+            return request.direct(ctx, who).to_json()
+
+    endpoint.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    endpoint.__name__ = _snake(op.__name__)
+    app.add_api_route(route.path, endpoint, methods=[route.method], status_code=route.status,
+                      response_model=answer, name=endpoint.__name__)  # fmt: skip
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
 def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
@@ -1341,6 +1434,11 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         return who
 
     Actor = Depends(principal)
+
+    # First: /v1/principals/{pid}/token before the written-out /v1/principals/{pid}/{action}.
+    for op, (body, answer) in SERVED.items():
+        serve_op(app, state, op, body, answer, Actor)
+
     # Query values read as text and checked as the CLI's flags are (the same
     # answers); documented as what they accept.
     LsLimit = Query(
@@ -1395,54 +1493,6 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     @app.get("/v1/whoami", response_model=IdentityAnswer)
     async def whoami(actor: Principal = Actor) -> JsonObject:
         return auth.Identity(actor).to_json()
-
-    @app.get("/v1/workflows", response_model=WorkflowListAnswer)
-    def workflows(actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            return workflow_ops.list_workflows(state.host, actor=actor).to_json()
-
-    @app.get("/v1/workflows/{wid}", response_model=WorkflowAnswer)
-    def workflow(wid: str, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            return workflow_ops.show(state.host, wid, actor=actor).to_json()
-
-    @app.get("/v1/workflows/{wid}/sources", response_model=SourcesResponse)
-    def sources(wid: str, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            return workflow_ops.sources(state.host, wid, actor=actor).to_json()
-
-    @app.put("/v1/workflows/{wid}/sources", response_model=SourcesResponse)
-    def replace_sources(wid: str, body: ReplaceSourcesBody, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            view = workflow_ops.set_sources(
-                state.host, wid, body.sources, actor=actor, expected_version=body.expected_version
-            )
-            return view.to_json()
-
-    @app.post("/v1/workflows/{wid}/sources", response_model=AttachmentModel, status_code=201)
-    def attach(wid: str, body: AttachBody, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            att = workflow_ops.attach(
-                state.host, wid, body.workflow_id, alias=body.alias, access=body.access, actor=actor
-            )
-            return att.to_json()
-
-    @app.delete("/v1/workflows/{wid}/sources/{alias}", response_model=DetachedAnswer)
-    def detach(wid: str, alias: str, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            return workflow_ops.detach(state.host, wid, alias, actor=actor).to_json()
-
-    @app.patch("/v1/workflows/{wid}/sources/{alias}", response_model=AttachmentModel)
-    def set_access(wid: str, alias: str, body: AccessBody, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            att = workflow_ops.set_access(state.host, wid, alias, body.access, actor=actor,
-                                          expected_version=body.expected_version)  # fmt: skip
-            return att.to_json()
-
-    @app.get("/v1/workflows/{wid}/candidates", response_model=CandidatesAnswer)
-    def candidates(wid: str, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            return workflow_ops.candidates(state.host, wid, actor=actor).to_json()
 
     @app.get("/v1/workflows/{wid}/sources/{alias}/file", response_model=FileAnswer, responses=NOT_MODIFIED)
     def read_file(
@@ -1534,37 +1584,6 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         )
         return done.to_json()
 
-    @app.post("/v1/workflows", response_model=WorkflowCreatedAnswer, status_code=201)
-    def create_workflow(body: CreateWorkflowBody, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            made = workflow_ops.create(
-                state.host, body.workflow_id, label=body.label, owner=body.owner, actor=actor
-            )
-            return made.to_json()
-
-    @app.get("/v1/workflows/{wid}/writers", response_model=WritersAnswer)
-    def writers(wid: str, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            return workflow_ops.writers(state.host, wid, actor=actor).to_json()
-
-    @app.post("/v1/workflows/{wid}/writers", response_model=WriterChangeAnswer)
-    def grant(wid: str, body: GrantBody, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            return workflow_ops.grant(state.host, wid, body.workflow_id, actor=actor).to_json()
-
-    @app.delete("/v1/workflows/{wid}/writers/{consumer}", response_model=WriterChangeAnswer)
-    def revoke(wid: str, consumer: str, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            return workflow_ops.revoke(state.host, wid, consumer, actor=actor).to_json()
-
-    @app.post("/v1/sessions", response_model=PlanResponse, status_code=201)
-    def open_session(body: OpenSessionBody, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            plan = session_ops.open_session(state.sessions, body.workflow_id, actor=actor, kind=body.kind,
-                                            kb_access=body.kb_access, item_kb_write=body.item_kb_write,
-                                            parent=body.parent)  # fmt: skip
-            return plan.to_json()
-
     @app.get("/v1/sessions", response_model=SessionListAnswer)
     def list_sessions(
         workflow_id: str | None = None, all: bool = False, actor: Principal = Actor
@@ -1573,11 +1592,6 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
             return session_ops.list_sessions(
                 state.sessions, actor=actor, workflow_id=workflow_id, include_closed=all
             ).to_json()
-
-    @app.get("/v1/sessions/{sid}/env", response_model=EnvironmentAnswer)
-    def session_env(sid: str, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            return session_ops.environment(state.sessions, sid, actor=actor).to_json()
 
     @app.post("/v1/sessions/{sid}/revoke", response_model=RevokedAnswer)
     def revoke_session(sid: str, body: RevokeBody, actor: Principal = Actor) -> JsonObject:
@@ -1615,11 +1629,6 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
             plan = session_ops.open_child(state.sessions, sid, actor=actor, kind=body.kind,
                                           kb_access=body.kb_access, item_kb_write=body.item_kb_write)  # fmt: skip
             return plan.to_json()
-
-    @app.delete("/v1/sessions/{sid}", response_model=ClosedAnswer)
-    def close_session(sid: str, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            return session_ops.close(state.sessions, sid, actor=actor).to_json()
 
     @app.post("/v1/sessions/{sid}/notes", response_model=NoteWrittenAnswer, status_code=201)
     async def write_note(sid: str, body: NoteBody, request: Request, response: Response,
@@ -1677,35 +1686,6 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         return search_ops.run(state_dir, where, q, limit=size, include_unreviewed=include_unreviewed,
                               searcher=search_ops.searcher_for(state_dir, watch=True)).to_json()  # fmt: skip
 
-    @app.get("/v1/workflows/{wid}/notes/pending", response_model=PendingAnswer)
-    def notes_pending(wid: str, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            found = review_ops.pending(state.host, wid, actor=actor)
-        return found.to_json()
-
-    @app.post("/v1/workflows/{wid}/notes/review", response_model=ReviewedAnswer)
-    def notes_review(wid: str, body: ReviewBody, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            done = review_ops.review(
-                state.host,
-                wid,
-                body.path,
-                approve=body.decision == "approve",
-                actor=actor,
-                expected=body.expected_version,
-            )
-        return done.to_json()
-
-    @app.get("/v1/workflows/{wid}/notes/rejected", response_model=RejectedAnswer)
-    def notes_rejected(wid: str, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            return review_ops.rejected_notes(state.host, wid, actor=actor).to_json()
-
-    @app.post("/v1/workflows/{wid}/notes/rejected/{rid}/restore", response_model=UnrejectedAnswer)
-    def notes_unreject(wid: str, rid: int, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            return review_ops.restore_rejected(state.host, wid, rid, actor=actor).to_json()
-
     @app.get(
         EVENTS_PATH,
         response_class=StreamingResponse,
@@ -1760,28 +1740,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
-    @app.post("/v1/sessions/{sid}/check", response_model=CheckResponse)
-    def check(sid: str, body: CheckBody, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            return session_ops.check(state.sessions, sid, body.path, body.mode, actor=actor).to_json()
-
     # -- the root's administration, for admins (the CLI's principals, audit and doctor) --
-
-    @app.get("/v1/principals", response_model=PrincipalsAnswer)
-    def principals(actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            return principal_ops.listing(state.host, actor=actor).to_json()
-
-    @app.post("/v1/principals", response_model=PrincipalChangedAnswer, status_code=201)
-    def add_principal(body: AddPrincipalBody, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            return principal_ops.add(state.host, body.id, uid=body.uid, login=body.login, kind=body.kind,
-                                     admin=body.admin, label=body.label, actor=actor).to_json()  # fmt: skip
-
-    @app.post("/v1/principals/{pid}/token", response_model=TokenAnswer)
-    def principal_token(pid: str, actor: Principal = Actor) -> JsonObject:
-        with state.locked():
-            return principal_ops.rotate_token(state.host, pid, actor=actor).to_json()
 
     @app.post("/v1/principals/{pid}/{action}", response_model=PrincipalChangedAnswer)
     def change_principal(pid: str, action: str, body: ForceBody, actor: Principal = Actor) -> JsonObject:

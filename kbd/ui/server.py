@@ -450,10 +450,10 @@ def create_app(page: Page) -> ASGIApp:
 
     def review(r: Request) -> JsonObject:
         f = body_fields(r.state.body, {"path": str, "decision": str}, {"expected_version": str})
-        if f["decision"] not in ("approve", "reject"):
-            raise InvalidInput(f"field 'decision' must be 'approve' or 'reject', not {f['decision'][:40]!r}")
-        return page.run(ops.NotesReview(_param(r, "wid"), f["path"], f["decision"] == "approve",
-                                        f.get("expected_version")))  # fmt: skip
+        decision = f["decision"]
+        if decision != "approve" and decision != "reject":
+            raise InvalidInput(f"field 'decision' must be 'approve' or 'reject', not {decision[:40]!r}")
+        return page.run(ops.NotesReview(_param(r, "wid"), f["path"], decision, f.get("expected_version")))
 
     def own_dir(r: Request) -> JsonObject:
         q = r.query_params

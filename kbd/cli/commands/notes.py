@@ -263,7 +263,7 @@ def notes_review(
             "pass exactly one of --approve and --reject",
             hint="kbd notes review SOURCE_WF notes/x.md --approve --expected-version sha256:<hex>",
         )
-    result = c.run(ops.NotesReview(source_wf, relpath, approve, expected), as_)
+    result = c.run(ops.NotesReview(source_wf, relpath, "approve" if approve else "reject", expected), as_)
     if as_json:
         emit(result)
         return
