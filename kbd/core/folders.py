@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from kbd.core.identifiers import alias_problem
+from kbd.core.records import JsonObject, Keys, Record
 from kbd.core.strict import kind_of
 
 FolderAccess = Literal["read_only", "read_write"]
@@ -30,8 +31,10 @@ MAX_FOLDERS = 20
 
 
 @dataclass(frozen=True)
-class FolderStatus:
-    """One ``folder_access`` entry as resolved now."""
+class FolderStatus(Record):
+    """One ``folder_access`` entry as resolved now.
+
+    Its JSON is written by hand (docs/architecture.md "Typed operations"): ``path`` is a Path."""
 
     alias: str  # "" when the entry's alias is not a valid one
     access: FolderAccess
@@ -44,7 +47,7 @@ class FolderStatus:
     def env(self) -> str:
         return f"WORKFLOW_FOLDER_{self.alias.upper()}"
 
-    def to_json(self) -> dict[str, str | bool | None]:
+    def to_json(self) -> JsonObject:
         return {
             "alias": self.alias,
             "access": self.access,
@@ -54,6 +57,20 @@ class FolderStatus:
             "env": self.env,
             "path": None if self.path is None else str(self.path),
         }
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "") -> FolderStatus:
+        k = _FOLDER_STATUS.read(cls, data, where)
+        return cls(k["alias"], k["access"], k["available"], k["reason"], k["message"],
+                   None if k["path"] is None else Path(k["path"]))  # fmt: skip
+
+    @classmethod
+    def json_schema(cls, defs: dict[str, JsonObject] | None = None) -> JsonObject:
+        return _FOLDER_STATUS.schema(cls, defs)
+
+
+_FOLDER_STATUS = Keys(lambda: {"alias": str, "access": FolderAccess, "available": bool, "reason": FolderReason | None,
+                               "message": str | None, "env": str, "path": str | None})  # fmt: skip
 
 
 @dataclass(frozen=True)

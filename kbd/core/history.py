@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kbd.core.layout import NOTES_DIR
+from kbd.core.records import Record
 from kbd.core.relpaths import request_parts
 from kbd.errors import InvalidInput, InvalidPath
 
@@ -68,7 +69,7 @@ def note_relpath(relpath: str) -> str:
 
 
 @dataclass(frozen=True)
-class Entry:
+class Entry(Record):
     """One version in a note's log: what (version, previous, size), when, how,
     and who (principal, session, consumer workflow). ``how``: ``write`` (a
     confined write: ``kbd notes write``, the API), ``command`` (found by the
@@ -88,13 +89,11 @@ class Entry:
     workflow: str | None = None
     expected: str | None = None
 
-    def to_json(self) -> dict[str, object]:
-        return {"version": self.version, "previous": self.previous, "at": self.at, "size": self.size,
-                "how": self.how, "principal": self.principal, "session": self.session,
-                "workflow": self.workflow, "expected": self.expected}  # fmt: skip
-
     @classmethod
-    def from_json(cls, raw: Mapping[str, object]) -> Entry:
+    def from_log(cls, raw: Mapping[str, object]) -> Entry:
+        """An entry as a note's log on disk holds it, read leniently: a value of the
+        wrong type is left at its default (:meth:`from_json` is the strict reading)."""
+
         def opt(key: str) -> str | None:
             value = raw.get(key)
             return value if isinstance(value, str) else None

@@ -27,6 +27,7 @@ from decimal import Decimal
 from typing import Any
 
 from kbd.core.identifiers import alias_problem, id_problem
+from kbd.core.records import Record
 from kbd.core.strict import kind_of, load_json_strict
 from kbd.errors import InvalidManifest, ManifestUnreadable
 
@@ -42,15 +43,12 @@ NON_TIER_ACCESS_KEYS = frozenset({"allowed_kb_writers"})
 
 
 @dataclass(frozen=True)
-class SourceRef:
+class SourceRef(Record):
     """One valid attachment entry of ``knowledgebase_sources``."""
 
     workflow_id: str
     alias: str
     access: str = "read"
-
-    def to_json(self) -> dict[str, str]:
-        return {"workflow_id": self.workflow_id, "alias": self.alias, "access": self.access}
 
 
 @dataclass(frozen=True)

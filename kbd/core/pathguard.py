@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from kbd.core.plan import Grant, Plan
+from kbd.core.records import Record
 from kbd.core.relpaths import name_problem, names_folder, note_parts
 from kbd.errors import InvalidInput, KbdError
 
@@ -22,14 +23,11 @@ _PRIORITY = {"hidden": 3, "read_only": 2, "write": 1, "read": 0}
 
 
 @dataclass(frozen=True)
-class PathCheck:
+class PathCheck(Record):
     """The answer: allowed or not, and why (docs/access.md "The path layer")."""
 
     allowed: bool
     reason: str
-
-    def to_json(self) -> dict[str, bool | str]:
-        return {"allowed": self.allowed, "reason": self.reason}
 
 
 @dataclass(frozen=True)

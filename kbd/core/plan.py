@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from kbd.core.folders import FolderStatus
 from kbd.core.identifiers import one_line
 from kbd.core.layout import INDEX_NAME, KB_DIR, MANIFEST, NOTES_DIR
+from kbd.core.records import JsonObject, Keys, Record
+from kbd.errors import InvalidInput
 
 if TYPE_CHECKING:  # types only: policy files are read by kbd.core.policy, not here
     from kbd.core.policy import KindPolicy
@@ -79,17 +81,43 @@ LOCAL_KB = Origin("local_kb")
 
 
 @dataclass(frozen=True)
-class Grant:
+class Grant(Record):
+    """One grant of a plan. Its JSON is written by hand (docs/architecture.md "Typed operations"):
+    its path is a Path and its origin an :class:`Origin` (written as its string form)."""
+
     path: Path
     mode: GrantMode
     origin: Origin
 
-    def to_json(self) -> dict[str, str]:
+    def to_json(self) -> JsonObject:
         return {"path": str(self.path), "mode": self.mode, "origin": str(self.origin)}
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "") -> Grant:
+        k = _GRANT.read(cls, data, where)
+        try:
+            origin = Origin.parse(k["origin"])
+        except ValueError as err:
+            raise InvalidInput(f"{where or cls.__name__}.origin: {err}") from None
+        return cls(Path(k["path"]), k["mode"], origin)
+
+    @classmethod
+    def json_schema(cls, defs: dict[str, JsonObject] | None = None) -> JsonObject:
+        return _GRANT.schema(cls, defs)
+
+
+_GRANT = Keys(lambda: {"path": str, "mode": GrantMode, "origin": str})
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(Record):
+    """A session's plan (docs/sessions.md "The plan").
+
+    Its JSON is written by hand (docs/architecture.md "Typed operations"): a session's three keys
+    come first and only on a session's plan, the grant lists are derived from ``grants``, and
+    ``workflow_folder`` is a Path (read back from the own folder's grant). It is on the hot
+    path of every lookup."""
+
     workflow_id: str
     kind: str
     kb_access: str  # requested
@@ -146,7 +174,7 @@ class Plan:
         """This plan as session ``session_id``'s plan at ``generation``."""
         return replace(self, generation=generation, session_id=session_id, parent=parent, opened_by=opened_by)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         session: dict[str, str | None] = (
             {}
             if self.session_id is None
@@ -169,6 +197,36 @@ class Plan:
             "folders": [f.to_json() for f in self.folders],
             "context": self.context,
         }
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "") -> Plan:
+        where = where or cls.__name__
+        k = _PLAN.read(cls, data, where)
+        grants: tuple[Grant, ...] = tuple(k["grants"])
+        own = next((g.path for g in grants if g.origin == OWN and g.mode in ("read", "write")), None)
+        if own is None:
+            raise InvalidInput(f"{where}.grants: no grant of the workflow's own folder")
+        return cls(k["workflow_id"], k["kind"], k["kb_access"], k["effective_kb_access"], own, k["env"], grants,
+                   tuple(k["sources"]), tuple(k["folders"]), k["context"], k["generation"],
+                   k["session_id"], k["parent"], k["opened_by"])  # fmt: skip
+
+    @classmethod
+    def json_schema(cls, defs: dict[str, JsonObject] | None = None) -> JsonObject:
+        return _PLAN.schema(cls, defs)
+
+
+def plan_keys() -> dict[str, Any]:
+    """The keys of a plan's JSON and their types (see :class:`Plan`)."""
+    from kbd.core.resolve import Attachment
+
+    return {"session_id": str | None, "parent": str | None, "opened_by": str | None, "workflow_id": str,
+            "kind": str, "kb_access": str, "effective_kb_access": str, "generation": int, "env": dict[str, str],
+            "read": list[str], "write": list[str], "read_only": list[str], "hidden": list[str],
+            "grants": list[Grant], "sources": list[Attachment], "folders": list[FolderStatus], "context": str}  # fmt: skip
+
+
+#: A session's keys are left out of a bare plan; a session's plan writes all three.
+_PLAN = Keys(plan_keys, omitted=("session_id", "parent", "opened_by"))
 
 
 def build_plan(

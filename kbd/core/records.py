@@ -21,11 +21,16 @@ of those with ``None``, ``Literal[...]`` of strings, ``tuple[T, ...]`` and
 ``JsonValue`` (any JSON, passed through: a shape kbd does not model, such as a
 manifest entry it keeps as it found it). Anything else is refused when the
 class is first used, so a result cannot silently lose a field.
+
+A result whose JSON is not its fields (a path, a key written only in some
+states, another object's keys merged in) writes ``to_json`` by hand and reads
+and describes itself with a :class:`Keys`; such exceptions say why on the class.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
 import types
 import typing
 from collections.abc import Callable
@@ -72,7 +77,10 @@ class Record:
     json_title: ClassVar[str | None] = None
 
     def to_json(self) -> JsonObject:
-        return _codec(type(self)).encode(self)
+        encode = _ENCODERS.get(type(self))  # one look-up: nested records are written on every lookup
+        if encode is None:
+            encode = _ENCODERS[type(self)] = _codec(type(self)).encode
+        return encode(self)
 
     @classmethod
     def from_json(cls: type[R], data: object, where: str = "") -> R:
@@ -86,15 +94,7 @@ class Record:
         records go into ``defs`` and are referred to as ``#/$defs/NAME`` (or, when
         ``defs`` is given, as the caller's :data:`REF_PREFIX` says); without ``defs``
         the schema carries its own ``$defs``."""
-        own = defs is None
-        table: dict[str, JsonObject] = {} if defs is None else defs
-        ref = _schema_of(cls, table)
-        if not own:
-            return ref
-        schema = dict(table.pop(cls.__name__))
-        if table:
-            schema["$defs"] = table
-        return schema
+        return _rooted(cls, defs, lambda table: _fields_schema(cls, table))
 
 
 #: Where a nested record's schema is referred to: "#/$defs/" in a schema of its
@@ -148,14 +148,7 @@ class _Codec:
             self.slots.append(_Slot(f.name, spec.name or f.name, spec, hint, _encoder(hint, cls),
                                     _decoder(hint, cls), required=f.init and not has_default))  # fmt: skip
 
-    def encode(self, obj: Any) -> JsonObject:
-        out: JsonObject = {}
-        for s in self.slots:
-            value = getattr(obj, s.attr)
-            if value is None and s.spec.omit_none:
-                continue
-            out[s.name] = s.encode(value)
-        return out
+        self.encode: Callable[[Any], JsonObject] = _compiled_encoder(cls, self.slots)
 
     def decode(self, data: object, where: str) -> Any:
         if not isinstance(data, dict):
@@ -174,7 +167,33 @@ class _Codec:
         return self.cls(**kwargs)
 
 
+def _compiled_encoder(cls: type, slots: list[_Slot]) -> Callable[[Any], JsonObject]:
+    """``cls``'s ``to_json``, written out once as Python, as :mod:`dataclasses` writes
+    ``__init__``: as fast as one written by hand (a plan is encoded on every lookup).
+    The text holds only attribute names, ``repr`` of key strings and ``_e<i>``, each
+    non-trivial field's encoder."""
+    namespace: dict[str, Any] = {}
+    lines = ["def encode(obj):", "    out = {}"]
+    for i, s in enumerate(slots):
+        if s.encode is _same:
+            value = "v"
+        else:
+            namespace[f"_e{i}"] = s.encode
+            value = f"_e{i}(v)"
+        lines.append(f"    v = obj.{s.attr}")
+        if s.spec.omit_none:
+            lines.append(f"    if v is not None: out[{s.name!r}] = {value}")
+        else:
+            lines.append(f"    out[{s.name!r}] = {value}")
+    lines.append("    return out")
+    exec("\n".join(lines), namespace)  # noqa: S102 - the text above: names and encoders, no input
+    encode: Callable[[Any], JsonObject] = namespace["encode"]
+    encode.__qualname__ = f"{cls.__qualname__}.to_json"
+    return encode
+
+
 _CODECS: dict[type, _Codec] = {}
+_ENCODERS: dict[type, Callable[[Any], JsonObject]] = {}
 
 
 def _codec(cls: type[Record]) -> _Codec:
@@ -193,6 +212,9 @@ def _kind(value: object) -> str:
 
 def _same(value: Any) -> Any:
     return value
+
+
+_to_json = operator.methodcaller("to_json")
 
 
 def _is_union(hint: Any) -> bool:
@@ -228,7 +250,7 @@ def _encoder(hint: Any, owner: type) -> Encode:
         value = _encoder(v_hint, owner)
         return dict if value is _same else (lambda v: {a: value(b) for a, b in v.items()})
     if _record_class(hint):
-        return lambda v: v.to_json()
+        return _to_json
     raise TypeError(f"{owner.__name__}: a Record field cannot be {hint!r} (see kbd.core.records)")
 
 
@@ -297,25 +319,43 @@ def _decoder(hint: Any, owner: type) -> Decode:
 # -- JSON Schema -----------------------------------------------------------------------------------
 
 
-def _schema_of(cls: type[Record], defs: dict[str, JsonObject]) -> JsonObject:
+def _rooted(
+    cls: type[Record],
+    defs: dict[str, JsonObject] | None,
+    build: Callable[[dict[str, JsonObject]], tuple[JsonObject, list[str]]],
+    others: Callable[[dict[str, JsonObject]], JsonObject] | None = None,
+) -> JsonObject:
+    """:meth:`Record.json_schema` of ``cls``, whose properties and required keys ``build`` says."""  # fmt: skip
+    table: dict[str, JsonObject] = {} if defs is None else defs
     name = cls.__name__
-    if name not in defs:
-        defs[name] = {}  # placed first: a record that (indirectly) holds itself refers to itself
-        codec = _codec(cls)
-        props = {}
-        for s in codec.slots:
-            prop = _type_schema(s.hint, defs)
-            if s.spec.schema:
-                prop = {**prop, **s.spec.schema}
-            props[s.name] = prop
-        # Every key is always written unless it is omitted while None.
-        required = [s.name for s in codec.slots if not s.spec.omit_none]
+    if name not in table:
+        table[name] = {}  # placed first: a record that (indirectly) holds itself refers to itself
+        props, required = build(table)
         schema: JsonObject = {"type": "object", "title": name, "properties": props, "required": required}
+        if others is not None:
+            schema["additionalProperties"] = others(table)
         doc = cls.json_title or (cls.__doc__ or "").strip().split("\n\n")[0]
         if doc and not doc.startswith(f"{name}("):  # not the dataclass's generated signature
             schema["description"] = " ".join(doc.split())
-        defs[name] = schema
-    return {"$ref": REF_PREFIX + name}
+        table[name] = schema
+    if defs is not None:
+        return {"$ref": REF_PREFIX + name}
+    schema = dict(table.pop(name))
+    if table:
+        schema["$defs"] = table
+    return schema
+
+
+def _fields_schema(cls: type[Record], defs: dict[str, JsonObject]) -> tuple[JsonObject, list[str]]:
+    codec = _codec(cls)
+    props = {}
+    for s in codec.slots:
+        prop = _type_schema(s.hint, defs)
+        if s.spec.schema:
+            prop = {**prop, **s.spec.schema}
+        props[s.name] = prop
+    # Every key is always written unless it is omitted while None.
+    return props, [s.name for s in codec.slots if not s.spec.omit_none]
 
 
 def _type_schema(hint: Any, defs: dict[str, JsonObject]) -> JsonObject:
@@ -335,5 +375,64 @@ def _type_schema(hint: Any, defs: dict[str, JsonObject]) -> JsonObject:
     if origin is dict:
         return {"type": "object", "additionalProperties": _type_schema(get_args(hint)[1], defs)}
     if _record_class(hint):
-        return _schema_of(hint, defs)
+        ref: JsonObject = hint.json_schema(defs)  # its own, when it writes its JSON by hand
+        return ref
     raise TypeError(f"no JSON Schema for {hint!r}")
+
+
+# -- a record whose JSON is written by hand ------------------------------------------------------------
+
+
+class Keys:
+    """The keys of a record whose ``to_json`` is written by hand, because its JSON
+    is not its fields (a path, a key written only in some states, another
+    object's keys merged in). Each key's type, in order, is one a field may have
+    (``types`` is called once, when first needed: a nested record's class may be
+    imported late); ``omitted`` keys are left out while None; ``others``, when
+    given, is the type of every other key (an object whose keys are names). The record's
+    ``from_json`` reads with :meth:`read` (strict, naming the first misfit as
+    :meth:`Record.from_json` does) and its ``json_schema`` is :meth:`schema`."""
+
+    def __init__(
+        self, types: Callable[[], dict[str, Any]], *, omitted: tuple[str, ...] = (), others: Any = None
+    ) -> None:
+        self._types = types
+        self._omitted = frozenset(omitted)
+        self._others = others
+        self._decoders: dict[str, tuple[Any, Decode]] | None = None
+
+    def _table(self, owner: type) -> dict[str, tuple[Any, Decode]]:
+        if self._decoders is None:
+            self._decoders = {k: (hint, _decoder(hint, owner)) for k, hint in self._types().items()}
+        return self._decoders
+
+    def read(self, cls: type[Record], data: object, where: str) -> dict[str, Any]:
+        """Every key's value in ``data`` (an omitted key's: None), each checked as its type says."""
+        where = where or cls.__name__
+        if not isinstance(data, dict):
+            raise InvalidInput(f"{where}: expected an object, got {_kind(data)}")
+        out: dict[str, Any] = {}
+        for k, (_, decode) in self._table(cls).items():
+            if k not in data:
+                if k not in self._omitted:
+                    raise InvalidInput(f"{where}.{k}: missing")
+                out[k] = None
+                continue
+            out[k] = decode(data[k], f"{where}.{k}")
+        if self._others is not None:
+            other = _decoder(self._others, cls)
+            out.update((k, other(v, f"{where}.{k}")) for k, v in data.items() if k not in out)
+        return out
+
+    def schema(self, cls: type[Record], defs: dict[str, JsonObject] | None) -> JsonObject:
+        """``cls``'s JSON Schema, as :meth:`Record.json_schema` gives it."""
+
+        def build(table: dict[str, JsonObject]) -> tuple[JsonObject, list[str]]:
+            props = {k: _type_schema(hint, table) for k, (hint, _) in self._table(cls).items()}
+            return props, [k for k in props if k not in self._omitted]
+
+        if self._others is not None:
+            others = self._others
+            return _rooted(cls, defs, build, lambda table: _type_schema(others, table))
+
+        return _rooted(cls, defs, build)

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kbd.core import audience
 from kbd.core.identifiers import env_name
 from kbd.core.lookup import Ambiguous, Found, KbProbe, Lookup, Missing, Unreadable
+from kbd.core.records import JsonObject, Keys, Record
 
 if TYPE_CHECKING:  # types only: principals.yaml loading stays out of the pure core
     from kbd.core.manifest import Entry, Manifest
@@ -47,18 +48,18 @@ class SourceView(Protocol):
 
 
 @dataclass(frozen=True)
-class WriteStatus:
+class WriteStatus(Record):
     available: bool
     reason: str | None
     message: str | None = None
 
-    def to_json(self) -> dict[str, bool | str | None]:
-        return {"available": self.available, "reason": self.reason, "message": self.message}
-
 
 @dataclass(frozen=True)
-class Attachment:
-    """The status of one attachment, in the contract's JSON shape."""
+class Attachment(Record):
+    """The status of one attachment, in the contract's JSON shape.
+
+    Its JSON is written by hand (docs/architecture.md "Typed operations"): ``path`` is a Path and
+    ``kb_identity`` is not in it."""
 
     alias: str
     workflow_id: str
@@ -79,7 +80,7 @@ class Attachment:
     def writable(self) -> bool:
         return self.write is not None and self.write.available
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "alias": self.alias,
             "workflow_id": self.workflow_id,
@@ -92,6 +93,22 @@ class Attachment:
             "env": self.env,
             "path": None if self.path is None else str(self.path),
         }
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "") -> Attachment:
+        """The attachment ``data`` spells (``kb_identity``: None, it is never written)."""
+        k = _ATTACHMENT.read(cls, data, where)
+        return cls(k["alias"], k["workflow_id"], k["label"], k["access"], k["available"], k["reason"],
+                   k["message"], k["write"], None if k["path"] is None else Path(k["path"]))  # fmt: skip
+
+    @classmethod
+    def json_schema(cls, defs: dict[str, JsonObject] | None = None) -> JsonObject:
+        return _ATTACHMENT.schema(cls, defs)
+
+
+_ATTACHMENT = Keys(lambda: {"alias": str, "workflow_id": str, "label": str | None, "access": str, "available": bool,
+                            "reason": str | None, "message": str | None, "write": WriteStatus | None, "env": str,
+                            "path": str | None})  # fmt: skip
 
 
 def _unavailable(entry: Entry, reason: str, message: str, *, label: str | None = None) -> Attachment:

@@ -1492,7 +1492,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
 
     @app.get("/v1/whoami", response_model=IdentityAnswer)
     async def whoami(actor: Principal = Actor) -> JsonObject:
-        return auth.Identity(actor).to_json()
+        return auth.Identity.of(actor).to_json()
 
     @app.get("/v1/workflows/{wid}/sources/{alias}/file", response_model=FileAnswer, responses=NOT_MODIFIED)
     def read_file(

@@ -31,8 +31,35 @@ and plans).
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+import base64
+import binascii
+from typing import Any, Literal, TypeAlias
+
+from kbd.errors import InvalidInput
 
 # A JSON object as the contract spells it: the one true JSON boundary, where
 # values of any JSON type meet. Results are typed; only their to_json() is this.
 JsonObject: TypeAlias = dict[str, Any]
+
+#: A file's bytes in a result's JSON (``kbd read``, ``kbd notes show``): its ``size``, then UTF-8
+#: text as is, anything else base64 (never altered: ``encoding`` says which).
+CONTENT_KEYS: dict[str, Any] = {"size": int, "encoding": Literal["utf-8", "base64"], "content": str}
+
+
+def content_json(data: bytes) -> JsonObject:
+    """``data`` as :data:`CONTENT_KEYS` spell it."""
+    try:
+        encoding, content = "utf-8", data.decode()
+    except UnicodeDecodeError:
+        encoding, content = "base64", base64.b64encode(data).decode()
+    return {"size": len(data), "encoding": encoding, "content": content}
+
+
+def content_bytes(keys: JsonObject, where: str) -> bytes:
+    """The bytes :func:`content_json` wrote (InvalidInput for base64 that is not)."""
+    if keys["encoding"] == "utf-8":
+        return str(keys["content"]).encode()
+    try:
+        return base64.b64decode(keys["content"], validate=True)
+    except binascii.Error:
+        raise InvalidInput(f"{where}.content: not base64") from None

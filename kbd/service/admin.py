@@ -10,14 +10,16 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Literal
 
 from kbd.core.folders import FolderStatus, check_folders
 from kbd.core.layout import KB_DIR
 from kbd.core.manifest import MAX_MANIFEST_BYTES, Manifest, entry_problems, parse_manifest, writer_problems
 from kbd.core.principals import Actor, Principal
+from kbd.core.records import Keys, Record, key
 from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, NotFound, PermissionDenied
 from kbd.service import JsonObject
 from kbd.service.root import Root
@@ -28,23 +30,15 @@ from kbd.state import audit
 
 
 @dataclass(frozen=True)
-class Initialised:
+class Initialised(Record):
     root: str
     host: str
     demo_workflows: tuple[str, ...]
     replaced: bool  # kbd.yaml and principals.yaml (tokens, uid maps) were rewritten
     # --system only (None otherwise, and absent from the JSON): the groups it
     # created, and whether the config files were kept (an existing root).
-    groups_created: tuple[str, ...] | None = None
-    layout_only: bool = False
-
-    def to_json(self) -> JsonObject:
-        out: JsonObject = {"root": self.root, "host": self.host, "demo_workflows": list(self.demo_workflows),
-                           "replaced": self.replaced}  # fmt: skip
-        if self.groups_created is not None:
-            out["groups_created"] = list(self.groups_created)
-            out["layout_only"] = self.layout_only
-        return out
+    groups_created: tuple[str, ...] | None = field(default=None, metadata=key(omit_none=True))
+    layout_only: bool | None = field(default=None, metadata=key(omit_none=True))
 
 
 @dataclass(frozen=True)
@@ -87,25 +81,19 @@ def init(
 
 
 @dataclass(frozen=True)
-class DoctorCheck:
+class DoctorCheck(Record):
     check: str
     ok: bool
     detail: str
 
-    def to_json(self) -> JsonObject:
-        return {"check": self.check, "ok": self.ok, "detail": self.detail}
-
 
 @dataclass(frozen=True)
-class DoctorReport:
+class DoctorReport(Record):
+    ok: bool = field(init=False, metadata=key(computed=True))  # every check passed
     checks: tuple[DoctorCheck, ...]
 
-    @property
-    def ok(self) -> bool:
-        return all(c.ok for c in self.checks)
-
-    def to_json(self) -> JsonObject:
-        return {"ok": self.ok, "checks": [c.to_json() for c in self.checks]}
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ok", all(c.ok for c in self.checks))
 
 
 def doctor(root: Path, *, workflow_id: str | None = None) -> DoctorReport:
@@ -206,8 +194,11 @@ def _sandbox_checks(host: Root) -> list[DoctorCheck]:
 
 
 @dataclass(frozen=True)
-class Validation:
-    """Every problem of a workflow.json (syntax and field rules, not reachability)."""
+class Validation(Record):
+    """Every problem of a workflow.json (syntax and field rules, not reachability).
+
+    Its JSON is written by hand (docs/architecture.md "Typed operations"): ``entries`` (the CLI's count of
+    sources) is not in it, and ``valid`` stands between the fields."""
 
     file: str
     workflow_id: str | None
@@ -222,6 +213,20 @@ class Validation:
     def to_json(self) -> JsonObject:
         return {"file": self.file, "workflow_id": self.workflow_id, "valid": self.valid,
                 "problems": list(self.problems), "version": self.version}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "") -> Validation:
+        """The validation ``data`` spells (``entries``, never written: 0)."""
+        k = _VALIDATION.read(cls, data, where)
+        return cls(k["file"], k["workflow_id"], k["version"], 0, tuple(k["problems"]))
+
+    @classmethod
+    def json_schema(cls, defs: dict[str, JsonObject] | None = None) -> JsonObject:
+        return _VALIDATION.schema(cls, defs)
+
+
+_VALIDATION = Keys(lambda: {"file": str, "workflow_id": str | None, "valid": bool, "problems": list[str],
+                            "version": str | None})  # fmt: skip
 
 
 def unreadable_json(file: Path, err: KbdError) -> JsonObject:
@@ -274,35 +279,35 @@ def manifest_problems(m: Manifest) -> list[str]:
 
 
 @dataclass(frozen=True)
-class PrincipalRow:
-    principal: Principal
+class PrincipalRow(Record):
+    """A principal as ``kbd principals list`` shows it (whether it has a token, never the token)."""
 
-    def to_json(self) -> JsonObject:
-        p = self.principal
-        return {"id": p.id, "kind": p.kind, "admin": p.admin, "disabled": p.disabled, "uid": p.uid,
-                "has_token": p.token_sha256 is not None, "label": p.label}  # fmt: skip
+    id: str
+    kind: str
+    admin: bool
+    disabled: bool
+    uid: int | None
+    has_token: bool
+    label: str | None
+
+    @classmethod
+    def of(cls, p: Principal) -> PrincipalRow:
+        return cls(p.id, p.kind, p.admin, p.disabled, p.uid, p.token_sha256 is not None, p.label)
 
 
 @dataclass(frozen=True)
-class PrincipalList:
+class PrincipalList(Record):
     principals: tuple[PrincipalRow, ...]
-
-    def to_json(self) -> JsonObject:
-        return {"principals": [p.to_json() for p in self.principals]}
 
 
 # -- the daemon's own counters ---------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Metrics:
+class Metrics(Record):
     requests: dict[str, int]  # by first path segment after /v1
     registry_scans: int
     open_sessions: int
-
-    def to_json(self) -> JsonObject:
-        return {"requests": dict(self.requests), "registry_scans": self.registry_scans,
-                "open_sessions": self.open_sessions}  # fmt: skip
 
 
 def may_see_metrics(*, actor: Principal) -> None:
@@ -323,14 +328,16 @@ def metrics(sessions: RootSessions, *, actor: Principal, requests: dict[str, int
 
 
 @dataclass(frozen=True)
-class Health:
+class Health(Record):
     """The daemon is up: on which host, for how long (anyone may ask)."""
 
+    status: Literal["ok"] = field(init=False, metadata=key(computed=True))
     host: str
-    uptime_seconds: float
+    uptime_seconds: float  # to a tenth of a second
 
-    def to_json(self) -> JsonObject:
-        return {"status": "ok", "host": self.host, "uptime_seconds": round(self.uptime_seconds, 1)}
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", "ok")
+        object.__setattr__(self, "uptime_seconds", round(self.uptime_seconds, 1))
 
 
 def health(host: Root, *, started: float, now: float) -> Health:
@@ -341,16 +348,13 @@ def health(host: Root, *, started: float, now: float) -> Health:
 
 
 @dataclass(frozen=True)
-class AuditRecords:
+class AuditRecords(Record):
     events: tuple[JsonObject, ...]
     skipped_lines: int  # torn lines that are not a JSON record
 
-    def to_json(self) -> JsonObject:
-        return {"events": list(self.events), "skipped_lines": self.skipped_lines}
-
 
 @dataclass(frozen=True)
-class AuditChunk:
+class AuditChunk(Record):
     """The complete records from byte ``offset`` of the log on (at most
     AUDIT_CHUNK_BYTES of it), unselected, and the offset the next chunk starts
     at: a line still being written is left for the next one."""
@@ -358,9 +362,6 @@ class AuditChunk:
     events: tuple[JsonObject, ...]
     skipped_lines: int
     offset: int
-
-    def to_json(self) -> JsonObject:
-        return {"events": list(self.events), "skipped_lines": self.skipped_lines, "offset": self.offset}
 
 
 AUDIT_CHUNK_BYTES = 1 << 20

@@ -14,8 +14,8 @@ import hmac
 from dataclasses import dataclass
 
 from kbd.core.principals import Actor, LocalOperator, Principal, Principals, named_principal
+from kbd.core.records import Record
 from kbd.errors import PermissionDenied
-from kbd.service import JsonObject
 
 
 @dataclass(frozen=True)
@@ -27,14 +27,16 @@ class NotAuthenticated:
 
 
 @dataclass(frozen=True)
-class Identity:
+class Identity(Record):
     """Who a principal is, as it may be told about itself (never its token)."""
 
-    principal: Principal
+    id: str
+    kind: str
+    admin: bool  # an enabled admin
 
-    def to_json(self) -> JsonObject:
-        p = self.principal
-        return {"id": p.id, "kind": p.kind, "admin": p.enabled_admin}
+    @classmethod
+    def of(cls, p: Principal) -> Identity:
+        return cls(p.id, p.kind, p.enabled_admin)
 
 
 def token_digest(token: str) -> str:

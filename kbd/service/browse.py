@@ -15,23 +15,32 @@ both for the CLI.
 
 from __future__ import annotations
 
-import base64
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NotRequired, TypedDict
 
 from kbd.core.layout import INDEX_NAME, NOTES_DIR
 from kbd.core.notes import provenance_of
 from kbd.core.principals import Principal
+from kbd.core.records import JsonValue, Keys, Record, key
 from kbd.core.relpaths import DEFAULT_LS_LIMIT, MAX_LS_LIMIT, NOTE_SUFFIXES, request_parts
 from kbd.core.resolve import Attachment
 from kbd.errors import KbdError, NotFound, SourceUnavailable, UsageError
 from kbd.fs import confined
 from kbd.fs.notes import read_index
-from kbd.service import JsonObject, workflows
+from kbd.service import CONTENT_KEYS, JsonObject, content_bytes, content_json, workflows
 from kbd.service.root import Root
 
 MAX_READ_BYTES = 2 * 1024 * 1024
 # Listings are paged (docs/cli.md "Browsing": 100,000 files were 9.5 MB in one answer).
+
+
+#: An :class:`Entry`'s JSON Schema.
+ENTRY_SCHEMA: JsonObject = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "type": {"type": "string"},
+                   "contributed_by": {"anyOf": [{"type": "string"}, {"type": "null"}]}},
+    "required": ["name", "type"],
+}  # fmt: skip
 
 
 class Entry(TypedDict):
@@ -44,39 +53,45 @@ class Entry(TypedDict):
 
 
 @dataclass(frozen=True)
-class FileRead:
+class FileRead(Record):
+    """A file read from a KB. Its JSON is written by hand (docs/architecture.md "Typed operations"): its
+    bytes are written as UTF-8 text or base64 (``encoding`` says which)."""
+
     workflow_id: str
     alias: str | None  # None: the workflow's own KB (as search hits say)
     path: str
     data: bytes
 
     def to_json(self) -> JsonObject:
-        """``kbd read --json`` and ``GET …/file``: UTF-8 text as is, anything else
-        base64 (never altered: ``encoding`` says which)."""
-        try:
-            encoding, content = "utf-8", self.data.decode()
-        except UnicodeDecodeError:
-            encoding, content = "base64", base64.b64encode(self.data).decode()
-        return {"workflow_id": self.workflow_id, "alias": self.alias, "path": self.path, "size": len(self.data),
-                "encoding": encoding, "content": content}  # fmt: skip
+        """``kbd read --json`` and ``GET …/file``."""
+        return {"workflow_id": self.workflow_id, "alias": self.alias, "path": self.path,
+                **content_json(self.data)}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "") -> FileRead:
+        k = _FILE_READ.read(cls, data, where)
+        return cls(k["workflow_id"], k["alias"], k["path"], content_bytes(k, where or cls.__name__))
+
+    @classmethod
+    def json_schema(cls, defs: dict[str, JsonObject] | None = None) -> JsonObject:
+        return _FILE_READ.schema(cls, defs)
+
+
+_FILE_READ = Keys(lambda: {"workflow_id": str, "alias": str | None, "path": str, **CONTENT_KEYS})
 
 
 @dataclass(frozen=True)
-class Listing:
+class Listing(Record):
     """One page of a folder, in name order; ``next`` is the ``after`` of the
-    following page, or None when this page ends the folder."""
+    following page, or None when this page ends the folder (``kbd ls --json`` and ``GET …/dir``)."""
 
     workflow_id: str
     alias: str | None  # None: the workflow's own KB
     path: str
-    entries: tuple[Entry, ...]
+    # Each an :class:`Entry` (a TypedDict: written as it is).
+    entries: tuple[JsonValue, ...] = field(metadata=key(schema={"items": ENTRY_SCHEMA}))
     truncated: bool
     next: str | None
-
-    def to_json(self) -> JsonObject:
-        """``kbd ls --json`` and ``GET …/dir``."""
-        return {"workflow_id": self.workflow_id, "alias": self.alias, "path": self.path,
-                "entries": list(self.entries), "truncated": self.truncated, "next": self.next}  # fmt: skip
 
 
 def attachment(host: Root, wid: str, alias: str, *, actor: Principal) -> Attachment:

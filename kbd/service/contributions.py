@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from kbd.core.notes import MAX_NOTE_BYTES, MAX_SCAN_DEPTH, MAX_SCAN_FILES
 from kbd.core.plan import Plan, grants_shrunk
 from kbd.core.principals import Actor
+from kbd.core.records import Keys, Record, key
 from kbd.errors import KbdError
 from kbd.fs.confined import pin_dir, read_file_stat
 from kbd.service import JsonObject
@@ -77,26 +78,51 @@ class Change:
             os.close(fd)
 
 
+@dataclass(frozen=True)
+class Contributions(Record):
+    """A command's contributions: the notes committed (``notes/...`` relpaths, also by alias), those
+    refused (alias, relpath, code, message) and where the refused bytes are kept."""
+
+    committed: tuple[str, ...]
+    refused: tuple[dict[str, str], ...]
+    committed_by_alias: dict[str, list[str]]
+    kept: str | None = field(default=None, metadata=key(omit_none=True))
+
+
 @dataclass
-class Report:
-    """What became of a command's contributions (docs/notes.md "Staged contributions")."""
+class Report(Record):
+    """What became of a command's contributions (docs/notes.md "Staged contributions"), filled in as they are
+    committed. Its JSON is written by hand (docs/architecture.md "Typed operations"): it is the
+    :class:`Contributions` it adds up to, under ``contributions``."""
 
     committed: list[tuple[str, str]] = field(default_factory=list)  # (alias, notes/... relpath)
     refused: list[dict[str, str]] = field(default_factory=list)  # alias, relpath, code, message
     kept: str | None = None  # where the refused bytes are, inside the consumer's folder
 
     def to_json(self) -> JsonObject:
-        out: JsonObject = {
-            "committed": [rel for _, rel in self.committed],
-            "refused": [dict(r) for r in self.refused],
-        }
         by_alias: dict[str, list[str]] = {}
         for alias, rel in self.committed:
             by_alias.setdefault(alias, []).append(rel)
-        out["committed_by_alias"] = by_alias
-        if self.kept is not None:
-            out["kept"] = self.kept
-        return {"contributions": out}
+        done = Contributions(tuple(rel for _, rel in self.committed), tuple(dict(r) for r in self.refused),
+                             by_alias, self.kept)  # fmt: skip
+        return {"contributions": done.to_json()}
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "") -> Report:
+        done: Contributions = _REPORT.read(cls, data, where)["contributions"]
+        # Each committed relpath's alias: the one whose own list names it next.
+        left = {alias: list(rels) for alias, rels in done.committed_by_alias.items()}
+        committed = []
+        for rel in done.committed:
+            alias = next((a for a, rels in left.items() if rels and rels[0] == rel), "")
+            if alias:
+                left[alias].pop(0)
+            committed.append((alias, rel))
+        return cls(committed, list(done.refused), done.kept)
+
+    @classmethod
+    def json_schema(cls, defs: dict[str, JsonObject] | None = None) -> JsonObject:
+        return _REPORT.schema(cls, defs)
 
     def lines(self) -> list[str]:
         """The stderr lines: one per refused path, and where its bytes are."""
@@ -107,6 +133,9 @@ class Report:
         if self.refused and self.kept is not None:
             out.append(f"the refused contributions are kept in {self.kept}")
         return out
+
+
+_REPORT = Keys(lambda: {"contributions": Contributions})
 
 
 def changes(area: Area, *, budget: int = MAX_SCAN_FILES) -> Iterator[Change]:

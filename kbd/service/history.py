@@ -12,10 +12,9 @@ kbd's state (:mod:`kbd.state.history`).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kbd.core import audience
@@ -24,6 +23,7 @@ from kbd.core.history import ABSENT, Entry, note_relpath, parse_version, unified
 from kbd.core.layout import KB_DIR
 from kbd.core.lookup import Found
 from kbd.core.principals import Principal
+from kbd.core.records import Keys, Record, key
 from kbd.errors import (
     KbdError,
     NotFound,
@@ -34,7 +34,7 @@ from kbd.errors import (
 )
 from kbd.fs.confined import pin_dir, read_file_stat
 from kbd.fs.notes import in_kb, note_adds, notes_lock, open_notes, replace_note
-from kbd.service import JsonObject
+from kbd.service import CONTENT_KEYS, JsonObject, content_bytes, content_json
 from kbd.service.root import Root
 from kbd.state.history import HistoryStore, Who, store_for
 from kbd.state.notes_quota import check_quota
@@ -44,58 +44,57 @@ MAX_CURRENT_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
-class NoteLog:
+class NoteLog(Record):
     workflow_id: str
     relpath: str
     current: str | None  # the note's version on disk now; None: absent (or unreadable as a note)
-    entries: tuple[Entry, ...]  # oldest first
-
-    def to_json(self) -> JsonObject:
-        """Newest first, as ``git log``."""
-        return {"workflow_id": self.workflow_id, "relpath": self.relpath, "current": self.current,
-                "versions": [e.to_json() for e in reversed(self.entries)]}  # fmt: skip
+    versions: tuple[Entry, ...]  # newest first, as ``git log``
 
 
 @dataclass(frozen=True)
-class NoteVersion:
+class NoteVersion(Record):
+    """One version of a note. Its JSON is written by hand (docs/architecture.md "Typed operations"): its
+    bytes are written as UTF-8 text or base64 (``encoding`` says which)."""
+
     workflow_id: str
     relpath: str
     version: str
     data: bytes
 
     def to_json(self) -> JsonObject:
-        try:
-            encoding, content = "utf-8", self.data.decode()
-        except UnicodeDecodeError:
-            encoding, content = "base64", base64.b64encode(self.data).decode()
         return {"workflow_id": self.workflow_id, "relpath": self.relpath, "version": self.version,
-                "size": len(self.data), "encoding": encoding, "content": content}  # fmt: skip
+                **content_json(self.data)}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "") -> NoteVersion:
+        k = _NOTE_VERSION.read(cls, data, where)
+        return cls(k["workflow_id"], k["relpath"], k["version"], content_bytes(k, where or cls.__name__))
+
+    @classmethod
+    def json_schema(cls, defs: dict[str, JsonObject] | None = None) -> JsonObject:
+        return _NOTE_VERSION.schema(cls, defs)
+
+
+_NOTE_VERSION = Keys(lambda: {"workflow_id": str, "relpath": str, "version": str, **CONTENT_KEYS})
 
 
 @dataclass(frozen=True)
-class NoteDiff:
+class NoteDiff(Record):
     workflow_id: str
     relpath: str
-    old: str | None  # None: the note had no earlier version (the diff adds every line)
-    new: str
+    # None: the note had no earlier version (the diff adds every line)
+    old: str | None = field(metadata=key(name="from"))
+    new: str = field(metadata=key(name="to"))
     diff: str
-
-    def to_json(self) -> JsonObject:
-        return {"workflow_id": self.workflow_id, "relpath": self.relpath, "from": self.old, "to": self.new,
-                "diff": self.diff}  # fmt: skip
 
 
 @dataclass(frozen=True)
-class NoteRestored:
+class NoteRestored(Record):
     workflow_id: str
     relpath: str
     version: str  # the version restored, now the note's current one
     previous: str | None  # what it replaced (None: the note was absent and is recreated)
     bytes: int
-
-    def to_json(self) -> JsonObject:
-        return {"workflow_id": self.workflow_id, "relpath": self.relpath, "version": self.version,
-                "previous": self.previous, "bytes": self.bytes}  # fmt: skip
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -168,7 +167,7 @@ def log(host: Root, wid: str, relpath: str, *, actor: Principal) -> NoteLog:
         raise
     except KbdError:
         data = None  # not a regular note now (a link, a folder …): its history still shows
-    return NoteLog(wid, rel, None if data is None else version_of(data), tuple(entries))
+    return NoteLog(wid, rel, None if data is None else version_of(data), tuple(reversed(entries)))
 
 
 def show(host: Root, wid: str, relpath: str, *, actor: Principal, version: str | None = None) -> NoteVersion:

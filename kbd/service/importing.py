@@ -31,11 +31,11 @@ from kbd.core import audience
 from kbd.core import importing as rules
 from kbd.core.layout import KB_DIR
 from kbd.core.principals import Principal
+from kbd.core.records import Record
 from kbd.errors import InvalidInput, KbdError, PermissionDenied, SourceUnavailable, from_oserror
 from kbd.fs import importing as disk
 from kbd.fs.confined import pin_dir
 from kbd.fs.locks import held
-from kbd.service import JsonObject
 from kbd.service.root import Root
 
 #: Documents (and reader-skipped entries) one call takes: the CLI sends larger imports in batches.
@@ -44,42 +44,34 @@ MAX_REASON_CHARS = 300
 
 
 @dataclass(frozen=True)
-class Imported:
+class Imported(Record):
     """One document placed (or that would be, in a dry run): where from, where to, its title."""
 
     file: str
     path: str  # relative to the workflow's KB root
     title: str
 
-    def to_json(self) -> JsonObject:
-        return {"file": self.file, "path": self.path, "title": self.title}
-
 
 @dataclass(frozen=True)
-class Skipped:
+class Skipped(Record):
     file: str
     reason: str
 
-    def to_json(self) -> JsonObject:
-        # A name that is not UTF-8 is shown escaped, never as a lone surrogate
+    def __post_init__(self) -> None:
+        # A name that is not UTF-8 is kept escaped, never as a lone surrogate
         # no JSON encoder or terminal takes (docs/search.md "Importing markdown").
-        return {"file": rules.shown(self.file), "reason": rules.shown(self.reason)}
+        object.__setattr__(self, "file", rules.shown(self.file))
+        object.__setattr__(self, "reason", rules.shown(self.reason))
 
 
 @dataclass(frozen=True)
-class ImportResult:
+class ImportResult(Record):
     workflow_id: str
     dry_run: bool
     created: tuple[Imported, ...]
     updated: tuple[Imported, ...]
     unchanged: tuple[Imported, ...]
     skipped: tuple[Skipped, ...]
-
-    def to_json(self) -> JsonObject:
-        return {"workflow_id": self.workflow_id, "dry_run": self.dry_run,
-                "created": [d.to_json() for d in self.created], "updated": [d.to_json() for d in self.updated],
-                "unchanged": [d.to_json() for d in self.unchanged],
-                "skipped": [s.to_json() for s in self.skipped]}  # fmt: skip
 
 
 @dataclass(frozen=True)

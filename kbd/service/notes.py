@@ -28,10 +28,10 @@ from kbd.core.events import EventRefused
 from kbd.core.history import ABSENT, parse_version, version_of
 from kbd.core.plan import Plan
 from kbd.core.principals import Actor, actor_fields
+from kbd.core.records import Record
 from kbd.errors import KbdError, NoteVersionConflict, NotFound, PathNotFound, PermissionDenied, from_oserror
 from kbd.fs.confined import pin_dir, read_file_stat
 from kbd.fs.notes import in_kb, note_adds, notes_lock, open_notes, remove_note, replace_note
-from kbd.service import JsonObject
 from kbd.state.history import Who, store_for
 from kbd.state.notes_quota import check_quota
 
@@ -48,16 +48,12 @@ MAX_HISTORY_READ = 4 * MAX_NOTE_BYTES
 
 
 @dataclass(frozen=True)
-class NoteWritten:
+class NoteWritten(Record):
     workflow_id: str  # the source whose notes/ now holds the note
     alias: str
     path: str  # relative to the source's KB root: notes/...
     bytes: int
     version: str  # sha256:<hex> of the bytes written (docs/notes.md "Note history")
-
-    def to_json(self) -> JsonObject:
-        return {"workflow_id": self.workflow_id, "alias": self.alias, "path": self.path, "bytes": self.bytes,
-                "version": self.version}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -286,19 +282,11 @@ def write(
 
 
 @dataclass(frozen=True)
-class NoteRemoved:
+class NoteRemoved(Record):
     workflow_id: str
     alias: str
     path: str  # relative to the source's KB root: notes/...
     removed: bool  # False: nothing was there
-
-    def to_json(self) -> JsonObject:
-        return {
-            "workflow_id": self.workflow_id,
-            "alias": self.alias,
-            "path": self.path,
-            "removed": self.removed,
-        }
 
 
 def remove(note: PreparedNote) -> NoteRemoved:

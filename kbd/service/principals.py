@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias
 
 from kbd.core.identifiers import id_problem
@@ -34,6 +34,7 @@ from kbd.core.principals import (
     label_problem,
 )
 from kbd.core.principals_edit import AddEntry, Edit, RemoveEntry, Scalar, SetField
+from kbd.core.records import Record, key
 from kbd.errors import InvalidInput, KbdError, NotFound, PermissionDenied, UsageError
 from kbd.service import JsonObject
 from kbd.service.admin import PrincipalList, PrincipalRow
@@ -49,29 +50,22 @@ Decide: TypeAlias = Callable[["Current"], "Edit | None"]
 
 
 @dataclass(frozen=True)
-class PrincipalChanged:
+class PrincipalChanged(Record):
     """What one operation did to one principal (``changed`` False: it already
     was so, nothing was written or audited)."""
 
     action: str  # add | disable | enable | remove | token
-    principal: Principal  # as it is now (remove: as it was)
     changed: bool
+    principal: PrincipalRow  # as it is now (remove: as it was)
     user: str | None = None  # add: the login the uid belongs to, if the host knows one
-
-    def to_json(self) -> JsonObject:
-        return {"action": self.action, "changed": self.changed, "principal": PrincipalRow(self.principal).to_json(),
-                "user": self.user}  # fmt: skip
 
 
 @dataclass(frozen=True)
-class TokenIssued:
+class TokenIssued(Record):
     """A new bearer token for ``principal``: shown this once, only its SHA-256 is stored."""
 
-    principal: str
+    principal: str = field(metadata=key(name="id"))
     token: str
-
-    def to_json(self) -> JsonObject:
-        return {"id": self.principal, "token": self.token}
 
 
 # -- rules (pure) --------------------------------------------------------------------------
@@ -89,7 +83,7 @@ def listing(host: Root, *, actor: Actor) -> PrincipalList:
     """The host's principals (never their token hashes), for those who manage
     them: uids and labels say who uses the host."""
     _require_manager(actor)
-    return PrincipalList(tuple(PrincipalRow(p) for p in host.principals))
+    return PrincipalList(tuple(PrincipalRow.of(p) for p in host.principals))
 
 
 def check_name(name: str) -> None:
@@ -211,7 +205,7 @@ def add(
         return AddEntry(tuple(fields))
 
     after = _run(host, "add", name, actor, decide, fields=audited, event="principal_added")
-    return PrincipalChanged("add", _existing(after, name), True, user[0])
+    return PrincipalChanged("add", True, PrincipalRow.of(_existing(after, name)), user[0])
 
 
 def _set_disabled(host: Root, name: str, *, disabled: bool, force: bool, actor: Actor) -> PrincipalChanged:
@@ -231,7 +225,7 @@ def _set_disabled(host: Root, name: str, *, disabled: bool, force: bool, actor: 
     after = _run(host, action, name, actor, decide, fields={"disabled": disabled},
                  event=f"principal_{action}d")  # fmt: skip
     now = _existing(after, name)
-    return PrincipalChanged(action, now, now != before[0])
+    return PrincipalChanged(action, now != before[0], PrincipalRow.of(now))
 
 
 def disable(host: Root, name: str, *, force: bool = False, actor: Actor) -> PrincipalChanged:
@@ -256,7 +250,7 @@ def remove(host: Root, name: str, *, force: bool = False, actor: Actor) -> Princ
         return RemoveEntry(name)
 
     _run(host, "remove", name, actor, decide, fields={}, event="principal_removed")
-    return PrincipalChanged("remove", before[0], True)
+    return PrincipalChanged("remove", True, PrincipalRow.of(before[0]))
 
 
 def rotate_token(host: Root, name: str, *, actor: Actor) -> TokenIssued:

@@ -31,6 +31,7 @@ from kbd.core.history import parse_version
 from kbd.core.layout import KB_DIR, NOTES_DIR
 from kbd.core.notes import MAX_NOTE_BYTES
 from kbd.core.principals import Principal
+from kbd.core.records import Record
 from kbd.errors import (
     InvalidInput,
     KbdError,
@@ -45,7 +46,6 @@ from kbd.fs import confined
 from kbd.fs.kbwalk import walk_notes
 from kbd.fs.notes import in_kb, notes_lock, open_notes, replace_note
 from kbd.fs.registry import Found
-from kbd.service import JsonObject
 from kbd.service.root import Root
 from kbd.state import reviews as store
 from kbd.state.history import Who, store_for
@@ -56,7 +56,7 @@ MAX_PENDING = 5000
 
 
 @dataclass(frozen=True)
-class PendingNote:
+class PendingNote(Record):
     relpath: str  # relative to the KB root: notes/...
     contributed_by_workflow: str
     contributed_by_session: str | None
@@ -64,25 +64,16 @@ class PendingNote:
     digest: str
     bytes: int
 
-    def to_json(self) -> JsonObject:
-        return {"relpath": self.relpath, "contributed_by_workflow": self.contributed_by_workflow,
-                "contributed_by_session": self.contributed_by_session, "contributed_at": self.contributed_at,
-                "digest": self.digest, "bytes": self.bytes}  # fmt: skip
-
 
 @dataclass(frozen=True)
-class Pending:
+class Pending(Record):
     workflow_id: str
     pending: tuple[PendingNote, ...]
     truncated: bool
 
-    def to_json(self) -> JsonObject:
-        return {"workflow_id": self.workflow_id, "pending": [p.to_json() for p in self.pending],
-                "truncated": self.truncated}  # fmt: skip
-
 
 @dataclass(frozen=True)
-class Reviewed:
+class Reviewed(Record):
     workflow_id: str
     relpath: str
     decision: str  # approved | rejected
@@ -90,11 +81,6 @@ class Reviewed:
     contributed_by_workflow: str
     contributed_at: str | None
     rejected_id: int | None  # the kept copy of a rejected note
-
-    def to_json(self) -> JsonObject:
-        return {"workflow_id": self.workflow_id, "relpath": self.relpath, "decision": self.decision,
-                "digest": self.digest, "contributed_by_workflow": self.contributed_by_workflow,
-                "contributed_at": self.contributed_at, "rejected_id": self.rejected_id}  # fmt: skip
 
 
 def _reviewable(host: Root, source_wf: str, actor: Principal, *, action: str, relpath: str | None) -> Found:
@@ -256,15 +242,11 @@ def _remove(kb_fd: int, rel: str, seen: os.stat_result) -> None:
 
 
 @dataclass(frozen=True)
-class Restored:
+class Restored(Record):
     workflow_id: str
     relpath: str
     rejected_id: int
     digest: str
-
-    def to_json(self) -> JsonObject:
-        return {"workflow_id": self.workflow_id, "relpath": self.relpath, "rejected_id": self.rejected_id,
-                "digest": self.digest}  # fmt: skip
 
 
 def restore_rejected(host: Root, source_wf: str, rejected_id: int, *, actor: Principal) -> Restored:
@@ -303,17 +285,30 @@ def restore_rejected(host: Root, source_wf: str, rejected_id: int, *, actor: Pri
 
 
 @dataclass(frozen=True)
-class RejectedList:
-    workflow_id: str
-    rejected: tuple[store.Rejected, ...]
+class RejectedNote(Record):
+    """A rejected note kept for its source (its size, not its bytes)."""
 
-    def to_json(self) -> JsonObject:
-        return {"workflow_id": self.workflow_id, "rejected": [
-            {"id": r.id, "relpath": r.relpath, "digest": r.digest, "bytes": len(r.data),
-             "rejected_by": r.rejected_by, "rejected_at": r.rejected_at} for r in self.rejected]}  # fmt: skip
+    id: int
+    relpath: str
+    digest: str
+    bytes: int
+    rejected_by: str
+    rejected_at: float
+
+    @classmethod
+    def of(cls, r: store.Rejected) -> RejectedNote:
+        return cls(r.id, r.relpath, r.digest, len(r.data), r.rejected_by, r.rejected_at)
+
+
+@dataclass(frozen=True)
+class RejectedList(Record):
+    workflow_id: str
+    rejected: tuple[RejectedNote, ...]
 
 
 def rejected_notes(host: Root, source_wf: str, *, actor: Principal) -> RejectedList:
     """The rejected notes kept for ``source_wf`` that were not restored (owners and admins)."""
     _reviewable(host, source_wf, actor, action="list rejected", relpath=None)
-    return RejectedList(source_wf, tuple(store.rejected(host.config.state_dir, source_wf)))
+    return RejectedList(
+        source_wf, tuple(RejectedNote.of(r) for r in store.rejected(host.config.state_dir, source_wf))
+    )

@@ -42,10 +42,10 @@ from kbd.core.layout import KB_DIR, racy
 from kbd.core.pathguard import LinkCheckNeeded, decide
 from kbd.core.plan import Plan
 from kbd.core.principals import Actor
+from kbd.core.records import Record
 from kbd.errors import InjectionRefused, KbdError, NotFound
 from kbd.fs import confined
 from kbd.fs.kbwalk import walk_notes
-from kbd.service import JsonObject
 from kbd.state import reviews as review_store
 from kbd.state.search_index import Doc, Row, SearchIndex
 
@@ -96,7 +96,7 @@ class SearchScope:
 
 
 @dataclass(frozen=True)
-class Hit:
+class Hit(Record):
     alias: str | None
     workflow_id: str
     relpath: str
@@ -108,23 +108,13 @@ class Hit:
     review: rules.Review
     trust: rules.Trust
 
-    def to_json(self) -> JsonObject:
-        return {"alias": self.alias, "workflow_id": self.workflow_id, "relpath": self.relpath, "title": self.title,
-                "snippet": self.snippet, "score": self.score, "modified_at": self.modified_at,
-                "contributed_by_workflow": self.contributed_by_workflow, "review": self.review,
-                "trust": self.trust}  # fmt: skip
-
 
 @dataclass(frozen=True)
-class SearchResult:
+class SearchResult(Record):
     session_id: str
     query: str
     hits: tuple[Hit, ...]
     dropped_by_gate: int
-
-    def to_json(self) -> JsonObject:
-        return {"session_id": self.session_id, "query": self.query, "hits": [h.to_json() for h in self.hits],
-                "dropped_by_gate": self.dropped_by_gate}  # fmt: skip
 
 
 @dataclass(frozen=True)

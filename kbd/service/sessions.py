@@ -29,9 +29,10 @@ from kbd.core import audience, pathguard, policy
 from kbd.core.folders import FolderStatus
 from kbd.core.lookup import Found, KbProbe, Lookup, Unreadable
 from kbd.core.pathguard import PathCheck
-from kbd.core.plan import Plan, build_plan
+from kbd.core.plan import Plan, build_plan, plan_keys
 from kbd.core.policy import KINDS, KindPolicy
 from kbd.core.principals import Actor, LocalOperator, Principal, Principals, actor_fields
+from kbd.core.records import Keys, Record
 from kbd.errors import InvalidInput, KbdError, PermissionDenied, session_not_found
 from kbd.fs import datafiles
 from kbd.fs.confined import link_below
@@ -40,7 +41,7 @@ from kbd.fs.registry import Folder
 from kbd.sandbox import trees
 from kbd.service import JsonObject
 from kbd.service.root import Root
-from kbd.state.processes import ProcessRow, RunningCommands
+from kbd.state.processes import ProcessRow, RunningCommands, process_keys
 from kbd.state.sessions import SessionRow, SessionStore, new_session_id, require_open
 
 _MODES = {"none": set(), "read": {"r"}, "write": {"w"}, "read-write": {"r", "w"}}
@@ -317,9 +318,11 @@ class RootSessions:
 
 
 @dataclass(frozen=True)
-class RunningCommand:
+class RunningCommand(Record):
     """A command still running in a session; ``stale`` when it started under an
-    older plan generation than the current one (its grants since changed)."""
+    older plan generation than the current one (its grants since changed).
+
+    Its JSON is written by hand (docs/architecture.md "Typed operations"): the process's keys, then ``stale``."""
 
     process: ProcessRow
     stale: bool
@@ -327,10 +330,24 @@ class RunningCommand:
     def to_json(self) -> JsonObject:
         return {**self.process.to_json(), "stale": self.stale}
 
+    @classmethod
+    def from_json(cls, data: object, where: str = "") -> RunningCommand:
+        k = _RUNNING.read(cls, data, where)
+        return cls(ProcessRow.from_json(data, where or cls.__name__), k["stale"])
+
+    @classmethod
+    def json_schema(cls, defs: dict[str, JsonObject] | None = None) -> JsonObject:
+        return _RUNNING.schema(cls, defs)
+
+
+_RUNNING = Keys(lambda: {**process_keys(), "stale": bool})
+
 
 @dataclass(frozen=True)
-class SessionView:
-    """A session's plan, rebuilt from saved configuration now, and what runs in it."""
+class SessionView(Record):
+    """A session's plan, rebuilt from saved configuration now, and what runs in it.
+
+    Its JSON is written by hand (docs/architecture.md "Typed operations"): the plan's keys, then ``running``."""
 
     plan: Plan
     running: tuple[RunningCommand, ...]
@@ -338,34 +355,37 @@ class SessionView:
     def to_json(self) -> JsonObject:
         return {**self.plan.to_json(), "running": [r.to_json() for r in self.running]}
 
+    @classmethod
+    def from_json(cls, data: object, where: str = "") -> SessionView:
+        k = _SESSION_VIEW.read(cls, data, where)
+        return cls(Plan.from_json(data, where or cls.__name__), tuple(k["running"]))
+
+    @classmethod
+    def json_schema(cls, defs: dict[str, JsonObject] | None = None) -> JsonObject:
+        return _SESSION_VIEW.schema(cls, defs)
+
+
+_SESSION_VIEW = Keys(lambda: {**plan_keys(), "running": list[RunningCommand]},
+                     omitted=("session_id", "parent", "opened_by"))  # fmt: skip
+
 
 @dataclass(frozen=True)
-class SessionList:
+class SessionList(Record):
     sessions: tuple[SessionRow, ...]
 
-    def to_json(self) -> JsonObject:
-        return {"sessions": [s.to_json() for s in self.sessions]}
-
 
 @dataclass(frozen=True)
-class Closed:
+class Closed(Record):
     session_id: str
     closed: tuple[str, ...]  # the session and its open children, as closed now
 
-    def to_json(self) -> JsonObject:
-        return {"session_id": self.session_id, "closed": list(self.closed)}
-
 
 @dataclass(frozen=True)
-class Revoked:
+class Revoked(Record):
     session_id: str
     generation: int
     terminated: tuple[int, ...]
     still_running: tuple[int, ...]
-
-    def to_json(self) -> JsonObject:
-        return {"session_id": self.session_id, "generation": self.generation,
-                "terminated": list(self.terminated), "still_running": list(self.still_running)}  # fmt: skip
 
 
 # -- operations --------------------------------------------------------------------
@@ -640,13 +660,26 @@ def check_path(plan: Plan, path: str, mode: str) -> PathCheck:
 
 
 @dataclass(frozen=True)
-class Environment:
-    """The variables a command of the session gets from its current plan."""
+class Environment(Record):
+    """The variables a command of the session gets from its current plan.
+
+    Its JSON is written by hand (docs/architecture.md "Typed operations"): its keys are the variables' names."""
 
     env: Mapping[str, str]
 
     def to_json(self) -> JsonObject:
         return dict(self.env)
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "") -> Environment:
+        return cls(_VARIABLES.read(cls, data, where))
+
+    @classmethod
+    def json_schema(cls, defs: dict[str, JsonObject] | None = None) -> JsonObject:
+        return _VARIABLES.schema(cls, defs)
+
+
+_VARIABLES = Keys(dict, others=str)
 
 
 def environment(sessions: RootSessions, sid: str, *, actor: Actor) -> Environment:

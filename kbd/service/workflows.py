@@ -11,7 +11,7 @@ HTTP API.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias
 
 from kbd.core import audience
@@ -25,6 +25,7 @@ from kbd.core.manifest import (
     with_writers,
 )
 from kbd.core.principals import Principal
+from kbd.core.records import Record, key
 from kbd.core.resolve import Attachment, resolve_entry
 from kbd.errors import (
     GrantGroupMissing,
@@ -48,7 +49,7 @@ SourcesBuilder: TypeAlias = Callable[[Manifest], list[SourceRef]]
 
 
 @dataclass(frozen=True)
-class WorkflowRow:
+class WorkflowRow(Record):
     """One discovered workflow folder, with its registry status."""
 
     id: str | None
@@ -59,42 +60,29 @@ class WorkflowRow:
     nested_in: str | None  # a workflow folder inside another one (docs/on-disk.md "Registry")
     contains: tuple[str, ...]
 
-    def to_json(self) -> JsonObject:
-        return {"id": self.id, "label": self.label, "path": self.path, "status": self.status,
-                "problem": self.problem, "nested_in": self.nested_in, "contains": list(self.contains)}  # fmt: skip
-
 
 @dataclass(frozen=True)
-class WorkflowList:
+class WorkflowList(Record):
     workflows: tuple[WorkflowRow, ...]
 
-    def to_json(self) -> JsonObject:
-        return {"workflows": [w.to_json() for w in self.workflows]}
-
 
 @dataclass(frozen=True)
-class Candidate:
+class Candidate(Record):
     """A workflow the consumer could attach now (labels, never paths)."""
 
     workflow_id: str
     label: str
     write_granted: bool
 
-    def to_json(self) -> JsonObject:
-        return {"workflow_id": self.workflow_id, "label": self.label, "write_granted": self.write_granted}
-
 
 @dataclass(frozen=True)
-class CandidateList:
+class CandidateList(Record):
     workflow_id: str
     candidates: tuple[Candidate, ...]
 
-    def to_json(self) -> JsonObject:
-        return {"workflow_id": self.workflow_id, "candidates": [c.to_json() for c in self.candidates]}
-
 
 @dataclass(frozen=True)
-class SourcesView:
+class SourcesView(Record):
     """A workflow's attachments as resolved now (``kbd sources list|set``,
     ``GET|PUT /v1/workflows/{wid}/sources``)."""
 
@@ -102,13 +90,9 @@ class SourcesView:
     version: str
     sources: tuple[Attachment, ...]
 
-    def to_json(self) -> JsonObject:
-        return {"workflow_id": self.workflow_id, "version": self.version,
-                "sources": [a.to_json() for a in self.sources]}  # fmt: skip
-
 
 @dataclass(frozen=True)
-class WorkflowDetail:
+class WorkflowDetail(Record):
     """Everything a builder needs about one workflow (``kbd workflows show``)."""
 
     workflow_id: str
@@ -121,6 +105,8 @@ class WorkflowDetail:
     editors: tuple[str, ...]
     readers: tuple[str, ...]
     sources: tuple[Attachment, ...]
+    # The sources whose notes/ it may write into now.
+    writes_into: tuple[str, ...] = field(init=False, metadata=key(computed=True))
     allowed_kb_writers: tuple[str, ...]
     candidates: tuple[Candidate, ...]
     can_manage: bool
@@ -128,61 +114,31 @@ class WorkflowDetail:
     # to its notes/ (its owners and admins)? What a page needs to offer those.
     can_grant: bool = False
 
-    @property
-    def writes_into(self) -> list[str]:
-        return [a.workflow_id for a in self.sources if a.writable]
-
-    def to_json(self) -> JsonObject:
-        return {
-            "workflow_id": self.workflow_id,
-            "label": self.label,
-            "path": self.path,
-            "version": self.version,
-            "host": self.host,
-            "legacy": self.legacy,
-            "owners": list(self.owners),
-            "editors": list(self.editors),
-            "readers": list(self.readers),
-            "sources": [a.to_json() for a in self.sources],
-            "writes_into": self.writes_into,
-            "allowed_kb_writers": list(self.allowed_kb_writers),
-            "candidates": [c.to_json() for c in self.candidates],
-            "can_manage": self.can_manage,
-            "can_grant": self.can_grant,
-        }
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "writes_into", tuple(a.workflow_id for a in self.sources if a.writable))
 
 
 @dataclass(frozen=True)
-class Detached:
+class Detached(Record):
     workflow_id: str
-    alias: str
-
-    def to_json(self) -> JsonObject:
-        return {"workflow_id": self.workflow_id, "detached": self.alias}
+    alias: str = field(metadata=key(name="detached"))
 
 
 @dataclass(frozen=True)
-class WriterRow:
+class WriterRow(Record):
     workflow_id: str
     exists: bool  # a grant may name a workflow that is gone now
 
-    def to_json(self) -> JsonObject:
-        return {"workflow_id": self.workflow_id, "exists": self.exists}
-
 
 @dataclass(frozen=True)
-class WritersView:
+class WritersView(Record):
     workflow_id: str
     writers: tuple[WriterRow, ...]
     legacy: bool
 
-    def to_json(self) -> JsonObject:
-        return {"workflow_id": self.workflow_id, "writers": [w.to_json() for w in self.writers],
-                "legacy": self.legacy}  # fmt: skip
-
 
 @dataclass(frozen=True)
-class WriterChange:
+class WriterChange(Record):
     """The outcome of a grant or a revoke. ``consumer`` is the consumer's ID as
     recorded (surrounding blanks trimmed, as the grant list and the audit record
     hold it) for both, whichever interface asked."""
@@ -191,10 +147,6 @@ class WriterChange:
     consumer: str
     granted: bool
     changed: bool
-
-    def to_json(self) -> JsonObject:
-        return {"source": self.source, "consumer": self.consumer, "granted": self.granted,
-                "changed": self.changed}  # fmt: skip
 
 
 # -- queries --------------------------------------------------------------------------
@@ -564,21 +516,13 @@ MAX_LABEL = 200
 
 
 @dataclass(frozen=True)
-class WorkflowCreated:
+class WorkflowCreated(Record):
     """A workflow folder kbd made for its builder."""
 
     workflow_id: str
     label: str
-    owner: str
+    owners: tuple[str, ...]  # its one owner
     path: str
-
-    def to_json(self) -> JsonObject:
-        return {
-            "workflow_id": self.workflow_id,
-            "label": self.label,
-            "owners": [self.owner],
-            "path": self.path,
-        }
 
 
 def create(
@@ -647,7 +591,7 @@ def _create(
     root.audit("workflow_created", workflow_id=wid, actor=actor.id, owner=target)
     path = workflow_folder.create(root.config.workflow_roots[0], wid, data, who)
     root.registry.apply([PathChange("added", str(path))])  # found at once, not at the next sweep
-    return WorkflowCreated(wid, text, target, str(path))
+    return WorkflowCreated(wid, text, (target,), str(path))
 
 
 def _ownership(root: Root, uid: int) -> Ownership:

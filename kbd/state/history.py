@@ -219,7 +219,7 @@ class HistoryStore:
             try:
                 doc = json.loads(log.read_bytes())
                 source, relpath = str(doc["source"]), str(doc["relpath"])
-                entries = [Entry.from_json(e) for e in doc["entries"]]
+                entries = [Entry.from_log(e) for e in doc["entries"]]
             except (OSError, ValueError, KeyError, TypeError):
                 continue
             logs.append(log)

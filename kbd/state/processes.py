@@ -17,8 +17,10 @@ import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from kbd.core.layout import BROKER_NAME
+from kbd.core.records import JsonObject, Keys, Record
 
 # Where a long-lived process keeps its spare record files: a name no session
 # ID can take, so no reader of a session's records ever lists it.
@@ -26,7 +28,10 @@ SPARES = ".spare"
 
 
 @dataclass(frozen=True)
-class ProcessRow:
+class ProcessRow(Record):
+    """The record of one running command. Its JSON is written by hand (docs/architecture.md "Typed
+    operations"): it leaves out the session, the cgroup, liveness and the principal."""
+
     session_id: str
     pid: int
     pgid: int
@@ -39,9 +44,27 @@ class ProcessRow:
     # operator): when it is disabled or loses its role, the daemon ends the command.
     principal: str | None = None
 
-    def to_json(self) -> dict[str, int | float | list[str]]:
+    def to_json(self) -> JsonObject:
         return {"pid": self.pid, "pgid": self.pgid, "generation": self.generation,
                 "started_at": self.started_at, "argv": self.argv}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "") -> ProcessRow:
+        """The record ``data`` spells; the session it runs in is unknown (empty), the rest defaults."""
+        k = PROCESS_KEYS.read(cls, data, where)
+        return cls("", k["pid"], k["pgid"], k["generation"], k["started_at"], k["argv"])
+
+    @classmethod
+    def json_schema(cls, defs: dict[str, JsonObject] | None = None) -> JsonObject:
+        return PROCESS_KEYS.schema(cls, defs)
+
+
+def process_keys() -> dict[str, Any]:
+    """The keys of a running command's JSON and their types (see :class:`ProcessRow`)."""
+    return {"pid": int, "pgid": int, "generation": int, "started_at": float, "argv": list[str]}
+
+
+PROCESS_KEYS = Keys(process_keys)
 
 
 class RunningCommands:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
 
+from kbd.core.records import JsonObject, Keys, Record
 from kbd.errors import SessionClosed, session_not_found
 from kbd.fs.atomic import ensure_private_dir
 from kbd.state.sqlite import from_sqlite
@@ -63,7 +64,10 @@ def _translated() -> Iterator[None]:
 
 
 @dataclass(frozen=True)
-class SessionRow:
+class SessionRow(Record):
+    """A stored session. Its JSON is written by hand (docs/architecture.md "Typed operations"): it says
+    whether the session is closed, not when, and never its digest."""
+
     id: str
     workflow_id: str
     kind: str
@@ -76,7 +80,7 @@ class SessionRow:
     generation: int
     digest: str
 
-    def to_json(self) -> dict[str, str | bool | float | int | None]:
+    def to_json(self) -> JsonObject:
         return {
             "session_id": self.id,
             "workflow_id": self.workflow_id,
@@ -89,6 +93,23 @@ class SessionRow:
             "closed": self.closed_at is not None,
             "generation": self.generation,
         }
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "") -> SessionRow:
+        """The row ``data`` spells; what it does not say is unknown: a closed
+        session's ``closed_at`` is its ``opened_at``, the digest is empty."""
+        k = _SESSION_ROW.read(cls, data, where)
+        return cls(k["session_id"], k["workflow_id"], k["kind"], k["kb_access"], k["item_kb_write"], k["parent"],
+                   k["opened_by"], k["opened_at"], k["opened_at"] if k["closed"] else None, k["generation"], "")  # fmt: skip
+
+    @classmethod
+    def json_schema(cls, defs: dict[str, JsonObject] | None = None) -> JsonObject:
+        return _SESSION_ROW.schema(cls, defs)
+
+
+_SESSION_ROW = Keys(lambda: {"session_id": str, "workflow_id": str, "kind": str, "kb_access": str, "item_kb_write": bool,
+                             "parent": str | None, "opened_by": str, "opened_at": float, "closed": bool,
+                             "generation": int})  # fmt: skip
 
 
 def new_session_id() -> str:

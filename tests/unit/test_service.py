@@ -387,9 +387,13 @@ def test_metrics_are_for_operators_only(world: KbRoot) -> None:
 
 
 def test_whoami_tells_the_effective_admin_flag_never_the_token() -> None:
-    assert auth.Identity(PEOPLE.by_id["alice"]).to_json() == {"id": "alice", "kind": "user", "admin": False}
+    assert auth.Identity.of(PEOPLE.by_id["alice"]).to_json() == {
+        "id": "alice",
+        "kind": "user",
+        "admin": False,
+    }
     former = Principal("ex", admin=True, disabled=True, token_sha256="0" * 64)
-    assert auth.Identity(former).to_json() == {"id": "ex", "kind": "user", "admin": False}
+    assert auth.Identity.of(former).to_json() == {"id": "ex", "kind": "user", "admin": False}
 
 
 def test_a_session_without_a_parent_needs_a_kind(world: KbRoot) -> None:
