@@ -15,22 +15,38 @@ from the API's envelope by :func:`kbd.client.error_from`.
 from __future__ import annotations
 
 import base64
+import importlib
 import os
 import re
 import stat
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar
 from urllib.parse import quote
 
 from kbd.client import brokered
 from kbd.core.layout import CONFIG_NAME, STATE_DIR
 from kbd.core.principals import Actor, LocalOperator, Principal, named_principal
+from kbd.core.records import Record
 from kbd.errors import InvalidInput, KbdError, NotFound, PermissionDenied, Unavailable, UsageError
 from kbd.service import JsonObject
 
 if TYPE_CHECKING:
+    import kbd.core.pathguard
+    import kbd.core.plan
+    import kbd.core.resolve
+    import kbd.service.admin
+    import kbd.service.browse
+    import kbd.service.history
+    import kbd.service.importing
+    import kbd.service.notes
+    import kbd.service.principals
+    import kbd.service.reviews
+    import kbd.service.search
+    import kbd.service.sessions
+    import kbd.service.workflows
     from kbd.client import Client
     from kbd.service.root import Root
     from kbd.service.sessions import RootSessions
@@ -44,8 +60,8 @@ ActorRule = Literal["mapped", "operator"]
 SYSTEM_ROOT = Path(brokered.SYSTEM_ROOT)
 
 
-class HasJson(Protocol):
-    def to_json(self) -> JsonObject: ...
+#: An operation's result: a typed record (kbd.core.records), the same value in both modes.
+R = TypeVar("R", bound=Record, covariant=True)
 
 
 @dataclass(frozen=True)
@@ -73,7 +89,7 @@ NAMES = {"wf": "workflow ID", "source": "source workflow ID", "consumer": "consu
          "alias": "alias", "sid": "session ID", "name": "principal name"}  # fmt: skip
 
 
-def check_names(op: Op) -> None:
+def check_names(op: Op[Any]) -> None:
     """An empty name is a usage error in both modes, as an empty ``--as`` is
     (docs/multi-user.md "The CLI through the daemon"): through the daemon it cannot even be sent (it was sent as
     ``%00``, a NUL the daemon then named and audited)."""
@@ -125,8 +141,10 @@ def _query_value(value: object) -> str | None:
     return str(value)
 
 
-class Op:
-    """A CLI operation. Subclasses are frozen dataclasses of its arguments."""
+class Op(Generic[R]):
+    """An operation: a frozen dataclass of its arguments, typed by its result
+    (``class Attach(Op["kbd.core.resolve.Attachment"])``, named by its module
+    so that the CLI through the daemon imports only the results it reads)."""
 
     actor_rule: ClassVar[ActorRule] = "mapped"
     #: Its names go into the API path (check_names); else into the query.
@@ -134,8 +152,18 @@ class Op:
     #: How the API asks it (see :class:`Route`).
     route: ClassVar[Route]
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> R:
         raise NotImplementedError
+
+    @classmethod
+    def result(cls) -> type[R]:
+        """The class of this operation's result (what the daemon's answer is read back as)."""
+        found: type[R] | None = _RESULTS.get(cls)
+        if found is None:
+            (ref,) = typing.get_args(cls.__orig_bases__[0])  # type: ignore[attr-defined]
+            module, _, name = ref.__forward_arg__.rpartition(".")
+            found = _RESULTS[cls] = getattr(importlib.import_module(module), name)
+        return found
 
     def http(self) -> Request:
         """The API request that asks the daemon this operation, from :attr:`route`."""
@@ -148,7 +176,7 @@ class Op:
         return Request(route.method, path, body, params or None)
 
     @classmethod
-    def from_wire(cls, values: Mapping[str, object]) -> Op:
+    def from_wire(cls, values: Mapping[str, object]) -> Op[R]:
         """The operation a request asks: ``values`` holds the path's names and
         the body's keys (already checked by the daemon's body model)."""
         route = cls.route
@@ -158,12 +186,17 @@ class Op:
         return cls(**kwargs)
 
 
+_RESULTS: dict[type[Op[Any]], Any] = {}
+
+
 class DirectContext:
     """The root this process uses itself, opened once per command. ``refusal``:
     why this process may not change it (None: it may), raised before the
     session store, which lives in the state it may not write, is opened."""
 
-    def __init__(self, root: Root, refusal: KbdError | None = None, *, sessions: RootSessions | None = None) -> None:
+    def __init__(
+        self, root: Root, refusal: KbdError | None = None, *, sessions: RootSessions | None = None
+    ) -> None:
         self.root = root
         self.refusal = refusal
         # The daemon's own session store (kbd.daemon.routes serves operations on it); else opened when first used.
@@ -183,7 +216,7 @@ class DirectContext:
 class Backend(Protocol):
     mode: Mode
 
-    def run(self, op: Op, *, as_: str | None) -> JsonObject: ...
+    def run(self, op: Op[R], *, as_: str | None) -> R: ...
 
     def refresh(self) -> None: ...
 
@@ -221,10 +254,10 @@ class Direct:
         if self._ctx is not None:
             self._ctx.root.refresh()
 
-    def run(self, op: Op, *, as_: str | None) -> JsonObject:
+    def run(self, op: Op[R], *, as_: str | None) -> R:
         check_names(op)
         try:
-            return op.direct(self.context, self.actor(op.actor_rule, as_)).to_json()
+            return op.direct(self.context, self.actor(op.actor_rule, as_))
         except PermissionError:
             # A root this process may read but not change, and no daemon to
             # ask: the refusal says so (not an internal error); nothing was changed.
@@ -262,12 +295,18 @@ class Remote:
     def refresh(self) -> None:
         """Nothing to re-read here: the daemon refreshes its root at every request."""
 
-    def run(self, op: Op, *, as_: str | None) -> JsonObject:
+    def run(self, op: Op[R], *, as_: str | None) -> R:
         check_names(op)
         self.check_as(as_)
         req = op.http()
         answer: JsonObject = self.client.request(req.method, req.path, json=req.body, params=req.params)
-        return answer
+        try:
+            return op.result().from_json(answer)
+        except InvalidInput as err:
+            raise Unavailable(
+                f"the kbd daemon's answer to {req.method} {req.path} is not what this kbd reads: {err.message}",
+                hint="the daemon may run another kbd version: compare kbd --version with the daemon's",
+            ) from None
 
 
 # -- the mode -----------------------------------------------------------------------------
@@ -392,17 +431,17 @@ def _principal(actor: Actor) -> Principal:
 
 
 @dataclass(frozen=True)
-class WorkflowsList(Op):
+class WorkflowsList(Op["kbd.service.workflows.WorkflowList"]):
     route: ClassVar[Route] = Route("GET", "/v1/workflows")
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.workflows.WorkflowList:
         from kbd.service import workflows as _workflows
 
         return _workflows.list_workflows(ctx.root, actor=_principal(actor))
 
 
 @dataclass(frozen=True)
-class WorkflowCreate(Op):
+class WorkflowCreate(Op["kbd.service.workflows.WorkflowCreated"]):
     route: ClassVar[Route] = Route(
         "POST", "/v1/workflows", body={"workflow_id": "wf", "label": "label", "owner": "owner"}, status=201
     )
@@ -410,7 +449,7 @@ class WorkflowCreate(Op):
     label: str | None
     owner: str | None
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.workflows.WorkflowCreated:
         from kbd.service import workflows as _workflows
 
         return _workflows.create(
@@ -419,29 +458,29 @@ class WorkflowCreate(Op):
 
 
 @dataclass(frozen=True)
-class WorkflowShow(Op):
+class WorkflowShow(Op["kbd.service.workflows.WorkflowDetail"]):
     route: ClassVar[Route] = Route("GET", "/v1/workflows/{wid}", {"wid": "wf"})
     wf: str
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.workflows.WorkflowDetail:
         from kbd.service import workflows as _workflows
 
         return _workflows.show(ctx.root, self.wf, actor=_principal(actor))
 
 
 @dataclass(frozen=True)
-class SourcesList(Op):
+class SourcesList(Op["kbd.service.workflows.SourcesView"]):
     route: ClassVar[Route] = Route("GET", "/v1/workflows/{wid}/sources", {"wid": "wf"})
     wf: str
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.workflows.SourcesView:
         from kbd.service import workflows as _workflows
 
         return _workflows.sources(ctx.root, self.wf, actor=_principal(actor))
 
 
 @dataclass(frozen=True)
-class Attach(Op):
+class Attach(Op["kbd.core.resolve.Attachment"]):
     route: ClassVar[Route] = Route(
         "POST",
         "/v1/workflows/{wid}/sources",
@@ -454,7 +493,7 @@ class Attach(Op):
     alias: str
     access: str
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.core.resolve.Attachment:
         from kbd.service import workflows as _workflows
 
         return _workflows.attach(ctx.root, self.wf, self.source, alias=self.alias, access=self.access,
@@ -462,19 +501,19 @@ class Attach(Op):
 
 
 @dataclass(frozen=True)
-class Detach(Op):
+class Detach(Op["kbd.service.workflows.Detached"]):
     route: ClassVar[Route] = Route("DELETE", "/v1/workflows/{wid}/sources/{alias}", {"wid": "wf"})
     wf: str
     alias: str
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.workflows.Detached:
         from kbd.service import workflows as _workflows
 
         return _workflows.detach(ctx.root, self.wf, self.alias, actor=_principal(actor))
 
 
 @dataclass(frozen=True)
-class SetSources(Op):
+class SetSources(Op["kbd.service.workflows.SourcesView"]):
     route: ClassVar[Route] = Route(
         "PUT",
         "/v1/workflows/{wid}/sources",
@@ -485,7 +524,7 @@ class SetSources(Op):
     sources: Any  # the parsed JSON document, checked by the operation
     expected_version: str | None
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.workflows.SourcesView:
         from kbd.service import workflows as _workflows
 
         return _workflows.set_sources(ctx.root, self.wf, self.sources, actor=_principal(actor),
@@ -499,7 +538,7 @@ class SetSources(Op):
 
 
 @dataclass(frozen=True)
-class SetAccess(Op):
+class SetAccess(Op["kbd.core.resolve.Attachment"]):
     """Change one attachment's access (``kbd sources access``), atomically."""
 
     route: ClassVar[Route] = Route(
@@ -514,7 +553,7 @@ class SetAccess(Op):
     access: str
     expected_version: str | None
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.core.resolve.Attachment:
         from kbd.service import workflows as _workflows
 
         return _workflows.set_access(ctx.root, self.wf, self.alias, self.access, actor=_principal(actor),
@@ -522,55 +561,55 @@ class SetAccess(Op):
 
 
 @dataclass(frozen=True)
-class Candidates(Op):
+class Candidates(Op["kbd.service.workflows.CandidateList"]):
     route: ClassVar[Route] = Route("GET", "/v1/workflows/{wid}/candidates", {"wid": "wf"})
     wf: str
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.workflows.CandidateList:
         from kbd.service import workflows as _workflows
 
         return _workflows.candidates(ctx.root, self.wf, actor=_principal(actor))
 
 
 @dataclass(frozen=True)
-class WritersList(Op):
+class WritersList(Op["kbd.service.workflows.WritersView"]):
     route: ClassVar[Route] = Route("GET", "/v1/workflows/{wid}/writers", {"wid": "source"})
     source: str
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.workflows.WritersView:
         from kbd.service import workflows as _workflows
 
         return _workflows.writers(ctx.root, self.source, actor=_principal(actor))
 
 
 @dataclass(frozen=True)
-class Grant(Op):
+class Grant(Op["kbd.service.workflows.WriterChange"]):
     route: ClassVar[Route] = Route(
         "POST", "/v1/workflows/{wid}/writers", {"wid": "source"}, body={"workflow_id": "consumer"}
     )
     source: str
     consumer: str
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.workflows.WriterChange:
         from kbd.service import workflows as _workflows
 
         return _workflows.grant(ctx.root, self.source, self.consumer, actor=_principal(actor))
 
 
 @dataclass(frozen=True)
-class Revoke(Op):
+class Revoke(Op["kbd.service.workflows.WriterChange"]):
     route: ClassVar[Route] = Route("DELETE", "/v1/workflows/{wid}/writers/{consumer}", {"wid": "source"})
     source: str
     consumer: str
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.workflows.WriterChange:
         from kbd.service import workflows as _workflows
 
         return _workflows.revoke(ctx.root, self.source, self.consumer, actor=_principal(actor))
 
 
 @dataclass(frozen=True)
-class SessionOpen(Op):
+class SessionOpen(Op["kbd.core.plan.Plan"]):
     route: ClassVar[Route] = Route(
         "POST",
         "/v1/sessions",
@@ -589,7 +628,7 @@ class SessionOpen(Op):
     item_kb_write: bool | None
     parent: str | None
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.core.plan.Plan:
         from kbd.service import sessions as _sessions
 
         return _sessions.open_session(ctx.sessions, self.wf, actor=_principal(actor), kind=self.kind,
@@ -598,44 +637,44 @@ class SessionOpen(Op):
 
 
 @dataclass(frozen=True)
-class SessionShow(Op):
+class SessionShow(Op["kbd.service.sessions.SessionView"]):
     route: ClassVar[Route] = Route("GET", "/v1/sessions/{sid}")
     actor_rule: ClassVar[ActorRule] = "operator"
     sid: str
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.sessions.SessionView:
         from kbd.service import sessions as _sessions
 
         return _sessions.show(ctx.sessions, self.sid, actor=actor)
 
 
 @dataclass(frozen=True)
-class SessionRevoke(Op):
+class SessionRevoke(Op["kbd.service.sessions.Revoked"]):
     route: ClassVar[Route] = Route("POST", "/v1/sessions/{sid}/revoke", body={"immediate": "immediate"})
     actor_rule: ClassVar[ActorRule] = "operator"
     sid: str
     immediate: bool
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.sessions.Revoked:
         from kbd.service import sessions as _sessions
 
         return _sessions.revoke(ctx.sessions, self.sid, actor=actor, immediate=self.immediate)
 
 
 @dataclass(frozen=True)
-class SessionEnv(Op):
+class SessionEnv(Op["kbd.service.sessions.Environment"]):
     route: ClassVar[Route] = Route("GET", "/v1/sessions/{sid}/env")
     actor_rule: ClassVar[ActorRule] = "operator"
     sid: str
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.sessions.Environment:
         from kbd.service import sessions as _sessions
 
         return _sessions.environment(ctx.sessions, self.sid, actor=actor)
 
 
 @dataclass(frozen=True)
-class SessionList(Op):
+class SessionList(Op["kbd.service.sessions.SessionList"]):
     route: ClassVar[Route] = Route(
         "GET", "/v1/sessions", query={"workflow_id": "wf", "all": "include_closed"}
     )
@@ -644,7 +683,7 @@ class SessionList(Op):
     wf: str | None
     include_closed: bool
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.sessions.SessionList:
         from kbd.service import sessions as _sessions
 
         return _sessions.list_sessions(ctx.sessions, actor=actor, workflow_id=self.wf,
@@ -652,33 +691,33 @@ class SessionList(Op):
 
 
 @dataclass(frozen=True)
-class SessionClose(Op):
+class SessionClose(Op["kbd.service.sessions.Closed"]):
     route: ClassVar[Route] = Route("DELETE", "/v1/sessions/{sid}")
     actor_rule: ClassVar[ActorRule] = "operator"
     sid: str
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.sessions.Closed:
         from kbd.service import sessions as _sessions
 
         return _sessions.close(ctx.sessions, self.sid, actor=actor)
 
 
 @dataclass(frozen=True)
-class Check(Op):
+class Check(Op["kbd.core.pathguard.PathCheck"]):
     route: ClassVar[Route] = Route("POST", "/v1/sessions/{sid}/check", body={"path": "path", "mode": "mode"})
     actor_rule: ClassVar[ActorRule] = "operator"
     sid: str
     path: str
     mode: str
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.core.pathguard.PathCheck:
         from kbd.service import sessions as _sessions
 
         return _sessions.check(ctx.sessions, self.sid, self.path, self.mode, actor=actor)
 
 
 @dataclass(frozen=True)
-class NoteWrite(Op):
+class NoteWrite(Op["kbd.service.notes.NoteWritten"]):
     route: ClassVar[Route] = Route("POST", "/v1/sessions/{sid}/notes", status=201)
     actor_rule: ClassVar[ActorRule] = "operator"
     sid: str
@@ -687,7 +726,7 @@ class NoteWrite(Op):
     data: bytes
     expected: str | None = None  # --expected-version: a version, "none", or None (not asked)
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.notes.NoteWritten:
         from kbd.service import notes as _notes
 
         return _notes.write(ctx.sessions, self.sid, self.alias, self.relpath, self.data, actor=actor,
@@ -710,21 +749,21 @@ class NoteWrite(Op):
 
 
 @dataclass(frozen=True)
-class NoteLog(Op):
+class NoteLog(Op["kbd.service.history.NoteLog"]):
     route: ClassVar[Route] = Route(
         "GET", "/v1/workflows/{wid}/notes/history", {"wid": "wf"}, query={"path": "relpath"}
     )
     wf: str
     relpath: str
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.history.NoteLog:
         from kbd.service import history as _history
 
         return _history.log(ctx.root, self.wf, self.relpath, actor=_principal(actor))
 
 
 @dataclass(frozen=True)
-class NoteShow(Op):
+class NoteShow(Op["kbd.service.history.NoteVersion"]):
     route: ClassVar[Route] = Route(
         "GET",
         "/v1/workflows/{wid}/notes/history/version",
@@ -735,14 +774,14 @@ class NoteShow(Op):
     relpath: str
     version: str | None
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.history.NoteVersion:
         from kbd.service import history as _history
 
         return _history.show(ctx.root, self.wf, self.relpath, actor=_principal(actor), version=self.version)
 
 
 @dataclass(frozen=True)
-class NoteDiff(Op):
+class NoteDiff(Op["kbd.service.history.NoteDiff"]):
     route: ClassVar[Route] = Route(
         "GET",
         "/v1/workflows/{wid}/notes/history/diff",
@@ -754,7 +793,7 @@ class NoteDiff(Op):
     version: str | None
     against: str | None
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.history.NoteDiff:
         from kbd.service import history as _history
 
         return _history.diff(ctx.root, self.wf, self.relpath, actor=_principal(actor), version=self.version,
@@ -762,7 +801,7 @@ class NoteDiff(Op):
 
 
 @dataclass(frozen=True)
-class NoteRestore(Op):
+class NoteRestore(Op["kbd.service.history.NoteRestored"]):
     route: ClassVar[Route] = Route(
         "POST",
         "/v1/workflows/{wid}/notes/history/restore",
@@ -773,7 +812,7 @@ class NoteRestore(Op):
     relpath: str
     version: str | None
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.history.NoteRestored:
         from kbd.service import history as _history
 
         return _history.restore(
@@ -782,7 +821,7 @@ class NoteRestore(Op):
 
 
 @dataclass(frozen=True)
-class Read(Op):
+class Read(Op["kbd.service.browse.FileRead"]):
     route: ClassVar[Route] = Route(
         "GET", "/v1/workflows/{wid}/sources/{alias}/file", {"wid": "wf"}, query={"path": "relpath"}
     )
@@ -790,14 +829,14 @@ class Read(Op):
     alias: str
     relpath: str
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.browse.FileRead:
         from kbd.service import browse as _browse
 
         return _browse.read(ctx.root, self.wf, self.alias, self.relpath, actor=_principal(actor))
 
 
 @dataclass(frozen=True)
-class Ls(Op):
+class Ls(Op["kbd.service.browse.Listing"]):
     route: ClassVar[Route] = Route(
         "GET",
         "/v1/workflows/{wid}/sources/{alias}/dir",
@@ -810,7 +849,7 @@ class Ls(Op):
     limit: int | None
     after: str | None
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.browse.Listing:
         from kbd.service import browse as _browse
 
         return _browse.ls(ctx.root, self.wf, self.alias, self.reldir, actor=_principal(actor), limit=self.limit,
@@ -822,7 +861,7 @@ OWN_KB = "."
 
 
 @dataclass(frozen=True)
-class OwnRead(Op):
+class OwnRead(Op["kbd.service.browse.FileRead"]):
     """A file of the workflow's own KB (``kbd read WF . RELPATH``)."""
 
     route: ClassVar[Route] = Route(
@@ -832,14 +871,14 @@ class OwnRead(Op):
     wf: str
     relpath: str
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.browse.FileRead:
         from kbd.service import browse as _browse
 
         return _browse.read_own(ctx.root, self.wf, self.relpath, actor=_principal(actor))
 
 
 @dataclass(frozen=True)
-class OwnLs(Op):
+class OwnLs(Op["kbd.service.browse.Listing"]):
     """A folder of the workflow's own KB (``kbd ls WF . [RELDIR]``)."""
 
     route: ClassVar[Route] = Route(
@@ -854,7 +893,7 @@ class OwnLs(Op):
     limit: int | None
     after: str | None
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.browse.Listing:
         from kbd.service import browse as _browse
 
         return _browse.ls_own(ctx.root, self.wf, self.reldir, actor=_principal(actor), limit=self.limit,
@@ -862,7 +901,7 @@ class OwnLs(Op):
 
 
 @dataclass(frozen=True)
-class Import(Op):
+class Import(Op["kbd.service.importing.ImportResult"]):
     """One batch of ``kbd import``: documents read by the CLI (as its caller),
     never a path for the daemon to open (:mod:`kbd.service.importing`)."""
 
@@ -875,7 +914,7 @@ class Import(Op):
     dry_run: bool
     update: bool
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.importing.ImportResult:
         from kbd.service import importing as _importing
 
         # An import changes the root: on a root this process may only read, refuse (69) before reading it.
@@ -937,7 +976,7 @@ def import_batches(
 
 
 @dataclass(frozen=True)
-class Search(Op):
+class Search(Op["kbd.service.search.SearchResult"]):
     route: ClassVar[Route] = Route(
         "GET",
         "/v1/sessions/{sid}/search",
@@ -955,7 +994,7 @@ class Search(Op):
     limit: int | None
     include_unreviewed: bool
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.search.SearchResult:
         from kbd.service import search as _search
 
         return _search.search(ctx.sessions, self.sid, self.query, aliases=self.aliases, limit=self.limit,
@@ -963,36 +1002,36 @@ class Search(Op):
 
 
 @dataclass(frozen=True)
-class NotesPending(Op):
+class NotesPending(Op["kbd.service.reviews.Pending"]):
     route: ClassVar[Route] = Route("GET", "/v1/workflows/{wid}/notes/pending", {"wid": "wf"})
     wf: str
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.reviews.Pending:
         from kbd.service import reviews as _reviews
 
         return _reviews.pending(ctx.root, self.wf, actor=_principal(actor))
 
 
 @dataclass(frozen=True)
-class NotesRejected(Op):
+class NotesRejected(Op["kbd.service.reviews.RejectedList"]):
     route: ClassVar[Route] = Route("GET", "/v1/workflows/{wid}/notes/rejected", {"wid": "wf"})
     wf: str
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.reviews.RejectedList:
         from kbd.service import reviews as _reviews
 
         return _reviews.rejected_notes(ctx.root, self.wf, actor=_principal(actor))
 
 
 @dataclass(frozen=True)
-class NotesUnreject(Op):
+class NotesUnreject(Op["kbd.service.reviews.Restored"]):
     route: ClassVar[Route] = Route(
         "POST", "/v1/workflows/{wid}/notes/rejected/{rid}/restore", {"wid": "wf", "rid": "rejected_id"}
     )
     wf: str
     rejected_id: int
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.reviews.Restored:
         from kbd.service import reviews as _reviews
 
         if ctx.refusal is not None:
@@ -1001,7 +1040,7 @@ class NotesUnreject(Op):
 
 
 @dataclass(frozen=True)
-class NotesReview(Op):
+class NotesReview(Op["kbd.service.reviews.Reviewed"]):
     route: ClassVar[Route] = Route(
         "POST",
         "/v1/workflows/{wid}/notes/review",
@@ -1013,7 +1052,7 @@ class NotesReview(Op):
     decision: Literal["approve", "reject"]
     expected: str | None = None
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.reviews.Reviewed:
         from kbd.service import reviews as _reviews
 
         return _reviews.review(ctx.root, self.wf, self.relpath, approve=self.decision == "approve",
@@ -1025,18 +1064,18 @@ class NotesReview(Op):
 
 
 @dataclass(frozen=True)
-class PrincipalsList(Op):
+class PrincipalsList(Op["kbd.service.admin.PrincipalList"]):
     route: ClassVar[Route] = Route("GET", "/v1/principals")
     actor_rule: ClassVar[ActorRule] = "operator"
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.admin.PrincipalList:
         from kbd.service import principals as _principals
 
         return _principals.listing(ctx.root, actor=actor)
 
 
 @dataclass(frozen=True)
-class PrincipalAdd(Op):
+class PrincipalAdd(Op["kbd.service.principals.PrincipalChanged"]):
     route: ClassVar[Route] = Route(
         "POST",
         "/v1/principals",
@@ -1058,7 +1097,7 @@ class PrincipalAdd(Op):
     admin: bool
     label: str | None
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.principals.PrincipalChanged:
         from kbd.service import principals as _principals
 
         return _principals.add(ctx.root, self.name, uid=self.uid, login=self.login, kind=self.kind,
@@ -1066,7 +1105,7 @@ class PrincipalAdd(Op):
 
 
 @dataclass(frozen=True)
-class PrincipalChange(Op):
+class PrincipalChange(Op["kbd.service.principals.PrincipalChanged"]):
     """disable, enable, remove."""
 
     route: ClassVar[Route] = Route(
@@ -1078,7 +1117,7 @@ class PrincipalChange(Op):
     name: str
     force: bool = False
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.principals.PrincipalChanged:
         from kbd.service import principals as _principals
 
         if self.action == "enable":
@@ -1088,12 +1127,12 @@ class PrincipalChange(Op):
 
 
 @dataclass(frozen=True)
-class PrincipalToken(Op):
+class PrincipalToken(Op["kbd.service.principals.TokenIssued"]):
     route: ClassVar[Route] = Route("POST", "/v1/principals/{pid}/token", {"pid": "name"})
     actor_rule: ClassVar[ActorRule] = "operator"
     name: str
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.principals.TokenIssued:
         from kbd.service import principals as _principals
 
         return _principals.rotate_token(ctx.root, self.name, actor=actor)
@@ -1103,7 +1142,7 @@ class PrincipalToken(Op):
 
 
 @dataclass(frozen=True)
-class AuditChunk(Op):
+class AuditChunk(Op["kbd.service.admin.AuditChunk"]):
     """The records from byte ``offset`` of the log on and where the next chunk
     starts (the CLI selects records itself: :class:`kbd.service.admin.AuditFeed`)."""
 
@@ -1112,14 +1151,14 @@ class AuditChunk(Op):
     actor_rule: ClassVar[ActorRule] = "operator"
     offset: int
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.admin.AuditChunk:
         from kbd.service import admin as _admin
 
         return _admin.audit_chunk(ctx.root, offset=self.offset, actor=actor)
 
 
 @dataclass(frozen=True)
-class Doctor(Op):
+class Doctor(Op["kbd.service.admin.DoctorReport"]):
     """The daemon's checks of its root (admins): the server half of ``kbd doctor``."""
 
     route: ClassVar[Route] = Route("GET", "/v1/doctor", query={"workflow": "workflow"})
@@ -1127,7 +1166,7 @@ class Doctor(Op):
     actor_rule: ClassVar[ActorRule] = "operator"
     workflow: str | None
 
-    def direct(self, ctx: DirectContext, actor: Actor) -> HasJson:
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.admin.DoctorReport:
         from kbd.service import admin as _admin
 
         return _admin.doctor(ctx.root.config.root, workflow_id=self.workflow)
@@ -1159,6 +1198,5 @@ def remote_doctor(remote: Remote, workflow: str | None) -> JsonObject:
         return f"you are principal {me['id']} ({me['kind']}{', admin' if admin else ''})"
 
     if check("daemon", daemon) and check("principal", principal) and admin:
-        served: JsonObject = remote.run(Doctor(workflow), as_=None)
-        checks += served["checks"]
+        checks += remote.run(Doctor(workflow), as_=None).to_json()["checks"]
     return {"ok": all(c["ok"] for c in checks), "checks": checks}

@@ -74,6 +74,7 @@ from kbd.core.knowledge import MAX_QUERY_CHARS, MAX_QUERY_TERMS, check_limit, ma
 from kbd.core.plan import Plan
 from kbd.core.policy import KINDS as POLICY_KINDS
 from kbd.core.principals import MAX_UID, Principal
+from kbd.core.records import Record
 from kbd.core.relpaths import MAX_LS_LIMIT
 from kbd.core.strict import is_unicode
 from kbd.daemon.access_log import AccessLog, note_principal, note_route
@@ -1277,7 +1278,7 @@ class _Api(FastAPI):
 #: The operations answered straight from the operations table (kbd/ops.py
 #: :class:`kbd.ops.Route`): the body model that checks and documents the
 #: request, and the answer that documents the result.
-SERVED: dict[type[ops.Op], tuple[type[Strict] | None, type[BaseModel]]] = {
+SERVED: dict[type[ops.Op[Record]], tuple[type[Strict] | None, type[BaseModel]]] = {
     ops.WorkflowsList: (None, WorkflowListAnswer),
     ops.WorkflowShow: (None, WorkflowAnswer),
     ops.SourcesList: (None, SourcesResponse),
@@ -1305,7 +1306,7 @@ SERVED: dict[type[ops.Op], tuple[type[Strict] | None, type[BaseModel]]] = {
 
 #: The operations whose routes are written out below, and why: each asks for
 #: something the table's plain "run it under the state lock" does not give.
-OWN_HANDLER: dict[type[ops.Op], str] = {
+OWN_HANDLER: dict[type[ops.Op[Record]], str] = {
     ops.SessionShow: "answered by PolicyFastPath before routing, from the cached plan",
     ops.SessionRevoke: "the termination waits out its grace period outside the state lock",
     ops.SessionList: "query parameters",
@@ -1327,7 +1328,7 @@ OWN_HANDLER: dict[type[ops.Op], str] = {
 
 
 def serve_op(
-    app: FastAPI, state: State, op: type[ops.Op], body: type[Strict] | None, answer: type[BaseModel],
+    app: FastAPI, state: State, op: type[ops.Op[Record]], body: type[Strict] | None, answer: type[BaseModel],
     actor: Any,
 ) -> None:  # fmt: skip
     """Answer ``op``'s :class:`kbd.ops.Route` by running the operation under the

@@ -29,6 +29,7 @@ from kbd.core.identifiers import one_line
 from kbd.core.knowledge import MAX_LIMIT, check_limit
 from kbd.core.layout import KB_DIR
 from kbd.core.plan import Origin
+from kbd.core.records import Record
 from kbd.core.strict import is_unicode
 from kbd.errors import (
     InvalidInput,
@@ -282,7 +283,7 @@ def source_of(plan: JsonObject, alias: str) -> JsonObject:
 
 def to_op(
     sid: str, plan: JsonObject, name: str, args: dict[str, Any], *, narrowed: bool = False
-) -> ops.Op | None:
+) -> ops.Op[Record] | None:
     """The one operation a tool call is (None: kb_sources, answered from the plan);
     ``narrowed``: the client declared roots."""
     wf = str(plan["workflow_id"])
@@ -486,7 +487,7 @@ class Session:
         # The root's principals and config are re-read when they changed (a long
         # process must not keep acting as a principal disabled since it started).
         self.via.refresh()
-        return self.via.run(ops.SessionShow(self.sid), as_=self.as_)
+        return self.via.run(ops.SessionShow(self.sid), as_=self.as_).to_json()
 
     def tools(self) -> tuple[ToolSpec, ...]:
         try:
@@ -529,7 +530,7 @@ class Session:
         if op is None:
             view = sources_view(plan)
             return _json_text(view), view
-        result = self.via.run(op, as_=self.as_)
+        result = self.via.run(op, as_=self.as_).to_json()
         if name == "kb_read":
             prov = provenance(plan, args["alias"])
             return render_file(result, prov, secrets.token_hex(12)), {**result, "provenance": prov}

@@ -54,6 +54,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kbd import ops
 from kbd.core.principals import Principal
+from kbd.core.records import Record
 from kbd.errors import InvalidInput, KbdError, NotFound, SessionClosed, Unavailable, http_answer
 from kbd.ui import security
 
@@ -121,14 +122,14 @@ class Page:
         # the daemon the connection is the principal, and --as may not differ.
         return self.principal if isinstance(self.via, ops.Direct) else None
 
-    def run(self, op: ops.Op) -> JsonObject:
+    def run(self, op: ops.Op[Record]) -> JsonObject:
         """One operation as the page's principal (a worker thread)."""
         if isinstance(self.via, ops.Direct):
             with self.lock:
                 # As the daemon does per request: a principal disabled since start-up is refused now.
                 self.via.context.root.refresh()
-                return self.via.run(op, as_=self.as_)
-        return self.via.run(op, as_=self.as_)
+                return self.via.run(op, as_=self.as_).to_json()
+        return self.via.run(op, as_=self.as_).to_json()
 
     def live(self) -> bool:
         """Are manifest changes (hand edits included) reaching the feed now?"""

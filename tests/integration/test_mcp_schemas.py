@@ -13,7 +13,7 @@ from typing import Any
 
 import mcp_types as types
 import pytest
-from jsonschema import Draft202012Validator  # type: ignore[import-untyped]  # (no stubs in the dev extra)
+from jsonschema import Draft202012Validator
 from mcp import MCPError
 from mcp.client.session import ClientSession
 
@@ -66,7 +66,9 @@ def _check_results(kb_root: Any, sid: str, *, env: dict[str, str] | None = None)
             result = await _call(client, name, args)
             assert not result.is_error, (name, _text(result))
             content = result.structured_content
-            errors = sorted(Draft202012Validator(listed[name].output_schema).iter_errors(content), key=str)
+            schema = listed[name].output_schema
+            assert schema is not None, name
+            errors = sorted(Draft202012Validator(schema).iter_errors(content), key=str)
             assert not errors, (name, args, [e.message for e in errors])
             texts = [b.text for b in result.content if isinstance(b, types.TextContent)]
             if name in FENCED:

@@ -14,8 +14,8 @@ from kbd import ops
 from kbd.daemon import routes
 
 
-def _ops() -> list[type[ops.Op]]:
-    found: list[type[ops.Op]] = []
+def _ops() -> list[type[ops.Op[Any]]]:
+    found: list[type[ops.Op[Any]]] = []
     todo = list(ops.Op.__subclasses__())
     while todo:
         cls = todo.pop()
@@ -32,7 +32,7 @@ def test_the_table_holds_every_command_the_cli_sends() -> None:
 
 
 @pytest.mark.parametrize("op", ALL, ids=lambda c: c.__name__)
-def test_each_route_names_only_fields_of_its_operation(op: type[ops.Op]) -> None:
+def test_each_route_names_only_fields_of_its_operation(op: type[ops.Op[Any]]) -> None:
     route = op.route
     fields = {f.name for f in dataclasses.fields(op)}  # type: ignore[arg-type]
     assert route.path.startswith("/v1/"), route
@@ -60,7 +60,7 @@ def _sample(hint: Any) -> Any:
 
 
 @pytest.mark.parametrize("op", [o for o in ALL if o in routes.SERVED], ids=lambda c: c.__name__)
-def test_the_daemon_rebuilds_the_operation_the_client_sent(op: type[ops.Op]) -> None:
+def test_the_daemon_rebuilds_the_operation_the_client_sent(op: type[ops.Op[Any]]) -> None:
     """Op.http() → the values a served route receives → Op.from_wire() gives the operation back."""
     hints = typing.get_type_hints(op)
     sent = op(**{f.name: _sample(hints[f.name]) for f in dataclasses.fields(op)})  # type: ignore[arg-type]
