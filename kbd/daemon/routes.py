@@ -58,7 +58,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
 from fastapi.utils import create_model_field
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, RootModel, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
@@ -74,7 +74,7 @@ from kbd.core.knowledge import MAX_QUERY_CHARS, MAX_QUERY_TERMS, check_limit, ma
 from kbd.core.plan import Plan
 from kbd.core.policy import KINDS as POLICY_KINDS
 from kbd.core.principals import MAX_UID, Principal
-from kbd.core.records import Record
+from kbd.core.records import Record, refs_under
 from kbd.core.relpaths import MAX_LS_LIMIT
 from kbd.core.strict import is_unicode
 from kbd.daemon.access_log import AccessLog, note_principal, note_route
@@ -473,12 +473,6 @@ class AttachmentModel(BaseModel):
     path: str | None
 
 
-class SourcesResponse(BaseModel):
-    workflow_id: str
-    version: str
-    sources: list[AttachmentModel]
-
-
 class PlanResponse(BaseModel):
     model_config = ConfigDict(extra="allow")
     session_id: str
@@ -496,11 +490,6 @@ class PlanResponse(BaseModel):
     folders: list[JsonObject]
     context: str
     running: list[JsonObject] | None = Field(default=None, description="commands still running (GET only)")
-
-
-class CheckResponse(BaseModel):
-    allowed: bool
-    reason: str
 
 
 class ErrorBody(BaseModel):
@@ -541,54 +530,6 @@ class IdentityAnswer(Answer):
     id: str
     kind: Literal["user", "service"]
     admin: bool
-
-
-class WorkflowRowModel(BaseModel):
-    id: str | None
-    label: str | None
-    path: str
-    status: str
-    problem: str | None
-    nested_in: str | None
-    contains: list[str]
-
-
-class WorkflowListAnswer(Answer):
-    workflows: list[WorkflowRowModel]
-
-
-class CandidateModel(BaseModel):
-    workflow_id: str
-    label: str
-    write_granted: bool
-
-
-class WorkflowAnswer(Answer):
-    workflow_id: str
-    label: str
-    path: str
-    version: str
-    host: str | None
-    legacy: bool
-    owners: list[str]
-    editors: list[str]
-    readers: list[str]
-    sources: list[AttachmentModel]
-    writes_into: list[str]
-    allowed_kb_writers: list[str]
-    candidates: list[CandidateModel]
-    can_manage: bool
-    can_grant: bool
-
-
-class DetachedAnswer(Answer):
-    workflow_id: str
-    detached: str = Field(description="the alias detached")
-
-
-class CandidatesAnswer(Answer):
-    workflow_id: str
-    candidates: list[CandidateModel]
 
 
 class FileAnswer(Answer):
@@ -662,31 +603,6 @@ class NoteRestoredAnswer(Answer):
     bytes: int
 
 
-class WorkflowCreatedAnswer(Answer):
-    workflow_id: str
-    label: str
-    owners: list[str]
-    path: str
-
-
-class WriterModel(BaseModel):
-    workflow_id: str
-    exists: bool
-
-
-class WritersAnswer(Answer):
-    workflow_id: str
-    writers: list[WriterModel]
-    legacy: bool
-
-
-class WriterChangeAnswer(Answer):
-    source: str
-    consumer: str
-    granted: bool
-    changed: bool
-
-
 class SessionRowModel(BaseModel):
     session_id: str
     workflow_id: str
@@ -702,12 +618,6 @@ class SessionRowModel(BaseModel):
 
 class SessionListAnswer(Answer):
     sessions: list[SessionRowModel]
-
-
-class EnvironmentAnswer(RootModel[dict[str, str]]):
-    """The variables a command of the session gets from its current plan."""
-
-    documented_only: ClassVar[bool] = True
 
 
 class RevokedAnswer(Answer):
@@ -735,11 +645,6 @@ class ImportAnswer(Answer):
     updated: list[ImportedModel]
     unchanged: list[ImportedModel]
     skipped: list[SkippedModel]
-
-
-class ClosedAnswer(Answer):
-    session_id: str
-    closed: list[str] = Field(description="the session and its open children, as closed now")
 
 
 class NoteWrittenAnswer(Answer):
@@ -770,52 +675,6 @@ class SearchAnswer(Answer):
     dropped_by_gate: int
 
 
-class PendingNoteModel(BaseModel):
-    relpath: str
-    contributed_by_workflow: str
-    contributed_by_session: str | None
-    contributed_at: str | None
-    digest: str
-    bytes: int
-
-
-class PendingAnswer(Answer):
-    workflow_id: str
-    pending: list[PendingNoteModel]
-    truncated: bool
-
-
-class ReviewedAnswer(Answer):
-    workflow_id: str
-    relpath: str
-    decision: Literal["approved", "rejected"]
-    digest: str
-    contributed_by_workflow: str
-    contributed_at: str | None
-    rejected_id: int | None
-
-
-class RejectedModel(BaseModel):
-    id: int
-    relpath: str
-    digest: str
-    bytes: int
-    rejected_by: str
-    rejected_at: float
-
-
-class RejectedAnswer(Answer):
-    workflow_id: str
-    rejected: list[RejectedModel]
-
-
-class UnrejectedAnswer(Answer):
-    workflow_id: str
-    relpath: str
-    rejected_id: int
-    digest: str
-
-
 class PrincipalModel(BaseModel):
     id: str
     kind: Literal["user", "service"]
@@ -826,20 +685,11 @@ class PrincipalModel(BaseModel):
     label: str | None
 
 
-class PrincipalsAnswer(Answer):
-    principals: list[PrincipalModel]
-
-
 class PrincipalChangedAnswer(Answer):
     action: Literal["add", "disable", "enable", "remove", "token"]
     changed: bool
     principal: PrincipalModel
     user: str | None
-
-
-class TokenAnswer(Answer):
-    id: str
-    token: str = Field(description="the new bearer token, shown this once")
 
 
 class AuditAnswer(Answer):
@@ -1251,11 +1101,18 @@ class _Route(APIRoute):
             self.response_field = documented
 
 
+#: Where /openapi.json keeps the schemas its operations refer to.
+COMPONENTS = "#/components/schemas/"
+
+
 class _Api(FastAPI):
     """The application, whose /openapi.json says what the server does (docs/api.md "Malformed requests"): a
     refused request is a 400 with the error envelope, never the
     framework's 422, and every route but health needs the bearer scheme (or the
     peer's uid on the socket, which OpenAPI cannot name)."""
+
+    #: The results' schemas (kbd.core.records), by name, for components/schemas.
+    record_schemas: dict[str, JsonObject]
 
     def openapi(self) -> dict[str, Any]:
         if self.openapi_schema is not None:
@@ -1268,7 +1125,11 @@ class _Api(FastAPI):
                     if param.get("schema", {}).pop(REQUIRED, False):
                         param["required"] = True
                         param["schema"].pop("default", None)
-        schemas = doc.get("components", {}).get("schemas", {})
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        for name, schema in self.record_schemas.items():
+            if name in schemas:  # a result and a pydantic model of one name: one would hide the other
+                raise RuntimeError(f"/openapi.json: two schemas are named {name}")
+            schemas[name] = refs_under(schema, COMPONENTS)
         for name in ("HTTPValidationError", "ValidationError"):
             schemas.pop(name, None)
         self.openapi_schema = doc
@@ -1276,32 +1137,32 @@ class _Api(FastAPI):
 
 
 #: The operations answered straight from the operations table (kbd/ops.py
-#: :class:`kbd.ops.Route`): the body model that checks and documents the
-#: request, and the answer that documents the result.
-SERVED: dict[type[ops.Op[Record]], tuple[type[Strict] | None, type[BaseModel]]] = {
-    ops.WorkflowsList: (None, WorkflowListAnswer),
-    ops.WorkflowShow: (None, WorkflowAnswer),
-    ops.SourcesList: (None, SourcesResponse),
-    ops.SetSources: (ReplaceSourcesBody, SourcesResponse),
-    ops.Attach: (AttachBody, AttachmentModel),
-    ops.Detach: (None, DetachedAnswer),
-    ops.SetAccess: (AccessBody, AttachmentModel),
-    ops.Candidates: (None, CandidatesAnswer),
-    ops.WorkflowCreate: (CreateWorkflowBody, WorkflowCreatedAnswer),
-    ops.WritersList: (None, WritersAnswer),
-    ops.Grant: (GrantBody, WriterChangeAnswer),
-    ops.Revoke: (None, WriterChangeAnswer),
-    ops.SessionOpen: (OpenSessionBody, PlanResponse),
-    ops.SessionEnv: (None, EnvironmentAnswer),
-    ops.SessionClose: (None, ClosedAnswer),
-    ops.NotesPending: (None, PendingAnswer),
-    ops.NotesReview: (ReviewBody, ReviewedAnswer),
-    ops.NotesRejected: (None, RejectedAnswer),
-    ops.NotesUnreject: (None, UnrejectedAnswer),
-    ops.Check: (CheckBody, CheckResponse),
-    ops.PrincipalsList: (None, PrincipalsAnswer),
-    ops.PrincipalAdd: (AddPrincipalBody, PrincipalChangedAnswer),
-    ops.PrincipalToken: (None, TokenAnswer),
+#: :class:`kbd.ops.Route`), each with the body model that checks and documents
+#: its request (its result documents itself).
+SERVED: dict[type[ops.Op[Record]], type[Strict] | None] = {
+    ops.WorkflowsList: None,
+    ops.WorkflowShow: None,
+    ops.SourcesList: None,
+    ops.SetSources: ReplaceSourcesBody,
+    ops.Attach: AttachBody,
+    ops.Detach: None,
+    ops.SetAccess: AccessBody,
+    ops.Candidates: None,
+    ops.WorkflowCreate: CreateWorkflowBody,
+    ops.WritersList: None,
+    ops.Grant: GrantBody,
+    ops.Revoke: None,
+    ops.SessionOpen: OpenSessionBody,
+    ops.SessionEnv: None,
+    ops.SessionClose: None,
+    ops.NotesPending: None,
+    ops.NotesReview: ReviewBody,
+    ops.NotesRejected: None,
+    ops.NotesUnreject: None,
+    ops.Check: CheckBody,
+    ops.PrincipalsList: None,
+    ops.PrincipalAdd: AddPrincipalBody,
+    ops.PrincipalToken: None,
 }
 
 #: The operations whose routes are written out below, and why: each asks for
@@ -1328,14 +1189,14 @@ OWN_HANDLER: dict[type[ops.Op[Record]], str] = {
 
 
 def serve_op(
-    app: FastAPI, state: State, op: type[ops.Op[Record]], body: type[Strict] | None, answer: type[BaseModel],
-    actor: Any,
-) -> None:  # fmt: skip
+    app: _Api, state: State, op: type[ops.Op[Record]], body: type[Strict] | None, actor: Any
+) -> None:
     """Answer ``op``'s :class:`kbd.ops.Route` by running the operation under the
     state lock, as on a root the CLI uses itself (docs/architecture.md "Typed
     operations"): the path's names and the body (checked by ``body``, which
-    documents it) make the operation; ``answer`` documents its result; ``actor``
-    is the authenticating dependency."""
+    documents it) make the operation, whose result documents itself
+    (:meth:`kbd.core.records.Record.json_schema`); ``actor`` is the
+    authenticating dependency."""
     route = op.route
     hints = typing.get_type_hints(op)
     params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[route.field_of(name)])
@@ -1358,8 +1219,10 @@ def serve_op(
 
     endpoint.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     endpoint.__name__ = _snake(op.__name__)
+    schema = refs_under(op.result().json_schema(app.record_schemas), COMPONENTS)
+    answer = {"description": "Successful Response", "content": {"application/json": {"schema": schema}}}
     app.add_api_route(route.path, endpoint, methods=[route.method], status_code=route.status,
-                      response_model=answer, name=endpoint.__name__)  # fmt: skip
+                      response_model=None, responses={route.status: answer}, name=endpoint.__name__)  # fmt: skip
 
 
 def _snake(name: str) -> str:
@@ -1384,6 +1247,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
                    503: {"model": ErrorResponse},
                    "default": {"model": ErrorResponse, "description": "any other refusal, in the same envelope"}},
     )  # fmt: skip
+    app.record_schemas = {}
     app.router.route_class = _Route
     app.state.kbd = state
     app.add_middleware(OneSegmentIds)  # innermost: the policy fast path never routes a '/' in an ID
@@ -1437,8 +1301,8 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     Actor = Depends(principal)
 
     # First: /v1/principals/{pid}/token before the written-out /v1/principals/{pid}/{action}.
-    for op, (body, answer) in SERVED.items():
-        serve_op(app, state, op, body, answer, Actor)
+    for op, body in SERVED.items():
+        serve_op(app, state, op, body, Actor)
 
     # Query values read as text and checked as the CLI's flags are (the same
     # answers); documented as what they accept.

@@ -79,7 +79,7 @@ def test_the_daemon_serves_from_the_table_every_operation_that_needs_nothing_els
     """The routes still written out in kbd/daemon/routes.py are the ones with a
     reason (a query, an ETag, work outside the state lock, a stream)."""
     assert {o for o in ALL if o not in routes.SERVED} == set(routes.OWN_HANDLER)
-    for op, (body, _answer) in routes.SERVED.items():
+    for op, body in routes.SERVED.items():
         assert (body is None) == (op.route.body is None), op
         if body is not None:
             assert set(op.route.body or ()) <= set(body.model_fields), op

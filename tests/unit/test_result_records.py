@@ -128,7 +128,10 @@ HAND_MADE: dict[type[Record], st.SearchStrategy[Any]] = {
     FileRead: st.builds(FileRead, text, st.none() | text, text, st.binary(max_size=8)),
     Validation: st.builds(Validation, text, st.none() | text, st.none() | text, st.just(0),
                           st.lists(text, max_size=2).map(tuple)),
-    Report: st.builds(Report, st.lists(st.tuples(st.sampled_from(["a", "b"]), text), max_size=3),
+    # The JSON lists the committed relpaths, and each alias's own: the order of one relpath committed
+    # into two sources is not in it (nothing reads that order), so the examples' relpaths differ.
+    Report: st.builds(Report, st.lists(st.tuples(st.sampled_from(["a", "b"]), text), max_size=3,
+                                       unique_by=lambda c: c[1]),
                       st.lists(st.dictionaries(text, text, max_size=2), max_size=2), st.none() | text),
     # Its entries are what a listing holds (a TypedDict), not any JSON.
     Listing: st.builds(Listing, text, st.none() | text, text,
