@@ -77,10 +77,7 @@ class Record:
     json_title: ClassVar[str | None] = None
 
     def to_json(self) -> JsonObject:
-        encode = _ENCODERS.get(type(self))  # one look-up: nested records are written on every lookup
-        if encode is None:
-            encode = _ENCODERS[type(self)] = _codec(type(self)).encode
-        return encode(self)
+        return _codec(type(self)).encode(self)
 
     @classmethod
     def from_json(cls: type[R], data: object, where: str = "") -> R:
@@ -193,7 +190,6 @@ def _compiled_encoder(cls: type, slots: list[_Slot]) -> Callable[[Any], JsonObje
 
 
 _CODECS: dict[type, _Codec] = {}
-_ENCODERS: dict[type, Callable[[Any], JsonObject]] = {}
 
 
 def _codec(cls: type[Record]) -> _Codec:
@@ -400,10 +396,13 @@ class Keys:
         self._omitted = frozenset(omitted)
         self._others = others
         self._decoders: dict[str, tuple[Any, Decode]] | None = None
+        self._other: Decode | None = None
 
     def _table(self, owner: type) -> dict[str, tuple[Any, Decode]]:
         if self._decoders is None:
             self._decoders = {k: (hint, _decoder(hint, owner)) for k, hint in self._types().items()}
+            if self._others is not None:
+                self._other = _decoder(self._others, owner)
         return self._decoders
 
     def read(self, cls: type[Record], data: object, where: str) -> dict[str, Any]:
@@ -419,8 +418,7 @@ class Keys:
                 out[k] = None
                 continue
             out[k] = decode(data[k], f"{where}.{k}")
-        if self._others is not None:
-            other = _decoder(self._others, cls)
+        if (other := self._other) is not None:
             out.update((k, other(v, f"{where}.{k}")) for k, v in data.items() if k not in out)
         return out
 
