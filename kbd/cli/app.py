@@ -31,6 +31,7 @@ from kbd.errors.render import internal_error
 from kbd.service import JsonObject
 
 if TYPE_CHECKING:
+    from kbd.core.resolve import Attachment
     from kbd.service.root import Root
 
 # The operations layer and the root are imported where a command uses them on
@@ -411,17 +412,17 @@ def choose_root(personal: Path, *, creating: bool, personal_exists: bool, system
     return SYSTEM_ROOT
 
 
-def attachment_line(a: JsonObject) -> str:
-    """One attachment for people, from its JSON (the contract's spelling of each field)."""
-    if a["available"]:
+def attachment_line(a: Attachment) -> str:
+    """One attachment for people."""
+    if a.available:
         state = "available"
-        if a["write"] is not None:
-            state += ", writable" if a["write"]["available"] else f", write pending ({a['write']['reason']})"
-        where = f"${a['env']} = {a['path']}"
+        if a.write is not None:
+            state += ", writable" if a.write.available else f", write pending ({a.write.reason})"
+        where = f"${a.env} = {a.path}"
     else:
-        state = f"UNAVAILABLE {a['reason']}"
-        where = one_line(a["message"] or "", limit=200)
-    return f"  {one_line(a['alias'] or '?'):<14} {one_line(a['workflow_id'] or '?'):<16} {a['access']:<5}  {state}\n      {where}"
+        state = f"UNAVAILABLE {a.reason}"
+        where = one_line(a.message or "", limit=200)
+    return f"  {one_line(a.alias or '?'):<14} {one_line(a.workflow_id or '?'):<16} {a.access:<5}  {state}\n      {where}"
 
 
 class ExecCommand(click.Command):

@@ -42,11 +42,11 @@ def sources() -> None:
 @pass_ctx
 def sources_list(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
     """Each attachment with its status and reason."""
-    view = c.run(ops.SourcesList(wf), as_)
+    view = c.result(ops.SourcesList(wf), as_)
     if as_json:
         emit(view)
         return
-    for a in view["sources"]:
+    for a in view.sources:
         click.echo(attachment_line(a))
 
 
@@ -65,7 +65,7 @@ def sources_attach(
     if (problem := alias_problem(alias)) is not None:
         # Name the flag the user typed, not the manifest entry it would become.
         raise InvalidInput(f"--alias {alias!r} {problem}", hint="e.g. --alias rts")
-    a = c.run(ops.Attach(wf, source_id, alias, access), as_)
+    a = c.result(ops.Attach(wf, source_id, alias, access), as_)
     if as_json:
         emit(a)
         return
@@ -81,7 +81,7 @@ def sources_attach(
 @pass_ctx
 def sources_detach(c: Ctx, wf: str, alias: str, as_: str | None, as_json: bool) -> None:
     """Remove the attachment ALIAS from WF."""
-    result = c.run(ops.Detach(wf, alias), as_)
+    result = c.result(ops.Detach(wf, alias), as_)
     if as_json:
         emit(result)
     else:
@@ -100,7 +100,7 @@ def sources_access(
     c: Ctx, wf: str, alias: str, access: str, expected_version: str | None, as_: str | None, as_json: bool
 ) -> None:
     """Change the access of WF's attachment ALIAS (read or write), nothing else."""
-    a = c.run(ops.SetAccess(wf, alias, access, expected_version), as_)
+    a = c.result(ops.SetAccess(wf, alias, access, expected_version), as_)
     if as_json:
         emit(a)
         return
@@ -135,12 +135,12 @@ def sources_set(
         raw = load_json_strict(data)
     except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"{'stdin' if file == '-' else file} is not valid JSON: {exc}") from exc
-    view = c.run(ops.SetSources(wf, raw, expected_version), as_)
+    view = c.result(ops.SetSources(wf, raw, expected_version), as_)
     if as_json:
         emit(view)
         return
-    click.echo(f"{wf}: {len(view['sources'])} sources saved")
-    for a in view["sources"]:
+    click.echo(f"{wf}: {len(view.sources)} sources saved")
+    for a in view.sources:
         click.echo(attachment_line(a))
 
 
@@ -151,10 +151,10 @@ def sources_set(
 @pass_ctx
 def sources_candidates(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
     """Workflow IDs WF could attach right now."""
-    result = c.run(ops.Candidates(wf), as_)
+    result = c.result(ops.Candidates(wf), as_)
     if as_json:
         emit(result)
         return
-    for r in result["candidates"]:
-        granted = "  (write granted)" if r["write_granted"] else ""
-        click.echo(f"{one_line(r['workflow_id']):<24} {one_line(r['label'], limit=60)}{granted}")
+    for r in result.candidates:
+        granted = "  (write granted)" if r.write_granted else ""
+        click.echo(f"{one_line(r.workflow_id):<24} {one_line(r.label, limit=60)}{granted}")

@@ -31,18 +31,18 @@ def workflows() -> None:
 @pass_ctx
 def workflows_list(c: Ctx, as_: str | None, as_json: bool) -> None:
     """List workflows (with registry problems: ambiguous IDs, unreadable manifests)."""
-    result = c.run(ops.WorkflowsList(), as_)
+    result = c.result(ops.WorkflowsList(), as_)
     if as_json:
         emit(result)
         return
-    for r in result["workflows"]:
-        status = "" if r["status"] == "ok" else f"  [{r['status']}]"
-        if r["nested_in"]:
-            status += f" inside workflow folder {one_line(r['nested_in'])}"
-        if r["contains"]:
-            status += f" contains workflow folder {', '.join(one_line(p) for p in r['contains'])}"
+    for r in result.workflows:
+        status = "" if r.status == "ok" else f"  [{r.status}]"
+        if r.nested_in:
+            status += f" inside workflow folder {one_line(r.nested_in)}"
+        if r.contains:
+            status += f" contains workflow folder {', '.join(one_line(p) for p in r.contains)}"
         click.echo(
-            f"{one_line(r['id'] or '?'):<24} {one_line(r['label'] or '', limit=40):<28} {one_line(r['path'])}{status}"
+            f"{one_line(r.id or '?'):<24} {one_line(r.label or '', limit=40):<28} {one_line(r.path)}{status}"
         )
 
 
@@ -57,12 +57,12 @@ def workflows_create(
     c: Ctx, wf: str, label: str | None, owner: str | None, as_: str | None, as_json: bool
 ) -> None:
     """Create workflow folder WF for its owner (owner's uid, the host's grant group)."""
-    made = c.run(ops.WorkflowCreate(wf, label, owner), as_)
+    made = c.result(ops.WorkflowCreate(wf, label, owner), as_)
     if as_json:
         emit(made)
         return
-    owners = _ids(made["owners"])
-    click.echo(f"created workflow {one_line(made['workflow_id'])} for {owners} at {one_line(made['path'])}")
+    owners = _ids(made.owners)
+    click.echo(f"created workflow {one_line(made.workflow_id)} for {owners} at {one_line(made.path)}")
 
 
 def _ids(ids: list[str] | tuple[str, ...]) -> str:
@@ -77,23 +77,23 @@ def _ids(ids: list[str] | tuple[str, ...]) -> str:
 @pass_ctx
 def workflows_show(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
     """Everything a builder needs: attachments, write grants, candidates."""
-    d = c.run(ops.WorkflowShow(wf), as_)
+    d = c.result(ops.WorkflowShow(wf), as_)
     if as_json:
         emit(d)
         return
-    click.echo(f"{one_line(d['workflow_id'])}  {one_line(d['label'])}  ({one_line(d['path'])})")
-    owners = _ids(d["owners"]) or "none (legacy, account-visible)"
+    click.echo(f"{one_line(d.workflow_id)}  {one_line(d.label)}  ({one_line(d.path)})")
+    owners = _ids(d.owners) or "none (legacy, account-visible)"
     click.echo(
-        f"  owners: {owners}; editors: {_ids(d['editors']) or '-'}; readers: {_ids(d['readers']) or '-'}"
+        f"  owners: {owners}; editors: {_ids(d.editors) or '-'}; readers: {_ids(d.readers) or '-'}"
     )
     click.echo("attached knowledge bases:")
-    for a in d["sources"]:
+    for a in d.sources:
         click.echo(attachment_line(a))
-    if not d["sources"]:
+    if not d.sources:
         click.echo("  (none)")
-    click.echo(f"writes into: {_ids(d['writes_into']) or '-'}")
-    click.echo(f"workflows allowed to write into this KB's notes/: {_ids(d['allowed_kb_writers']) or '-'}")
+    click.echo(f"writes into: {_ids(d.writes_into) or '-'}")
+    click.echo(f"workflows allowed to write into this KB's notes/: {_ids(d.allowed_kb_writers) or '-'}")
     could = ", ".join(
-        f"{one_line(x['workflow_id'])} ({one_line(x['label'], limit=40)})" for x in d["candidates"]
+        f"{one_line(x.workflow_id)} ({one_line(x.label, limit=40)})" for x in d.candidates
     )
     click.echo(f"could attach now: {could or '-'}")

@@ -31,12 +31,12 @@ def writers() -> None:
 @pass_ctx
 def writers_list(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> None:
     """Consumer workflows SOURCE_WF's owner lets write into its notes/."""
-    view = c.run(ops.WritersList(source_wf), as_)
+    view = c.result(ops.WritersList(source_wf), as_)
     if as_json:
         emit(view)
         return
-    for w in view["writers"]:
-        click.echo(f"{one_line(w['workflow_id'])}{'' if w['exists'] else '  (no such workflow now)'}")
+    for w in view.writers:
+        click.echo(f"{one_line(w.workflow_id)}{'' if w.exists else '  (no such workflow now)'}")
 
 
 @writers.command("grant")
@@ -47,13 +47,13 @@ def writers_list(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> None
 @pass_ctx
 def writers_grant(c: Ctx, source_wf: str, consumer_wf: str, as_: str | None, as_json: bool) -> None:
     """Let CONSUMER_WF write into SOURCE_WF's notes/ (source owners and admins only)."""
-    result = c.run(ops.Grant(source_wf, consumer_wf), as_)
+    result = c.result(ops.Grant(source_wf, consumer_wf), as_)
     if as_json:
         emit(result)
     else:
         click.echo(
-            f"{result['consumer']} may write into {source_wf}'s notes/"
-            + ("" if result["changed"] else " (already granted)")
+            f"{result.consumer} may write into {source_wf}'s notes/"
+            + ("" if result.changed else " (already granted)")
         )
 
 
@@ -65,11 +65,11 @@ def writers_grant(c: Ctx, source_wf: str, consumer_wf: str, as_: str | None, as_
 @pass_ctx
 def writers_revoke(c: Ctx, source_wf: str, consumer_wf: str, as_: str | None, as_json: bool) -> None:
     """Withdraw CONSUMER_WF's write grant on SOURCE_WF."""
-    result = c.run(ops.Revoke(source_wf, consumer_wf), as_)
+    result = c.result(ops.Revoke(source_wf, consumer_wf), as_)
     if as_json:
         emit(result)
     else:
         click.echo(
-            f"{result['consumer']} may no longer write into {source_wf}"
-            + ("" if result["changed"] else " (was not granted)")
+            f"{result.consumer} may no longer write into {source_wf}"
+            + ("" if result.changed else " (was not granted)")
         )
