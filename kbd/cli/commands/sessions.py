@@ -23,36 +23,36 @@ from kbd.cli.exec_grammar import ExecArgs
 from kbd.cli.exec_run import run_exec
 from kbd.core.identifiers import one_line
 from kbd.core.pathguard import PathCheck
+from kbd.core.plan import Plan
 from kbd.core.policy import KB_ACCESS, KINDS
 from kbd.errors import (
     SessionClosed,
 )
-from kbd.service import JsonObject
 
 # -- sessions ----------------------------------------------------------------------------
 
 
-def _print_plan(d: JsonObject) -> None:
+def _print_plan(d: Plan) -> None:
     click.echo(
-        f"session {d['session_id']}  workflow {one_line(d['workflow_id'])}  kind {d['kind']}  "
-        f"kb_access {d['kb_access']} (effective {d['effective_kb_access']})  generation {d['generation']}"
+        f"session {d.session_id}  workflow {one_line(d.workflow_id)}  kind {d.kind}  "
+        f"kb_access {d.kb_access} (effective {d.effective})  generation {d.generation}"
     )
     click.echo("environment:")
-    for k, v in sorted(d["env"].items()):
+    for k, v in sorted(d.env.items()):
         click.echo(f"  {k}={v}")
-    for label, key in (
-        ("read", "read"),
-        ("write", "write"),
-        ("read-only inside writable", "read_only"),
-        ("hidden", "hidden"),
+    for label, paths in (
+        ("read", d.read),
+        ("write", d.write),
+        ("read-only inside writable", d.read_only),
+        ("hidden", d.hidden),
     ):
         click.echo(f"{label}:")
-        for p in d[key]:
+        for p in paths:
             click.echo(f"  {p}")
-        if not d[key]:
+        if not paths:
             click.echo("  -")
     click.echo("context block:")
-    for line in d["context"].splitlines():
+    for line in d.context.splitlines():
         click.echo(f"  | {line}")
 
 
@@ -93,7 +93,7 @@ def session_open(
         # Exactly click's answer for a required option: only a child may leave it out.
         ctx = click.get_current_context()
         raise click.MissingParameter(ctx=ctx, param=next(p for p in ctx.command.params if p.name == "kind"))
-    plan = c.run(ops.SessionOpen(wf, kind, kb_access, item_kb_write or None, parent), as_)
+    plan = c.result(ops.SessionOpen(wf, kind, kb_access, item_kb_write or None, parent), as_)
     if as_json:
         emit(plan)
     else:
@@ -107,16 +107,15 @@ def session_open(
 @pass_ctx
 def session_show(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
     """The session's plan, rebuilt from saved configuration now."""
-    view = c.run(ops.SessionShow(sid), as_)
+    view = c.result(ops.SessionShow(sid), as_)
     if as_json:
         emit(view)
         return
-    _print_plan(view)
-    for r in view["running"]:
-        mark = (
-            f"  STALE: started under generation {r['generation']}, grants since changed" if r["stale"] else ""
-        )
-        click.echo(f"running: pid {r['pid']} {' '.join(r['argv'])[:60]}{mark}")
+    _print_plan(view.plan)
+    for r in view.running:
+        p = r.process
+        mark = f"  STALE: started under generation {p.generation}, grants since changed" if r.stale else ""
+        click.echo(f"running: pid {p.pid} {' '.join(p.argv)[:60]}{mark}")
 
 
 @session.command("revoke")
@@ -131,15 +130,15 @@ def session_show(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
 @pass_ctx
 def session_revoke(c: Ctx, sid: str, immediate: bool, as_: str | None, as_json: bool) -> None:
     """Handle commands still running with grants the session no longer has."""
-    result = c.run(ops.SessionRevoke(sid, immediate), as_)
+    result = c.result(ops.SessionRevoke(sid, immediate), as_)
     if as_json:
         emit(result)
         return
-    for pid in result["terminated"]:
+    for pid in result.terminated:
         click.echo(f"terminated process group {pid}")
-    for pid in result["still_running"]:
+    for pid in result.still_running:
         click.echo(f"STILL RUNNING with old grants: process group {pid} (use --immediate to terminate it)")
-    if not result["terminated"] and not result["still_running"]:
+    if not result.terminated and not result.still_running:
         click.echo("no command is running under an older plan")
 
 
@@ -150,11 +149,11 @@ def session_revoke(c: Ctx, sid: str, immediate: bool, as_: str | None, as_json: 
 @pass_ctx
 def session_env(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
     """The session's environment, as `export` lines (eval-able) or JSON."""
-    result = c.run(ops.SessionEnv(sid), as_)
+    result = c.result(ops.SessionEnv(sid), as_)
     if as_json:
         emit(result)
         return
-    for k, v in sorted(result.items()):
+    for k, v in sorted(result.env.items()):
         click.echo(f"export {k}={shlex.quote(v)}")
 
 
@@ -166,14 +165,14 @@ def session_env(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
 @pass_ctx
 def session_list(c: Ctx, wf: str | None, include_closed: bool, as_: str | None, as_json: bool) -> None:
     """Sessions (with --as: only those that principal may use)."""
-    result = c.run(ops.SessionList(wf, include_closed), as_)
+    result = c.result(ops.SessionList(wf, include_closed), as_)
     if as_json:
         emit(result)
         return
-    for r in result["sessions"]:
+    for r in result.sessions:
         click.echo(
-            f"{r['session_id']}  {one_line(r['workflow_id']):<20} {r['kind']:<22} {r['kb_access']:<10} "
-            f"gen {r['generation']}{'  closed' if r['closed'] else ''}"
+            f"{r.id}  {one_line(r.workflow_id):<20} {r.kind:<22} {r.kb_access:<10} "
+            f"gen {r.generation}{'  closed' if r.closed_at is not None else ''}"
         )
 
 
@@ -184,11 +183,11 @@ def session_list(c: Ctx, wf: str | None, include_closed: bool, as_: str | None, 
 @pass_ctx
 def session_close(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
     """Close SID (and its child sessions): they grant nothing afterwards."""
-    result = c.run(ops.SessionClose(sid), as_)
+    result = c.result(ops.SessionClose(sid), as_)
     if as_json:
         emit(result)
     else:
-        click.echo(f"closed {', '.join(result['closed']) or 'nothing (already closed)'}")
+        click.echo(f"closed {', '.join(result.closed) or 'nothing (already closed)'}")
 
 
 @main.command("exec", cls=ExecCommand)
@@ -235,13 +234,13 @@ def exec_cmd(c: Ctx, request: ExecArgs) -> None:
 def check_cmd(c: Ctx, sid: str, path: str, mode: str, as_: str | None, as_json: bool) -> None:
     """May session SID read/write PATH? Exit 0 when allowed, 77 when not."""
     try:
-        result = c.run(ops.Check(sid, path, mode), as_)
+        result = c.result(ops.Check(sid, path, mode), as_)
     except SessionClosed as err:
         # Still the contract's answer on stdout: a closed session grants nothing.
-        result = PathCheck(allowed=False, reason=err.message).to_json()
+        result = PathCheck(allowed=False, reason=err.message)
     if as_json:
         emit(result)
     else:
-        click.echo(f"{'allowed' if result['allowed'] else 'denied'}: {result['reason']}")
-    if not result["allowed"]:
+        click.echo(f"{'allowed' if result.allowed else 'denied'}: {result.reason}")
+    if not result.allowed:
         sys.exit(77)

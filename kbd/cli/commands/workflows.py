@@ -83,9 +83,7 @@ def workflows_show(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
         return
     click.echo(f"{one_line(d.workflow_id)}  {one_line(d.label)}  ({one_line(d.path)})")
     owners = _ids(d.owners) or "none (legacy, account-visible)"
-    click.echo(
-        f"  owners: {owners}; editors: {_ids(d.editors) or '-'}; readers: {_ids(d.readers) or '-'}"
-    )
+    click.echo(f"  owners: {owners}; editors: {_ids(d.editors) or '-'}; readers: {_ids(d.readers) or '-'}")
     click.echo("attached knowledge bases:")
     for a in d.sources:
         click.echo(attachment_line(a))
@@ -93,7 +91,5 @@ def workflows_show(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
         click.echo("  (none)")
     click.echo(f"writes into: {_ids(d.writes_into) or '-'}")
     click.echo(f"workflows allowed to write into this KB's notes/: {_ids(d.allowed_kb_writers) or '-'}")
-    could = ", ".join(
-        f"{one_line(x.workflow_id)} ({one_line(x.label, limit=40)})" for x in d.candidates
-    )
+    could = ", ".join(f"{one_line(x.workflow_id)} ({one_line(x.label, limit=40)})" for x in d.candidates)
     click.echo(f"could attach now: {could or '-'}")
