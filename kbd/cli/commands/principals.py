@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import click
 
@@ -21,7 +22,9 @@ from kbd.core.identifiers import one_line
 from kbd.errors import (
     UsageError,
 )
-from kbd.service import JsonObject
+
+if TYPE_CHECKING:
+    from kbd.service.principals import PrincipalChanged
 
 # -- principals ----------------------------------------------------------------------------
 
@@ -37,18 +40,14 @@ def principals() -> None:
 @pass_ctx
 def principals_list(c: Ctx, as_: str | None, as_json: bool) -> None:
     """List principals: ID, kind, flags (admin, disabled, token) and label."""
-    result = c.run(ops.PrincipalsList(), as_)
+    result = c.result(ops.PrincipalsList(), as_)
     if as_json:
         emit(result)
         return
-    for p in result["principals"]:
-        flags = [
-            f
-            for f, on in (("admin", p["admin"]), ("disabled", p["disabled"]), ("token", p["has_token"]))
-            if on
-        ]
-        label = f"  {one_line(p['label'], limit=200)}" if p["label"] is not None else ""
-        click.echo(f"{p['id']:<20} {p['kind']:<8} {' '.join(flags)}{label}")
+    for p in result.principals:
+        flags = [f for f, on in (("admin", p.admin), ("disabled", p.disabled), ("token", p.has_token)) if on]
+        label = f"  {one_line(p.label, limit=200)}" if p.label is not None else ""
+        click.echo(f"{p.id:<20} {p.kind:<8} {' '.join(flags)}{label}")
 
 
 def _force_option(action: str) -> Callable[[F], F]:
@@ -58,9 +57,9 @@ def _force_option(action: str) -> Callable[[F], F]:
     )  # fmt: skip
 
 
-def _changed_line(result: JsonObject, done: str) -> str:
-    pid = one_line(result["principal"]["id"])
-    return f"{done} principal {pid}" if result["changed"] else f"principal {pid} was already {done}"
+def _changed_line(result: PrincipalChanged, done: str) -> str:
+    pid = one_line(result.principal.id)
+    return f"{done} principal {pid}" if result.changed else f"principal {pid} was already {done}"
 
 
 @principals.command("add")
@@ -86,18 +85,16 @@ def principals_add(c: Ctx, name: str, uid: int | None, login: str | None, admin:
     if admin and service:
         raise UsageError("pass at most one of --admin and --service: a service principal is never an admin",
                          hint="add the service and an admin as two principals")  # fmt: skip
-    result = c.run(ops.PrincipalAdd(name, uid, login, "service" if service else "user", admin, label), as_)
+    result = c.result(ops.PrincipalAdd(name, uid, login, "service" if service else "user", admin, label), as_)
     if as_json:
         emit(result)
         return
-    p = result["principal"]
-    role = "admin" if p["admin"] else p["kind"]
-    user = result["user"]
-    click.echo(
-        f"added principal {one_line(p['id'])} ({role}, uid {p['uid']}" + (f" = {user})" if user else ")")
-    )
+    p = result.principal
+    role = "admin" if p.admin else p.kind
+    user = result.user
+    click.echo(f"added principal {one_line(p.id)} ({role}, uid {p.uid}" + (f" = {user})" if user else ")"))
     if user is None:
-        click.echo(f"kbd: note: uid {p['uid']} has no passwd entry on this host", err=True)
+        click.echo(f"kbd: note: uid {p.uid} has no passwd entry on this host", err=True)
 
 
 @principals.command("disable")
@@ -109,7 +106,7 @@ def principals_add(c: Ctx, name: str, uid: int | None, login: str | None, admin:
 def principals_disable(c: Ctx, name: str, force: bool, as_: str | None, as_json: bool) -> None:
     """Disable NAME: refused everywhere from the daemon's next request on; the
     commands it started are ended (or marked stale) by revocation."""
-    result = c.run(ops.PrincipalChange("disable", name, force), as_)
+    result = c.result(ops.PrincipalChange("disable", name, force), as_)
     if as_json:
         emit(result)
     else:
@@ -123,7 +120,7 @@ def principals_disable(c: Ctx, name: str, force: bool, as_: str | None, as_json:
 @pass_ctx
 def principals_enable(c: Ctx, name: str, as_: str | None, as_json: bool) -> None:
     """Enable NAME again."""
-    result = c.run(ops.PrincipalChange("enable", name), as_)
+    result = c.result(ops.PrincipalChange("enable", name), as_)
     if as_json:
         emit(result)
     else:
@@ -138,7 +135,7 @@ def principals_enable(c: Ctx, name: str, as_: str | None, as_json: bool) -> None
 @pass_ctx
 def principals_remove(c: Ctx, name: str, force: bool, as_: str | None, as_json: bool) -> None:
     """Remove NAME's entry from principals.yaml (other lines stay as they are)."""
-    result = c.run(ops.PrincipalChange("remove", name, force), as_)
+    result = c.result(ops.PrincipalChange("remove", name, force), as_)
     if as_json:
         emit(result)
     else:
@@ -153,8 +150,8 @@ def principals_remove(c: Ctx, name: str, force: bool, as_: str | None, as_json: 
 def principals_token(c: Ctx, name: str, as_: str | None, as_json: bool) -> None:
     """Issue a new API token for NAME (printed once; only its hash is stored;
     the old token stops working)."""
-    result = c.run(ops.PrincipalToken(name), as_)
+    result = c.result(ops.PrincipalToken(name), as_)
     if as_json:
         emit(result)
     else:
-        click.echo(result["token"])
+        click.echo(result.token)
