@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-
 import click
 
 from kbd import ops
@@ -41,18 +39,18 @@ def search_cmd(
     as_: str | None, as_json: bool,
 ) -> None:  # fmt: skip
     """Search every KB session SID may read now (its own and each available source)."""
-    result = c.run(ops.Search(sid, query, aliases, limit, include_unreviewed), as_)
+    result = c.result(ops.Search(sid, query, aliases, limit, include_unreviewed), as_)
     if as_json:
         emit(result)
         return
-    for hit in result["hits"]:
-        where = one_line(hit["alias"]) if hit["alias"] is not None else "(own)"
-        click.echo(f"{where}:{one_line(hit['relpath'])}  {one_line(hit['title'])}  [{hit['trust']}]")
-        click.echo(f"    {one_line(hit['snippet'], limit=400)}")
-    n = len(result["hits"])
+    for hit in result.hits:
+        where = one_line(hit.alias) if hit.alias is not None else "(own)"
+        click.echo(f"{where}:{one_line(hit.relpath)}  {one_line(hit.title)}  [{hit.trust}]")
+        click.echo(f"    {one_line(hit.snippet, limit=400)}")
+    n = len(result.hits)
     click.echo(f"{n} hit{'s' if n != 1 else ''}" if n else "no hits")
-    if result["dropped_by_gate"]:
-        click.echo(f"{result['dropped_by_gate']} left out: their text matches the prompt-injection patterns")
+    if result.dropped_by_gate:
+        click.echo(f"{result.dropped_by_gate} left out: their text matches the prompt-injection patterns")
 
 
 # -- browsing ---------------------------------------------------------------------------
@@ -69,12 +67,11 @@ def read_cmd(c: Ctx, wf: str, alias: str, relpath: str, as_: str | None, as_json
     """Print a file of WF's attached KB ALIAS (RELPATH relative to the KB root).
     ALIAS `.` is WF's own KB."""
     op = ops.OwnRead(wf, relpath) if alias == ops.OWN_KB else ops.Read(wf, alias, relpath)
-    result = c.run(op, as_)
+    result = c.result(op, as_)
     if as_json:
         emit(result)
         return
-    content = result["content"]
-    write_stdout(base64.b64decode(content) if result["encoding"] == "base64" else content.encode())
+    write_stdout(result.data)
 
 
 @main.command("ls")
@@ -102,15 +99,15 @@ def ls_cmd(
     """List a folder of WF's attached KB ALIAS (default: the KB root), in name order, one page at a time.
     ALIAS `.` is WF's own KB."""
     own = alias == ops.OWN_KB
-    page = c.run(ops.OwnLs(wf, reldir, limit, after) if own else ops.Ls(wf, alias, reldir, limit, after), as_)
+    page = c.result(
+        ops.OwnLs(wf, reldir, limit, after) if own else ops.Ls(wf, alias, reldir, limit, after), as_
+    )
     if as_json:
         emit(page)
         return
-    if page["truncated"] and page["next"] is not None:
-        click.echo(
-            f"kbd: more entries follow; next page: --after {one_line(page['next'], limit=300)}", err=True
-        )
-    for e in page["entries"]:
+    if page.truncated and page.next is not None:
+        click.echo(f"kbd: more entries follow; next page: --after {one_line(page.next, limit=300)}", err=True)
+    for e in page.entries:
         # Names are the source's: never let one print a fake second entry or control the terminal.
         click.echo(
             one_line(e["name"], limit=300)
