@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import base64
+import dataclasses
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -29,7 +30,9 @@ from kbd.errors import (
     NotFound,
     UsageError,
 )
-from kbd.service import JsonObject
+
+if TYPE_CHECKING:
+    from kbd.core.history import Entry
 
 # -- notes ----------------------------------------------------------------------------------
 
@@ -74,13 +77,11 @@ def notes_write(
         raise NotFound(f"{file} does not exist", hint="pass an existing file, or - for stdin") from exc
     except OSError as exc:
         raise InvalidInput(f"cannot read {file}: {exc.strerror}") from exc
-    result = c.run(ops.NoteWrite(sid, alias, relpath, data, expected), as_)
+    result = c.result(ops.NoteWrite(sid, alias, relpath, data, expected), as_)
     if as_json:
         emit(result)
     else:
-        click.echo(
-            f"wrote {one_line(result['path'])} in {one_line(result['workflow_id'])} ({result['bytes']} bytes)"
-        )
+        click.echo(f"wrote {one_line(result.path)} in {one_line(result.workflow_id)} ({result.bytes} bytes)")
 
 
 # -- import ------------------------------------------------------------------------------
@@ -105,35 +106,43 @@ def import_docs(
     from kbd.fs.importing import read_folder
 
     found = read_folder(folder)
-    answers = [c.run(op, as_) for op in ops.import_batches(wf, found.folder, found.docs, found.skipped,
-                                                           dry_run=dry_run, update=update)]  # fmt: skip
-    result = answers[0]
-    for more in answers[1:]:
-        for key in ("created", "updated", "unchanged", "skipped"):
-            result[key] = result[key] + more[key]
-    # Batches report the reader's skips after the documents: one order for the whole import.
-    result["skipped"] = sorted(result["skipped"], key=lambda s: str(s["file"]))
+    answers = [c.result(op, as_) for op in ops.import_batches(wf, found.folder, found.docs, found.skipped,
+                                                              dry_run=dry_run, update=update)]  # fmt: skip
+    # One result for the whole import; the batches report the reader's skips
+    # after the documents: one order for the whole import.
+    result = dataclasses.replace(
+        answers[0],
+        created=tuple(i for a in answers for i in a.created),
+        updated=tuple(i for a in answers for i in a.updated),
+        unchanged=tuple(i for a in answers for i in a.unchanged),
+        skipped=tuple(sorted((i for a in answers for i in a.skipped), key=lambda i: i.file)),
+    )
     if as_json:
         emit(result)
         return
-    for key in ("created", "updated", "unchanged"):
-        for d in result[key]:
-            click.echo(f"{key:<9} {one_line(d['path'])}  <- {one_line(d['file'])}")
-    for s in result["skipped"]:
-        click.echo(f"skipped   {one_line(s['file'])}: {one_line(s['reason'])}")
-    counts = ", ".join(f"{len(result[k])} {k}" for k in ("created", "updated", "unchanged", "skipped"))
-    tail = " (dry run: nothing written)" if result["dry_run"] else ""
-    click.echo(f"import into {one_line(result['workflow_id'])}: {counts}{tail}")
+    for key, done in (
+        ("created", result.created),
+        ("updated", result.updated),
+        ("unchanged", result.unchanged),
+    ):
+        for d in done:
+            click.echo(f"{key:<9} {one_line(d.path)}  <- {one_line(d.file)}")
+    for s in result.skipped:
+        click.echo(f"skipped   {one_line(s.file)}: {one_line(s.reason)}")
+    counts = ", ".join(f"{len(items)} {k}" for k, items in (("created", result.created), ("updated", result.updated),
+                                                            ("unchanged", result.unchanged), ("skipped", result.skipped)))  # fmt: skip
+    tail = " (dry run: nothing written)" if result.dry_run else ""
+    click.echo(f"import into {one_line(result.workflow_id)}: {counts}{tail}")
 
 
-def _version_line(v: JsonObject) -> str:
+def _version_line(v: Entry) -> str:
     """One version per line: a write that named no expected version is marked
     ``unchecked``: if its previous version is not what its writer read, that
     is a lost update (`kbd notes diff --version V` shows what it replaced)."""
-    who = v.get("principal") or v.get("workflow") or "-"
-    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(v["at"])))
-    unchecked = "  unchecked" if v["how"] == "write" and v.get("expected") is None else ""
-    return f"{v['version']}  {at}  {v['how']:<7}  {one_line(str(who))}  {v['size']} bytes{unchecked}"
+    who = v.principal or v.workflow or "-"
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(v.at))
+    unchecked = "  unchecked" if v.how == "write" and v.expected is None else ""
+    return f"{v.version}  {at}  {v.how:<7}  {one_line(str(who))}  {v.size} bytes{unchecked}"
 
 
 @notes.command("log")
@@ -144,13 +153,13 @@ def _version_line(v: JsonObject) -> str:
 @pass_ctx
 def notes_log(c: Ctx, source_wf: str, relpath: str, as_: str | None, as_json: bool) -> None:
     """The kept versions of a note, newest first (RELPATH relative to the KB root: notes/x.md)."""
-    result = c.run(ops.NoteLog(source_wf, relpath), as_)
+    result = c.result(ops.NoteLog(source_wf, relpath), as_)
     if as_json:
         emit(result)
         return
-    click.echo(f"{one_line(result['relpath'])} in {one_line(result['workflow_id'])}: "
-               f"now {result['current'] or 'absent'}")  # fmt: skip
-    for v in result["versions"]:
+    click.echo(f"{one_line(result.relpath)} in {one_line(result.workflow_id)}: "
+               f"now {result.current or 'absent'}")  # fmt: skip
+    for v in result.versions:
         click.echo(_version_line(v))
 
 
@@ -167,12 +176,11 @@ def notes_show(
     c: Ctx, source_wf: str, relpath: str, version: str | None, as_: str | None, as_json: bool
 ) -> None:
     """Print one kept version of a note (RELPATH relative to the KB root)."""
-    result = c.run(ops.NoteShow(source_wf, relpath, version), as_)
+    result = c.result(ops.NoteShow(source_wf, relpath, version), as_)
     if as_json:
         emit(result)
         return
-    content = result["content"]
-    write_stdout(base64.b64decode(content) if result["encoding"] == "base64" else content.encode())
+    write_stdout(result.data)
 
 
 @notes.command("diff")
@@ -189,11 +197,11 @@ def notes_diff(
     as_json: bool,
 ) -> None:  # fmt: skip
     """Unified diff of two kept versions of a note (default: previous vs newest)."""
-    result = c.run(ops.NoteDiff(source_wf, relpath, version, against), as_)
+    result = c.result(ops.NoteDiff(source_wf, relpath, version, against), as_)
     if as_json:
         emit(result)
         return
-    write_stdout(str(result["diff"]).encode())
+    write_stdout(result.diff.encode())
 
 
 @notes.command("restore")
@@ -208,12 +216,12 @@ def notes_restore(
     c: Ctx, source_wf: str, relpath: str, version: str | None, as_: str | None, as_json: bool
 ) -> None:
     """Make a kept version the note's content again (source owners and admins; audited)."""
-    result = c.run(ops.NoteRestore(source_wf, relpath, version), as_)
+    result = c.result(ops.NoteRestore(source_wf, relpath, version), as_)
     if as_json:
         emit(result)
         return
-    click.echo(f"restored {one_line(result['relpath'])} in {one_line(result['workflow_id'])} to "
-               f"{result['version']} ({result['bytes']} bytes)")  # fmt: skip
+    click.echo(f"restored {one_line(result.relpath)} in {one_line(result.workflow_id)} to "
+               f"{result.version} ({result.bytes} bytes)")  # fmt: skip
 
 
 @notes.command("pending")
@@ -223,17 +231,17 @@ def notes_restore(
 @pass_ctx
 def notes_pending(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> None:
     """Contributed notes in SOURCE_WF's notes/ no owner has reviewed (owners and admins)."""
-    result = c.run(ops.NotesPending(source_wf), as_)
+    result = c.result(ops.NotesPending(source_wf), as_)
     if as_json:
         emit(result)
         return
-    if not result["pending"]:
-        click.echo(f"no contributions wait for review in {one_line(result['workflow_id'])}")
-    for p in result["pending"]:
-        when = one_line(p["contributed_at"] or "an unknown time")
-        click.echo(f"{one_line(p['relpath'])}  by {one_line(p['contributed_by_workflow'])} at {when}  "
-                   f"{p['digest']}  ({p['bytes']} bytes)")  # fmt: skip
-    if result["truncated"]:
+    if not result.pending:
+        click.echo(f"no contributions wait for review in {one_line(result.workflow_id)}")
+    for p in result.pending:
+        when = one_line(p.contributed_at or "an unknown time")
+        click.echo(f"{one_line(p.relpath)}  by {one_line(p.contributed_by_workflow)} at {when}  "
+                   f"{p.digest}  ({p.bytes} bytes)")  # fmt: skip
+    if result.truncated:
         click.echo("(more are waiting: review these first)")
 
 
@@ -263,16 +271,16 @@ def notes_review(
             "pass exactly one of --approve and --reject",
             hint="kbd notes review SOURCE_WF notes/x.md --approve --expected-version sha256:<hex>",
         )
-    result = c.run(ops.NotesReview(source_wf, relpath, "approve" if approve else "reject", expected), as_)
+    result = c.result(ops.NotesReview(source_wf, relpath, "approve" if approve else "reject", expected), as_)
     if as_json:
         emit(result)
         return
-    who = f"contributed by {one_line(result['contributed_by_workflow'])} at {one_line(result['contributed_at'] or '?')}"
-    if result["decision"] == "approved":
-        click.echo(f"approved {one_line(result['relpath'])} in {one_line(result['workflow_id'])} ({who})")
+    who = f"contributed by {one_line(result.contributed_by_workflow)} at {one_line(result.contributed_at or '?')}"
+    if result.decision == "approved":
+        click.echo(f"approved {one_line(result.relpath)} in {one_line(result.workflow_id)} ({who})")
     else:
-        click.echo(f"rejected {one_line(result['relpath'])} in {one_line(result['workflow_id'])} ({who}); "
-                   f"moved out of notes/ and kept as rejected #{result['rejected_id']}")  # fmt: skip
+        click.echo(f"rejected {one_line(result.relpath)} in {one_line(result.workflow_id)} ({who}); "
+                   f"moved out of notes/ and kept as rejected #{result.rejected_id}")  # fmt: skip
 
 
 @notes.command("rejected")
@@ -282,14 +290,14 @@ def notes_review(
 @pass_ctx
 def notes_rejected(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> None:
     """Rejected notes kept for SOURCE_WF (each restorable with `kbd notes unreject`)."""
-    result = c.run(ops.NotesRejected(source_wf), as_)
+    result = c.result(ops.NotesRejected(source_wf), as_)
     if as_json:
         emit(result)
         return
-    for r in result["rejected"]:
-        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(r["rejected_at"])))
-        click.echo(f"#{r['id']}  {one_line(r['relpath'])}  rejected by {one_line(r['rejected_by'])} at {at}  "
-                   f"{r['bytes']} bytes")  # fmt: skip
+    for r in result.rejected:
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.rejected_at))
+        click.echo(f"#{r.id}  {one_line(r.relpath)}  rejected by {one_line(r.rejected_by)} at {at}  "
+                   f"{r.bytes} bytes")  # fmt: skip
 
 
 @notes.command("unreject")
@@ -300,9 +308,9 @@ def notes_rejected(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> No
 @pass_ctx
 def notes_unreject(c: Ctx, source_wf: str, rejected_id: int, as_: str | None, as_json: bool) -> None:
     """Put rejected note ID back where it was, byte for byte (unreviewed again)."""
-    result = c.run(ops.NotesUnreject(source_wf, rejected_id), as_)
+    result = c.result(ops.NotesUnreject(source_wf, rejected_id), as_)
     if as_json:
         emit(result)
         return
-    click.echo(f"restored rejected #{result['rejected_id']} to {one_line(result['relpath'])} in "
-               f"{one_line(result['workflow_id'])} (unreviewed)")  # fmt: skip
+    click.echo(f"restored rejected #{result.rejected_id} to {one_line(result.relpath)} in "
+               f"{one_line(result.workflow_id)} (unreviewed)")  # fmt: skip
