@@ -1172,31 +1172,34 @@ class Doctor(Op["kbd.service.admin.DoctorReport"]):
         return _admin.doctor(ctx.root.config.root, workflow_id=self.workflow)
 
 
-def remote_doctor(remote: Remote, workflow: str | None) -> JsonObject:
+def remote_doctor(remote: Remote, workflow: str | None) -> kbd.service.admin.DoctorReport:
     """``kbd doctor`` through the daemon: can this caller reach it, who is it
     there, and (admins) the daemon's own checks of its root."""
-    checks: list[JsonObject] = []
+    from kbd.service.admin import DoctorCheck, DoctorReport, Health
+    from kbd.service.auth import Identity
+
+    checks: list[DoctorCheck] = []
 
     def check(name: str, ask: Callable[[], str]) -> bool:
         try:
-            checks.append({"check": name, "ok": True, "detail": ask()})
+            checks.append(DoctorCheck(name, True, ask()))
             return True
         except KbdError as err:
-            checks.append({"check": name, "ok": False, "detail": f"{err.code}: {err.message}"})
+            checks.append(DoctorCheck(name, False, f"{err.code}: {err.message}"))
             return False
 
     def daemon() -> str:
-        h = remote.client.health()
-        return f"kbd daemon at {remote.client.socket_path}: host {h['host']}, up {h['uptime_seconds']}s"
+        h = Health.from_json(remote.client.health(), "the daemon's health")
+        return f"kbd daemon at {remote.client.socket_path}: host {h.host}, up {h.uptime_seconds}s"
 
     admin = False
 
     def principal() -> str:
         nonlocal admin
-        me = remote.client.whoami()
-        admin = bool(me["admin"])
-        return f"you are principal {me['id']} ({me['kind']}{', admin' if admin else ''})"
+        me = Identity.from_json(remote.client.whoami(), "the daemon's whoami")
+        admin = me.admin
+        return f"you are principal {me.id} ({me.kind}{', admin' if admin else ''})"
 
     if check("daemon", daemon) and check("principal", principal) and admin:
-        checks += remote.run(Doctor(workflow), as_=None).to_json()["checks"]
-    return {"ok": all(c["ok"] for c in checks), "checks": checks}
+        checks += remote.run(Doctor(workflow), as_=None).checks
+    return DoctorReport(tuple(checks))

@@ -190,12 +190,6 @@ class Ctx:
         """``op``'s typed result, the same value in both modes."""
         return self.via.run(op, as_=as_)
 
-    def run(self, op: ops.Op[ops.R], as_: str | None = None) -> JsonObject:
-        """``op``'s result as its JSON (docs/cli.md "JSON shapes"), for the
-        commands that still format the JSON rather than the typed result
-        (docs/architecture.md "Not in order yet")."""
-        return self.via.run(op, as_=as_).to_json()
-
     def close(self) -> None:
         if isinstance(self._backend, ops.Remote):
             self._backend.client.close()

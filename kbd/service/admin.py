@@ -395,7 +395,7 @@ class AuditFeed:
     is made here, as it learns a workflow's sessions from the records it sees."""
 
     def __init__(
-        self, chunk: Callable[[int], JsonObject], *, since: datetime | None, workflow: str | None
+        self, chunk: Callable[[int], AuditChunk], *, since: datetime | None, workflow: str | None
     ) -> None:
         self._chunk = chunk
         self._offset = 0
@@ -406,10 +406,10 @@ class AuditFeed:
         out: list[JsonObject] = []
         while True:
             got = self._chunk(self._offset)
-            self.skipped_lines += int(got["skipped_lines"])
-            out += [e for e in got["events"] if self._select.wants(e)]
-            moved, self._offset = int(got["offset"]) != self._offset, int(got["offset"])
-            if not moved or (not got["events"] and not got["skipped_lines"]):
+            self.skipped_lines += got.skipped_lines
+            out += [e for e in got.events if self._select.wants(e)]
+            moved, self._offset = got.offset != self._offset, got.offset
+            if not moved or (not got.events and not got.skipped_lines):
                 return out
 
     def records(self) -> AuditRecords:

@@ -23,7 +23,7 @@ from kbd.errors import (
     UsageError,
     WorkflowNotFound,
 )
-from kbd.service import JsonObject, admin, auth, browse, notes, sessions, workflows
+from kbd.service import admin, auth, browse, notes, sessions, workflows
 from kbd.service import principals as principal_ops
 from kbd.service.sessions import RootSessions
 from kbd.state import audit
@@ -433,8 +433,8 @@ def test_the_audit_feed_selects_and_counts_torn_lines(world: KbRoot) -> None:
         fh.write(b"{torn\n")
     audit.append(state, "sources_changed", workflow_id="lib", actor="alice")
 
-    def chunk(offset: int) -> JsonObject:
-        return admin.audit_chunk(h, offset=offset, actor=OPERATOR).to_json()
+    def chunk(offset: int) -> admin.AuditChunk:
+        return admin.audit_chunk(h, offset=offset, actor=OPERATOR)
 
     feed = admin.AuditFeed(chunk, since=None, workflow="con")
     page = feed.records().to_json()

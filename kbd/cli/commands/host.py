@@ -96,15 +96,13 @@ def doctor(c: Ctx, as_json: bool, workflow_id: str | None) -> None:
     if isinstance(b, ops.Remote):
         report = ops.remote_doctor(b, workflow_id)
     else:
-        report = admin.doctor(c.root, workflow_id=workflow_id).to_json()
+        report = admin.doctor(c.root, workflow_id=workflow_id)
     if as_json:
         emit(report)
     else:
-        for ch in report["checks"]:
-            click.echo(
-                f"{'ok  ' if ch['ok'] else 'FAIL'} {ch['check']}: {one_line(ch['detail'], limit=10_000)}"
-            )
-    if not report["ok"]:
+        for ch in report.checks:
+            click.echo(f"{'ok  ' if ch.ok else 'FAIL'} {ch.check}: {one_line(ch.detail, limit=10_000)}")
+    if not report.ok:
         sys.exit(65)
 
 
@@ -201,7 +199,7 @@ def audit_cmd(c: Ctx, since: str | None, wf: str | None, follow: bool, as_json: 
         since_at = audit_log.parse_since(since) if since is not None else None
     except ValueError as exc:
         raise UsageError(f"--since: {exc}", hint="e.g. --since 10m or --since 2026-12-01T14:00:00Z") from None
-    feed = admin.AuditFeed(lambda offset: c.run(ops.AuditChunk(offset)), since=since_at, workflow=wf)
+    feed = admin.AuditFeed(lambda offset: c.result(ops.AuditChunk(offset)), since=since_at, workflow=wf)
     if as_json and not follow:
         emit(feed.records().to_json())
     else:
