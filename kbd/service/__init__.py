@@ -46,12 +46,17 @@ JsonObject: TypeAlias = dict[str, Any]
 CONTENT_KEYS: dict[str, Any] = {"size": int, "encoding": Literal["utf-8", "base64"], "content": str}
 
 
+def shown(data: bytes) -> tuple[Literal["utf-8", "base64"], str]:
+    """``data`` as text: itself when it is UTF-8, else its base64."""
+    try:
+        return "utf-8", data.decode()
+    except UnicodeDecodeError:
+        return "base64", base64.b64encode(data).decode()
+
+
 def content_json(data: bytes) -> JsonObject:
     """``data`` as :data:`CONTENT_KEYS` spell it."""
-    try:
-        encoding, content = "utf-8", data.decode()
-    except UnicodeDecodeError:
-        encoding, content = "base64", base64.b64encode(data).decode()
+    encoding, content = shown(data)
     return {"size": len(data), "encoding": encoding, "content": content}
 
 

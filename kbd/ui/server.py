@@ -40,7 +40,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 import orjson
@@ -58,9 +58,14 @@ from kbd.core.records import Record
 from kbd.errors import InvalidInput, KbdError, NotFound, SessionClosed, Unavailable, http_answer
 from kbd.ui import security
 
+R = TypeVar("R", bound=Record)
+
 if TYPE_CHECKING:
     from kbd.service import JsonObject
     from kbd.service.changefeed import Feed
+    from kbd.service.search import SearchResult
+    from kbd.service.workflows import WorkflowDetail
+
 
 log = logging.getLogger("kbd.ui")
 
@@ -122,14 +127,14 @@ class Page:
         # the daemon the connection is the principal, and --as may not differ.
         return self.principal if isinstance(self.via, ops.Direct) else None
 
-    def run(self, op: ops.Op[Record]) -> JsonObject:
+    def run(self, op: ops.Op[R]) -> R:
         """One operation as the page's principal (a worker thread)."""
         if isinstance(self.via, ops.Direct):
             with self.lock:
                 # As the daemon does per request: a principal disabled since start-up is refused now.
                 self.via.context.root.refresh()
-                return self.via.run(op, as_=self.as_).to_json()
-        return self.via.run(op, as_=self.as_).to_json()
+                return self.via.run(op, as_=self.as_)
+        return self.via.run(op, as_=self.as_)
 
     def live(self) -> bool:
         """Are manifest changes (hand edits included) reaching the feed now?"""
@@ -160,7 +165,9 @@ class SearchSessions:
             sid = self._sids.get(wid)
             if sid is None:
                 plan = self.page.run(ops.SessionOpen(wid, SEARCH_KIND, "read", None, None))
-                sid = self._sids[wid] = str(plan["session_id"])
+                if plan.session_id is None:
+                    raise AssertionError("an opened session's plan names its session")
+                sid = self._sids[wid] = plan.session_id
             return sid
 
     def search(
@@ -170,7 +177,7 @@ class SearchSessions:
         aliases: tuple[str, ...],
         limit: int | None,
         include_unreviewed: bool = False,
-    ) -> JsonObject:
+    ) -> SearchResult:
         for attempt in (1, 2):
             sid = self._sid(wid)
             try:
@@ -307,7 +314,7 @@ def _json(data: JsonObject) -> Response:
     return Response(orjson.dumps(data), media_type="application/json")
 
 
-def _api(fn: Callable[[Request], JsonObject]) -> Callable[[Request], Any]:
+def _api(fn: Callable[[Request], Record | JsonObject]) -> Callable[[Request], Any]:
     """A route answering ``fn(request)`` (run on a worker thread: Ops block) as JSON, or its refusal."""
 
     async def endpoint(request: Request) -> Response:
@@ -323,7 +330,8 @@ def _api(fn: Callable[[Request], JsonObject]) -> Callable[[Request], Any]:
                                            hint="send one JSON object, in UTF-8"))  # fmt: skip
         request.state.body = body
         try:
-            return _json(await run_in_threadpool(fn, request))
+            answer = await run_in_threadpool(fn, request)
+            return _json(answer.to_json() if isinstance(answer, Record) else answer)
         except KbdError as err:
             return _error(err)
         except Exception:  # never a traceback or a host path to the page
@@ -412,14 +420,14 @@ def create_app(page: Page) -> ASGIApp:
         return {"principal": page.principal, "csrf": page.gate.csrf, "workflow": page.workflow,
                 "live": page.live(), "mode": page.mode}  # fmt: skip
 
-    def workflows(_: Request) -> JsonObject:
+    def workflows(_: Request) -> Record:
         return page.run(ops.WorkflowsList())
 
     def workflow(r: Request) -> JsonObject:
         shown = page.run(ops.WorkflowShow(_param(r, "wid")))
-        return {**shown, "rights": rights(shown)}
+        return {**shown.to_json(), "rights": rights(shown)}
 
-    def sources(r: Request) -> JsonObject:
+    def sources(r: Request) -> Record:
         if r.method == "POST":
             f = body_fields(r.state.body, {"workflow_id": str, "alias": str}, {"access": str})
             return page.run(
@@ -427,53 +435,53 @@ def create_app(page: Page) -> ASGIApp:
             )
         return page.run(ops.SourcesList(_param(r, "wid")))
 
-    def source(r: Request) -> JsonObject:
+    def source(r: Request) -> Record:
         wid, alias = _param(r, "wid"), _param(r, "alias")
         if r.method == "PATCH":
             f = body_fields(r.state.body, {"access": str}, {"expected_version": str})
             return page.run(ops.SetAccess(wid, alias, f["access"], f.get("expected_version")))
         return page.run(ops.Detach(wid, alias))
 
-    def candidates(r: Request) -> JsonObject:
+    def candidates(r: Request) -> Record:
         return page.run(ops.Candidates(_param(r, "wid")))
 
-    def writers(r: Request) -> JsonObject:
+    def writers(r: Request) -> Record:
         if r.method == "POST":
             f = body_fields(r.state.body, {"workflow_id": str})
             return page.run(ops.Grant(_param(r, "wid"), f["workflow_id"]))
         return page.run(ops.WritersList(_param(r, "wid")))
 
-    def writer(r: Request) -> JsonObject:
+    def writer(r: Request) -> Record:
         return page.run(ops.Revoke(_param(r, "wid"), _param(r, "consumer")))
 
-    def pending(r: Request) -> JsonObject:
+    def pending(r: Request) -> Record:
         return page.run(ops.NotesPending(_param(r, "wid")))
 
-    def review(r: Request) -> JsonObject:
+    def review(r: Request) -> Record:
         f = body_fields(r.state.body, {"path": str, "decision": str}, {"expected_version": str})
         decision = f["decision"]
         if decision != "approve" and decision != "reject":
             raise InvalidInput(f"field 'decision' must be 'approve' or 'reject', not {decision[:40]!r}")
         return page.run(ops.NotesReview(_param(r, "wid"), f["path"], decision, f.get("expected_version")))
 
-    def own_dir(r: Request) -> JsonObject:
+    def own_dir(r: Request) -> Record:
         q = r.query_params
         return page.run(
             ops.OwnLs(_param(r, "wid"), q.get("path", ""), _limit(q.get("limit")), q.get("after"))
         )
 
-    def own_file(r: Request) -> JsonObject:
+    def own_file(r: Request) -> Record:
         return page.run(ops.OwnRead(_param(r, "wid"), r.query_params.get("path", "")))
 
-    def source_dir(r: Request) -> JsonObject:
+    def source_dir(r: Request) -> Record:
         q = r.query_params
         return page.run(ops.Ls(_param(r, "wid"), _param(r, "alias"), q.get("path", ""), _limit(q.get("limit")),
                                q.get("after")))  # fmt: skip
 
-    def source_file(r: Request) -> JsonObject:
+    def source_file(r: Request) -> Record:
         return page.run(ops.Read(_param(r, "wid"), _param(r, "alias"), r.query_params.get("path", "")))
 
-    def search(r: Request) -> JsonObject:
+    def search(r: Request) -> Record:
         q = r.query_params
         aliases = tuple(a for v in q.getlist("alias") for a in v.split(",") if a)
         unreviewed = _flag(q.get("include_unreviewed"), "include_unreviewed")
@@ -524,10 +532,10 @@ def create_app(page: Page) -> ASGIApp:
     return Guard(app, page)
 
 
-def rights(shown: JsonObject) -> JsonObject:
+def rights(shown: WorkflowDetail) -> JsonObject:
     """What the page may offer on a workflow, from the operation's own answer
     (the operation re-checks every action anyway)."""
-    return {"manage": bool(shown.get("can_manage")), "grant": bool(shown.get("can_grant"))}
+    return {"manage": shown.can_manage, "grant": shown.can_grant}
 
 
 def _asset_response(name: str) -> Response:

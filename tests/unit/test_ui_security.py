@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kbd.service.workflows import WorkflowDetail
 from kbd.ui import security
 from kbd.ui.server import TokenGate, body_fields, rights
 
@@ -161,5 +162,11 @@ def test_body_fields_name_the_field() -> None:
 
 
 def test_rights_come_from_the_operations_answer() -> None:
-    assert rights({"can_manage": True, "can_grant": False}) == {"manage": True, "grant": False}
-    assert rights({}) == {"manage": False, "grant": False}
+    def shown(manage: bool, grant: bool) -> WorkflowDetail:
+        return WorkflowDetail(
+            "wf", "WF", "/w/wf", "sha256:0", None, False, (), (), (), (), (), (), manage, grant
+        )
+
+    assert rights(shown(True, False)) == {"manage": True, "grant": False}
+    assert rights(shown(False, True)) == {"manage": False, "grant": True}
+    assert rights(shown(False, False)) == {"manage": False, "grant": False}
