@@ -44,7 +44,7 @@ import time
 import typing
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import unquote
 
 import anyio
@@ -55,9 +55,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request, Security
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
-from fastapi.utils import create_model_field
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -454,44 +452,6 @@ class CheckBody(Strict):
     mode: Literal["read", "write"]
 
 
-class WriteStatusModel(BaseModel):
-    available: bool
-    reason: str | None
-    message: str | None = None
-
-
-class AttachmentModel(BaseModel):
-    alias: str
-    workflow_id: str
-    label: str | None
-    access: str
-    available: bool
-    reason: str | None
-    message: str | None
-    write: WriteStatusModel | None
-    env: str
-    path: str | None
-
-
-class PlanResponse(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    session_id: str
-    workflow_id: str
-    kind: str
-    kb_access: str
-    effective_kb_access: str
-    generation: int
-    env: dict[str, str]
-    read: list[str]
-    write: list[str]
-    read_only: list[str]
-    hidden: list[str]
-    sources: list[AttachmentModel]
-    folders: list[JsonObject]
-    context: str
-    running: list[JsonObject] | None = Field(default=None, description="commands still running (GET only)")
-
-
 class ErrorBody(BaseModel):
     code: str
     message: str
@@ -500,213 +460,6 @@ class ErrorBody(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorBody
-
-
-# Each route's answer as /openapi.json documents it. These describe, and never
-# re-serialise: the route answers its operation's ``to_json()`` as the CLI's
-# ``--json`` prints it (docs/api.md "Malformed requests"), checked against these by the
-# property-based API test (tests/integration/test_api_schema.py).
-
-
-class Answer(BaseModel):
-    """A documented answer (see :class:`_Route`)."""
-
-    documented_only: ClassVar[bool] = True
-
-
-class HealthAnswer(Answer):
-    status: Literal["ok"]
-    host: str
-    uptime_seconds: float
-
-
-class MetricsAnswer(Answer):
-    requests: dict[str, int] = Field(description="requests by route group (the path segment after /v1)")
-    registry_scans: int
-    open_sessions: int
-
-
-class IdentityAnswer(Answer):
-    id: str
-    kind: Literal["user", "service"]
-    admin: bool
-
-
-class FileAnswer(Answer):
-    workflow_id: str
-    alias: str | None = Field(description="null: the workflow's own KB")
-    path: str
-    size: int
-    encoding: Literal["utf-8", "base64"]
-    content: str
-
-
-class DirEntryModel(BaseModel):
-    name: str
-    type: Literal["file", "dir", "symlink", "other"]
-    contributed_by: str | None = Field(
-        default=None,
-        description="files with a note's suffix: the contributing workflow (null: the source's own)",
-    )
-
-
-class DirAnswer(Answer):
-    workflow_id: str
-    alias: str | None = Field(description="null: the workflow's own KB")
-    path: str
-    entries: list[DirEntryModel]
-    truncated: bool
-    next: str | None = Field(description="the next page's `after`; null when this page ends the folder")
-
-
-class HistoryEntryModel(BaseModel):
-    version: str
-    previous: str | None
-    at: float
-    size: int
-    how: Literal["write", "command", "restore", "found"]
-    principal: str | None
-    session: str | None
-    workflow: str | None
-    expected: str | None
-
-
-class NoteLogAnswer(Answer):
-    workflow_id: str
-    relpath: str
-    current: str | None
-    versions: list[HistoryEntryModel] = Field(description="newest first")
-
-
-class NoteVersionAnswer(Answer):
-    workflow_id: str
-    relpath: str
-    version: str
-    size: int
-    encoding: Literal["utf-8", "base64"]
-    content: str
-
-
-class NoteDiffAnswer(Answer):
-    workflow_id: str
-    relpath: str
-    from_: str | None = Field(alias="from", description="null: the note had no earlier version")
-    to: str
-    diff: str
-
-
-class NoteRestoredAnswer(Answer):
-    workflow_id: str
-    relpath: str
-    version: str
-    previous: str | None
-    bytes: int
-
-
-class SessionRowModel(BaseModel):
-    session_id: str
-    workflow_id: str
-    kind: str
-    kb_access: str
-    item_kb_write: bool
-    parent: str | None
-    opened_by: str
-    opened_at: float
-    closed: bool
-    generation: int
-
-
-class SessionListAnswer(Answer):
-    sessions: list[SessionRowModel]
-
-
-class RevokedAnswer(Answer):
-    session_id: str
-    generation: int
-    terminated: list[int]
-    still_running: list[int]
-
-
-class ImportedModel(BaseModel):
-    file: str
-    path: str
-    title: str
-
-
-class SkippedModel(BaseModel):
-    file: str
-    reason: str
-
-
-class ImportAnswer(Answer):
-    workflow_id: str
-    dry_run: bool
-    created: list[ImportedModel]
-    updated: list[ImportedModel]
-    unchanged: list[ImportedModel]
-    skipped: list[SkippedModel]
-
-
-class NoteWrittenAnswer(Answer):
-    workflow_id: str
-    alias: str
-    path: str
-    bytes: int
-    version: str
-
-
-class HitModel(BaseModel):
-    alias: str | None
-    workflow_id: str
-    relpath: str
-    title: str
-    snippet: str
-    score: float
-    modified_at: str
-    contributed_by_workflow: str | None
-    review: Literal["own", "unreviewed", "approved"]
-    trust: Literal["own", "source", "contributed-unreviewed", "contributed-approved"]
-
-
-class SearchAnswer(Answer):
-    session_id: str
-    query: str
-    hits: list[HitModel]
-    dropped_by_gate: int
-
-
-class PrincipalModel(BaseModel):
-    id: str
-    kind: Literal["user", "service"]
-    admin: bool
-    disabled: bool
-    uid: int | None
-    has_token: bool
-    label: str | None
-
-
-class PrincipalChangedAnswer(Answer):
-    action: Literal["add", "disable", "enable", "remove", "token"]
-    changed: bool
-    principal: PrincipalModel
-    user: str | None
-
-
-class AuditAnswer(Answer):
-    events: list[dict[str, Any]]
-    skipped_lines: int
-    offset: int = Field(description="where the next chunk starts")
-
-
-class DoctorCheckModel(BaseModel):
-    check: str
-    ok: bool
-    detail: str
-
-
-class DoctorAnswer(Answer):
-    ok: bool
-    checks: list[DoctorCheckModel]
 
 
 class _EventStream(StreamingResponse):
@@ -1082,25 +835,6 @@ def _error(err: KbdError) -> JSONResponse:
     return JSONResponse(envelope, status_code=status, headers=headers)
 
 
-class _Route(APIRoute):
-    """A route whose ``response_model`` is an :class:`Answer` documents it in
-    /openapi.json and answers what the operation returned, serialised as before
-    (the bytes of every answer stay those the CLI's ``--json`` mirrors); other
-    routes are FastAPI's own."""
-
-    def get_route_handler(self) -> Callable[[Request], Any]:
-        documented = self.response_field
-        if getattr(self.response_model, "documented_only", False):
-            # What the route's ``-> JsonObject`` made it before it was documented.
-            self.response_field = create_model_field(
-                name="Response_" + self.unique_id, type_=JsonObject, mode="serialization"
-            )
-        try:
-            return super().get_route_handler()
-        finally:
-            self.response_field = documented
-
-
 #: Where /openapi.json keeps the schemas its operations refer to.
 COMPONENTS = "#/components/schemas/"
 
@@ -1219,10 +953,19 @@ def serve_op(
 
     endpoint.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     endpoint.__name__ = _snake(op.__name__)
-    schema = refs_under(op.result().json_schema(app.record_schemas), COMPONENTS)
-    answer = {"description": "Successful Response", "content": {"application/json": {"schema": schema}}}
-    app.add_api_route(route.path, endpoint, methods=[route.method], status_code=route.status,
-                      response_model=None, responses={route.status: answer}, name=endpoint.__name__)  # fmt: skip
+    app.add_api_route(route.path, endpoint, methods=[route.method], status_code=route.status, response_model=None,
+                      responses=answers(app, op.result(), route.status), name=endpoint.__name__)  # fmt: skip
+
+
+def answers(
+    app: _Api, result: type[Record], status: int = 200, more: Mapping[int | str, JsonObject] | None = None
+) -> dict[int | str, Any]:
+    """A route's ``responses``: ``result``'s schema (:meth:`kbd.core.records.Record.json_schema`,
+    its nested records into components/schemas) for ``status``, and ``more``.
+    The route answers the result's ``to_json()``, as the CLI's ``--json`` prints it."""
+    schema = refs_under(result.json_schema(app.record_schemas), COMPONENTS)
+    return {status: {"description": "Successful Response", "content": {"application/json": {"schema": schema}}},
+            **(more or {})}  # fmt: skip
 
 
 def _snake(name: str) -> str:
@@ -1248,7 +991,6 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
                    "default": {"model": ErrorResponse, "description": "any other refusal, in the same envelope"}},
     )  # fmt: skip
     app.record_schemas = {}
-    app.router.route_class = _Route
     app.state.kbd = state
     app.add_middleware(OneSegmentIds)  # innermost: the policy fast path never routes a '/' in an ID
     app.add_middleware(PolicyFastPath, state=state)  # inside BodyLimit (added after it: outermost)
@@ -1325,18 +1067,18 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     Aliases = Query(default_factory=list)
 
     # health and whoami are async: they never wait for a worker thread.
-    @app.get("/v1/health", response_model=HealthAnswer)
+    @app.get("/v1/health", response_model=None, responses=answers(app, admin.Health))
     async def health() -> JsonObject:
         return admin.health(state.host, started=state.started, now=time.time()).to_json()
 
     @app.get(
         "/v1/metrics",
         response_model=None,
-        responses={200: {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/MetricsAnswer"}},
+        responses={200: {"content": {"application/json": {"schema": refs_under(
+                                         admin.Metrics.json_schema(app.record_schemas), COMPONENTS)},
                                      telemetry.CONTENT_TYPE: {"schema": {"type": "string"}}},
                          "description": "JSON by default; the Prometheus text format (0.0.4) for "
-                                        "?format=prometheus or an Accept header preferring text/plain",
-                         "model": MetricsAnswer}},
+                                        "?format=prometheus or an Accept header preferring text/plain"}},
     )  # fmt: skip
     def metrics(
         request: Request,
@@ -1355,11 +1097,15 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         with state.locked():
             return admin.metrics(state.sessions, actor=actor, requests=dict(state.requests)).to_json()
 
-    @app.get("/v1/whoami", response_model=IdentityAnswer)
+    @app.get("/v1/whoami", response_model=None, responses=answers(app, auth.Identity))
     async def whoami(actor: Principal = Actor) -> JsonObject:
         return auth.Identity.of(actor).to_json()
 
-    @app.get("/v1/workflows/{wid}/sources/{alias}/file", response_model=FileAnswer, responses=NOT_MODIFIED)
+    @app.get(
+        "/v1/workflows/{wid}/sources/{alias}/file",
+        response_model=None,
+        responses=answers(app, ops.Read.result(), more=NOT_MODIFIED),
+    )
     def read_file(
         wid: str,
         alias: str,
@@ -1374,7 +1120,11 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         found = browse_ops.read_file(att, wid, alias, path)
         return _tagged(found.to_json(), version_of(found.data), known, response)
 
-    @app.get("/v1/workflows/{wid}/sources/{alias}/dir", response_model=DirAnswer)
+    @app.get(
+        "/v1/workflows/{wid}/sources/{alias}/dir",
+        response_model=None,
+        responses=answers(app, ops.Ls.result()),
+    )
     def list_dir(
         wid: str, alias: str, path: str = "", limit: str | None = LsLimit, after: str | None = After,
         actor: Principal = Actor,
@@ -1385,7 +1135,11 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         # The listing outside the state lock.
         return browse_ops.list_dir(att, wid, alias, path, limit=size, after=after).to_json()
 
-    @app.get("/v1/workflows/{wid}/kb/file", response_model=FileAnswer, responses=NOT_MODIFIED)
+    @app.get(
+        "/v1/workflows/{wid}/kb/file",
+        response_model=None,
+        responses=answers(app, ops.OwnRead.result(), more=NOT_MODIFIED),
+    )
     def read_own_file(
         wid: str, response: Response, path: str = RelPath, actor: Principal = Actor, known: str | None = Known
     ) -> JsonObject | Response:
@@ -1394,7 +1148,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         found = browse_ops.read_file(att, wid, None, path)
         return _tagged(found.to_json(), version_of(found.data), known, response)
 
-    @app.get("/v1/workflows/{wid}/kb/dir", response_model=DirAnswer)
+    @app.get("/v1/workflows/{wid}/kb/dir", response_model=None, responses=answers(app, ops.OwnLs.result()))
     def list_own_dir(
         wid: str,
         path: str = "",
@@ -1407,13 +1161,17 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
             att = browse_ops.own_kb(state.host, wid, actor=actor)
         return browse_ops.list_dir(att, wid, None, path, limit=size, after=after).to_json()
 
-    @app.get("/v1/workflows/{wid}/notes/history", response_model=NoteLogAnswer)
+    @app.get(
+        "/v1/workflows/{wid}/notes/history", response_model=None, responses=answers(app, ops.NoteLog.result())
+    )
     def note_log(wid: str, path: str = RelPath, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             return history_ops.log(state.host, wid, path, actor=actor).to_json()
 
     @app.get(
-        "/v1/workflows/{wid}/notes/history/version", response_model=NoteVersionAnswer, responses=NOT_MODIFIED
+        "/v1/workflows/{wid}/notes/history/version",
+        response_model=None,
+        responses=answers(app, ops.NoteShow.result(), more=NOT_MODIFIED),
     )
     def note_version(wid: str, response: Response, path: str = RelPath, version: str | None = Version,
                      actor: Principal = Actor, known: str | None = Known) -> JsonObject | Response:  # fmt: skip
@@ -1421,7 +1179,11 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
             found = history_ops.show(state.host, wid, path, actor=actor, version=version)
         return _tagged(found.to_json(), found.version, known, response)
 
-    @app.get("/v1/workflows/{wid}/notes/history/diff", response_model=NoteDiffAnswer)
+    @app.get(
+        "/v1/workflows/{wid}/notes/history/diff",
+        response_model=None,
+        responses=answers(app, ops.NoteDiff.result()),
+    )
     def note_diff(
         wid: str,
         path: str = RelPath,
@@ -1434,7 +1196,11 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
                 state.host, wid, path, actor=actor, version=version, against=against
             ).to_json()
 
-    @app.post("/v1/workflows/{wid}/notes/history/restore", response_model=NoteRestoredAnswer)
+    @app.post(
+        "/v1/workflows/{wid}/notes/history/restore",
+        response_model=None,
+        responses=answers(app, ops.NoteRestore.result()),
+    )
     async def note_restore(wid: str, body: RestoreBody, actor: Principal = Actor) -> JsonObject:
         def prepare() -> history_ops.PreparedRestore:
             with state.locked():
@@ -1449,7 +1215,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         )
         return done.to_json()
 
-    @app.get("/v1/sessions", response_model=SessionListAnswer)
+    @app.get("/v1/sessions", response_model=None, responses=answers(app, ops.SessionList.result()))
     def list_sessions(
         workflow_id: str | None = None, all: bool = False, actor: Principal = Actor
     ) -> JsonObject:
@@ -1458,21 +1224,23 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
                 state.sessions, actor=actor, workflow_id=workflow_id, include_closed=all
             ).to_json()
 
-    @app.post("/v1/sessions/{sid}/revoke", response_model=RevokedAnswer)
+    @app.post(
+        "/v1/sessions/{sid}/revoke", response_model=None, responses=answers(app, ops.SessionRevoke.result())
+    )
     def revoke_session(sid: str, body: RevokeBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             todo = session_ops.revocation(state.sessions, sid, actor=actor, immediate=body.immediate)
         # Termination waits out the grace period: outside the state lock.
         return session_ops.carry_out(state.sessions, todo).to_json()
 
-    @app.get("/v1/sessions/{sid}", response_model=PlanResponse)
+    @app.get("/v1/sessions/{sid}", response_model=None, responses=answers(app, ops.SessionShow.result()))
     async def session_policy(sid: str, actor: Principal = Actor) -> Response:
         # Served by PolicyFastPath before routing; declared here for the
         # schema (and answered the same way should a request reach it). The
         # plan is already in the documented shape: no pydantic re-validation.
         return Response(await state.policy_body(sid, actor), media_type="application/json")
 
-    @app.post("/v1/workflows/{wid}/import", response_model=ImportAnswer)
+    @app.post("/v1/workflows/{wid}/import", response_model=None, responses=answers(app, ops.Import.result()))
     async def import_documents(wid: str, body: ImportBody, actor: Principal = Actor) -> JsonObject:
         docs = body.docs()
 
@@ -1488,14 +1256,24 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         )  # fmt: skip
         return result.to_json()
 
-    @app.post("/v1/sessions/{sid}/children", response_model=PlanResponse, status_code=201)
+    @app.post(
+        "/v1/sessions/{sid}/children",
+        response_model=None,
+        status_code=201,
+        responses=answers(app, ops.SessionOpen.result(), 201),
+    )
     def open_child(sid: str, body: ChildBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             plan = session_ops.open_child(state.sessions, sid, actor=actor, kind=body.kind,
                                           kb_access=body.kb_access, item_kb_write=body.item_kb_write)  # fmt: skip
             return plan.to_json()
 
-    @app.post("/v1/sessions/{sid}/notes", response_model=NoteWrittenAnswer, status_code=201)
+    @app.post(
+        "/v1/sessions/{sid}/notes",
+        response_model=None,
+        status_code=201,
+        responses=answers(app, ops.NoteWrite.result(), 201),
+    )
     async def write_note(sid: str, body: NoteBody, request: Request, response: Response,
                          actor: Principal = Actor, if_match: str | None = IfMatch,
                          if_none_match: str | None = IfNoneMatch) -> JsonObject:  # fmt: skip
@@ -1528,7 +1306,7 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         finally:
             state.notes_in_flight -= 1
 
-    @app.get("/v1/sessions/{sid}/search", response_model=SearchAnswer)
+    @app.get("/v1/sessions/{sid}/search", response_model=None, responses=answers(app, ops.Search.result()))
     def search(
         sid: str,
         q: str = Query("", json_schema_extra=_schema(SEARCH_QUERY, required=True)),
@@ -1607,7 +1385,11 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
 
     # -- the root's administration, for admins (the CLI's principals, audit and doctor) --
 
-    @app.post("/v1/principals/{pid}/{action}", response_model=PrincipalChangedAnswer)
+    @app.post(
+        "/v1/principals/{pid}/{action}",
+        response_model=None,
+        responses=answers(app, ops.PrincipalChange.result()),
+    )
     def change_principal(pid: str, action: str, body: ForceBody, actor: Principal = Actor) -> JsonObject:
         with state.locked():
             if action == "enable":
@@ -1618,12 +1400,12 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
                 return principal_ops.remove(state.host, pid, force=body.force, actor=actor).to_json()
         raise NotFound(f"no principal action {action!r}", hint="actions: disable, enable, remove, token")
 
-    @app.get("/v1/audit", response_model=AuditAnswer)
+    @app.get("/v1/audit", response_model=None, responses=answers(app, ops.AuditChunk.result()))
     def audit(offset: int = 0, actor: Principal = Actor) -> JsonObject:
         # The log is append-only and read by offset: no state lock needed.
         return admin.audit_chunk(state.host, offset=offset, actor=actor).to_json()
 
-    @app.get("/v1/doctor", response_model=DoctorAnswer)
+    @app.get("/v1/doctor", response_model=None, responses=answers(app, ops.Doctor.result()))
     def doctor(workflow: str | None = None, actor: Principal = Actor) -> JsonObject:
         if not actor.enabled_admin:
             raise PermissionDenied(

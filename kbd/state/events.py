@@ -195,6 +195,9 @@ class _Syncer:
             with contextlib.suppress(OSError):
                 self._sync()
 
+    def on_own_thread(self) -> bool:
+        return self._thread is not None and self._thread is threading.current_thread()
+
     def stop(self) -> None:
         with self._cond:
             self._stopping = True
@@ -342,6 +345,12 @@ class EventLog:
                 os.fsync(self._fd)
 
     def close(self) -> None:
+        if self._syncer is not None and self._syncer.on_own_thread():
+            # A finalizer the garbage collector runs on the fsync thread (see
+            # kbd.service.events.LogSink), which may hold the mutex and cannot
+            # join itself: close from another thread instead.
+            threading.Thread(target=self.close, name="kbd-events-close", daemon=True).start()
+            return
         self._closed = True
         if self._syncer is not None:
             self._syncer.stop()

@@ -32,6 +32,7 @@ from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
 from kbd.state.events import EventLog
 from tests.helpers import KbRoot
+from tests.waiting import wait_for
 
 TEAM = {"owners": ["alice"], "readers": ["bob"]}
 
@@ -127,6 +128,26 @@ def test_a_process_on_the_root_appends_session_events_but_never_manifest_events(
     with EventLog(host.config.state_dir, sync_interval=0) as log:
         got = [(e.type, e.workflow_id, e.fields.get("session_id")) for e in replayed(log, f"{log.epoch}-0")]
     assert got == [("session.opened", "w", sid), ("session.closed", "w", sid)]
+
+
+def test_a_log_closed_on_its_own_fsync_thread_closes_without_error(tmp_path: Path) -> None:
+    """A LogSink's log is closed by a finalizer, which the garbage collector may
+    run on any thread: on the log's own fsync thread, inside an fsync that holds
+    its mutex, close() can neither join that thread nor take the mutex."""
+    errors: list[BaseException] = []
+
+    class ClosedWhileSyncing(EventLog):
+        def sync(self) -> None:
+            try:
+                with self._mutex:  # where a collection inside sync() finds the thread
+                    self.close()
+            except BaseException as exc:
+                errors.append(exc)
+
+    log = ClosedWhileSyncing(tmp_path, sync_interval=0.001)
+    log.append("resync", workflow_id=None, reason="restart")
+    wait_for(lambda: errors or log._fd is None, 10, "the log closed (or an error) on its fsync thread")
+    assert errors == [] and log._fd is None
 
 
 def test_a_log_that_cannot_be_written_loses_the_notice_not_the_operation(kb: KbRoot) -> None:
