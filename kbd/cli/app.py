@@ -190,6 +190,15 @@ class Ctx:
         """``op``'s typed result, the same value in both modes."""
         return self.via.run(op, as_=as_)
 
+    def shown(self, op: ops.Op[ops.R], as_: str | None, as_json: bool) -> ops.R | None:
+        """``op``'s typed result for the command to print as text, or None once
+        ``--json`` printed it (docs/cli.md "JSON shapes")."""
+        result = self.result(op, as_)
+        if as_json:
+            emit(result)
+            return None
+        return result
+
     def close(self) -> None:
         if isinstance(self._backend, ops.Remote):
             self._backend.client.close()

@@ -33,8 +33,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
+import functools
+import typing
 from typing import Any, Literal, TypeAlias
 
+from kbd.core.records import Keys, Record
 from kbd.errors import InvalidInput
 
 # A JSON object as the contract spells it: the one true JSON boundary, where
@@ -68,3 +72,34 @@ def content_bytes(keys: JsonObject, where: str) -> bytes:
         return base64.b64decode(keys["content"], validate=True)
     except binascii.Error:
         raise InvalidInput(f"{where}.content: not base64") from None
+
+
+class ContentRecord(Record):
+    """A record holding a file's bytes in its field ``data``, written as
+    :data:`CONTENT_KEYS` after its other fields (plain JSON values, written as
+    they are): its JSON is not its fields, so its codec is this, once."""
+
+    data: bytes
+
+    @classmethod
+    def _plain(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "data")  # type: ignore[arg-type]
+
+    @classmethod
+    @functools.cache
+    def _keys(cls) -> Keys:
+        hints = typing.get_type_hints(cls)
+        return Keys(lambda: {**{name: hints[name] for name in cls._plain()}, **CONTENT_KEYS})
+
+    def to_json(self) -> JsonObject:
+        return {**{name: getattr(self, name) for name in self._plain()}, **content_json(self.data)}
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "") -> typing.Self:
+        k = cls._keys().read(cls, data, where)
+        values: dict[str, Any] = {name: k[name] for name in cls._plain()}
+        return cls(**values, data=content_bytes(k, where or cls.__name__))  # type: ignore[call-arg]
+
+    @classmethod
+    def json_schema(cls, defs: dict[str, JsonObject] | None = None) -> JsonObject:
+        return cls._keys().schema(cls, defs)

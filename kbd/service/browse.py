@@ -21,13 +21,13 @@ from typing import NotRequired, TypedDict
 from kbd.core.layout import INDEX_NAME, NOTES_DIR
 from kbd.core.notes import provenance_of
 from kbd.core.principals import Principal
-from kbd.core.records import JsonValue, Keys, Record, key
+from kbd.core.records import JsonValue, Record, key
 from kbd.core.relpaths import DEFAULT_LS_LIMIT, MAX_LS_LIMIT, NOTE_SUFFIXES, request_parts
 from kbd.core.resolve import Attachment
 from kbd.errors import KbdError, NotFound, SourceUnavailable, UsageError
 from kbd.fs import confined
 from kbd.fs.notes import read_index
-from kbd.service import CONTENT_KEYS, JsonObject, content_bytes, content_json, workflows
+from kbd.service import ContentRecord, JsonObject, workflows
 from kbd.service.root import Root
 
 MAX_READ_BYTES = 2 * 1024 * 1024
@@ -53,31 +53,14 @@ class Entry(TypedDict):
 
 
 @dataclass(frozen=True)
-class FileRead(Record):
-    """A file read from a KB. Its JSON is written by hand (docs/architecture.md "Typed operations"): its
-    bytes are written as UTF-8 text or base64 (``encoding`` says which)."""
+class FileRead(ContentRecord):
+    """A file read from a KB (``kbd read --json`` and ``GET …/file``): its bytes
+    are written as UTF-8 text or base64 (``encoding`` says which)."""
 
     workflow_id: str
     alias: str | None  # None: the workflow's own KB (as search hits say)
     path: str
     data: bytes
-
-    def to_json(self) -> JsonObject:
-        """``kbd read --json`` and ``GET …/file``."""
-        return {"workflow_id": self.workflow_id, "alias": self.alias, "path": self.path,
-                **content_json(self.data)}  # fmt: skip
-
-    @classmethod
-    def from_json(cls, data: object, where: str = "") -> FileRead:
-        k = _FILE_READ.read(cls, data, where)
-        return cls(k["workflow_id"], k["alias"], k["path"], content_bytes(k, where or cls.__name__))
-
-    @classmethod
-    def json_schema(cls, defs: dict[str, JsonObject] | None = None) -> JsonObject:
-        return _FILE_READ.schema(cls, defs)
-
-
-_FILE_READ = Keys(lambda: {"workflow_id": str, "alias": str | None, "path": str, **CONTENT_KEYS})
 
 
 @dataclass(frozen=True)

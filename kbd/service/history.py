@@ -23,7 +23,7 @@ from kbd.core.history import ABSENT, Entry, note_relpath, parse_version, unified
 from kbd.core.layout import KB_DIR
 from kbd.core.lookup import Found
 from kbd.core.principals import Principal
-from kbd.core.records import Keys, Record, key
+from kbd.core.records import Record, key
 from kbd.errors import (
     KbdError,
     NotFound,
@@ -34,7 +34,7 @@ from kbd.errors import (
 )
 from kbd.fs.confined import pin_dir, read_file_stat
 from kbd.fs.notes import in_kb, note_adds, notes_lock, open_notes, replace_note
-from kbd.service import CONTENT_KEYS, JsonObject, content_bytes, content_json
+from kbd.service import ContentRecord
 from kbd.service.root import Root
 from kbd.state.history import HistoryStore, Who, store_for
 from kbd.state.notes_quota import check_quota
@@ -52,30 +52,13 @@ class NoteLog(Record):
 
 
 @dataclass(frozen=True)
-class NoteVersion(Record):
-    """One version of a note. Its JSON is written by hand (docs/architecture.md "Typed operations"): its
-    bytes are written as UTF-8 text or base64 (``encoding`` says which)."""
+class NoteVersion(ContentRecord):
+    """One version of a note: its bytes are written as UTF-8 text or base64 (``encoding`` says which)."""
 
     workflow_id: str
     relpath: str
     version: str
     data: bytes
-
-    def to_json(self) -> JsonObject:
-        return {"workflow_id": self.workflow_id, "relpath": self.relpath, "version": self.version,
-                **content_json(self.data)}  # fmt: skip
-
-    @classmethod
-    def from_json(cls, data: object, where: str = "") -> NoteVersion:
-        k = _NOTE_VERSION.read(cls, data, where)
-        return cls(k["workflow_id"], k["relpath"], k["version"], content_bytes(k, where or cls.__name__))
-
-    @classmethod
-    def json_schema(cls, defs: dict[str, JsonObject] | None = None) -> JsonObject:
-        return _NOTE_VERSION.schema(cls, defs)
-
-
-_NOTE_VERSION = Keys(lambda: {"workflow_id": str, "relpath": str, "version": str, **CONTENT_KEYS})
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from kbd.cli.app import (
     complete_aliases,
     complete_sessions,
     complete_workflows,
-    emit,
     json_option,
     main,
     pass_ctx,
@@ -39,9 +38,7 @@ def search_cmd(
     as_: str | None, as_json: bool,
 ) -> None:  # fmt: skip
     """Search every KB session SID may read now (its own and each available source)."""
-    result = c.result(ops.Search(sid, query, aliases, limit, include_unreviewed), as_)
-    if as_json:
-        emit(result)
+    if (result := c.shown(ops.Search(sid, query, aliases, limit, include_unreviewed), as_, as_json)) is None:
         return
     for hit in result.hits:
         where = one_line(hit.alias) if hit.alias is not None else "(own)"
@@ -67,9 +64,7 @@ def read_cmd(c: Ctx, wf: str, alias: str, relpath: str, as_: str | None, as_json
     """Print a file of WF's attached KB ALIAS (RELPATH relative to the KB root).
     ALIAS `.` is WF's own KB."""
     op = ops.OwnRead(wf, relpath) if alias == ops.OWN_KB else ops.Read(wf, alias, relpath)
-    result = c.result(op, as_)
-    if as_json:
-        emit(result)
+    if (result := c.shown(op, as_, as_json)) is None:
         return
     write_stdout(result.data)
 
@@ -99,11 +94,8 @@ def ls_cmd(
     """List a folder of WF's attached KB ALIAS (default: the KB root), in name order, one page at a time.
     ALIAS `.` is WF's own KB."""
     own = alias == ops.OWN_KB
-    page = c.result(
-        ops.OwnLs(wf, reldir, limit, after) if own else ops.Ls(wf, alias, reldir, limit, after), as_
-    )
-    if as_json:
-        emit(page)
+    op = ops.OwnLs(wf, reldir, limit, after) if own else ops.Ls(wf, alias, reldir, limit, after)
+    if (page := c.shown(op, as_, as_json)) is None:
         return
     if page.truncated and page.next is not None:
         click.echo(f"kbd: more entries follow; next page: --after {one_line(page.next, limit=300)}", err=True)

@@ -77,10 +77,7 @@ def notes_write(
         raise NotFound(f"{file} does not exist", hint="pass an existing file, or - for stdin") from exc
     except OSError as exc:
         raise InvalidInput(f"cannot read {file}: {exc.strerror}") from exc
-    result = c.result(ops.NoteWrite(sid, alias, relpath, data, expected), as_)
-    if as_json:
-        emit(result)
-    else:
+    if (result := c.shown(ops.NoteWrite(sid, alias, relpath, data, expected), as_, as_json)) is not None:
         click.echo(f"wrote {one_line(result.path)} in {one_line(result.workflow_id)} ({result.bytes} bytes)")
 
 
@@ -153,9 +150,7 @@ def _version_line(v: Entry) -> str:
 @pass_ctx
 def notes_log(c: Ctx, source_wf: str, relpath: str, as_: str | None, as_json: bool) -> None:
     """The kept versions of a note, newest first (RELPATH relative to the KB root: notes/x.md)."""
-    result = c.result(ops.NoteLog(source_wf, relpath), as_)
-    if as_json:
-        emit(result)
+    if (result := c.shown(ops.NoteLog(source_wf, relpath), as_, as_json)) is None:
         return
     click.echo(f"{one_line(result.relpath)} in {one_line(result.workflow_id)}: "
                f"now {result.current or 'absent'}")  # fmt: skip
@@ -176,9 +171,7 @@ def notes_show(
     c: Ctx, source_wf: str, relpath: str, version: str | None, as_: str | None, as_json: bool
 ) -> None:
     """Print one kept version of a note (RELPATH relative to the KB root)."""
-    result = c.result(ops.NoteShow(source_wf, relpath, version), as_)
-    if as_json:
-        emit(result)
+    if (result := c.shown(ops.NoteShow(source_wf, relpath, version), as_, as_json)) is None:
         return
     write_stdout(result.data)
 
@@ -197,9 +190,7 @@ def notes_diff(
     as_json: bool,
 ) -> None:  # fmt: skip
     """Unified diff of two kept versions of a note (default: previous vs newest)."""
-    result = c.result(ops.NoteDiff(source_wf, relpath, version, against), as_)
-    if as_json:
-        emit(result)
+    if (result := c.shown(ops.NoteDiff(source_wf, relpath, version, against), as_, as_json)) is None:
         return
     write_stdout(result.diff.encode())
 
@@ -216,9 +207,7 @@ def notes_restore(
     c: Ctx, source_wf: str, relpath: str, version: str | None, as_: str | None, as_json: bool
 ) -> None:
     """Make a kept version the note's content again (source owners and admins; audited)."""
-    result = c.result(ops.NoteRestore(source_wf, relpath, version), as_)
-    if as_json:
-        emit(result)
+    if (result := c.shown(ops.NoteRestore(source_wf, relpath, version), as_, as_json)) is None:
         return
     click.echo(f"restored {one_line(result.relpath)} in {one_line(result.workflow_id)} to "
                f"{result.version} ({result.bytes} bytes)")  # fmt: skip
@@ -231,9 +220,7 @@ def notes_restore(
 @pass_ctx
 def notes_pending(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> None:
     """Contributed notes in SOURCE_WF's notes/ no owner has reviewed (owners and admins)."""
-    result = c.result(ops.NotesPending(source_wf), as_)
-    if as_json:
-        emit(result)
+    if (result := c.shown(ops.NotesPending(source_wf), as_, as_json)) is None:
         return
     if not result.pending:
         click.echo(f"no contributions wait for review in {one_line(result.workflow_id)}")
@@ -271,9 +258,11 @@ def notes_review(
             "pass exactly one of --approve and --reject",
             hint="kbd notes review SOURCE_WF notes/x.md --approve --expected-version sha256:<hex>",
         )
-    result = c.result(ops.NotesReview(source_wf, relpath, "approve" if approve else "reject", expected), as_)
-    if as_json:
-        emit(result)
+    if (
+        result := c.shown(
+            ops.NotesReview(source_wf, relpath, "approve" if approve else "reject", expected), as_, as_json
+        )
+    ) is None:
         return
     who = f"contributed by {one_line(result.contributed_by_workflow)} at {one_line(result.contributed_at or '?')}"
     if result.decision == "approved":
@@ -290,9 +279,7 @@ def notes_review(
 @pass_ctx
 def notes_rejected(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> None:
     """Rejected notes kept for SOURCE_WF (each restorable with `kbd notes unreject`)."""
-    result = c.result(ops.NotesRejected(source_wf), as_)
-    if as_json:
-        emit(result)
+    if (result := c.shown(ops.NotesRejected(source_wf), as_, as_json)) is None:
         return
     for r in result.rejected:
         at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.rejected_at))
@@ -308,9 +295,7 @@ def notes_rejected(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> No
 @pass_ctx
 def notes_unreject(c: Ctx, source_wf: str, rejected_id: int, as_: str | None, as_json: bool) -> None:
     """Put rejected note ID back where it was, byte for byte (unreviewed again)."""
-    result = c.result(ops.NotesUnreject(source_wf, rejected_id), as_)
-    if as_json:
-        emit(result)
+    if (result := c.shown(ops.NotesUnreject(source_wf, rejected_id), as_, as_json)) is None:
         return
     click.echo(f"restored rejected #{result.rejected_id} to {one_line(result.relpath)} in "
                f"{one_line(result.workflow_id)} (unreviewed)")  # fmt: skip

@@ -13,7 +13,6 @@ from kbd.cli.app import (
     F,
     as_option,
     complete_principals,
-    emit,
     json_option,
     main,
     pass_ctx,
@@ -40,9 +39,7 @@ def principals() -> None:
 @pass_ctx
 def principals_list(c: Ctx, as_: str | None, as_json: bool) -> None:
     """List principals: ID, kind, flags (admin, disabled, token) and label."""
-    result = c.result(ops.PrincipalsList(), as_)
-    if as_json:
-        emit(result)
+    if (result := c.shown(ops.PrincipalsList(), as_, as_json)) is None:
         return
     for p in result.principals:
         flags = [f for f, on in (("admin", p.admin), ("disabled", p.disabled), ("token", p.has_token)) if on]
@@ -85,9 +82,11 @@ def principals_add(c: Ctx, name: str, uid: int | None, login: str | None, admin:
     if admin and service:
         raise UsageError("pass at most one of --admin and --service: a service principal is never an admin",
                          hint="add the service and an admin as two principals")  # fmt: skip
-    result = c.result(ops.PrincipalAdd(name, uid, login, "service" if service else "user", admin, label), as_)
-    if as_json:
-        emit(result)
+    if (
+        result := c.shown(
+            ops.PrincipalAdd(name, uid, login, "service" if service else "user", admin, label), as_, as_json
+        )
+    ) is None:
         return
     p = result.principal
     role = "admin" if p.admin else p.kind
@@ -106,10 +105,7 @@ def principals_add(c: Ctx, name: str, uid: int | None, login: str | None, admin:
 def principals_disable(c: Ctx, name: str, force: bool, as_: str | None, as_json: bool) -> None:
     """Disable NAME: refused everywhere from the daemon's next request on; the
     commands it started are ended (or marked stale) by revocation."""
-    result = c.result(ops.PrincipalChange("disable", name, force), as_)
-    if as_json:
-        emit(result)
-    else:
+    if (result := c.shown(ops.PrincipalChange("disable", name, force), as_, as_json)) is not None:
         click.echo(_changed_line(result, "disabled"))
 
 
@@ -120,10 +116,7 @@ def principals_disable(c: Ctx, name: str, force: bool, as_: str | None, as_json:
 @pass_ctx
 def principals_enable(c: Ctx, name: str, as_: str | None, as_json: bool) -> None:
     """Enable NAME again."""
-    result = c.result(ops.PrincipalChange("enable", name), as_)
-    if as_json:
-        emit(result)
-    else:
+    if (result := c.shown(ops.PrincipalChange("enable", name), as_, as_json)) is not None:
         click.echo(_changed_line(result, "enabled"))
 
 
@@ -135,10 +128,7 @@ def principals_enable(c: Ctx, name: str, as_: str | None, as_json: bool) -> None
 @pass_ctx
 def principals_remove(c: Ctx, name: str, force: bool, as_: str | None, as_json: bool) -> None:
     """Remove NAME's entry from principals.yaml (other lines stay as they are)."""
-    result = c.result(ops.PrincipalChange("remove", name, force), as_)
-    if as_json:
-        emit(result)
-    else:
+    if (result := c.shown(ops.PrincipalChange("remove", name, force), as_, as_json)) is not None:
         click.echo(_changed_line(result, "removed"))
 
 
@@ -150,8 +140,5 @@ def principals_remove(c: Ctx, name: str, force: bool, as_: str | None, as_json: 
 def principals_token(c: Ctx, name: str, as_: str | None, as_json: bool) -> None:
     """Issue a new API token for NAME (printed once; only its hash is stored;
     the old token stops working)."""
-    result = c.result(ops.PrincipalToken(name), as_)
-    if as_json:
-        emit(result)
-    else:
+    if (result := c.shown(ops.PrincipalToken(name), as_, as_json)) is not None:
         click.echo(result.token)

@@ -93,10 +93,8 @@ def session_open(
         # Exactly click's answer for a required option: only a child may leave it out.
         ctx = click.get_current_context()
         raise click.MissingParameter(ctx=ctx, param=next(p for p in ctx.command.params if p.name == "kind"))
-    plan = c.result(ops.SessionOpen(wf, kind, kb_access, item_kb_write or None, parent), as_)
-    if as_json:
-        emit(plan)
-    else:
+    op = ops.SessionOpen(wf, kind, kb_access, item_kb_write or None, parent)
+    if (plan := c.shown(op, as_, as_json)) is not None:
         _print_plan(plan)
 
 
@@ -107,9 +105,7 @@ def session_open(
 @pass_ctx
 def session_show(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
     """The session's plan, rebuilt from saved configuration now."""
-    view = c.result(ops.SessionShow(sid), as_)
-    if as_json:
-        emit(view)
+    if (view := c.shown(ops.SessionShow(sid), as_, as_json)) is None:
         return
     _print_plan(view.plan)
     for r in view.running:
@@ -130,9 +126,7 @@ def session_show(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
 @pass_ctx
 def session_revoke(c: Ctx, sid: str, immediate: bool, as_: str | None, as_json: bool) -> None:
     """Handle commands still running with grants the session no longer has."""
-    result = c.result(ops.SessionRevoke(sid, immediate), as_)
-    if as_json:
-        emit(result)
+    if (result := c.shown(ops.SessionRevoke(sid, immediate), as_, as_json)) is None:
         return
     for pid in result.terminated:
         click.echo(f"terminated process group {pid}")
@@ -149,9 +143,7 @@ def session_revoke(c: Ctx, sid: str, immediate: bool, as_: str | None, as_json: 
 @pass_ctx
 def session_env(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
     """The session's environment, as `export` lines (eval-able) or JSON."""
-    result = c.result(ops.SessionEnv(sid), as_)
-    if as_json:
-        emit(result)
+    if (result := c.shown(ops.SessionEnv(sid), as_, as_json)) is None:
         return
     for k, v in sorted(result.env.items()):
         click.echo(f"export {k}={shlex.quote(v)}")
@@ -165,9 +157,7 @@ def session_env(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
 @pass_ctx
 def session_list(c: Ctx, wf: str | None, include_closed: bool, as_: str | None, as_json: bool) -> None:
     """Sessions (with --as: only those that principal may use)."""
-    result = c.result(ops.SessionList(wf, include_closed), as_)
-    if as_json:
-        emit(result)
+    if (result := c.shown(ops.SessionList(wf, include_closed), as_, as_json)) is None:
         return
     for r in result.sessions:
         click.echo(
@@ -183,10 +173,7 @@ def session_list(c: Ctx, wf: str | None, include_closed: bool, as_: str | None, 
 @pass_ctx
 def session_close(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
     """Close SID (and its child sessions): they grant nothing afterwards."""
-    result = c.result(ops.SessionClose(sid), as_)
-    if as_json:
-        emit(result)
-    else:
+    if (result := c.shown(ops.SessionClose(sid), as_, as_json)) is not None:
         click.echo(f"closed {', '.join(result.closed) or 'nothing (already closed)'}")
 
 

@@ -14,7 +14,6 @@ from kbd.cli.app import (
     attachment_line,
     complete_aliases,
     complete_workflows,
-    emit,
     json_option,
     main,
     manifest_version_option,
@@ -42,9 +41,7 @@ def sources() -> None:
 @pass_ctx
 def sources_list(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
     """Each attachment with its status and reason."""
-    view = c.result(ops.SourcesList(wf), as_)
-    if as_json:
-        emit(view)
+    if (view := c.shown(ops.SourcesList(wf), as_, as_json)) is None:
         return
     for a in view.sources:
         click.echo(attachment_line(a))
@@ -65,9 +62,7 @@ def sources_attach(
     if (problem := alias_problem(alias)) is not None:
         # Name the flag the user typed, not the manifest entry it would become.
         raise InvalidInput(f"--alias {alias!r} {problem}", hint="e.g. --alias rts")
-    a = c.result(ops.Attach(wf, source_id, alias, access), as_)
-    if as_json:
-        emit(a)
+    if (a := c.shown(ops.Attach(wf, source_id, alias, access), as_, as_json)) is None:
         return
     click.echo(f"attached {source_id} to {wf} as {alias}")
     click.echo(attachment_line(a))
@@ -81,10 +76,7 @@ def sources_attach(
 @pass_ctx
 def sources_detach(c: Ctx, wf: str, alias: str, as_: str | None, as_json: bool) -> None:
     """Remove the attachment ALIAS from WF."""
-    result = c.result(ops.Detach(wf, alias), as_)
-    if as_json:
-        emit(result)
-    else:
+    if c.shown(ops.Detach(wf, alias), as_, as_json) is not None:
         click.echo(f"detached {alias} from {wf}")
 
 
@@ -100,9 +92,7 @@ def sources_access(
     c: Ctx, wf: str, alias: str, access: str, expected_version: str | None, as_: str | None, as_json: bool
 ) -> None:
     """Change the access of WF's attachment ALIAS (read or write), nothing else."""
-    a = c.result(ops.SetAccess(wf, alias, access, expected_version), as_)
-    if as_json:
-        emit(a)
+    if (a := c.shown(ops.SetAccess(wf, alias, access, expected_version), as_, as_json)) is None:
         return
     click.echo(f"{wf}: {alias} is now attached with {access} access")
     click.echo(attachment_line(a))
@@ -135,9 +125,7 @@ def sources_set(
         raw = load_json_strict(data)
     except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"{'stdin' if file == '-' else file} is not valid JSON: {exc}") from exc
-    view = c.result(ops.SetSources(wf, raw, expected_version), as_)
-    if as_json:
-        emit(view)
+    if (view := c.shown(ops.SetSources(wf, raw, expected_version), as_, as_json)) is None:
         return
     click.echo(f"{wf}: {len(view.sources)} sources saved")
     for a in view.sources:
@@ -151,9 +139,7 @@ def sources_set(
 @pass_ctx
 def sources_candidates(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
     """Workflow IDs WF could attach right now."""
-    result = c.result(ops.Candidates(wf), as_)
-    if as_json:
-        emit(result)
+    if (result := c.shown(ops.Candidates(wf), as_, as_json)) is None:
         return
     for r in result.candidates:
         granted = "  (write granted)" if r.write_granted else ""

@@ -10,7 +10,6 @@ from kbd.cli.app import (
     as_option,
     attachment_line,
     complete_workflows,
-    emit,
     json_option,
     main,
     pass_ctx,
@@ -31,9 +30,7 @@ def workflows() -> None:
 @pass_ctx
 def workflows_list(c: Ctx, as_: str | None, as_json: bool) -> None:
     """List workflows (with registry problems: ambiguous IDs, unreadable manifests)."""
-    result = c.result(ops.WorkflowsList(), as_)
-    if as_json:
-        emit(result)
+    if (result := c.shown(ops.WorkflowsList(), as_, as_json)) is None:
         return
     for r in result.workflows:
         status = "" if r.status == "ok" else f"  [{r.status}]"
@@ -57,9 +54,7 @@ def workflows_create(
     c: Ctx, wf: str, label: str | None, owner: str | None, as_: str | None, as_json: bool
 ) -> None:
     """Create workflow folder WF for its owner (owner's uid, the host's grant group)."""
-    made = c.result(ops.WorkflowCreate(wf, label, owner), as_)
-    if as_json:
-        emit(made)
+    if (made := c.shown(ops.WorkflowCreate(wf, label, owner), as_, as_json)) is None:
         return
     owners = _ids(made.owners)
     click.echo(f"created workflow {one_line(made.workflow_id)} for {owners} at {one_line(made.path)}")
@@ -77,9 +72,7 @@ def _ids(ids: list[str] | tuple[str, ...]) -> str:
 @pass_ctx
 def workflows_show(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
     """Everything a builder needs: attachments, write grants, candidates."""
-    d = c.result(ops.WorkflowShow(wf), as_)
-    if as_json:
-        emit(d)
+    if (d := c.shown(ops.WorkflowShow(wf), as_, as_json)) is None:
         return
     click.echo(f"{one_line(d.workflow_id)}  {one_line(d.label)}  ({one_line(d.path)})")
     owners = _ids(d.owners) or "none (legacy, account-visible)"

@@ -9,7 +9,6 @@ from kbd.cli.app import (
     Ctx,
     as_option,
     complete_workflows,
-    emit,
     json_option,
     main,
     pass_ctx,
@@ -31,9 +30,7 @@ def writers() -> None:
 @pass_ctx
 def writers_list(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> None:
     """Consumer workflows SOURCE_WF's owner lets write into its notes/."""
-    view = c.result(ops.WritersList(source_wf), as_)
-    if as_json:
-        emit(view)
+    if (view := c.shown(ops.WritersList(source_wf), as_, as_json)) is None:
         return
     for w in view.writers:
         click.echo(f"{one_line(w.workflow_id)}{'' if w.exists else '  (no such workflow now)'}")
@@ -47,10 +44,7 @@ def writers_list(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> None
 @pass_ctx
 def writers_grant(c: Ctx, source_wf: str, consumer_wf: str, as_: str | None, as_json: bool) -> None:
     """Let CONSUMER_WF write into SOURCE_WF's notes/ (source owners and admins only)."""
-    result = c.result(ops.Grant(source_wf, consumer_wf), as_)
-    if as_json:
-        emit(result)
-    else:
+    if (result := c.shown(ops.Grant(source_wf, consumer_wf), as_, as_json)) is not None:
         click.echo(
             f"{result.consumer} may write into {source_wf}'s notes/"
             + ("" if result.changed else " (already granted)")
@@ -65,10 +59,7 @@ def writers_grant(c: Ctx, source_wf: str, consumer_wf: str, as_: str | None, as_
 @pass_ctx
 def writers_revoke(c: Ctx, source_wf: str, consumer_wf: str, as_: str | None, as_json: bool) -> None:
     """Withdraw CONSUMER_WF's write grant on SOURCE_WF."""
-    result = c.result(ops.Revoke(source_wf, consumer_wf), as_)
-    if as_json:
-        emit(result)
-    else:
+    if (result := c.shown(ops.Revoke(source_wf, consumer_wf), as_, as_json)) is not None:
         click.echo(
             f"{result.consumer} may no longer write into {source_wf}"
             + ("" if result.changed else " (was not granted)")
