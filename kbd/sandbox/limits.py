@@ -35,14 +35,7 @@ def ulimit_script(limits: LimitsConfig, hard: dict[int, int]) -> str:
     limit ``hard[resource]``, which an unprivileged process cannot raise), then
     exec the command. Exit 69 if a limit cannot be set: never run unbounded."""
     steps = ["ulimit -c 0"]
-    for key, flag, res, unit in _RLIMITS:
-        value = getattr(limits, key)
-        if value is None:
-            continue
-        cap = hard.get(res, resource.RLIM_INFINITY)
-        if cap != resource.RLIM_INFINITY:
-            value = min(value, cap)
-        steps.append(f"ulimit {flag} {max(1, value // unit)}")
+    steps += [f"ulimit {flag} {max(1, value // unit)}" for flag, _, unit, value in _capped(limits, hard)]
     return " && ".join(steps) + ' || { echo "kbd: cannot set resource limits" >&2; exit 69; }; exec "$@"'
 
 
@@ -61,15 +54,21 @@ def command_rlimits(
         return []
     caps = {res: resource.getrlimit(res)[1] for _, _, res, _ in _RLIMITS}
     caps.update(hard or {})
-    out = [(resource.RLIMIT_CORE, 0)]
-    for key, _, res, unit in _RLIMITS:
+    return [(resource.RLIMIT_CORE, 0)] + [
+        (res, max(1, value // unit) * unit) for _, res, unit, value in _capped(limits, caps)
+    ]
+
+
+def _capped(limits: LimitsConfig, hard: Mapping[int, int]) -> list[tuple[str, int, int, int]]:
+    """``(ulimit flag, resource, unit, value)`` of each configured limit, never
+    above the hard limit ``hard[resource]`` (which an unprivileged process cannot raise)."""
+    out = []
+    for key, flag, res, unit in _RLIMITS:
         value = getattr(limits, key)
         if value is None:
             continue
-        cap = caps.get(res, resource.RLIM_INFINITY)
-        if cap != resource.RLIM_INFINITY:
-            value = min(value, cap)
-        out.append((res, max(1, value // unit) * unit))
+        cap = hard.get(res, resource.RLIM_INFINITY)
+        out.append((flag, res, unit, value if cap == resource.RLIM_INFINITY else min(value, cap)))
     return out
 
 
