@@ -36,6 +36,7 @@ import ctypes
 import errno
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,6 +202,38 @@ def _walk(dirfd: int, parts: list[str], flags: int, mode: int, *, same_mount: bo
         os.close(fd)
         raise
     return fd
+
+
+def make_folders(
+    parent: int, names: Sequence[str], *, mode: int, owner: tuple[int, int] | None = None
+) -> int:
+    """Open each folder of ``names`` in turn beneath ``parent`` (each strictly
+    beneath the last, never through a link), creating what is missing; a folder
+    created gets ``owner`` (uid, gid) and then exactly ``mode`` (mkdir's mode
+    passes through the caller's umask). Returns the last folder's fd (a dup of
+    ``parent`` for no names)."""
+    cur = os.dup(parent)
+    try:
+        for name in names:
+            try:
+                nxt = open_beneath(cur, name, os.O_RDONLY | os.O_DIRECTORY)
+            except PathNotFound:
+                try:
+                    os.mkdir(name, mode & 0o777, dir_fd=cur)
+                    created = True
+                except FileExistsError:
+                    created = False  # made meanwhile by someone else: theirs, as it is
+                nxt = open_beneath(cur, name, os.O_RDONLY | os.O_DIRECTORY)
+                if created:
+                    if owner is not None:
+                        os.fchown(nxt, *owner)
+                    os.fchmod(nxt, mode)
+            os.close(cur)
+            cur = nxt
+        return cur
+    except BaseException:
+        os.close(cur)
+        raise
 
 
 def open_beneath(

@@ -25,7 +25,7 @@ from kbd.core.layout import NOTES_DIR as NOTES
 from kbd.core.notes import MAX_SCAN_DEPTH, Changed, NotesScan
 from kbd.core.relpaths import TEMP_NAME
 from kbd.errors import IndexUnreadable, KbdError, PathNotFound
-from kbd.fs.confined import open_beneath, read_file, replace_file
+from kbd.fs.confined import make_folders, open_beneath, read_file, replace_file
 from kbd.fs.locks import held
 
 if TYPE_CHECKING:
@@ -170,32 +170,14 @@ def _open_parent(notes_fd: int, parts: tuple[str, ...], shared: os.stat_result |
     """The folder that will hold the note, beneath ``notes/``; missing subfolders
     are created one component at a time (never through a link). ``shared``:
     notes/'s own status, whose owner, group and rwx/setgid bits a new folder
-    gets (see :func:`replace_note`)."""
-    cur = os.dup(notes_fd)
-    try:
-        for comp in parts[:-1]:
-            try:
-                nxt = open_beneath(cur, comp, os.O_RDONLY | os.O_DIRECTORY)
-            except PathNotFound:
-                try:
-                    os.mkdir(comp, NOTE_FOLDER_MODE, dir_fd=cur)
-                    created = True
-                except FileExistsError:
-                    created = False
-                nxt = open_beneath(cur, comp, os.O_RDONLY | os.O_DIRECTORY)
-                if created:
-                    # mkdir's mode passes through the writer's umask (077 made a
-                    # folder the source's own agents could not enter); like the
-                    # note itself, a folder kbd creates has one mode.
-                    if shared is not None:
-                        os.fchown(nxt, shared.st_uid, shared.st_gid)
-                    os.fchmod(nxt, NOTE_FOLDER_MODE if shared is None else shared.st_mode & 0o2770)
-            os.close(cur)
-            cur = nxt
-        return cur
-    except BaseException:
-        os.close(cur)
-        raise
+    gets (see :func:`replace_note`); else a folder kbd creates has one mode,
+    like the note itself (a writer's umask of 077 made folders the source's own
+    agents could not enter)."""
+    if shared is None:
+        return make_folders(notes_fd, parts[:-1], mode=NOTE_FOLDER_MODE)
+    return make_folders(
+        notes_fd, parts[:-1], mode=shared.st_mode & 0o2770, owner=(shared.st_uid, shared.st_gid)
+    )
 
 
 def _sweep_temp_files(dir_fd: int) -> None:

@@ -31,7 +31,7 @@ from kbd.core.plan import Plan, grants_shrunk
 from kbd.core.principals import Actor
 from kbd.core.records import Keys, Record, key
 from kbd.errors import KbdError
-from kbd.fs.confined import pin_dir, read_file_stat
+from kbd.fs.confined import make_folders, pin_dir, read_file_stat
 from kbd.service import JsonObject
 from kbd.service import notes as note_ops
 
@@ -301,7 +301,7 @@ def _keep(host: Root, plan: Plan, staging: Staging, report: Report) -> str | Non
     try:
         with pin_dir(plan.workflow_folder) as own:
             owner = os.fstat(own.fd)
-            base = _mkdirs(own.fd, [REFUSED_DIR, stamp], owner)
+            base = _kept_folders(own.fd, [REFUSED_DIR, stamp], owner)
             try:
                 for r in report.refused:
                     area = areas[r["alias"]]
@@ -319,7 +319,7 @@ def _keep(host: Root, plan: Plan, staging: Staging, report: Report) -> str | Non
                     kept += st.st_size
                     data = src.read_bytes()
                     parts = [r["alias"], *r["relpath"].split("/")]
-                    folder = _mkdirs(base, parts[:-1], owner)
+                    folder = _kept_folders(base, parts[:-1], owner)
                     try:
                         replace_file(folder, parts[-1], data, mode=0o640, owner=(owner.st_uid, owner.st_gid))
                     finally:
@@ -332,23 +332,7 @@ def _keep(host: Root, plan: Plan, staging: Staging, report: Report) -> str | Non
     return str(plan.workflow_folder / REFUSED_DIR / stamp)
 
 
-def _mkdirs(parent: int, names: list[str], owner: os.stat_result) -> int:
-    """Open (creating, owned like ``owner``) each folder of ``names`` beneath ``parent``, never through a link."""
-    cur = os.dup(parent)
-    try:
-        for name in names:
-            try:
-                os.mkdir(name, 0o750, dir_fd=cur)
-                created = True
-            except FileExistsError:
-                created = False
-            nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=cur)
-            if created:
-                os.fchown(nxt, owner.st_uid, owner.st_gid)
-                os.fchmod(nxt, 0o2750 if owner.st_mode & stat.S_ISGID else 0o750)
-            os.close(cur)
-            cur = nxt
-        return cur
-    except BaseException:
-        os.close(cur)
-        raise
+def _kept_folders(parent: int, names: list[str], owner: os.stat_result) -> int:
+    """Open (creating, owned like ``owner``, its setgid bit kept) each folder of ``names`` beneath ``parent``."""
+    mode = 0o2750 if owner.st_mode & stat.S_ISGID else 0o750
+    return make_folders(parent, names, mode=mode, owner=(owner.st_uid, owner.st_gid))
