@@ -58,8 +58,8 @@ async def agent(config: dict[str, Any], root: Path) -> None:
         show("kb_list rts notes", await session.call_tool("kb_list", {"alias": "rts", "reldir": "notes"}))
         show("kb_read rts notes/services.md",
              await session.call_tool("kb_read", {"alias": "rts", "relpath": "notes/services.md"}))  # fmt: skip
-        note = {"alias": "security", "relpath": "from-agent.md", "content": "# Join time\np99 840 ms.\n"}
-        show("kb_write_note security from-agent.md", await session.call_tool("kb_write_note", note))
+        note = {"alias": "security", "relpath": "notes/from-agent.md", "content": "# Join time\np99 840 ms.\n"}
+        show("kb_write_note security notes/from-agent.md", await session.call_tool("kb_write_note", note))
         show("kb_check the source's context/ for write",
              await session.call_tool("kb_check", {"path": str(security / "context" / "x.md"), "mode": "write"}))  # fmt: skip
         show("kb_read a path out of the KB",

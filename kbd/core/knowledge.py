@@ -16,9 +16,9 @@ import hashlib
 import re
 from typing import Literal
 
-from kbd.core.layout import NOTES_DIR
-from kbd.core.relpaths import note_parts, request_parts
-from kbd.errors import InvalidInput, UsageError
+from kbd.core.layout import CONTEXT_DIR, NOTES_DIR
+from kbd.core.relpaths import names_folder, note_parts, request_parts
+from kbd.errors import InvalidInput, PermissionDenied, UsageError
 
 Review = Literal["own", "unreviewed", "approved"]
 Trust = Literal["own", "source", "contributed-unreviewed", "contributed-approved"]
@@ -140,3 +140,34 @@ def review_parts(relpath: str) -> list[str]:
             hint="e.g. notes/finding.md; `kbd notes pending SOURCE_WF` lists them",
         )
     return [NOTES_DIR, *note_parts("/".join(parts[1:]))]
+
+
+#: A note write's RELPATH spelled the old way, relative to notes/ (accepted for one release: docs/notes.md "Paths").
+DEPRECATED_NOTE_PATH = (
+    "RELPATH {given!r} is relative to notes/, which is deprecated: name it from the KB root, as {meant!r} "
+    "(as kbd read, search hits and the audit name it)"
+)
+
+
+def write_parts(relpath: str) -> tuple[list[str], str | None]:
+    """A note write's RELPATH (relative to the source's KB root: ``notes/x.md``)
+    as components beneath ``notes/``, and a deprecation warning when it was
+    spelled relative to ``notes/`` (``x.md``: the same file, for one release).
+    ``notes/x.md`` never nests; a path into ``context/`` or naming ``notes/``
+    itself is refused, never read as a folder beneath ``notes/`` (docs/notes.md "Paths")."""
+    if names_folder(relpath):
+        return note_parts(relpath), None  # refused, naming the folder
+    parts = request_parts(relpath)
+    if parts[0] == NOTES_DIR:
+        if len(parts) == 1:
+            raise InvalidInput(f"RELPATH {relpath[:200]!r} names notes/ itself: name a note beneath it",
+                               hint="e.g. notes/finding.md")  # fmt: skip
+        return note_parts("/".join(parts[1:])), None
+    if parts[0] == CONTEXT_DIR:
+        raise PermissionDenied(
+            f"RELPATH {relpath[:200]!r} is in context/, which only the source workflow writes",
+            hint="contributed notes go beneath notes/, e.g. notes/finding.md",
+        )
+    found = note_parts(relpath)
+    meant = "/".join([NOTES_DIR, *found])
+    return found, DEPRECATED_NOTE_PATH.format(given=relpath[:200], meant=meant[:210])

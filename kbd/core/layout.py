@@ -17,6 +17,7 @@ CACHE_DIR = "cache"  # <root>/state/cache: derived data (parsed YAML, the regist
 MANIFEST = "workflow.json"  # marks a workflow folder
 KB_DIR = "knowledgebase"  # <workflow>/knowledgebase: what sources share
 NOTES_DIR = "notes"  # <workflow>/knowledgebase/notes: where contributors write
+CONTEXT_DIR = "context"  # <workflow>/knowledgebase/context: the source's own documents
 INDEX_NAME = "_index.json"  # <notes>/_index.json: the source's own index, never contributors'
 # Like git's "racy clean" rule: a file modified within this window of the moment
 # it was read is never trusted from a cache, because coarse file timestamps could

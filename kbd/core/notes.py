@@ -1,6 +1,6 @@
 """Contributed notes' rules (docs/notes.md "The write path"). Pure.
 
-What a note may be called (:func:`validate_target`), what it may contain
+What a note may be called (:func:`kbd.core.knowledge.write_parts`), what it may contain
 (:func:`note_text`), the provenance frontmatter kbd stamps on it
 (:func:`with_provenance`) and reads back (:func:`provenance_of`), and the
 ``notes/`` quota verdict (:class:`NotesScan`, :func:`quota_refusal`). The
@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from kbd.core.relpaths import note_parts
 from kbd.errors import InvalidInput, QuotaExceeded
 
 if TYPE_CHECKING:  # the type only: config loading stays out of the pure core
@@ -34,12 +33,6 @@ MAX_AUDIT_READ_BYTES = 16 * 1024 * 1024
 
 
 # -- names and content ------------------------------------------------------------------------
-
-
-def validate_target(relpath: str) -> list[str]:
-    """The components of a note path relative to ``notes/``, or InvalidInput/PermissionDenied.
-    The rule itself is :func:`kbd.core.relpaths.note_parts` (shared with ``kbd check --mode write``)."""
-    return note_parts(relpath)
 
 
 def note_text(data: bytes) -> str:

@@ -76,7 +76,7 @@ def names_folder(rel: str) -> bool:
 
 NOTE_SUFFIXES = (".md", ".markdown", ".txt")
 TEMP_NAME = re.compile(r"^\.kbd-[0-9a-f]{16}\.tmp$")
-_NOTE_HINT = "name a file relative to the source's notes/, e.g. findings/latency.md"
+_NOTE_HINT = "name a note beneath the source's notes/, e.g. notes/findings/latency.md"
 
 
 def fold(name: str) -> str:

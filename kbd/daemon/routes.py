@@ -328,7 +328,11 @@ class NoteBody(Strict):
     ]})  # fmt: skip
 
     alias: str
-    path: str = Field(description="relative to the source's notes/", json_schema_extra={"minLength": 1})
+    path: str = Field(
+        description="relative to the source's KB root, beneath notes/: notes/x.md (relative to "
+        "notes/ is deprecated: accepted for one release, with a warning)",
+        json_schema_extra={"minLength": 1},
+    )
     content: str | None = Field(default=None, description="the note's text (or content_base64)")
     content_base64: str | None = Field(
         default=None, description="the note's bytes, base64 (the CLI sends these: text that is not UTF-8 is "

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kbd.core.importing import MAX_DOC_BYTES, is_markdown, shown, undecodable
+from kbd.core.layout import CONTEXT_DIR
 from kbd.errors import KbdError, PathNotFound, PathRefused, from_oserror
 from kbd.fs.confined import open_beneath, read_file_stat, replace_file
 
-CONTEXT_DIR = "context"
 #: Folders deeper than this below the imported folder are reported, not walked.
 MAX_DEPTH = 32
 #: Documents one import reads; the rest are reported as skipped.

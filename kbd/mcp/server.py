@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from kbd import ops
 from kbd.core.identifiers import one_line
-from kbd.core.knowledge import MAX_LIMIT, check_limit
-from kbd.core.layout import KB_DIR
+from kbd.core.knowledge import MAX_LIMIT, check_limit, write_parts
+from kbd.core.layout import KB_DIR, NOTES_DIR
 from kbd.core.plan import Plan
 from kbd.core.records import Record
 from kbd.core.resolve import Attachment
@@ -193,7 +193,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Write a note into a writable source's notes/ (with provenance and the gate).",
         (
             _ALIAS,
-            Arg("relpath", str, True, "note path relative to notes/, e.g. retry.md"),
+            Arg(
+                "relpath", str, True, "note path relative to the KB root, beneath notes/, e.g. notes/retry.md"
+            ),
             Arg("content", str, True, "the note's UTF-8 text"),
             Arg("expected_version", str, False, "the version you last read, or 'none' for a new note"),
         ),
@@ -364,9 +366,13 @@ def target_of(plan: Plan, name: str, args: Mapping[str, Any]) -> str | None:
         base = _kb_path(plan, args["alias"])
         if base is None:
             return None  # not available: the operation answers with the reason
-        rel = args["reldir"] if name == "kb_list" else args["relpath"]
-        below = f"notes/{rel}" if name == "kb_write_note" else rel
-        return posixpath.join(base, below)
+        if name != "kb_write_note":
+            return posixpath.join(base, args["reldir"] if name == "kb_list" else args["relpath"])
+        try:
+            parts, _ = write_parts(args["relpath"])
+        except KbdError:
+            return None  # the operation refuses it, and audits the refusal
+        return posixpath.join(base, NOTES_DIR, *parts)
     if name == "kb_check":
         return str(args["path"])
     return None

@@ -265,7 +265,7 @@ def commit(
                 continue  # copied up without a change (a chmod, a touch)
         try:
             with guard:
-                note = note_ops.prepare(sessions, sid, area.alias, ch.relpath,
+                note = note_ops.prepare(sessions, sid, area.alias, rel,
                                         data if data is not None else _REMOVAL, actor=actor, how="command",
                                         plan=now)  # fmt: skip
             if data is None:

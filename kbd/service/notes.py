@@ -26,9 +26,11 @@ from typing import TYPE_CHECKING
 from kbd.core import notes as rules
 from kbd.core.events import EventRefused
 from kbd.core.history import ABSENT, parse_version, version_of
+from kbd.core.knowledge import write_parts
+from kbd.core.layout import NOTES_DIR
 from kbd.core.plan import Plan
 from kbd.core.principals import Actor, actor_fields
-from kbd.core.records import Record
+from kbd.core.records import Record, key
 from kbd.errors import KbdError, NoteVersionConflict, NotFound, PathNotFound, PermissionDenied, from_oserror
 from kbd.fs.confined import pin_dir, read_file_stat
 from kbd.fs.notes import in_kb, note_adds, notes_lock, open_notes, remove_note, replace_note
@@ -53,7 +55,11 @@ class NoteWritten(Record):
     alias: str
     path: str  # relative to the source's KB root: notes/...
     bytes: int
-    version: str  # sha256:<hex> of the bytes written (docs/notes.md "Note history")
+    version: str = field(
+        metadata=key(schema={"pattern": "^sha256:[0-9a-f]{64}$"})
+    )  # docs/notes.md "Note history"
+    # RELPATH was spelled relative to notes/ (accepted for one release): what to pass instead.
+    warning: str | None = field(default=None, metadata=key(omit_none=True))
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,9 @@ class PreparedNote:
     # A second version the note must be at (the API's body ``expected_version`` beside an
     # ``If-Match`` header): every precondition given must hold, so two that differ never do.
     also_expected: str | None = None
+    warning: str | None = (
+        None  # the deprecated RELPATH spelling, told with the answer (knowledge.write_parts)
+    )
 
     def refuse(self, err: KbdError) -> KbdError:
         self.host.audit("note_refused", session=self.sid, workflow_id=self.consumer, alias=self.alias,
@@ -152,16 +161,19 @@ def prepare(
             )
         )
     try:
-        parts = rules.validate_target(relpath)
+        found, warning = write_parts(relpath)
         text = rules.note_text(data)
     except KbdError as err:
         raise draft.refuse(err) from None
+    parts = tuple(found)
     final = rules.with_provenance(text, workflow_id=plan.workflow_id, session_id=sid).encode("utf-8")
     # As its audit records name it: a principal's ID, the local operator's user name.
     principal = str(actor_fields(actor)["actor"])
-    return PreparedNote(host, sid, plan.workflow_id, alias, relpath, att.workflow_id, att.path, att.kb_identity,
-                        tuple(parts), final, actor_fields(actor), text, expected, principal, how,
-                        must_exist, must_not_exist, also_expected)  # fmt: skip
+    # From here on the note is named as everything names it: from the KB root (docs/notes.md "Paths").
+    named = "/".join((NOTES_DIR, *parts))
+    return PreparedNote(host, sid, plan.workflow_id, alias, named, att.workflow_id, att.path, att.kb_identity,
+                        parts, final, actor_fields(actor), text, expected, principal, how,
+                        must_exist, must_not_exist, also_expected, warning)  # fmt: skip
 
 
 def _current(notes_fd: int, note: PreparedNote) -> bytes | None:
@@ -238,7 +250,6 @@ def commit(note: PreparedNote) -> NoteWritten:
     except KbdError as err:
         raise note.refuse(err) from None
     lock_wait, who = config.lock_timeout, {"workflow": note.consumer}
-    path = "/".join(note.parts)
     try:
         with (
             pin_dir(note.kb_path, expect=note.kb_identity) as kb,
@@ -250,26 +261,28 @@ def commit(note: PreparedNote) -> NoteWritten:
             adds = note_adds(notes_fd, note.parts, len(note.data))
             check_quota(config.state_dir, config.notes_quota, kb.fd, notes_fd, source=note.source, adds=adds)
             replace_note(notes_fd, note.parts, note.data, shared=config.sandbox.grant_group is not None)
-            _record(note, old, "notes/" + path, kb.fd)
+            _record(note, old, note.relpath, kb.fd)
     except KbdError as err:
         raise note.refuse(err) from None
     except OSError as exc:
         # A full disk is NoSpace (75), a denied folder PermissionDenied: never one for the other.
         raise note.refuse(from_oserror(exc, what=f"write {note.relpath!r}")) from None
     host.audit("note_written", session=note.sid, workflow_id=note.consumer, source=note.source, alias=note.alias,
-               path=path, bytes=len(note.data), how=note.how, **note.who)  # fmt: skip
+               path=note.relpath, bytes=len(note.data), how=note.how, **note.who)  # fmt: skip
     with contextlib.suppress(EventRefused):  # a name the feed cannot carry is in the audit record only
         host.events.emit(
-            "note.written", workflow_id=note.source, relpath="notes/" + path, by_workflow=note.consumer
+            "note.written", workflow_id=note.source, relpath=note.relpath, by_workflow=note.consumer
         )
-    return NoteWritten(note.source, note.alias, "notes/" + path, len(note.data), version_of(note.data))
+    return NoteWritten(
+        note.source, note.alias, note.relpath, len(note.data), version_of(note.data), note.warning
+    )
 
 
 def write(
     sessions: RootSessions, sid: str, alias: str, relpath: str, data: bytes, *, actor: Actor,
     expected: str | None = None,
 ) -> NoteWritten:  # fmt: skip
-    """Write RELPATH (relative to the source's notes/) atomically, with provenance.
+    """Write RELPATH (from the source's KB root, beneath notes/: docs/notes.md "Paths") atomically, with provenance.
 
     Raises (nothing written anywhere): SessionClosed, PermissionDenied (no write
     grant now, or the index), InvalidPath/InvalidInput (bad name, not UTF-8,
@@ -297,7 +310,6 @@ def remove(note: PreparedNote) -> NoteRemoved:
     ``note_removed``, or ``note_refused``."""
     host = note.host
     config = host.config
-    path = "/".join(note.parts)
     try:
         with (
             pin_dir(note.kb_path, expect=note.kb_identity) as kb,
@@ -313,5 +325,5 @@ def remove(note: PreparedNote) -> NoteRemoved:
         raise note.refuse(from_oserror(exc, what=f"remove {note.relpath!r}")) from None
     if removed:
         host.audit("note_removed", session=note.sid, workflow_id=note.consumer, source=note.source,
-                   alias=note.alias, path=path, how=note.how, **note.who)  # fmt: skip
-    return NoteRemoved(note.source, note.alias, "notes/" + path, removed)
+                   alias=note.alias, path=note.relpath, how=note.how, **note.who)  # fmt: skip
+    return NoteRemoved(note.source, note.alias, note.relpath, removed)

@@ -210,10 +210,10 @@ def test_shell_changes_to_a_source_are_audited_note_by_note(kb: KbRoot) -> None:
     assert kb.cli("exec", sid, "--", "sh", "-c", script).code == 0
     written = kb.audit_events("note_written")
     assert [(e["session"], e["workflow_id"], e["source"], e["path"], e["how"]) for e in written] == [
-        (sid, "con", "src", "plain.md", "command")
+        (sid, "con", "src", "notes/plain.md", "command")
     ]
     [refused] = kb.audit_events("note_refused")
-    assert refused["session"] == sid and refused["path"] == "evil.md"
+    assert refused["session"] == sid and refused["path"] == "notes/evil.md"
     assert refused["code"] == "injection-refused" and refused["rule"] == "ignore-previous-instructions"
     assert not (kb.workflows / "src" / "knowledgebase" / "notes" / "evil.md").exists()
     # A read-only command records nothing.

@@ -488,7 +488,7 @@ def test_the_readme_registration_and_the_example_run(tmp_path: Path) -> None:
     example = Path(__file__).parents[2] / "scripts" / "mcp-example.py"
     run = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr
-    assert "## kb_write_note security from-agent.md\n{" in run.stdout  # written
+    assert "## kb_write_note security notes/from-agent.md\n{" in run.stdout  # written
     assert "## kb_read a path out of the KB   (a tool error)\nerror[invalid-path]" in run.stdout
 
 

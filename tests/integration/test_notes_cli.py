@@ -75,7 +75,7 @@ def test_cli_refusals_use_the_contract_exit_codes(world: World) -> None:  # noqa
 
 
 def test_cli_write_then_ls_shows_who_contributed(world: World) -> None:  # noqa: F811
-    r = world.kb.cli("notes", "write", world.sid, "src", "contrib.md", "--json", input=b"via the CLI\n")
+    r = world.kb.cli("notes", "write", world.sid, "src", "notes/contrib.md", "--json", input=b"via the CLI\n")
     assert r.code == 0, r.err
     assert r.json() == {
         "workflow_id": "src",

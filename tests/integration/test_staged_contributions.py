@@ -76,7 +76,9 @@ def test_injection_text_is_refused_reported_kept_and_the_source_unchanged(kb: Kb
     assert kept.parent == con / ".kbd-refused"
     assert (kept / "src" / "notes" / "advice.md").read_text() == INJECTION + "\n"
     audit = kb.audit_events("note_refused")
-    assert any(e.get("path") == "advice.md" and e.get("code") == "injection-refused" for e in audit), audit
+    assert any(e.get("path") == "notes/advice.md" and e.get("code") == "injection-refused" for e in audit), (
+        audit
+    )
 
 
 def test_strict_contributions_makes_a_refusal_exit_65(kb: KbRoot) -> None:

@@ -328,7 +328,7 @@ def test_closed_session_refusal_is_audited(world: World) -> None:
 
 def test_provenance_frontmatter_is_added(world: World) -> None:
     t0 = time.time()
-    result = world.write("new.md", b"# Finding\n\nThe cache is rebuilt nightly.\n")
+    result = world.write("notes/new.md", b"# Finding\n\nThe cache is rebuilt nightly.\n")
     # The write answer has "version" (docs/notes.md "The write path"): sha256 of the bytes as stored (a new field; the others unchanged).
     assert result == {"workflow_id": "src", "alias": "src", "path": "notes/new.md", "bytes": result["bytes"],
                       "version": result["version"]}  # fmt: skip
@@ -466,7 +466,7 @@ def test_cli_note_write_never_carries_mode_bits_over(world: World, planted: int,
 
 def test_a_written_note_is_audited(world: World) -> None:
     seen = len(world.events())
-    result = world.write("sub/audited.md", b"x\n")
+    result = world.write("notes/sub/audited.md", b"x\n")
     new = [e for e in world.events()[seen:] if e["event"].startswith("note_")]
     assert len(new) == 1
     (event,) = new
@@ -476,7 +476,7 @@ def test_a_written_note_is_audited(world: World) -> None:
         "con",
         "src",
         "src",
-        "sub/audited.md",
+        "notes/sub/audited.md",  # from the KB root, as the answer and the change feed name it
     )
     assert event["bytes"] == result["bytes"]
 

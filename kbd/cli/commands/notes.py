@@ -57,7 +57,10 @@ def notes_write(
     c: Ctx, sid: str, alias: str, relpath: str, file: str | None, expected: str | None, as_: str | None,
     as_json: bool,
 ) -> None:  # fmt: skip
-    """Write RELPATH (relative to the source's notes/) atomically, with provenance."""
+    """Write RELPATH atomically, with provenance. RELPATH is relative to the
+    source's KB root and beneath notes/ (notes/x.md), as kbd read names it; a
+    RELPATH relative to notes/ (x.md) is deprecated: it still means notes/x.md,
+    with a warning, for one release."""
     if file is None:
         if sys.stdin.isatty():
             # Reading a terminal would wait silently for input nobody knows to type.
@@ -77,7 +80,12 @@ def notes_write(
         raise NotFound(f"{file} does not exist", hint="pass an existing file, or - for stdin") from exc
     except OSError as exc:
         raise InvalidInput(f"cannot read {file}: {exc.strerror}") from exc
-    if (result := c.shown(ops.NoteWrite(sid, alias, relpath, data, expected), as_, as_json)) is not None:
+    result = c.result(ops.NoteWrite(sid, alias, relpath, data, expected), as_)
+    if result.warning is not None:  # on stderr, so --json's stdout stays the answer alone
+        click.echo(f"kbd: warning: {one_line(result.warning)}", err=True)
+    if as_json:
+        emit(result)
+    else:
         click.echo(f"wrote {one_line(result.path)} in {one_line(result.workflow_id)} ({result.bytes} bytes)")
 
 
