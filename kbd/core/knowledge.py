@@ -16,6 +16,7 @@ import hashlib
 import re
 from typing import Literal
 
+from kbd.core.importing import Skip, clean_title, frontmatter_title
 from kbd.core.layout import CONTEXT_DIR, NOTES_DIR
 from kbd.core.relpaths import names_folder, note_parts, request_parts
 from kbd.errors import InvalidInput, PermissionDenied, UsageError
@@ -68,8 +69,15 @@ def provenance_fields(text: str) -> dict[str, str]:
 
 
 def title_of(text: str, name: str) -> str:
-    """The first ``# H1`` of the body (frontmatter skipped), else the file name."""
-    for line in _frontmatter(text)[1].split("\n"):
+    """The frontmatter's one-line ``title:`` (where ``kbd import`` keeps a
+    document's H1), else the first ``# H1`` of the body, else the file name."""
+    lines, body = _frontmatter(text)
+    if (declared := frontmatter_title(lines)) is not None:
+        try:
+            return clean_title(declared)[:200]
+        except Skip:
+            pass  # not one line of text: the next candidate names it
+    for line in body.split("\n"):
         if line.startswith("# ") and line[2:].strip():
             return line[2:].strip()[:200]
     return name

@@ -27,7 +27,8 @@ from kbd.state.sqlite import from_sqlite
 
 SEARCH_DIR = "search"
 # 2: provenance read to the block's real end (rows of 1 may hold a wrong contributor).
-SCHEMA_VERSION = 2
+# 3: titles from the frontmatter's title: first (rows of 2 show imported documents by file name).
+SCHEMA_VERSION = 3
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS docs (
     id INTEGER PRIMARY KEY,

@@ -74,6 +74,16 @@ def test_import_places_documents_by_container_and_title(kb: KbRoot, tmp_path: Pa
     assert sorted(p.name for p in _context(kb, "other").iterdir()) == ["about.md"]
 
 
+def test_imported_documents_keep_their_titles_in_search(kb: KbRoot, tmp_path: Path) -> None:
+    """The H1 an import moves into ``title:`` is what search hits are titled by, never the file name."""
+    _import(kb, _docs(tmp_path))
+    sid = kb.open_session("wf", kind="builder", kb_access="read", actor="alice")
+    for query, title in (("alice", "Onboarding"), ("weekly", "Manager 1:1"), ("x", "Deep notes")):
+        r = kb.call("search", sid, query, "--as", "alice", "--json")
+        assert r.code == 0, r.err
+        assert [h["title"] for h in r.json()["hits"]] == [title], (query, r.json())
+
+
 def test_a_second_import_finds_everything_unchanged(kb: KbRoot, tmp_path: Path) -> None:
     docs = _docs(tmp_path)
     first = _import(kb, docs)

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from kbd.core import knowledge
+from kbd.core import importing, knowledge
 from kbd.service import search as search_ops
 from kbd.service.sessions import RootSessions
 from kbd.state import audit
@@ -384,10 +384,21 @@ def test_property_results_are_files_readable_under_the_plan(
 
 @given(text=st.text(max_size=200), name=st.text(min_size=1, max_size=20))
 def test_property_title_is_the_first_h1_or_the_name(text: str, name: str) -> None:
+    """Without a frontmatter title: the body's first H1, else the file name."""
+    assume("title:" not in text)
     title = knowledge.title_of(text, name)
     body = knowledge.body_of(text)
     h1 = [ln[2:].strip() for ln in body.split("\n") if ln.startswith("# ") and ln[2:].strip()]
     assert title == (h1[0][:200] if h1 else name)
+
+
+@given(title=st.text(alphabet=st.characters(categories=["L", "N", "Zs"]), min_size=1, max_size=60),
+       h1=st.text(alphabet="abc ", max_size=10))  # fmt: skip
+def test_property_a_frontmatter_title_names_the_document(title: str, h1: str) -> None:
+    """What ``kbd import`` writes (the H1 moved into ``title:``) is titled by it, not by its file name."""
+    assume(" ".join(title.split()))
+    text = importing.render(title, "docs/about-router.md", [], f"# {h1}\nbody\n").decode()
+    assert knowledge.title_of(text, "doc-5-66-about-router.md") == " ".join(title.split())[:200]
 
 
 @given(query=st.text(max_size=100))
