@@ -21,12 +21,13 @@ import copy
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
 from kbd.core.identifiers import alias_problem, id_problem
+from kbd.core.layout import MANIFEST
 from kbd.core.records import Record
 from kbd.core.strict import kind_of, load_json_strict
 from kbd.errors import InvalidManifest, ManifestUnreadable
@@ -128,17 +129,36 @@ def _principal_list(value: Any, *, field_name: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _access_problems(value: Any) -> list[str]:
+    """Each field of the access block that makes the manifest unreadable (its tiers', one each)."""
+    if value is None:
+        return []
+    if not isinstance(value, dict):
+        return [f"access must be an object, got {kind_of(value)}"]
+    out = [
+        p for t in AUDIENCE_TIERS if (p := _field_problem(_principal_list, value.get(t, []), f"access.{t}"))
+    ]
+    writers_raw = value.get("allowed_kb_writers", [])
+    if not isinstance(writers_raw, list):
+        out.append(f"access.allowed_kb_writers must be a list of workflow IDs, got {kind_of(writers_raw)}")
+    return out
+
+
+def _field_problem(check: Callable[..., object], value: Any, field_name: str) -> str | None:
+    try:
+        check(value, field_name=field_name)
+    except ManifestUnreadable as exc:
+        return exc.message
+    return None
+
+
 def _parse_access(value: Any) -> AccessBlock:
     if value is None:
         return AccessBlock()
-    if not isinstance(value, dict):
-        raise ManifestUnreadable(f"access must be an object, got {kind_of(value)}")
+    if problems := _access_problems(value):
+        raise ManifestUnreadable(problems[0])
     tiers = {t: _principal_list(value.get(t, []), field_name=f"access.{t}") for t in AUDIENCE_TIERS}
     writers_raw = value.get("allowed_kb_writers", [])
-    if not isinstance(writers_raw, list):
-        raise ManifestUnreadable(
-            f"access.allowed_kb_writers must be a list of workflow IDs, got {kind_of(writers_raw)}"
-        )
     # A hand-edited writer that is not an exact valid ID can never match a
     # consumer ID, so it is ignored rather than trimmed into a grant.
     writers = tuple(w for w in writers_raw if isinstance(w, str) and id_problem(w) is None)
@@ -164,6 +184,10 @@ def _optional_str(doc: dict[str, Any], key: str) -> str | None:
     if not isinstance(value, str):
         raise ManifestUnreadable(f"{key} must be a string, got {kind_of(value)}")
     return value
+
+
+def _string_field(value: Any, *, field_name: str) -> None:
+    _optional_str({field_name: value}, field_name)
 
 
 def entry_problem(raw: Any, *, self_id: str | None) -> tuple[SourceRef | None, str | None]:
@@ -252,14 +276,7 @@ def parse_manifest(data: bytes) -> Manifest:
     object, has duplicate keys, or any kbd-owned identity or access field is
     malformed. Attachment entries are parsed leniently (see module docstring).
     """
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestUnreadable(f"workflow.json is larger than {MAX_MANIFEST_BYTES} bytes")
-    try:
-        doc = load_json_strict(data)
-    except (ValueError, RecursionError) as exc:
-        raise ManifestUnreadable(f"workflow.json is not valid JSON: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise ManifestUnreadable(f"workflow.json must be a JSON object, got {kind_of(doc)}")
+    doc = manifest_document(data)
     if "id" not in doc:
         raise ManifestUnreadable("workflow.json has no id")
     wid = doc["id"]
@@ -281,6 +298,39 @@ def parse_manifest(data: bytes) -> Manifest:
         raw=doc,
         version=version_of(data),
     )
+
+
+def manifest_document(data: bytes, *, name: str = MANIFEST) -> dict[str, Any]:
+    """``data`` as a JSON object (strict: no duplicate key), or ManifestUnreadable
+    naming the file ``name`` and what is wrong with it as a whole."""
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestUnreadable(f"{name} is larger than {MAX_MANIFEST_BYTES} bytes")
+    try:
+        doc = load_json_strict(data)
+    except (ValueError, RecursionError) as exc:
+        raise ManifestUnreadable(f"{name} is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ManifestUnreadable(f"{name} must be a JSON object, got {kind_of(doc)}")
+    return doc
+
+
+def field_problems(doc: dict[str, Any], *, name: str = MANIFEST) -> list[str]:
+    """Every top-level field of ``doc`` that makes it unreadable, each named
+    (``kbd validate`` lists them all; :func:`parse_manifest` refuses at the first)."""
+    out: list[str] = []
+    if "id" not in doc:
+        out.append(f"{name} has no id")
+    elif (problem := id_problem(doc["id"])) is not None:
+        out.append(f"id {problem}")
+    out += [
+        p
+        for key in ("label", "host", "created_by")
+        if (p := _field_problem(_string_field, doc.get(key), key))
+    ]
+    out += _access_problems(doc.get("access"))
+    if (sources := parse_entries(doc.get("knowledgebase_sources"), self_id=None)[1]) is not None:
+        out.append(sources)
+    return out
 
 
 def validate_sources(raw: Any, *, self_id: str) -> list[SourceRef]:

@@ -178,7 +178,7 @@ class InvalidManifest(InvalidInput):
 
 class ManifestUnreadable(InvalidInput):
     code = "manifest-unreadable"
-    default_hint = "repair the workflow.json by hand or restore it from a backup"
+    default_hint = "repair the workflow.json by hand: `kbd validate FILE` lists every problem"
 
 
 class AmbiguousWorkflow(InvalidInput):

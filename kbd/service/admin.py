@@ -16,11 +16,21 @@ from pathlib import Path
 from typing import Literal
 
 from kbd.core.folders import FolderStatus, check_folders
+from kbd.core.identifiers import id_problem
 from kbd.core.layout import KB_DIR
-from kbd.core.manifest import MAX_MANIFEST_BYTES, Manifest, entry_problems, parse_manifest, writer_problems
+from kbd.core.manifest import (
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    entry_problems,
+    field_problems,
+    manifest_document,
+    parse_manifest,
+    version_of,
+    writer_problems,
+)
 from kbd.core.principals import Actor, Principal
 from kbd.core.records import Keys, Record, key
-from kbd.errors import InvalidInput, KbdError, ManifestUnreadable, NotFound, PermissionDenied
+from kbd.errors import InvalidInput, KbdError, NotFound, PermissionDenied
 from kbd.service import JsonObject
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
@@ -236,10 +246,14 @@ def unreadable_json(file: Path, err: KbdError) -> JsonObject:
 
 
 def validate(file: Path) -> Validation:
-    """Check ``file``; KbdError when it cannot be read or parsed at all."""
-    m = parse_manifest(_read_manifest(file))
-    if m.sources_problem:
-        raise ManifestUnreadable(m.sources_problem)
+    """Every problem of ``file``: each top-level field's, else each entry's and
+    grant's; KbdError when it cannot be read or is not a JSON object at all."""
+    data = _read_manifest(file)
+    doc = manifest_document(data, name=file.name)
+    if problems := field_problems(doc, name=file.name):
+        wid = doc.get("id") if id_problem(doc.get("id")) is None else None
+        return Validation(str(file), wid, version_of(data), 0, tuple(problems))
+    m = parse_manifest(data)
     return Validation(str(file), m.id, m.version, len(m.entries), tuple(manifest_problems(m)))
 
 

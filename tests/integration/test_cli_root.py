@@ -529,6 +529,31 @@ def test_validate_rejects(tmp_path: Path, doc: dict[str, Any], fragments: list[s
         assert fragment in message, f"{fragment!r} not in {message!r}"
 
 
+def test_validate_lists_every_top_level_problem_naming_the_file(tmp_path: Path) -> None:
+    """Not only the first: each field that makes the file unreadable is its own line, and the
+    file is called by its name (a draft is rarely named workflow.json)."""
+    f = tmp_path / "draft.json"
+    doc = {"label": 7, "access": {"owners": "alice", "readers": ["bad id"], "allowed_kb_writers": "x"},
+           "knowledgebase_sources": {"workflow_id": "a"}}  # fmt: skip
+    f.write_text(json.dumps(doc))
+    before = f.read_bytes()
+    r = KbRoot(tmp_path / "no-root").cli("validate", str(f))
+    assert r.code == 65, r.out + r.err
+    lines = r.out.splitlines()
+    for fragment in ("draft.json has no id", "label must be a string", "access.owners must be a list",
+                     "access.readers[0]", "access.allowed_kb_writers must be a list", "knowledgebase_sources must be a list"):  # fmt: skip
+        assert sum(fragment in line for line in lines) == 1, (fragment, lines)
+    assert all(line.startswith(f"{f}: ") for line in lines) and "workflow.json" not in r.out
+    j = KbRoot(tmp_path / "no-root").cli("validate", str(f), "--json")
+    assert j.code == 65 and j.json()["valid"] is False and len(j.json()["problems"]) == 6
+    assert j.json()["workflow_id"] is None and "error" not in j.json()
+    assert f.read_bytes() == before
+    # A file that is not JSON at all is still one error, named by its file.
+    f.write_text('{"id": "x",')
+    bad = KbRoot(tmp_path / "no-root").cli("validate", str(f))
+    assert bad.code == 65 and "draft.json is not valid JSON" in error_message(bad)
+
+
 def test_validate_rejects_invalid_json_and_duplicate_keys(tmp_path: Path) -> None:
     for text, fragment in [
         ('{"id": "x",', "not valid JSON"),

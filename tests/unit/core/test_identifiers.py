@@ -106,7 +106,9 @@ def test_validate_refuses_an_unplain_manifest_id(world: KbRoot, tmp_path: Path, 
     f.write_text(json.dumps({"id": BAD_IDS[case], "label": "RTS platform"}))
     r = world.call("validate", str(f))
     assert r.code == 65, (r.code, r.err)
-    assert "error[manifest-unreadable]" in r.err and first_bad(BAD_IDS[case]) in r.err, r.err
+    # A field's problem is one line of the list on stdout (every problem listed, not only the first).
+    assert r.err.startswith("error[invalid-input]: ") and f"{f}: id " in r.out, (r.out, r.err)
+    assert first_bad(BAD_IDS[case]) in r.out, r.out
 
 
 @pytest.mark.parametrize("case", ["zero-width-space", "c1-nel", "line-separator", "bidi-override", "tab"])
