@@ -21,6 +21,8 @@ from kbd.core.relpaths import request_parts
 from kbd.errors import InvalidInput, InvalidPath
 
 PREFIX = "sha256:"
+#: A version as a JSON Schema ``pattern`` spells it (results, the MCP tools' output schemas).
+VERSION_PATTERN = "^sha256:[0-9a-f]{64}$"
 #: ``--expected-version none`` / ``If-Match: "none"``: the note must not exist yet.
 ABSENT = "none"
 _HEX = frozenset("0123456789abcdef")

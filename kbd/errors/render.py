@@ -11,12 +11,14 @@ import sys
 from kbd.errors import NO_SPACE_ERRNOS, KbdError, from_oserror
 
 
-def error_text(err: KbdError) -> str:
+def error_text(err: KbdError, *, hint: str | None = None) -> str:
     """``error[code]: message`` and ``hint: …`` lines: the one shape of an error
-    for a person, on the CLI's stderr and in an MCP tool error (kbd mcp)."""
+    for a person, on the CLI's stderr and in an MCP tool error (kbd mcp, which
+    gives its own ``hint`` where the error's names a command an agent cannot run)."""
+    hint = err.hint if hint is None else hint
     lines = f"error[{err.code}]: {err.message}\n"
-    if err.hint:
-        lines += f"hint: {err.hint}\n"
+    if hint:
+        lines += f"hint: {hint}\n"
     return lines
 
 

@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING
 
 from kbd.core import notes as rules
 from kbd.core.events import EventRefused
-from kbd.core.history import ABSENT, parse_version, version_of
+from kbd.core.history import ABSENT, VERSION_PATTERN, parse_version, version_of
 from kbd.core.knowledge import write_parts
 from kbd.core.layout import NOTES_DIR
 from kbd.core.plan import Plan
 from kbd.core.principals import Actor, actor_fields
 from kbd.core.records import Record, key
+from kbd.core.resolve import Attachment
 from kbd.errors import KbdError, NoteVersionConflict, NotFound, PathNotFound, PermissionDenied, from_oserror
 from kbd.fs.confined import pin_dir, read_file_stat
 from kbd.fs.notes import in_kb, note_adds, notes_lock, open_notes, remove_note, replace_note
@@ -55,9 +56,8 @@ class NoteWritten(Record):
     alias: str
     path: str  # relative to the source's KB root: notes/...
     bytes: int
-    version: str = field(
-        metadata=key(schema={"pattern": "^sha256:[0-9a-f]{64}$"})
-    )  # docs/notes.md "Note history"
+    # sha256:<hex> of the bytes written (docs/notes.md "Note history").
+    version: str = field(metadata=key(schema={"pattern": VERSION_PATTERN}))
     # RELPATH was spelled relative to notes/ (accepted for one release): what to pass instead.
     warning: str | None = field(default=None, metadata=key(omit_none=True))
 
@@ -150,16 +150,9 @@ def prepare(
             )
         )
     if not att.available or att.path is None or not plan.writes_source(alias):
-        why = (
-            f"is unavailable ({att.reason})" if not att.available
-            else "has no write grant in this session now (attached read-only, not granted by the source's owner, "
-            "or the session's kind or kb_access does not write)"
-        )  # fmt: skip
-        raise draft.refuse(
-            PermissionDenied(
-                f"source {alias!r} {why}", hint="`kbd sources list WF` shows each attachment's write status"
-            )
-        )
+        refusal = PermissionDenied(f"source {alias!r} {_unwritable(plan, att)}",
+                                   hint="`kbd sources list WF` shows each attachment's write status")  # fmt: skip
+        raise draft.refuse(refusal)
     try:
         found, warning = write_parts(relpath)
         text = rules.note_text(data)
@@ -174,6 +167,20 @@ def prepare(
     return PreparedNote(host, sid, plan.workflow_id, alias, named, att.workflow_id, att.path, att.kb_identity,
                         parts, final, actor_fields(actor), text, expected, principal, how,
                         must_exist, must_not_exist, also_expected, warning)  # fmt: skip
+
+
+def _unwritable(plan: Plan, att: Attachment) -> str:
+    """Why the session may not write the source's notes/ now: the one reason that applies."""
+    if not att.available:
+        return f"is unavailable ({att.reason}" + (f": {att.message})" if att.message else ")")
+    if att.access != "write":
+        return "is attached read-only (access read): its consumer's owners can attach it with access write"
+    if att.write is not None and not att.write.available:
+        return f"is not writable: {att.write.reason}" + (
+            f" ({att.write.message})" if att.write.message else ""
+        )
+    return (f"is not writable in this session: a {plan.kind!r} session with kb_access {plan.kb_access!r} "
+            "does not write sources' notes/")  # fmt: skip
 
 
 def _current(notes_fd: int, note: PreparedNote) -> bytes | None:

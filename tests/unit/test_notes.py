@@ -263,12 +263,13 @@ def test_exactly_one_mib_is_accepted(world: World) -> None:
 def test_write_attachment_without_the_owners_grant_is_refused(world: World) -> None:
     sid = world.open("pend")
     err = world.refused("new.md", sid=sid, code="permission-denied", exit_code=77)
-    assert "no write grant" in err.message
+    assert "is not writable: write_not_granted" in err.message  # the one reason that applies
 
 
 def test_read_attachment_is_refused(world: World) -> None:
     sid = world.open("rdr")
-    world.refused("new.md", sid=sid, code="permission-denied", exit_code=77)
+    err = world.refused("new.md", sid=sid, code="permission-denied", exit_code=77)
+    assert "is attached read-only (access read)" in err.message
 
 
 def test_unattached_alias_is_refused(world: World) -> None:

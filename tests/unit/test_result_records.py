@@ -147,8 +147,15 @@ def records(cls: type[Record]) -> st.SearchStrategy[Any]:
         return HAND_MADE[cls]
     assert not _hand_written(cls), f"{cls.__name__} writes its JSON by hand: give it a strategy in HAND_MADE"
     hints = typing.get_type_hints(cls)
-    fields = {f.name: strategy(hints[f.name]) for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    fields = {f.name: _field_values(f, hints[f.name]) for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
     return st.builds(cls, **fields)
+
+
+def _field_values(f: dataclasses.Field[Any], hint: Any) -> st.SearchStrategy[Any]:
+    """A field's values: those its declared schema ``pattern`` admits (a note's version), else its type's."""
+    spec = next(iter(f.metadata.values()), None)
+    pattern = getattr(spec, "schema", {}).get("pattern")
+    return st.from_regex(pattern, fullmatch=True) if isinstance(pattern, str) else strategy(hint)
 
 
 def test_every_result_with_json_is_a_record() -> None:

@@ -291,7 +291,7 @@ def test_a_note_write_returns_what_was_written(kb: KbRoot) -> None:
     h = kb.host()
     s = RootSessions(h)
     sid = sessions.open_session(s, "con", actor=h.actor("alice"), kind="execution", kb_access="read-write")
-    written = notes.write(s, sid_of(sid), "src", "a.md", b"a note\n", actor=OPERATOR)
+    written = notes.write(s, sid_of(sid), "src", "notes/a.md", b"a note\n", actor=OPERATOR)
     assert written.to_json() == {
         "workflow_id": "src",
         "alias": "src",
@@ -330,7 +330,14 @@ def test_validate_refuses_what_it_cannot_read(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match="not a regular file"):
         admin.validate(fifo)  # never blocks
     (tmp_path / "list.json").write_text('{"id": "wf", "knowledgebase_sources": 3}')
-    with pytest.raises(ManifestUnreadable) as info:
+    # A field's problem is listed, with every other one (docs/on-disk.md "Validation")...
+    listed = admin.validate(tmp_path / "list.json")
+    assert listed.workflow_id == "wf" and listed.problems == (
+        "knowledgebase_sources must be a list, got int",
+    )
+    # ...a file that is not one JSON object is one error, naming the file.
+    (tmp_path / "list.json").write_text("[]")
+    with pytest.raises(ManifestUnreadable, match="list.json must be a JSON object") as info:
         admin.validate(tmp_path / "list.json")
     body = admin.unreadable_json(tmp_path / "list.json", info.value)
     assert body["valid"] is False and body["error"]["code"] == info.value.code
