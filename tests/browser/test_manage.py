@@ -99,6 +99,28 @@ def test_a_refused_attach_shows_code_message_and_hint_and_changes_nothing(world:
     assert worlds.manifest(world.kb) == before
 
 
+def test_a_refused_change_keeps_its_error_after_the_page_refreshes(world: World) -> None:
+    """The refresh that follows a refused action (and the change events after it) never erases the error."""
+    worlds.build(world.kb)
+    r = world.kb.cli("sources", "attach", worlds.MAIN, "wf_extra", "--alias", "extra", "--as", "alice")
+    assert r.code == 0, r.err
+    _, _, watched = world.open("alice", worlds.MAIN)
+    page = watched.page
+    expect(card(page, "extra").locator('[data-action="access"]')).to_be_visible()
+    # Meanwhile the source narrows its audience: a changed entry must resolve now, so writing is refused.
+    world.kb.edit(world.kb.workflows / "wf_extra", access={"owners": ["carol"]})
+    before = worlds.manifest(world.kb)
+    card(page, "extra").locator('[data-action="access"]').click()
+    error = page.locator("#src-error .error")
+    expect(error).to_be_visible()
+    expect(card(page, "extra")).to_have_attribute("data-reason", "audience_denied")  # the refresh has run
+    expect(error).to_be_visible()
+    expect(error).to_contain_text("extra")
+    assert worlds.manifest(world.kb) == before
+    error.locator('[data-action="dismiss"]').click()
+    expect(page.locator("#src-error .error")).to_have_count(0)
+
+
 def test_a_reader_sees_no_manage_controls_and_forged_changes_are_refused(world: World) -> None:
     worlds.build(world.kb)
     world.kb.workflow("wf_bobs", label="Bob's", access={"owners": ["bob"]})

@@ -251,7 +251,8 @@
     S.sources = detail.sources || [];
     S.candidates = detail.candidates || [];
     S.rights = { manage: Boolean(detail.rights && detail.rights.manage), grant: Boolean(detail.rights && detail.rights.grant) };
-    clearError("src-error");
+    // An action's refusal stays until the next action or Dismiss: the refresh that follows it
+    // (and any change event) must not erase the only place the page says why.
     const shown = S.kb.alias;
     renderHead();
     renderCards();
