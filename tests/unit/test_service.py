@@ -337,7 +337,7 @@ def test_validate_refuses_what_it_cannot_read(tmp_path: Path) -> None:
     )
     # ...a file that is not one JSON object is one error, naming the file.
     (tmp_path / "list.json").write_text("[]")
-    with pytest.raises(ManifestUnreadable, match="list.json must be a JSON object") as info:
+    with pytest.raises(ManifestUnreadable, match=r"list\.json must be a JSON object") as info:
         admin.validate(tmp_path / "list.json")
     body = admin.unreadable_json(tmp_path / "list.json", info.value)
     assert body["valid"] is False and body["error"]["code"] == info.value.code
