@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import dataclass
 from typing import Literal
 
 from kbd.core.importing import Skip, clean_title, frontmatter_title
@@ -111,21 +112,92 @@ def trust_of(review: Review, *, own_kb: bool) -> Trust:
     return "own" if own_kb else "source"
 
 
+#: The query language (docs/search.md "Queries"), said where people look (--help, the MCP tool).
+QUERY_HELP = (
+    'every word must appear; "a phrase" in quotes; a OR b for either; word* for a prefix; '
+    "-word (or NOT word) to exclude"
+)
+#: A token of a query: a quoted phrase (an unbalanced quote runs to the end), or a run without blanks.
+_TOKEN = re.compile(r'"([^"]*)"?|(\S+)')
+
+
+@dataclass(frozen=True)
+class _Term:
+    words: tuple[str, ...]  # one word, or a phrase
+    prefix: bool = False
+
+    def fts(self) -> str:
+        return '"' + " ".join(self.words) + '"' + ("*" if self.prefix else "")
+
+
+def _groups(query: str) -> list[tuple[list[_Term], list[_Term]]]:
+    """The query's OR groups, each (the terms it needs, the terms it excludes)."""
+    groups: list[tuple[list[_Term], list[_Term]]] = [([], [])]
+    negate = False
+    for m in _TOKEN.finditer(query):
+        phrase, bare = m.group(1), m.group(2)
+        if bare == "OR":
+            if groups[-1][0] or groups[-1][1]:
+                groups.append(([], []))
+            continue
+        if bare == "NOT":
+            negate = True
+            continue
+        text = phrase if phrase is not None else bare
+        if phrase is None and text.startswith("-") and len(text) > 1:
+            negate, text = True, text[1:]
+        words = tuple(_TERM.findall(text))
+        if words:
+            prefix = phrase is None and text.endswith("*") and _TERM.fullmatch(words[-1]) is not None
+            groups[-1][1 if negate else 0].append(_Term(words, prefix))
+        negate = False
+    return [g for g in groups if g[0] or g[1]]
+
+
 def match_expression(query: str) -> str:
-    """``query`` as an FTS5 expression: every word quoted (so no word is an
-    operator and no input is a syntax error), all required. UsageError when
-    nothing searchable is left."""
+    """``query`` in the query language (:data:`QUERY_HELP`) as an FTS5
+    expression: every word quoted (no word is an operator, no input a syntax
+    error), groups parenthesised. UsageError when nothing searchable is left,
+    or a group only excludes."""
     if len(query) > MAX_QUERY_CHARS:
         raise UsageError(f"the query is {len(query)} characters; at most {MAX_QUERY_CHARS} are allowed")
-    terms = _TERM.findall(query)
-    if not terms:
+    groups = _groups(query)
+    if not groups:
         raise UsageError(
             f"the query {query[:80]!r} has no word to search for (letters or digits)",
             hint='kbd search SID "retry policy"',
         )
-    if len(terms) > MAX_QUERY_TERMS:
-        raise UsageError(f"the query has {len(terms)} words; at most {MAX_QUERY_TERMS} are allowed")
-    return " ".join('"' + t.replace('"', '""') + '"' for t in terms)
+    words = sum(len(t.words) for need, out in groups for t in [*need, *out])
+    if words > MAX_QUERY_TERMS:
+        raise UsageError(f"the query has {words} words; at most {MAX_QUERY_TERMS} are allowed")
+    if any(not need for need, _ in groups):
+        raise UsageError(
+            f"the query {query[:80]!r} only excludes words: name at least one word to find",
+            hint='e.g. "retry -backoff"',
+        )
+    return " OR ".join(
+        "(" + " ".join(t.fts() for t in need) + "".join(f" NOT {t.fts()}" for t in out) + ")"
+        for need, out in groups
+    )
+
+
+_HEADING_MARK = re.compile(r"(?:^|(?<=\s))#{1,6}\s+")
+
+
+def plain_snippet(snippet: str) -> str:
+    """A snippet on one line, without Markdown's heading marks (``# Title`` reads ``Title``)."""
+    return _HEADING_MARK.sub("", " ".join(snippet.split()))
+
+
+def query_hint(query: str) -> str | None:
+    """What to try when ``query`` found nothing: with several required words and no OR,
+    that every one of them must appear (and how to ask for either)."""
+    groups = _groups(query)
+    if len(groups) == 1 and len(groups[0][0]) > 1:
+        need = groups[0][0]
+        return (f"no text holds all of {len(need)} words; "
+                f"{' OR '.join(' '.join(t.words) for t in need[:3])} finds any of them ({QUERY_HELP})")  # fmt: skip
+    return None
 
 
 def check_limit(limit: int | None) -> int:

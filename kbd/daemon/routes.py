@@ -68,7 +68,7 @@ from kbd.core.events import parse_id
 from kbd.core.history import version_of
 from kbd.core.identifiers import ALIAS_RE, MAX_ID_LEN, RESERVED_ALIASES
 from kbd.core.knowledge import MAX_LIMIT as MAX_SEARCH_LIMIT
-from kbd.core.knowledge import MAX_QUERY_CHARS, MAX_QUERY_TERMS, check_limit, match_expression
+from kbd.core.knowledge import MAX_QUERY_CHARS, MAX_QUERY_TERMS, QUERY_HELP, check_limit, match_expression
 from kbd.core.plan import Plan
 from kbd.core.policy import KINDS as POLICY_KINDS
 from kbd.core.principals import MAX_UID, Principal
@@ -160,7 +160,8 @@ EVENT_ID = r"^[0-9a-f]{8}-(0|[1-9][0-9]{0,18})$"
 #: A search query (:func:`kbd.core.knowledge.match_expression`), as a string format: its
 #: words are Unicode's (a pattern's ``\w`` is ASCII in some regex dialects, Unicode in others).
 SEARCH_QUERY = {"type": "string", "format": "kbd-search-query", "minLength": 1, "maxLength": MAX_QUERY_CHARS,
-                "description": f"1 to {MAX_QUERY_TERMS} words (runs of Unicode letters, digits and '_')"}  # fmt: skip
+                "description": f"1 to {MAX_QUERY_TERMS} words (runs of Unicode letters, digits and '_'): "
+                               f"{QUERY_HELP} (docs/search.md \"Queries\")"}  # fmt: skip
 
 
 def _schema(

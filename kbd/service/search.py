@@ -31,7 +31,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -42,7 +42,7 @@ from kbd.core.layout import KB_DIR, racy
 from kbd.core.pathguard import LinkCheckNeeded, decide
 from kbd.core.plan import Plan
 from kbd.core.principals import Actor
-from kbd.core.records import Record
+from kbd.core.records import Record, key
 from kbd.errors import InjectionRefused, KbdError, NotFound
 from kbd.fs import confined
 from kbd.fs.kbwalk import walk_notes
@@ -115,6 +115,8 @@ class SearchResult(Record):
     query: str
     hits: tuple[Hit, ...]
     dropped_by_gate: int
+    # No hits: what to try instead (the query language, docs/search.md "Queries").
+    hint: str | None = field(default=None, metadata=key(omit_none=True))
 
 
 @dataclass(frozen=True)
@@ -367,9 +369,9 @@ class KbWatcher:
             self._on_change(None)
             return
         for _change, path in batch:
-            for key, (root, _) in wanted.items():
+            for kb_key, (root, _) in wanted.items():
                 if path == root or path.startswith(root + "/"):
-                    self._on_change(key)
+                    self._on_change(kb_key)
 
 
 def read_doc(kb_fd: int, rel: str, now_ns: int) -> Doc | None:
@@ -446,7 +448,9 @@ def run(
             if len(hits) >= size or len(found) < want:
                 break
             want *= 4
-    return SearchResult(where.session_id, query, tuple(hits), dropped)
+    return SearchResult(
+        where.session_id, query, tuple(hits), dropped, None if hits else rules.query_hint(query)
+    )
 
 
 def _review(state_dir: Path, c: Candidate) -> tuple[rules.Review, str | None]:
@@ -463,7 +467,7 @@ def _review(state_dir: Path, c: Candidate) -> tuple[rules.Review, str | None]:
 def _hit(c: Candidate, mtime_ns: int, review: rules.Review, by: str | None, snippet: str) -> Hit:
     wid = c.scope.workflow_id
     modified = datetime.fromtimestamp(mtime_ns / 1e9, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return Hit(c.scope.alias, wid, c.row.relpath, c.row.title, one_line(" ".join(snippet.split()), limit=400),
+    return Hit(c.scope.alias, wid, c.row.relpath, c.row.title, one_line(rules.plain_snippet(snippet), limit=400),
                round(-c.row.score, 6), modified, by, review, rules.trust_of(review, own_kb=c.scope.alias is None))  # fmt: skip
 
 

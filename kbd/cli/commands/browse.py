@@ -37,7 +37,11 @@ def search_cmd(
     c: Ctx, sid: str, query: str, aliases: tuple[str, ...], limit: int | None, include_unreviewed: bool,
     as_: str | None, as_json: bool,
 ) -> None:  # fmt: skip
-    """Search every KB session SID may read now (its own and each available source)."""
+    """Search every KB session SID may read now (its own and each available source).
+
+    QUERY: every word must appear; "a phrase" in quotes; a OR b for either;
+    word* for a prefix; -word (or NOT word) to exclude (a query that starts
+    with - goes after --: kbd search SID -- -draft notes)."""
     if (result := c.shown(ops.Search(sid, query, aliases, limit, include_unreviewed), as_, as_json)) is None:
         return
     for hit in result.hits:
@@ -46,6 +50,8 @@ def search_cmd(
         click.echo(f"    {one_line(hit.snippet, limit=400)}")
     n = len(result.hits)
     click.echo(f"{n} hit{'s' if n != 1 else ''}" if n else "no hits")
+    if result.hint is not None:
+        click.echo(f"hint: {result.hint}", err=True)
     if result.dropped_by_gate:
         click.echo(f"{result.dropped_by_gate} left out: their text matches the prompt-injection patterns")
 

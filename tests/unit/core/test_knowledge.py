@@ -1,4 +1,6 @@
-"""One path convention (docs/notes.md "Paths"): a note write's RELPATH is
+"""The pure rules of :mod:`kbd.core.knowledge`: note paths and the search query language.
+
+One path convention (docs/notes.md "Paths"): a note write's RELPATH is
 relative to the source's KB root and beneath ``notes/``, as ``kbd read``,
 search hits, the audit and the change feed name it. For one release a RELPATH
 relative to ``notes/`` still means the same file, with a warning; it never nests
@@ -12,9 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbd.core.knowledge import write_parts
+from kbd.core.knowledge import match_expression, plain_snippet, query_hint, write_parts
 from kbd.core.relpaths import note_parts
-from kbd.errors import InvalidInput, InvalidPath, KbdError, PermissionDenied
+from kbd.errors import InvalidInput, InvalidPath, KbdError, PermissionDenied, UsageError
 
 
 @pytest.mark.parametrize(
@@ -62,3 +64,59 @@ def test_both_spellings_name_one_note_and_only_the_old_one_warns(
         return  # read from the KB root: notes/… is itself, context/… is refused
     parts, warning = write_parts(below)
     assert parts == note_parts(below) and warning is not None
+
+
+# -- the search query language (docs/search.md "Queries") ---------------------------------------
+
+BODIES = ["egress router budget", "latency p99 budget", "router only", "egress", "p99 latency"]
+
+
+def _found(query: str) -> list[str]:
+    """The bodies ``query`` matches in a real FTS5 table, as the index stores text."""
+    import sqlite3
+
+    con = sqlite3.connect(":memory:")
+    con.execute("CREATE VIRTUAL TABLE t USING fts5(body)")
+    con.executemany("INSERT INTO t VALUES (?)", [(b,) for b in BODIES])
+    return sorted(r[0] for r in con.execute("SELECT body FROM t WHERE t MATCH ?", (match_expression(query),)))
+
+
+@pytest.mark.parametrize(
+    ("query", "bodies"),
+    [
+        ("router budget", ["egress router budget"]),  # every word
+        ("egress OR router", ["egress", "egress router budget", "router only"]),
+        ('"p99 budget"', ["latency p99 budget"]),  # a phrase: those words, in order
+        ('"budget p99"', []),
+        ("rout*", ["egress router budget", "router only"]),  # a prefix
+        ("budget -latency", ["egress router budget"]),
+        ("budget NOT egress", ["latency p99 budget"]),
+        ("p99 OR router -budget", ["latency p99 budget", "p99 latency", "router only"]),  # NOT: its own group
+        ('unbalanced "p99 latency', []),  # an unbalanced quote runs to the end: never a syntax error
+        ("OR p99 OR", ["latency p99 budget", "p99 latency"]),  # a dangling OR is nothing
+        ("or", []),  # lower-case or is a word
+    ],
+)
+def test_the_query_language(query: str, bodies: list[str]) -> None:
+    assert _found(query) == bodies
+
+
+@pytest.mark.parametrize("query", ["-router", "NOT egress", "p99 OR -router", "", "!!", "   "])
+def test_a_query_with_nothing_to_find_is_a_usage_error(query: str) -> None:
+    with pytest.raises(UsageError):
+        match_expression(query)
+
+
+def test_no_hits_for_several_words_hints_at_or() -> None:
+    hint = query_hint("latency p99 missing")
+    assert hint is not None and "latency OR p99 OR missing" in hint and "a phrase" in hint
+    assert query_hint("egress") is None and query_hint("a OR b") is None
+
+
+@pytest.mark.parametrize(
+    ("snippet", "plain"),
+    [("# SFU egress Egress is 62%", "SFU egress Egress is 62%"), ("intro\n## Budget\nx", "intro Budget x"),
+     ("C# code, issue #42", "C# code, issue #42")],
+)  # fmt: skip
+def test_snippets_lose_heading_marks_only(snippet: str, plain: str) -> None:
+    assert plain_snippet(snippet) == plain
