@@ -178,3 +178,29 @@ def root_problems(root: Path) -> list[str]:
                 f"{path}: owner {st.st_uid}, group {st.st_gid}, mode {got:o}; fix: {chgrp}chmod {mode:o} {path}"
             )
     return out
+
+
+def others_cannot_use(path: Path, *, run: bool) -> str | None:
+    """Why a user who is neither the owner nor in the group of ``path`` (where it
+    really lies, links resolved) could not use it — a folder above it not
+    searchable (o+x), the file not readable (o+r) or, with ``run``, not executable
+    (o+x) — or None. A venv made from an interpreter under ``/root`` (pyenv's)
+    links to a folder other users cannot enter: every user but root gets "bad
+    interpreter" while root sees nothing wrong (docs/multi-user.md "Deploying on a host")."""
+    real = Path(os.path.realpath(path))
+    for folder in reversed(real.parents):
+        try:
+            mode = os.stat(folder).st_mode
+        except OSError as exc:
+            return f"{folder}: cannot be checked ({exc.strerror})"
+        if not mode & 0o001:
+            return f"{real}: other users cannot reach it: {folder} is mode {mode & 0o7777:04o} (no o+x)"
+    try:
+        mode = os.stat(real).st_mode
+    except OSError as exc:
+        return f"{real}: cannot be checked ({exc.strerror})"
+    need = 0o005 if run else 0o004
+    if mode & need != need:
+        what = "run" if run else "read"
+        return f"{real}: other users cannot {what} it (mode {mode & 0o7777:04o})"
+    return None

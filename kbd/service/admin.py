@@ -139,7 +139,22 @@ def _layout_checks(host: Root) -> list[DoctorCheck]:
     out += [DoctorCheck("permissions", False, p) for p in found]
     if not found:
         out.append(DoctorCheck("permissions", True, f"root and {len(folders)} workflow folders as laid out"))
-    return out
+    return out + _install_checks()
+
+
+def _install_checks() -> list[DoctorCheck]:
+    """On a multi-user host every user runs this kbd: its interpreter and package must be theirs to run
+    (docs/multi-user.md "Deploying on a host")."""
+    import sys
+
+    import kbd
+    from kbd.fs import systemlayout
+
+    found = [p for path, run in ((Path(sys.executable), True), (Path(kbd.__file__), False))
+             if (p := systemlayout.others_cannot_use(path, run=run)) is not None]  # fmt: skip
+    if found:
+        return [DoctorCheck("install", False, p + "; make the venv from /usr/bin/python3") for p in found]
+    return [DoctorCheck("install", True, f"{sys.executable} and the kbd package: usable by every user")]
 
 
 def _root_checks(host: Root, workflow_id: str | None) -> list[DoctorCheck]:

@@ -583,6 +583,27 @@ def test_doctor_names_a_wrong_mode_and_a_member_of_the_grant_group(host: Host) -
         os.chmod(notes, 0o2770)  # noqa: S103 - the layout's own mode
 
 
+def test_doctor_names_an_interpreter_other_users_cannot_run(host: Host, tmp_path: Path) -> None:
+    """A venv made from an interpreter under a folder only root may enter (pyenv's under /root): every
+    other user gets "bad interpreter" from kbd, so doctor on a system root says so, naming the folder."""
+    r = _kbd_root(host.root, "doctor", "--json")
+    [install] = [c for c in json.loads(r.stdout)["checks"] if c["check"] == "install"]
+    assert install["ok"] is True and "usable by every user" in install["detail"], install
+    private = tmp_path / "pyenv"  # tmp_path's own parents are 0700 too: the first closed folder is named
+    private.mkdir(mode=0o700)
+    python = private / "python3"
+    shutil.copy2(os.path.realpath(sys.executable), python)
+    import site
+
+    paths = [str(Path(__file__).parents[2]), *site.getsitepackages()]
+    env = {**daemon.clean_env(), "KBD_NO_DAEMON": "1", "PYTHONPATH": os.pathsep.join(paths)}
+    r = _run([str(python), "-m", "kbd", "--root", str(host.root), "doctor"], env=env)
+    assert r.returncode == 65, r.stdout + r.stderr
+    fail = [line for line in r.stdout.splitlines() if line.startswith("FAIL install:")]
+    assert len(fail) == 1 and f"{python}: other users cannot reach it:" in fail[0], r.stdout
+    assert "(no o+x)" in fail[0] and "make the venv from /usr/bin/python3" in fail[0], r.stdout
+
+
 # -- failing closed ----------------------------------------------------------------------------
 
 
