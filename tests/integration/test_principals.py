@@ -368,3 +368,24 @@ def test_disabling_through_the_cli_ends_the_principals_running_commands(kb: KbRo
         finally:
             mine.close()
         assert daemon.proc.poll() is None
+
+
+def test_a_token_written_to_a_new_private_file_never_to_an_existing_one(kb: KbRoot, tmp_path: Path) -> None:
+    out = tmp_path / "svc.token"
+    r = kb.cli("principals", "token", "svc", "--output", str(out))
+    assert r.code == 0 and str(out) in r.out and "mode 0600" in r.out, r.err
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    token = out.read_text().strip()
+    assert token not in r.out + r.err  # never printed
+    stored = next(p for p in kb.host().principals if p.id == "svc").token_sha256
+    assert stored == hashlib.sha256(token.encode()).hexdigest()
+    # An existing file (or a link to one) is refused before a token is issued: the current one keeps working.
+    before = _file(kb)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere")
+    for target in (out, link):
+        again = kb.cli("principals", "token", "svc", "--output", str(target))
+        assert again.code == 65 and "error[invalid-input]" in again.err, again.err
+    assert _file(kb) == before and out.read_text().strip() == token and not (tmp_path / "elsewhere").exists()
+    both = kb.cli("principals", "token", "svc", "--output", str(tmp_path / "new"), "--json")
+    assert both.code == 2 and not (tmp_path / "new").exists() and _file(kb) == before

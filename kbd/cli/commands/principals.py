@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -19,6 +21,7 @@ from kbd.cli.app import (
 )
 from kbd.core.identifiers import one_line
 from kbd.errors import (
+    InvalidInput,
     UsageError,
 )
 
@@ -134,11 +137,44 @@ def principals_remove(c: Ctx, name: str, force: bool, as_: str | None, as_json: 
 
 @principals.command("token")
 @click.argument("name", shell_complete=complete_principals)
+@click.option("--output", "output", metavar="F", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the token to F, created 0600 (never an existing file), instead of printing it.")  # fmt: skip
 @as_option
 @json_option
 @pass_ctx
-def principals_token(c: Ctx, name: str, as_: str | None, as_json: bool) -> None:
+def principals_token(c: Ctx, name: str, output: Path | None, as_: str | None, as_json: bool) -> None:
     """Issue a new API token for NAME (printed once; only its hash is stored;
     the old token stops working)."""
-    if (result := c.shown(ops.PrincipalToken(name), as_, as_json)) is not None:
-        click.echo(result.token)
+    if output is None:
+        if (result := c.shown(ops.PrincipalToken(name), as_, as_json)) is not None:
+            click.echo(result.token)
+        return
+    if as_json:
+        raise UsageError("pass one of --output and --json: --json would print the token too")
+    # Made before the token is issued: a file that cannot be made leaves the old token working.
+    fd = _new_private_file(output)
+    try:
+        issued = c.result(ops.PrincipalToken(name), as_)
+        os.write(fd, issued.token.encode() + b"\n")
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        output.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    click.echo(
+        f"wrote {one_line(issued.principal)}'s new token to {output} (mode 0600); the old one no longer works"
+    )
+
+
+def _new_private_file(path: Path) -> int:
+    """``path`` created for the owner alone (0600), never an existing file or a link's target."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        raise InvalidInput(f"{path} exists: the token is written only to a new file",
+                           hint="name a file that does not exist yet") from None  # fmt: skip
+    except OSError as exc:
+        raise InvalidInput(f"cannot create {path}: {exc.strerror}") from None
+    os.fchmod(fd, 0o600)  # exactly, whatever the umask
+    return fd
