@@ -424,11 +424,12 @@ class AuditFeed:
     is made here, as it learns a workflow's sessions from the records it sees."""
 
     def __init__(
-        self, chunk: Callable[[int], AuditChunk], *, since: datetime | None, workflow: str | None
-    ) -> None:
+        self, chunk: Callable[[int], AuditChunk], *, since: datetime | None, workflow: str | None,
+        actor: str | None = None, events: tuple[str, ...] = (),
+    ) -> None:  # fmt: skip
         self._chunk = chunk
         self._offset = 0
-        self._select = audit.Selection(since=since, workflow=workflow)
+        self._select = audit.Selection(since=since, workflow=workflow, actor=actor, events=events)
         self.skipped_lines = 0
 
     def poll(self) -> list[JsonObject]:

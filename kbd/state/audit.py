@@ -9,6 +9,7 @@ concurrent appenders (CLI processes and the daemon) never interleave lines.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -173,17 +174,27 @@ _WORKFLOW_FIELDS = ("workflow_id", "source", "consumer")
 
 
 class Selection:
-    """Which records ``kbd audit`` shows: at or after ``since``, and touching
+    """Which records ``kbd audit`` shows: at or after ``since``, touching
     workflow ``workflow`` (as consumer, source or target, or through one of its
-    sessions, which are learnt from their ``session_opened`` records)."""
+    sessions, which are learnt from their ``session_opened`` records), done by
+    ``actor``, of an event matching one of ``events`` (shell patterns: ``note_*``)."""
 
-    def __init__(self, *, since: datetime | None = None, workflow: str | None = None) -> None:
+    def __init__(
+        self, *, since: datetime | None = None, workflow: str | None = None, actor: str | None = None,
+        events: tuple[str, ...] = (),
+    ) -> None:  # fmt: skip
         self.since = since
         self.workflow = workflow
+        self.actor = actor
+        self.events = events
         self._sessions: set[str] = set()
 
     def wants(self, record: dict[str, Any]) -> bool:
         if self.workflow is not None and not self._touches(record):
+            return False
+        if self.actor is not None and record.get("actor") != self.actor:
+            return False
+        if self.events and not any(fnmatch.fnmatchcase(str(record.get("event")), p) for p in self.events):
             return False
         if self.since is not None:
             when = record_time(record)

@@ -440,11 +440,22 @@ def test_audit_through_the_daemon_shows_what_the_root_shows(tmp_path: Path) -> N
             ["audit", "--json"],
             ["audit", "--workflow", "con"],
             ["audit", "--since", "1h", "--json"],
+            ["audit", "--actor", "alice", "--event", "source*", "--json"],
         ):
             here = kb.call(*args)
             there = run_in_process(["--root", str(kb.root), *args], input=None, env=env)
             assert (there.code, there.out, there.err) == (here.code, here.out, here.err), args
             assert here.code == 0 and "skipped 1 torn line" in here.err
+        # --actor and --event select exactly (an event pattern is a shell pattern).
+        picked = kb.call("audit", "--actor", "alice", "--event", "source*", "--json").json()["events"]
+        assert len(picked) == 3 and {(e["actor"], e["event"]) for e in picked} == {
+            ("alice", "sources_refused")
+        }
+        opened = kb.call("audit", "--event", "session_opened", "--event", "nothing_*", "--json").json()[
+            "events"
+        ]
+        assert len(opened) == 3 and {e["event"] for e in opened} == {"session_opened"}
+        assert kb.call("audit", "--actor", "nobody", "--json").json()["events"] == []
         alice = run_in_process(["--root", str(kb.root), "audit"], input=None,
                                env={**env, "KBD_TOKEN": tokens["alice"]})  # fmt: skip
         assert alice.code == 77 and "audit log" in alice.err, alice

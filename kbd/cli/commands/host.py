@@ -184,10 +184,16 @@ def serve_cmd(c: Ctx, socket_path: Path | None, fd: int | None, log_level: str) 
     shell_complete=complete_workflows,
     help="Only records touching WF (or one of its sessions).",
 )
+@click.option("--actor", metavar="P", help="Only records of actions by P (a principal, or local:USER).")
+@click.option("--event", "events", metavar="E", multiple=True,
+              help="Only records of event E (repeatable; a shell pattern such as 'note_*').")  # fmt: skip
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new records until Ctrl-C or SIGTERM.")
 @json_option
 @pass_ctx
-def audit_cmd(c: Ctx, since: str | None, wf: str | None, follow: bool, as_json: bool) -> None:
+def audit_cmd(
+    c: Ctx, since: str | None, wf: str | None, actor: str | None, events: tuple[str, ...], follow: bool,
+    as_json: bool,
+) -> None:  # fmt: skip
     """Show the audit log (grants, revokes, refusals, session and note events).
 
     Torn lines (a crash mid-write, a hand edit) are skipped and counted on stderr.
@@ -199,7 +205,8 @@ def audit_cmd(c: Ctx, since: str | None, wf: str | None, follow: bool, as_json: 
         since_at = audit_log.parse_since(since) if since is not None else None
     except ValueError as exc:
         raise UsageError(f"--since: {exc}", hint="e.g. --since 10m or --since 2026-12-01T14:00:00Z") from None
-    feed = admin.AuditFeed(lambda offset: c.result(ops.AuditChunk(offset)), since=since_at, workflow=wf)
+    feed = admin.AuditFeed(lambda offset: c.result(ops.AuditChunk(offset)), since=since_at, workflow=wf,
+                           actor=actor, events=events)  # fmt: skip
     if as_json and not follow:
         emit(feed.records().to_json())
     else:
