@@ -582,3 +582,20 @@ def test_a_child_session_keeps_its_parents_kind_in_the_cli_too(world: KbRoot) ->
     assert "keeps its parent's kind" in assert_error(r, "permission-denied", 77)
     r = world.cli("session", "open", "con", "--as", "alice")
     assert "Missing option '--kind'" in assert_error(r, "usage", 2)
+
+
+def test_an_empty_list_says_so(tmp_path: Path) -> None:
+    """A list with nothing in it prints one "no …" line, never nothing at all (--json: an empty list)."""
+    kb = KbRoot.create(tmp_path / "root")
+    kb.workflow("lone", access={"owners": ["alice"]})
+    for args, line in (
+        (["sources", "list", "lone"], "lone has no attached sources"),
+        (["sources", "candidates", "lone"], "no workflow lone could attach now"),
+        (["writers", "list", "lone"], "no workflow may write into lone's notes/"),
+        (["session", "list"], "no open sessions (--all shows closed ones too)"),
+        (["session", "list", "--all"], "no sessions"),
+        (["notes", "rejected", "lone"], "no rejected notes kept for lone"),
+    ):
+        r = kb.call(*args, "--as", "alice")
+        assert (r.code, r.out) == (0, line + "\n"), (args, r.out, r.err)
+    assert kb.call("sources", "list", "lone", "--as", "alice", "--json").json()["sources"] == []

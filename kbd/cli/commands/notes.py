@@ -289,6 +289,8 @@ def notes_rejected(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> No
     """Rejected notes kept for SOURCE_WF (each restorable with `kbd notes unreject`)."""
     if (result := c.shown(ops.NotesRejected(source_wf), as_, as_json)) is None:
         return
+    if not result.rejected:
+        click.echo(f"no rejected notes kept for {one_line(source_wf)}")
     for r in result.rejected:
         at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.rejected_at))
         click.echo(f"#{r.id}  {one_line(r.relpath)}  rejected by {one_line(r.rejected_by)} at {at}  "

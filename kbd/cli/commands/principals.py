@@ -44,6 +44,8 @@ def principals_list(c: Ctx, as_: str | None, as_json: bool) -> None:
     """List principals: ID, kind, flags (admin, disabled, token) and label."""
     if (result := c.shown(ops.PrincipalsList(), as_, as_json)) is None:
         return
+    if not result.principals:
+        click.echo("no principals: principals.yaml lists none")
     for p in result.principals:
         flags = [f for f, on in (("admin", p.admin), ("disabled", p.disabled), ("token", p.has_token)) if on]
         label = f"  {one_line(p.label, limit=200)}" if p.label is not None else ""

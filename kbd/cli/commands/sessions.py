@@ -159,6 +159,8 @@ def session_list(c: Ctx, wf: str | None, include_closed: bool, as_: str | None, 
     """Sessions (with --as: only those that principal may use)."""
     if (result := c.shown(ops.SessionList(wf, include_closed), as_, as_json)) is None:
         return
+    if not result.sessions:
+        click.echo("no sessions" if include_closed else "no open sessions (--all shows closed ones too)")
     for r in result.sessions:
         click.echo(
             f"{r.id}  {one_line(r.workflow_id):<20} {r.kind:<22} {r.kb_access:<10} "

@@ -43,6 +43,8 @@ def sources_list(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
     """Each attachment with its status and reason."""
     if (view := c.shown(ops.SourcesList(wf), as_, as_json)) is None:
         return
+    if not view.sources:
+        click.echo(f"{one_line(wf)} has no attached sources")
     for a in view.sources:
         click.echo(attachment_line(a))
 
@@ -141,6 +143,8 @@ def sources_candidates(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
     """Workflow IDs WF could attach right now."""
     if (result := c.shown(ops.Candidates(wf), as_, as_json)) is None:
         return
+    if not result.candidates:
+        click.echo(f"no workflow {one_line(wf)} could attach now")
     for r in result.candidates:
         granted = "  (write granted)" if r.write_granted else ""
         click.echo(f"{one_line(r.workflow_id):<24} {one_line(r.label, limit=60)}{granted}")

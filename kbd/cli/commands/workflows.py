@@ -32,6 +32,8 @@ def workflows_list(c: Ctx, as_: str | None, as_json: bool) -> None:
     """List workflows (with registry problems: ambiguous IDs, unreadable manifests)."""
     if (result := c.shown(ops.WorkflowsList(), as_, as_json)) is None:
         return
+    if not result.workflows:
+        click.echo("no workflows you may see under this root's workflow_roots")
     for r in result.workflows:
         status = "" if r.status == "ok" else f"  [{r.status}]"
         if r.nested_in:

@@ -32,6 +32,8 @@ def writers_list(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> None
     """Consumer workflows SOURCE_WF's owner lets write into its notes/."""
     if (view := c.shown(ops.WritersList(source_wf), as_, as_json)) is None:
         return
+    if not view.writers:
+        click.echo(f"no workflow may write into {one_line(source_wf)}'s notes/")
     for w in view.writers:
         click.echo(f"{one_line(w.workflow_id)}{'' if w.exists else '  (no such workflow now)'}")
 
