@@ -786,11 +786,12 @@ def _open_browser(url: str) -> None:
     import webbrowser
 
     try:
-        webbrowser.open(url, new=2)
+        opened = webbrowser.open(url, new=2)  # False: no browser found (a server, an ssh session)
+        why = "no browser found"
     except Exception as exc:  # no browser is not an error: the URL is on stdout
-        print(
-            f"kbd ui: could not open a browser ({type(exc).__name__}); open the URL yourself", file=sys.stderr
-        )
+        opened, why = False, type(exc).__name__
+    if not opened:
+        print(f"kbd ui: could not open a browser ({why}); open the URL above yourself", file=sys.stderr)
 
 
 class UiServer(uvicorn.Server):

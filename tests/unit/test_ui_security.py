@@ -170,3 +170,15 @@ def test_rights_come_from_the_operations_answer() -> None:
     assert rights(shown(True, False)) == {"manage": True, "grant": False}
     assert rights(shown(False, True)) == {"manage": False, "grant": True}
     assert rights(shown(False, False)) == {"manage": False, "grant": False}
+
+
+def test_no_browser_to_open_is_said_not_silent() -> None:
+    """On a host with no browser (a server, an ssh session) `kbd ui` says so on stderr (the URL is on stdout)."""
+    import subprocess
+    import sys
+
+    code = "from kbd.ui.server import _open_browser; _open_browser('http://127.0.0.1:1/')"
+    r = subprocess.run([sys.executable, "-c", code], env={"PATH": "/nonexistent", "HOME": "/nonexistent"},
+                       capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert r.returncode == 0 and r.stdout == ""
+    assert r.stderr == "kbd ui: could not open a browser (no browser found); open the URL above yourself\n"
