@@ -128,8 +128,8 @@ def test_each_command_says_what_it_did(commented: KbRoot) -> None:
     assert kb.cli("principals", "enable", "carol").out == "enabled principal carol\n"
     assert kb.cli("principals", "enable", "carol").out == "principal carol was already enabled\n"
     listed = kb.cli("principals", "list").out.splitlines()
-    assert listed[3] == f"{'carol':<20} {'user':<8} " + "  Carol C."
-    assert listed[0] == f"{'alice':<20} {'user':<8} "
+    assert listed[3] == f"{'carol':<20} {'user':<8} uid=4003  Carol C."
+    assert listed[0] == f"{'alice':<20} {'user':<8} uid=4001"
     assert kb.cli("principals", "remove", "carol").out == "removed principal carol\n"
     assert [p["id"] for p in yaml.safe_load(_file(kb))["principals"]] == ["alice", "ops", "svc", "nob"]
 

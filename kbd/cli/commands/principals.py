@@ -41,13 +41,14 @@ def principals() -> None:
 @json_option
 @pass_ctx
 def principals_list(c: Ctx, as_: str | None, as_json: bool) -> None:
-    """List principals: ID, kind, flags (admin, disabled, token) and label."""
+    """List principals: ID, kind, flags (admin, disabled, token, uid=N) and label."""
     if (result := c.shown(ops.PrincipalsList(), as_, as_json)) is None:
         return
     if not result.principals:
         click.echo("no principals: principals.yaml lists none")
     for p in result.principals:
         flags = [f for f, on in (("admin", p.admin), ("disabled", p.disabled), ("token", p.has_token)) if on]
+        flags += [f"uid={p.uid}"] if p.uid is not None else []  # the local user it maps, as --json says
         label = f"  {one_line(p.label, limit=200)}" if p.label is not None else ""
         click.echo(f"{p.id:<20} {p.kind:<8} {' '.join(flags)}{label}")
 
