@@ -65,6 +65,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+    # A checkout other users cannot reach is not a host that lacks a feature: it is fixable, so
+    # the run stops once, up front, saying how (not dozens of failures about a virtualenv).
+    wanted = os.geteuid() == 0 and any(i.get_closest_marker("requires_reachable_checkout") for i in items)
+    if wanted and (why := features.missing_reachable_checkout()) is not None:
+        raise pytest.UsageError(f"the multi-user tests cannot run from here: {why}")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

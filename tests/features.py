@@ -149,12 +149,34 @@ def missing_cgroup() -> str | None:
     return None
 
 
+def missing_reachable_checkout() -> str | None:
+    """None when a user the tests create can run kbd from this checkout: its
+    interpreter, the kbd package and the libraries it imports reachable,
+    readable and (the interpreter) executable by other users; else why not and
+    what to do (a checkout under /root, or in a 0700 mktemp folder, is not)."""
+    import click
+
+    import kbd
+    from kbd.fs.systemlayout import others_cannot_use
+
+    for path, run in (
+        (Path(sys.executable), True),
+        (Path(kbd.__file__), False),
+        (Path(click.__file__), False),
+    ):
+        if (problem := others_cannot_use(path, run=run)) is not None:
+            return (f"{problem}: the users these tests create run kbd from this checkout; clone it (and make "
+                    "its venv) in a folder every user may traverse, such as /srv/kbd, or give that folder o+x")  # fmt: skip
+    return None
+
+
 PROBES = {
     "requires_bwrap": "the test runs commands under a real bubblewrap sandbox",
     "requires_userns": "the test needs user namespaces (bwrap --unshare-user / --disable-userns)",
     "requires_landlock": "the test needs Landlock (requires_landlock(abi=N): ABI N or newer)",
     "requires_cgroup": "the test needs a writable cgroup v2 hierarchy with cgroup.kill",
     "requires_root": "the test acts as other users (chown, another uid's connections), which only root may do",
+    "requires_reachable_checkout": "the test runs this checkout's kbd as users it creates, who must reach it",
 }
 
 
@@ -170,6 +192,8 @@ def missing(marker: str, abi: int = 1) -> str | None:
         return missing_cgroup()
     if marker == "requires_root":
         return None if os.geteuid() == 0 else f"running as uid {os.geteuid()}, not root"
+    if marker == "requires_reachable_checkout":
+        return missing_reachable_checkout()
     raise ValueError(f"unknown feature marker {marker!r}")
 
 

@@ -599,6 +599,7 @@ def _as_user(u: User, argv: list[str], env: dict[str, str]) -> subprocess.Comple
     )  # fmt: skip
 
 
+@pytest.mark.requires_reachable_checkout
 def test_a_brokered_command_runs_with_exactly_the_callers_identity(user: User) -> None:
     """The root is reachable for the user only through its supplementary group
     (0750 root:group), so the sandbox is built with exactly the caller's own
@@ -653,6 +654,7 @@ def test_a_brokered_command_runs_with_exactly_the_callers_identity(user: User) -
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.requires_reachable_checkout
 def test_an_unmapped_uid_is_refused_not_run_as_the_operator(user: User) -> None:
     base = Path(tempfile.mkdtemp(prefix="kbd-unmapped-", dir="/tmp"))
     try:

@@ -39,6 +39,8 @@ import yaml
 from tests.integration import daemon
 
 REPO = Path(__file__).parents[2]
+# Real users this module creates run kbd from this checkout.
+pytestmark = pytest.mark.requires_reachable_checkout
 
 
 @dataclass(frozen=True)
@@ -602,6 +604,28 @@ def test_doctor_names_an_interpreter_other_users_cannot_run(host: Host, tmp_path
     fail = [line for line in r.stdout.splitlines() if line.startswith("FAIL install:")]
     assert len(fail) == 1 and f"{python}: other users cannot reach it:" in fail[0], r.stdout
     assert "(no o+x)" in fail[0] and "make the venv from /usr/bin/python3" in fail[0], r.stdout
+
+
+def test_a_checkout_other_users_cannot_reach_stops_the_run_once_saying_how(tmp_path: Path) -> None:
+    """The README's test command run where the test users cannot reach the checkout (a clone under /root):
+    one usage error up front naming the closed folder and the fix, not dozens of failures."""
+    private = tmp_path / "root-home"
+    private.mkdir(mode=0o700)
+    python = private / "python3"
+    shutil.copy2(os.path.realpath(sys.executable), python)
+    import site
+
+    env = {**daemon.clean_env(), "PYTHONPATH": os.pathsep.join([str(REPO), *site.getsitepackages()])}
+    target = "tests/integration/test_exec_broker.py::test_an_unmapped_uid_is_refused_not_run_as_the_operator"
+    r = _run(
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:cov", target],
+        env=env,
+        cwd=REPO,
+    )
+    assert r.returncode == 4, r.stdout + r.stderr  # pytest's usage error: nothing ran
+    said = r.stdout + r.stderr
+    assert said.count("the multi-user tests cannot run from here:") == 1, said
+    assert f"{python}: other users cannot reach it:" in said and "such as /srv/kbd" in said, said
 
 
 # -- failing closed ----------------------------------------------------------------------------

@@ -36,7 +36,7 @@ import yaml
 from tests.integration import daemon
 
 REPO = Path(__file__).parents[2]
-pytestmark = [pytest.mark.requires_root, pytest.mark.requires_bwrap]
+pytestmark = [pytest.mark.requires_root, pytest.mark.requires_bwrap, pytest.mark.requires_reachable_checkout]
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,11 @@ import pytest
 from tests.integration.test_host_permissions import Host, as_user, host  # noqa: F401 - the module's fixture
 from tests.waiting import wait_for
 
-pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_userns]
+pytestmark = [
+    pytest.mark.requires_bwrap,
+    pytest.mark.requires_userns,
+    pytest.mark.requires_reachable_checkout,
+]
 
 # Run as the caller, outside the sandbox: each attack, and what the kernel said.
 ATTACKS = r"""

@@ -33,6 +33,8 @@ from tests.integration import daemon
 from tests.mcp_client import initialize_lines, raw_exchange
 
 REPO = Path(__file__).parents[2]
+# Real users this module creates run kbd from this checkout.
+pytestmark = pytest.mark.requires_reachable_checkout
 
 
 @dataclass(frozen=True)

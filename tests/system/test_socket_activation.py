@@ -37,7 +37,7 @@ from tests.system.units import (
     rewrite,
 )
 
-pytestmark = [pytest.mark.requires_bwrap, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.requires_bwrap, pytest.mark.timeout(180), pytest.mark.requires_reachable_checkout]
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP = "kbd"
