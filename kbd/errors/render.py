@@ -56,3 +56,22 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
     for e in group.exceptions:
         out.extend(_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
     return out
+
+
+def reference_rows() -> list[str]:
+    """docs/errors.md's table, one Markdown row per class of the error tree (depth first, in
+    declaration order): the code, the class and the one it refines, the exit code, the HTTP
+    status and the default hint (tests/unit/test_errors.py holds the document to it)."""
+    from kbd import errors
+
+    def walk(cls: type[errors.KbdError], parent: str) -> list[str]:
+        hint = cls.default_hint.replace("|", "\\|")
+        rows = [
+            f"| `{cls.code}` | {cls.__name__} | {parent} | {cls.exit_code} | {cls.http_status} | {hint} |"
+        ]
+        for sub in cls.__subclasses__():
+            if sub.__module__ == errors.__name__:
+                rows += walk(sub, cls.__name__)
+        return rows
+
+    return walk(errors.KbdError, "—")

@@ -346,3 +346,23 @@ def test_the_raise_scan_counts_only_real_constructions(tmp_path: Path) -> None:
     )
     found = _constructions(tmp_path, {"Used", "Helper", "Dead", "Defined"})
     assert found == {"Used": {"ops.py"}, "Helper": {"errors.py"}}
+
+
+def test_docs_errors_lists_every_code_as_the_tree_declares_it() -> None:
+    """docs/errors.md's table is the error tree's own (code, class, parent, exit code, HTTP status,
+    hint): a new class, a changed code or hint fails here until the document says it too."""
+    from kbd.errors.render import reference_rows
+
+    doc = (Path(__file__).parents[2] / "docs" / "errors.md").read_text()
+    table = doc.split("<!-- error-table:", 1)[1].split("<!-- /error-table -->", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    assert rows == reference_rows(), "regenerate the table: kbd.errors.render.reference_rows()"
+    codes = {line.split("`")[1] for line in rows}
+    assert {
+        "internal",
+        "usage",
+        "invalid-input",
+        "not-found",
+        "permission-denied",
+        "note-version-conflict",
+    } <= codes
