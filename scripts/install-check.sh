@@ -21,6 +21,9 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 python=${1:-/usr/bin/python3}
 work=$(mktemp -d /tmp/kbd-install-check.XXXXXX)
+# Every user traverses it, as they do /opt and /var/lib on a host: doctor's install check (other users
+# must be able to run the installed kbd) then judges the install, not this scratch folder.
+chmod 0755 "$work"
 tag=$RANDOM$RANDOM
 group="kbdic$tag" grant="kbdicg$tag"  # step 7's throwaway groups (never the host's kbd)
 cleanup() { rm -rf "$work"; groupdel "$grant" 2>/dev/null || true; groupdel "$group" 2>/dev/null || true; }
