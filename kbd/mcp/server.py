@@ -392,7 +392,9 @@ def target_of(plan: Plan, name: str, args: Mapping[str, Any]) -> str | None:
         try:
             parts, _ = write_parts(args["relpath"])
         except KbdError:
-            return None  # the operation refuses it, and audits the refusal
+            # The operation refuses it (and audits the refusal); the roots still judge where the
+            # text points, so a daemon that read it otherwise could never write outside them.
+            return posixpath.join(base, NOTES_DIR, args["relpath"])
         return posixpath.join(base, NOTES_DIR, *parts)
     if name == "kb_check":
         return str(args["path"])

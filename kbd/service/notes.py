@@ -139,8 +139,15 @@ def prepare(
                    reason=err.message[:300], **actor_fields(actor))  # fmt: skip
         raise
     att = next((a for a in plan.sources if a.alias == alias), None)
+    # The note's name from the KB root (docs/notes.md "Paths"), for every record of this write,
+    # refusals included; a RELPATH that names no note is refused after the access checks, as it was.
+    try:
+        found, warning = write_parts(relpath)
+        named, bad_name = "/".join((NOTES_DIR, *found)), None
+    except KbdError as err:
+        found, warning, named, bad_name = [], None, relpath, err
     draft = PreparedNote(
-        host, sid, plan.workflow_id, alias, relpath, "", Path("/"), None, (), b"", actor_fields(actor)
+        host, sid, plan.workflow_id, alias, named, "", Path("/"), None, (), b"", actor_fields(actor)
     )
     if att is None:
         raise draft.refuse(
@@ -153,8 +160,9 @@ def prepare(
         refusal = PermissionDenied(f"source {alias!r} {_unwritable(plan, att)}",
                                    hint="`kbd sources list WF` shows each attachment's write status")  # fmt: skip
         raise draft.refuse(refusal)
+    if bad_name is not None:
+        raise draft.refuse(bad_name)
     try:
-        found, warning = write_parts(relpath)
         text = rules.note_text(data)
     except KbdError as err:
         raise draft.refuse(err) from None
@@ -162,8 +170,6 @@ def prepare(
     final = rules.with_provenance(text, workflow_id=plan.workflow_id, session_id=sid).encode("utf-8")
     # As its audit records name it: a principal's ID, the local operator's user name.
     principal = str(actor_fields(actor)["actor"])
-    # From here on the note is named as everything names it: from the KB root (docs/notes.md "Paths").
-    named = "/".join((NOTES_DIR, *parts))
     return PreparedNote(host, sid, plan.workflow_id, alias, named, att.workflow_id, att.path, att.kb_identity,
                         parts, final, actor_fields(actor), text, expected, principal, how,
                         must_exist, must_not_exist, also_expected, warning)  # fmt: skip

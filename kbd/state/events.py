@@ -348,7 +348,8 @@ class EventLog:
         if self._syncer is not None and self._syncer.on_own_thread():
             # A finalizer the garbage collector runs on the fsync thread (see
             # kbd.service.events.LogSink), which may hold the mutex and cannot
-            # join itself: close from another thread instead.
+            # join itself: close from another thread instead (closed for writers from now on).
+            self._closed = True
             threading.Thread(target=self.close, name="kbd-events-close", daemon=True).start()
             return
         self._closed = True

@@ -52,6 +52,9 @@ def test_kbd_notes_write_names_the_note_from_the_kb_root(tmp_path: Path) -> None
     assert ctx.code == 77 and "context/, which only the source workflow writes" in ctx.err, ctx.err
     assert not (notes / "context").exists()
     assert kb.audit_events("note_refused")[-1]["path"] == "context/a.md"
+    # A refusal before the name is looked at (no such alias) still names the note from the KB root.
+    gone = kb.cli("notes", "write", sid, "nosuch", "y.md", "--as", "alice", input="# Y\n")
+    assert gone.code == 66 and kb.audit_events("note_refused")[-1]["path"] == "notes/y.md"
 
 
 def test_kb_write_note_takes_the_path_kb_read_gives(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from kbd.core.identifiers import one_line
 from kbd.errors import (
     InvalidInput,
     UsageError,
+    from_oserror,
 )
 
 if TYPE_CHECKING:
@@ -154,17 +155,35 @@ def principals_token(c: Ctx, name: str, output: Path | None, as_: str | None, as
         return
     if as_json:
         raise UsageError("pass one of --output and --json: --json would print the token too")
-    # Made before the token is issued: a file that cannot be made leaves the old token working.
+    # Made, with room for the token, before the token is issued: a file that cannot be made (or a
+    # full disk) leaves the old token working.
     fd = _new_private_file(output)
     try:
+        os.posix_fallocate(fd, 0, 256)
+        os.ftruncate(fd, 0)
+    except OSError as exc:
+        os.close(fd)
+        output.unlink(missing_ok=True)
+        raise InvalidInput(f"cannot write {output}: {exc.strerror}; the current token still works") from None
+    try:
         issued = c.result(ops.PrincipalToken(name), as_)
-        os.write(fd, issued.token.encode() + b"\n")
-        os.fsync(fd)
     except BaseException:
         os.close(fd)
         output.unlink(missing_ok=True)
         raise
-    os.close(fd)
+    try:
+        os.write(fd, issued.token.encode() + b"\n")
+        os.fsync(fd)
+    except OSError as exc:
+        # Issued: the old token no longer works, and this one is lost with its file.
+        output.unlink(missing_ok=True)
+        err = from_oserror(exc, what=f"write {output}")
+        err.message = (f"{one_line(name)}'s old token no longer works, and the new one could not be written to "
+                       f"{output} ({exc.strerror})")  # fmt: skip
+        err.hint = f"issue another: kbd principals token {name} --output FILE"
+        raise err from None
+    finally:
+        os.close(fd)
     click.echo(
         f"wrote {one_line(issued.principal)}'s new token to {output} (mode 0600); the old one no longer works"
     )
