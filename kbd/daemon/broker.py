@@ -371,7 +371,7 @@ class Broker:
             self.host.refresh()
             who = auth.authenticate(self.host.principals, authorization=token, peer_uid=creds.uid)
         if isinstance(who, auth.NotAuthenticated):
-            raise Unauthenticated(who.message)
+            raise Unauthenticated(who.message, hint=who.hint)
         if request.as_principal is not None and request.as_principal != who.id:
             raise PermissionDenied(
                 f"--as names {request.as_principal!r} but this connection authenticates as {who.id!r}",

@@ -536,7 +536,7 @@ class State:
         who = auth.authenticate(self.host.principals, authorization=authorization,
                                 peer_uid=peer_uid if isinstance(peer_uid, int) else None)  # fmt: skip
         if isinstance(who, auth.NotAuthenticated):
-            raise Unauthenticated(who.message)
+            raise Unauthenticated(who.message, hint=who.hint)
         return who
 
     async def policy_body(self, sid: str, actor: Principal) -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import pwd
 from dataclasses import dataclass
 
 from kbd.core.principals import Actor, LocalOperator, Principal, Principals, named_principal
@@ -24,6 +25,7 @@ class NotAuthenticated:
     answers it in its own way (the API: 401 ``unauthenticated``)."""
 
     message: str
+    hint: str | None = None  # what the caller can do about it (None: the error's default)
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,20 @@ def authenticate(
         mapped = by_uid(principals, peer_uid)
         if mapped is not None:
             return mapped
-    return NotAuthenticated("no credentials: this connection's uid is not mapped to a principal")
+    return NotAuthenticated("no credentials: this connection's uid is not mapped to a principal",
+                            hint=_unmapped_hint(peer_uid))  # fmt: skip
+
+
+def _unmapped_hint(uid: int | None) -> str | None:
+    """What a person whose uid maps to no principal asks the host's operator for (docs/multi-user.md "Principals")."""
+    if uid is None:
+        return None
+    try:
+        login = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        login = str(uid)
+    return (f"ask this host's operator to map you to a principal (`kbd principals add NAME --user {login}`), "
+            "or pass a principal's token (--token-file F, or KBD_TOKEN)")  # fmt: skip
 
 
 def named_or_mapped(principals: Principals, *, flag: str | None, env: str | None, uid: int) -> Principal:

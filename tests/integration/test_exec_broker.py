@@ -674,6 +674,9 @@ def test_an_unmapped_uid_is_refused_not_run_as_the_operator(user: User) -> None:
             r2 = _as_user(user, kbd, env)
         assert r2.returncode == 77, r2.stderr
         assert r2.stderr.decode().startswith("error[unauthenticated]: no credentials")
+        # The hint says what to ask the host's operator for, with this user's own login.
+        assert f"hint: ask this host's operator to map you to a principal (`kbd principals add NAME --user " \
+               f"{user.name}`)" in r2.stderr.decode(), r2.stderr  # fmt: skip
     finally:
         with contextlib.suppress(OSError):
             shutil.rmtree(base)
