@@ -450,7 +450,9 @@ def test_empty_note_is_refused(world: KbRoot, content: bytes) -> None:
     assert "empty" in assert_error(r, "invalid-input", 65)
     assert snapshot(notes_dir) == before
     (refused,) = records(world, "note_refused")
-    assert refused["code"] == "invalid-input" and refused["path"] == "empty.md"
+    assert (
+        refused["code"] == "invalid-input" and refused["path"] == "notes/empty.md"
+    )  # from the KB root (docs/notes.md "Paths")
     assert (refused["actor"], refused["actor_uid"]) == (f"local:{OPERATOR.user}", os.getuid())
 
 
