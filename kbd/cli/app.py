@@ -134,8 +134,9 @@ def as_option(f: F) -> F:
         "as_",
         metavar="PRINCIPAL",
         shell_complete=complete_principals,
-        help="Principal acting (default: $KBD_AS, else the principal mapped to your uid; session commands: "
-        "the trusted local operator). An empty value is a usage error.",
+        help="Act as PRINCIPAL, a name in principals.yaml (`kbd principals list`): you see and may change what "
+        "it may (default: $KBD_AS, else the principal mapped to your uid; session commands on the root: the "
+        "trusted local operator; through the daemon only the principal you connect as).",
     )(f)
 
 

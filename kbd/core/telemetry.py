@@ -17,6 +17,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from kbd import __version__
 from kbd.errors import UsageError
 
 # -- the access log -------------------------------------------------------------------------
@@ -200,6 +201,8 @@ def exposition(stats: RequestStats, gauges: HostGauges) -> str:
     """The text exposition (0.0.4) of ``stats`` and ``gauges``: every family
     with HELP and TYPE, series sorted (a stable text for the same numbers)."""
     lines = _gauge("kbd_up", "1 while the daemon serves.", 1)
+    lines += _family("kbd_build_info", "gauge", "Always 1; the labels say which kbd serves.")
+    lines.append(f"kbd_build_info{_labels({'version': __version__})} 1")
     lines += _gauge("kbd_start_time_seconds", "When the daemon started (Unix time).", gauges.start_time)
     lines += _family(
         "kbd_requests_total", "counter", "API requests answered, by route template, method and status."

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import kbd
 from kbd.core.telemetry import CONTENT_TYPE
 from tests.helpers import KbRoot
 from tests.integration.daemon import Daemon, clean_env, issue_tokens, map_uid, serving
@@ -265,6 +266,7 @@ def test_prometheus_numbers_after_known_requests(world: tuple[KbRoot, dict[str, 
     assert m["kbd_registry_workflows"] == [({}, 2)]
     assert m["kbd_watcher_up"] == [({}, 1)]
     assert m["kbd_up"] == [({}, 1)]
+    assert m["kbd_build_info"] == [({"version": kbd.__version__}, 1)]
     [(_, started)] = m["kbd_start_time_seconds"]
     assert before - 120 < started <= before
 

@@ -184,7 +184,8 @@ def test_exposition_parses_and_numbers_match() -> None:
     stats.observe(t.UNMATCHED, "BREW", 404, 0.001)
     text = t.exposition(stats, _gauges())
     types = strict_check(text)
-    assert types == {"kbd_up": "gauge", "kbd_start_time_seconds": "gauge", "kbd_requests_total": "counter",
+    assert types == {"kbd_up": "gauge", "kbd_build_info": "gauge", "kbd_start_time_seconds": "gauge",
+                     "kbd_requests_total": "counter",
                      "kbd_request_duration_seconds": "histogram", "kbd_sessions_open": "gauge",
                      "kbd_commands_running": "gauge", "kbd_registry_workflows": "gauge",
                      "kbd_watcher_up": "gauge"}  # fmt: skip
