@@ -332,20 +332,25 @@ class Relay:
         poller.register(self._wake, select.POLLIN)
         if self._hangup is not None:
             poller.register(self._hangup, _POLLRDHUP)
-        watch: dict[int, _Flow] = {}
+        # One socket can carry stdin and stdout (an ssh session's): both flows wait on its
+        # descriptor, one to read and one to write, so the events are combined per descriptor
+        # and each flow acts on its own (registering the descriptor twice would keep only one).
+        watch: dict[int, list[tuple[_Flow, int]]] = {}
         for flow in [*outs, *([inflow] if inflow is not None else [])]:
             if flow.pending:  # waiting to write: the destination
-                fd = flow.sock_fd() if isinstance(flow, _Out) else flow.pipe
-                poller.register(fd, select.POLLOUT)
+                fd, event = (flow.sock_fd() if isinstance(flow, _Out) else flow.pipe), select.POLLOUT
             elif isinstance(flow, _Out) and not final:
-                fd = flow.pipe
-                poller.register(fd, select.POLLIN)
+                fd, event = flow.pipe, select.POLLIN
             elif isinstance(flow, _In):
-                fd = flow.sock_fd()
-                poller.register(fd, select.POLLIN)
+                fd, event = flow.sock_fd(), select.POLLIN
             else:
                 continue
-            watch[fd] = flow
+            watch.setdefault(fd, []).append((flow, event))
+        for fd, waiting in watch.items():
+            mask = 0
+            for _, event in waiting:
+                mask |= event
+            poller.register(fd, mask)
         ready = dict(poller.poll())
         if any(ev & _BROKEN for ev in ready.values()):
             raise OSError("a relayed descriptor was closed under the relay")
@@ -354,16 +359,18 @@ class Relay:
         if self._wake in ready:
             with contextlib.suppress(BlockingIOError):
                 os.eventfd_read(self._wake)
-        for fd, flow in watch.items():
-            if fd not in ready or flow.closed:
-                continue
-            if flow.pending:
-                flow.flush()
-            elif isinstance(flow, _Out):
-                flow.fill(final=False)
-            else:
-                assert isinstance(flow, _In)
-                flow.fill()
+        for fd, waiting in watch.items():
+            for flow, event in waiting:
+                # Its own event, or the descriptor's error or hang-up (the action then sees why).
+                if not ready.get(fd, 0) & (event | select.POLLERR | select.POLLHUP) or flow.closed:
+                    continue
+                if flow.pending:
+                    flow.flush()
+                elif isinstance(flow, _Out):
+                    flow.fill(final=False)
+                else:
+                    assert isinstance(flow, _In)
+                    flow.fill()
         return True
 
 
