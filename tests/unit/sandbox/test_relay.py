@@ -10,12 +10,14 @@ import os
 import socket
 import subprocess
 import sys
+import termios
 import threading
 from collections.abc import Iterator
 
 import pytest
 
 from kbd.sandbox.relay import Relay, is_socket
+from tests.waiting import wait_for
 
 # The command reports what its fd 0-2 are, then copies stdin to stdout.
 SHOW_AND_CAT = (
@@ -108,6 +110,37 @@ def test_stdout_and_stderr_on_one_socket_share_one_pipe_and_keep_their_order() -
         theirs.close()
         assert done.wait(60)
         assert out.decode().split() == [str(i) for i in range(2000)]
+    finally:
+        os.close(null)
+        ours.close()
+        theirs.close()
+
+
+def _queued(sock: socket.socket) -> int:
+    """Bytes waiting in ``sock``'s receive queue."""
+    return int.from_bytes(fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4), "little")
+
+
+def test_output_flows_while_the_socket_that_is_also_stdin_stays_silent() -> None:
+    """An ssh session's socket is stdin and stdout at once: output that waits for the socket
+    to take it is written as soon as it can be, while no input arrives (the relay once waited
+    only for input on that descriptor, so output stalled until the caller typed)."""
+    ours, theirs = socket.socketpair()
+    null = os.open(os.devnull, os.O_WRONLY)
+    size = 4 << 20  # far more than the socket and the pipe hold
+    try:
+        relay = Relay((theirs.fileno(), theirs.fileno(), null))
+        proc = _start(relay, f"import os\nos.write(1, b'x' * {size})\n")
+        # The socket full before anyone reads: the relay now holds output it can only write later.
+        wait_for(lambda: _queued(ours) >= 150_000, 20, "the caller's socket filled by the relay")
+        got = 0
+        ours.settimeout(20)
+        while got < size:  # never writes: stdin stays silent while the command runs
+            chunk = ours.recv(1 << 16)
+            assert chunk, "the relay ended the output early"
+            got += len(chunk)
+        assert got == size and proc.wait(timeout=60) == 0
+        relay.finish()
     finally:
         os.close(null)
         ours.close()
