@@ -426,6 +426,8 @@ def test_an_id_of_another_epoch_resyncs_and_a_malformed_one_is_refused(world: Wo
 
 
 def test_a_slow_subscriber_whose_queue_overflows_gets_resync_then_continues(world: World) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
     wid = pair(world)[0]
     slow = world.sse("ops")
     assert slow.frame() == ": kbd events"
@@ -433,20 +435,32 @@ def test_a_slow_subscriber_whose_queue_overflows_gets_resync_then_continues(worl
     # Another process appends a burst (as CLI processes do): far more than the
     # queue (1024) plus the socket's buffers hold while `slow` does not read.
     n = 8000
-    with EventLog(world.kb.root / "state", sync_interval=0) as log:
-        events = log.append_many([("workflow.changed", wid, {})] * n)
-    last = events[-1].id
-    # `slow` has overflowed once the daemon has pushed more than its queue plus
-    # what the socket and the transport buffer hold (< 300 KB, at 100+ bytes an
-    # event: < 3,000 events); `fast`, skimmed without parsing, shows how far the
-    # daemon has pushed. `slow` is read from then on, not only after the whole
-    # burst: a subscriber whose writes make no progress for WRITE_STALL_TIMEOUT
-    # is closed, and on a loaded host the whole burst can take longer than that.
-    # (`fast` may overflow too: it waits for any id at or past that one.)
-    overflowed = parse_id(events[QUEUE_SIZE + 3500].id)
-    assert overflowed is not None
-    fast.skim_past(overflowed, timeout=60)
-    got = slow.until(lambda e: e["id"] == last, timeout=60)
+    with EventLog(world.kb.root / "state", sync_interval=0) as log, ThreadPoolExecutor(2) as pool:
+        before = parse_id(log.last_id)
+        assert before is not None
+        epoch, seq0 = before
+        # `slow` has overflowed once the daemon has pushed more than its queue plus
+        # what the socket and the transport buffer hold (< 300 KB, at 100+ bytes an
+        # event: < 3,000 events). `fast`, skimmed without parsing from before the
+        # burst, shows how far the daemon has pushed; `slow` is read from the moment
+        # it has overflowed, while the burst may still be written. A subscriber whose
+        # writes make no progress for WRITE_STALL_TIMEOUT is closed, so neither may
+        # wait for the whole burst: on a loaded host it takes longer than that.
+        # (`fast` may overflow too: it waits for any id at or past the target.)
+        overflowed = (epoch, seq0 + QUEUE_SIZE + 3500)
+        skimmed = pool.submit(fast.skim_past, overflowed, 120)
+        burst = pool.submit(log.append_many, [("workflow.changed", wid, {})] * n)
+        skimmed.result(timeout=150)
+        end = seq0 + n
+
+        def reached_end(e: dict[str, Any]) -> bool:
+            p = parse_id(e["id"])
+            return p is not None and p[0] == epoch and p[1] >= end
+
+        got = slow.until(reached_end, timeout=120)
+        events = burst.result(timeout=120)
+    assert parse_id(events[0].id) == (epoch, seq0 + 1), "the burst's ids follow the log's last one"
+    assert got[-1]["id"] == events[-1].id
     kinds = [e["type"] for e in got]
     assert "resync" in kinds, "the slow subscriber's queue never overflowed"
     resync = got[kinds.index("resync")]
