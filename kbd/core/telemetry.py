@@ -13,9 +13,11 @@ from __future__ import annotations
 import math
 import re
 import struct
+import threading
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kbd import __version__
 from kbd.errors import UsageError
@@ -197,9 +199,9 @@ def _gauge(name: str, help_text: str, value: float) -> list[str]:
     return [*_family(name, "gauge", help_text), f"{name} {number(value)}"]
 
 
-def exposition(stats: RequestStats, gauges: HostGauges) -> str:
-    """The text exposition (0.0.4) of ``stats`` and ``gauges``: every family
-    with HELP and TYPE, series sorted (a stable text for the same numbers)."""
+def exposition(stats: RequestStats, gauges: HostGauges, ops: OpsStats | None = None) -> str:
+    """The text exposition (0.0.4) of ``stats``, ``gauges`` and ``ops``: every
+    family with HELP and TYPE, series sorted (a stable text for the same numbers)."""
     lines = _gauge("kbd_up", "1 while the daemon serves.", 1)
     lines += _family("kbd_build_info", "gauge", "Always 1; the labels say which kbd serves.")
     lines.append(f"kbd_build_info{_labels({'version': __version__})} 1")
@@ -219,20 +221,150 @@ def exposition(stats: RequestStats, gauges: HostGauges) -> str:
     if gauges.watcher_up is not None:
         lines += _gauge("kbd_watcher_up", "1 while the file watcher is healthy, else 0 (verification by polling).",
                         1 if gauges.watcher_up else 0)  # fmt: skip
+    lines += _ops_lines(ops if ops is not None else OpsStats())
     return "\n".join(lines) + "\n"
 
 
+Labels = tuple[tuple[str, str], ...]  # a series' label pairs, in order
+
+
 def _histogram(name: str, help_text: str, stats: RequestStats) -> list[str]:
+    series: dict[Labels, tuple[Sequence[int], float]] = {
+        (("route", route), ("status", str(status))): (counts, stats.sums[(route, status)])
+        for (route, status), counts in stats.hist.items()
+    }
+    return _histogram_lines(name, help_text, stats.buckets, series)
+
+
+def _histogram_lines(
+    name: str,
+    help_text: str,
+    buckets: Sequence[float],
+    series: Mapping[Labels, tuple[Sequence[int], float]],
+) -> list[str]:
+    """One histogram family: per series (its label pairs), the cumulative
+    bucket counts, the sum and the count. ``series`` maps the labels to the
+    per-bucket counts (not cumulative; the last one is +Inf) and the sum."""
     lines = _family(name, "histogram", help_text)
-    bounds = [*(repr(float(b)) for b in stats.buckets), "+Inf"]
-    for (route, status), counts in sorted(stats.hist.items()):
-        base = {"route": route, "status": str(status)}
+    bounds = [*(repr(float(b)) for b in buckets), "+Inf"]
+    for pairs, (counts, total) in sorted(series.items()):
+        base = dict(pairs)
         cumulative = 0
         for le, n in zip(bounds, counts, strict=True):
             cumulative += n
             lines.append(f"{name}_bucket{_labels({**base, 'le': le})} {cumulative}")
-        lines.append(f"{name}_sum{_labels(base)} {number(stats.sums[(route, status)])}")
+        lines.append(f"{name}_sum{_labels(base)} {number(total)}")
         lines.append(f"{name}_count{_labels(base)} {cumulative}")
+    return lines
+
+
+def _counter(name: str, help_text: str, label: str, counts: Mapping[str, int]) -> list[str]:
+    lines = _family(name, "counter", help_text)
+    lines += [f"{name}{_labels({label: value})} {n}" for value, n in sorted(counts.items())]
+    return lines
+
+
+# -- what the daemon did: commands, refusals, notes ------------------------------------------
+
+# A brokered command runs from milliseconds (a `cat`) to hours (an agent's shell).
+EXEC_BUCKETS: tuple[float, ...] = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0,
+)  # fmt: skip
+#: How a brokered command ended (the ``exit_class`` label): ``ok`` (status 0),
+#: ``failed`` (any other status but a signal's), ``signalled`` (129 to 192: the
+#: shell's 128 + the signal's number for a death by signal), ``refused`` (kbd did
+#: not run it, or stopped it, with an error code), ``internal`` (an unexpected
+#: failure of kbd's).
+EXIT_CLASSES = ("ok", "failed", "signalled", "refused", "internal")
+MAX_SIGNAL = 64  # SIGRTMAX on Linux
+#: Refusal codes that mean the sandbox could not be set up (docs/errors.md).
+SANDBOX_SETUP_CODES = frozenset({"sandbox-setup", "containment-unavailable", "grant-group-missing"})
+#: The audit records (kbd.state.audit) that count, and for which label.
+GATE_CODE = "injection-refused"
+
+
+def exit_class(status: int) -> str:
+    """The ``exit_class`` of a command that ran and ended with ``status``."""
+    if status == 0:
+        return "ok"
+    return "signalled" if 128 < status <= 128 + MAX_SIGNAL else "failed"
+
+
+class OpsStats:
+    """What the daemon did since it started, for ``/v1/metrics``: brokered
+    commands by exit class (count and duration), refusals by error code (every
+    error answer of the API and the broker), sandbox set-up failures by code,
+    note writes by how they were made and injection-gate refusals (both from
+    the audit records the daemon appends). Labels are only ever error codes,
+    exit classes and the write path's own words: no client chooses a series.
+    Observed from worker and broker threads, hence the lock."""
+
+    def __init__(self, buckets: Sequence[float] = EXEC_BUCKETS) -> None:
+        self.buckets = tuple(buckets)
+        self._lock = threading.Lock()
+        self.execs: dict[str, list[int]] = {}  # exit class -> per-bucket counts (last: +Inf)
+        self.exec_seconds: dict[str, float] = {}
+        self.refusals: dict[str, int] = {}
+        self.sandbox_failures: dict[str, int] = {}
+        self.note_writes: dict[str, int] = {}
+        self.gate_refusals = 0
+
+    def exec_ended(self, klass: str, seconds: float) -> None:
+        with self._lock:
+            counts = self.execs.get(klass)
+            if counts is None:
+                counts = self.execs[klass] = [0] * (len(self.buckets) + 1)
+            counts[bisect_left(self.buckets, seconds)] += 1
+            self.exec_seconds[klass] = self.exec_seconds.get(klass, 0.0) + seconds
+
+    def refused(self, code: str) -> None:
+        with self._lock:
+            self.refusals[code] = self.refusals.get(code, 0) + 1
+            if code in SANDBOX_SETUP_CODES:
+                self.sandbox_failures[code] = self.sandbox_failures.get(code, 0) + 1
+
+    def audited(self, record: Mapping[str, Any]) -> None:
+        """Count an audit record this process appended (kbd.state.audit.observe)."""
+        event = record.get("event")
+        if event == "note_written":
+            how = record.get("how")
+            key = how if isinstance(how, str) and how.isidentifier() and len(how) <= 32 else "other"
+            with self._lock:
+                self.note_writes[key] = self.note_writes.get(key, 0) + 1
+        elif event == "note_refused" and record.get("code") == GATE_CODE:
+            with self._lock:
+                self.gate_refusals += 1
+
+    def snapshot(self) -> OpsStats:
+        with self._lock:
+            copy = OpsStats(self.buckets)
+            copy.execs = {k: list(v) for k, v in self.execs.items()}
+            copy.exec_seconds = dict(self.exec_seconds)
+            copy.refusals = dict(self.refusals)
+            copy.sandbox_failures = dict(self.sandbox_failures)
+            copy.note_writes = dict(self.note_writes)
+            copy.gate_refusals = self.gate_refusals
+        return copy
+
+
+def _ops_lines(ops: OpsStats) -> list[str]:
+    # Every exit class is shown, zero or not: a rate over a series that appears
+    # late misses its first increase.
+    execs = {klass: ops.execs.get(klass, [0] * (len(ops.buckets) + 1)) for klass in EXIT_CLASSES}
+    lines = _counter("kbd_exec_total", "Brokered commands that ended, by exit class.", "exit_class",
+                     {klass: sum(counts) for klass, counts in execs.items()})  # fmt: skip
+    lines += _histogram_lines(
+        "kbd_exec_duration_seconds", "How long brokered commands ran, by exit class.", ops.buckets,
+        {(("exit_class", k),): (counts, ops.exec_seconds.get(k, 0.0)) for k, counts in execs.items()},
+    )  # fmt: skip
+    lines += _counter("kbd_refusals_total", "Error answers of the API and the exec broker, by error code.",
+                      "code", ops.refusals)  # fmt: skip
+    lines += _counter("kbd_sandbox_setup_failures_total", "Sandboxes that could not be set up, by error code.",
+                      "code", ops.sandbox_failures)  # fmt: skip
+    lines += _counter("kbd_note_writes_total", "Notes written through the write path, by how (history's word).",
+                      "how", ops.note_writes)  # fmt: skip
+    lines += _family("kbd_gate_refusals_total", "counter", "Note writes the injection gate refused.")
+    lines.append(f"kbd_gate_refusals_total {ops.gate_refusals}")
     return lines
 
 

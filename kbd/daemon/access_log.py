@@ -59,12 +59,22 @@ def note_route(scope: Scope, template: str) -> None:
         record.route = template
 
 
+#: Routes the framework serves itself: its router matches them (an endpoint is
+#: in the scope) but names no route. They take no parameter, so the path is the
+#: template.
+FRAMEWORK_ROUTES = frozenset({"/openapi.json"})
+
+
 def route_of(scope: Scope, record: AccessRecord) -> str:
     if record.route is not None:
         return record.route
     route = scope.get("route")
     path = getattr(route, "path", None)
-    return path if isinstance(path, str) else UNMATCHED
+    if isinstance(path, str):
+        return path
+    if scope.get("endpoint") is not None and scope.get("path") in FRAMEWORK_ROUTES:
+        return str(scope["path"])
+    return UNMATCHED
 
 
 class AccessLog:

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 
 from kbd.core import wire
 from kbd.core.principals import Principal
+from kbd.core.telemetry import OpsStats, exit_class
 from kbd.daemon.canned import error_response
 from kbd.errors import (
     KbdError,
@@ -234,8 +235,10 @@ class Broker:
         per_uid: int = 64,
         total: int = 1024,
         launcher: Launcher | None = None,
+        counted: OpsStats | None = None,
     ) -> None:
         self.host = host
+        self.counted = counted if counted is not None else OpsStats()
         self.launcher = launcher  # None: every command takes the slower in-daemon start
         self.sessions = sessions
         self.lock = lock
@@ -320,6 +323,7 @@ class Broker:
 
     # -- one connection ------------------------------------------------------------------------
     def _refuse_now(self, sock: socket.socket, err: KbdError) -> None:
+        self.counted.refused(err.code)
         with contextlib.suppress(OSError):
             sock.setblocking(False)
             sock.send(refusal_bytes(err))
@@ -337,6 +341,7 @@ class Broker:
                 relay = _relay_for(stdio, hangup=sock.fileno())
                 caller = caller_of(creds, stdio if relay is None else relay.command_stdio, dict(request.env))
             except KbdError as err:
+                self.counted.refused(err.code)
                 with contextlib.suppress(OSError):
                     sock.sendall(refusal_bytes(err))
                 return
@@ -422,13 +427,19 @@ class Broker:
         conn.send(wire.SWITCHING)
         with self._guard:
             self._commands.append(cmd)
+        began = time.monotonic()
+        klass = "internal"
         try:
             cwd = os.fsdecode(request.cwd) if request.cwd is not None else None
             status = execute(
                 self.host, self.sessions, request.sid, argv, actor=principal, cwd=cwd, launch=launch
             )
-            answer = wire.exit_frame(status if 0 <= status <= 255 else 255)
+            status = status if 0 <= status <= 255 else 255
+            klass = exit_class(status)
+            answer = wire.exit_frame(status)
         except KbdError as err:
+            klass = "refused"
+            self.counted.refused(err.code)
             answer = error_frame(err)
         except Exception as exc:  # the boundary of this connection: never a traceback to the client
             log.exception("broker: command of session %s failed unexpectedly", request.sid)
@@ -437,6 +448,7 @@ class Broker:
             cmd.done.set()
             with self._guard:
                 self._commands.remove(cmd)
+            self.counted.exec_ended(klass, time.monotonic() - began)
         if relay is not None:
             # The tree is dead (execute killed it): its output reaches the
             # caller's sockets before its exit status does.

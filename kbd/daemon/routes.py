@@ -503,6 +503,7 @@ class State:
         self.feed = Feed(host, self.event_log, lock=self.lock)
         host.events = self.feed
         self.started = time.time()
+        self.counted = telemetry.OpsStats()  # commands, refusals, notes (docs/daemon.md "Metrics")
         self.requests: Counter[str] = Counter()
         # Per session: the last plan answered and its JSON (see policy_body).
         self.plan_json: dict[str, tuple[Plan, bytes]] = {}
@@ -621,6 +622,7 @@ class PolicyFastPath:
             note_principal(scope, actor.id)
             response = Response(await self.state.policy_body(sid, actor), media_type="application/json")
         except KbdError as err:
+            self.state.counted.refused(err.code)
             response = _error(err)
         await response(scope, receive, send)
 
@@ -633,8 +635,9 @@ class OneSegmentIds:
     contains ``/``, so such a name is one that does not exist (404, as on the
     root)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, *, counted: telemetry.OpsStats) -> None:
         self.app = app
+        self.counted = counted
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw = scope.get("raw_path") if scope.get("type") == "http" else None
@@ -644,6 +647,7 @@ class OneSegmentIds:
         names = [unquote(s) for s in raw.decode("latin-1").split("/") if "%2f" in s.lower()]
         err = NotFound(f"nothing is named {names[0]!r}: workflow IDs, aliases, session IDs and principal "
                        "names never contain '/'", hint="check the name")  # fmt: skip
+        self.counted.refused(err.code)
         await _error(err)(scope, receive, send)
 
 
@@ -988,6 +992,11 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         title="kbd",
         version="1",
         description="Knowledge-base attachment daemon API (docs/api.md).",
+        # FastAPI's /docs and /redoc pages load their code from a CDN; a host
+        # service serves no page whose scripts come from the network
+        # (docs/api.md "The schema").
+        docs_url=None,
+        redoc_url=None,
         responses={400: {"model": ErrorResponse, "description": "a request that cannot be decoded (docs/api.md \"Malformed requests\")"},
                    401: {"model": ErrorResponse, "description": "no or unknown credentials",
                          "headers": {"WWW-Authenticate": {"schema": {"type": "string", "const": "Bearer"}}}},
@@ -997,7 +1006,9 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     )  # fmt: skip
     app.record_schemas = {}
     app.state.kbd = state
-    app.add_middleware(OneSegmentIds)  # innermost: the policy fast path never routes a '/' in an ID
+    app.add_middleware(
+        OneSegmentIds, counted=state.counted
+    )  # innermost: the policy fast path never routes a '/' in an ID
     app.add_middleware(PolicyFastPath, state=state)  # inside BodyLimit (added after it: outermost)
     app.add_middleware(BodyLimit)
     app.add_middleware(HeadAsGet)
@@ -1005,13 +1016,17 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     stats = telemetry.RequestStats()
     app.add_middleware(AccessLog, stats=stats)
 
+    def refuse(err: KbdError) -> JSONResponse:
+        state.counted.refused(err.code)
+        return _error(err)
+
     @app.exception_handler(KbdError)
     async def _kbd_error(_: Request, err: KbdError) -> JSONResponse:
-        return _error(err)
+        return refuse(err)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(
+        return refuse(
             InvalidInput(validation_message(exc.errors()), hint="see /openapi.json for the request shape")
         )
 
@@ -1022,9 +1037,9 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         cls = HTTP_ERRORS.get(exc.status_code, InvalidInput if exc.status_code < 500 else KbdError)
         unreadable = body_problem(exc.__cause__) if exc.status_code == 400 else None
         if unreadable is not None:
-            response = _error(InvalidInput(unreadable, hint="see /openapi.json for the request shape"))
+            response = refuse(InvalidInput(unreadable, hint="see /openapi.json for the request shape"))
         else:
-            response = _error(cls(str(exc.detail), hint="see /openapi.json for the routes"))
+            response = refuse(cls(str(exc.detail), hint="see /openapi.json for the routes"))
         if exc.status_code == 405:
             response.headers["Allow"] = allowed_methods(app, request.scope)
         return response
@@ -1032,9 +1047,9 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
         if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
-            return _error(from_oserror(exc, what="complete the request"))
+            return refuse(from_oserror(exc, what="complete the request"))
         log.exception("internal error")
-        return _error(KbdError("internal error"))
+        return refuse(KbdError("internal error"))
 
     Bearer = Security(BEARER)
 
@@ -1098,7 +1113,8 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
             with state.locked():
                 gauges = host_gauges(state.sessions, watcher_up=None if live is None else bool(live.healthy),
                                      started=state.started)  # fmt: skip
-            return Response(telemetry.exposition(counted, gauges), media_type=telemetry.CONTENT_TYPE)
+            return Response(telemetry.exposition(counted, gauges, state.counted.snapshot()),
+                            media_type=telemetry.CONTENT_TYPE)  # fmt: skip
         with state.locked():
             return admin.metrics(state.sessions, actor=actor, requests=dict(state.requests)).to_json()
 

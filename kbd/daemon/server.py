@@ -69,6 +69,7 @@ from kbd.daemon.routes import create_app
 from kbd.sandbox import cgroup, spawn
 from kbd.service.live import LiveState
 from kbd.service.root import Root
+from kbd.state import audit
 from kbd.state.events import EventLog
 
 DrainHook = Callable[[float], Awaitable[None]]
@@ -219,7 +220,8 @@ def serve(host: Root, *, socket_path: Path | None = None, fd: int | None = None,
         # One root view for the API, the live state and the broker: the plan a
         # brokered command runs under is the one pushed revocation re-checks.
         # The broker sweeps a dead daemon's cgroups before the launcher starts.
-        broker = Broker(host, state.sessions, lock=state.lock)
+        broker = Broker(host, state.sessions, lock=state.lock, counted=state.counted)
+        audit.observe(state.counted.audited)  # note writes and gate refusals (docs/daemon.md "Metrics")
         keeper = LauncherKeeper(broker, host)
         keeper.start()
     except BaseException:

@@ -9,11 +9,13 @@ concurrent appenders (CLI processes and the daemon) never interleave lines.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +25,18 @@ if TYPE_CHECKING:
     from datetime import datetime
 
 AUDIT_NAME = "audit.log"
+
+# Called with each record this process appends, once it is on disk: the daemon
+# counts note writes and gate refusals for its metrics (docs/daemon.md "Metrics").
+_observers: list[Callable[[dict[str, Any]], None]] = []
+
+
+def observe(fn: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
+    """Call ``fn`` with every record appended from now on; returns the undo.
+    ``fn`` must be quick and must not raise (a raise is dropped: an observer
+    never fails the write it observes)."""
+    _observers.append(fn)
+    return lambda: _observers.remove(fn)
 
 
 def append(state_dir: Path, event: str, **fields: Any) -> None:
@@ -43,6 +57,9 @@ def append(state_dir: Path, event: str, **fields: Any) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    for fn in tuple(_observers):
+        with contextlib.suppress(Exception):  # see observe(): the record is written
+            fn(record)
 
 
 def parse_line(line: bytes) -> dict[str, Any] | None:

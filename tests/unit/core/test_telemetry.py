@@ -188,7 +188,7 @@ def test_exposition_parses_and_numbers_match() -> None:
                      "kbd_requests_total": "counter",
                      "kbd_request_duration_seconds": "histogram", "kbd_sessions_open": "gauge",
                      "kbd_commands_running": "gauge", "kbd_registry_workflows": "gauge",
-                     "kbd_watcher_up": "gauge"}  # fmt: skip
+                     "kbd_watcher_up": "gauge", **OPS_FAMILIES}  # fmt: skip
     families = {f.name: f for f in text_string_to_metric_families(text)}
     # The reference parser drops a counter's _total suffix from the family name.
     requests = {(s.labels["route"], s.labels["method"], s.labels["status"]): s.value
@@ -210,6 +210,59 @@ def test_exposition_parses_and_numbers_match() -> None:
                "kbd_start_time_seconds")}  # fmt: skip
     assert gauges == {"kbd_up": 1, "kbd_sessions_open": 2, "kbd_commands_running": 1, "kbd_registry_workflows": 7,
                       "kbd_watcher_up": 1, "kbd_start_time_seconds": 1700000000.5}  # fmt: skip
+
+
+OPS_FAMILIES = {"kbd_exec_total": "counter", "kbd_exec_duration_seconds": "histogram",
+                "kbd_refusals_total": "counter", "kbd_sandbox_setup_failures_total": "counter",
+                "kbd_note_writes_total": "counter", "kbd_gate_refusals_total": "counter"}  # fmt: skip
+
+
+def test_ops_stats_count_commands_refusals_and_audited_notes() -> None:
+    ops = t.OpsStats()
+    for klass, seconds in (
+        ("ok", 0.02),
+        ("ok", 0.02),
+        ("failed", 3.0),
+        ("signalled", 4000.0),
+        ("refused", 0.005),
+    ):
+        ops.exec_ended(klass, seconds)
+    for code in ("not-found", "not-found", "sandbox-setup", "grant-group-missing"):
+        ops.refused(code)
+    for record in ({"event": "note_written", "how": "write"}, {"event": "note_written", "how": "command"},
+                   {"event": "note_written", "how": "write"}, {"event": "note_written", "how": "a b\n"},
+                   {"event": "note_refused", "code": "injection-refused"},
+                   {"event": "note_refused", "code": "quota-exceeded"}, {"event": "session_opened"}):  # fmt: skip
+        ops.audited(record)
+    before = ops.snapshot()
+    ops.refused("busy")  # after the snapshot: not in it
+    text = t.exposition(t.RequestStats(), _gauges(), before)
+    assert strict_check(text).items() >= OPS_FAMILIES.items()
+    fam = {f.name: f for f in text_string_to_metric_families(text)}
+    assert {s.labels["exit_class"]: s.value for s in fam["kbd_exec"].samples} == {
+        "ok": 2, "failed": 1, "signalled": 1, "refused": 1, "internal": 0}  # fmt: skip
+    durations = {(s.name, s.labels["exit_class"], s.labels.get("le")): s.value
+                 for s in fam["kbd_exec_duration_seconds"].samples}  # fmt: skip
+    assert durations[("kbd_exec_duration_seconds_bucket", "ok", "0.025")] == 2
+    assert durations[("kbd_exec_duration_seconds_bucket", "signalled", "3600.0")] == 0
+    assert durations[("kbd_exec_duration_seconds_bucket", "signalled", "+Inf")] == 1
+    assert durations[("kbd_exec_duration_seconds_count", "internal", None)] == 0
+    assert {s.labels["code"]: s.value for s in fam["kbd_refusals"].samples} == {
+        "not-found": 2, "sandbox-setup": 1, "grant-group-missing": 1}  # fmt: skip
+    assert {s.labels["code"]: s.value for s in fam["kbd_sandbox_setup_failures"].samples} == {
+        "sandbox-setup": 1, "grant-group-missing": 1}  # fmt: skip
+    # A `how` that is not a plain word (the write path's own) is never a label of its own.
+    assert {s.labels["how"]: s.value for s in fam["kbd_note_writes"].samples} == {
+        "write": 2, "command": 1, "other": 1}  # fmt: skip
+    assert fam["kbd_gate_refusals"].samples[0].value == 1
+    assert ops.refusals["busy"] == 1 and "busy" not in before.refusals
+
+
+@pytest.mark.parametrize(("status", "klass"), [(0, "ok"), (1, "failed"), (127, "failed"), (128, "failed"),
+                                               (129, "signalled"), (137, "signalled"), (192, "signalled"),
+                                               (193, "failed"), (255, "failed")])  # fmt: skip
+def test_exit_class(status: int, klass: str) -> None:
+    assert t.exit_class(status) == klass
 
 
 def test_exposition_without_requests_or_watcher() -> None:
