@@ -10,7 +10,7 @@
 #   2. pip into a venv laid out like /opt/kbd (the service's ExecStart);
 #   3. pipx install and 4. uv tool install of the checkout, both offline
 #      (--no-index, the wheelhouse only);
-#   5. the units installed by scripts/install-units.sh for the prefix's kbd,
+#   5. the units installed by the prefix's kbd (`kbd units install`),
 #      then `systemd-analyze verify` (clean) and `systemd-analyze security`;
 #   6. `kbd init` of a temporary root and `kbd doctor` there, with each kbd;
 #   7. the service install of docs/multi-user.md "Deploying on a host": `kbd init --system` (with throwaway group
@@ -36,7 +36,7 @@ step "1. build (wheel and wheelhouse)"
 # file the package needs but the copy lacks fails here, as it would for a user.
 mkdir "$work/src"
 cp -r "$repo/pyproject.toml" "$repo/README.md" "$repo/LICENSE" "$repo/kbd" "$repo/policies" \
-  "$repo/sandbox-profiles" "$work/src/"
+  "$repo/sandbox-profiles" "$repo/systemd" "$repo/docs" "$work/src/"
 find "$work/src" -name __pycache__ -prune -exec rm -rf {} +
 "$python" -m venv "$work/tools"
 "$work/tools/bin/pip" install -q pipx uv 2>&1 | { grep -v "^WARNING: Location" || true; }
@@ -61,8 +61,8 @@ UV_TOOL_DIR="$work/uv-tools" UV_TOOL_BIN_DIR="$work/uv-bin" UV_CACHE_DIR="$work/
   --find-links "$work/wheelhouse" --python "$python" "$work/src" >"$work/uv.log" 2>&1 \
   || fail "uv tool install: $(tail -n 30 "$work/uv.log")"
 
-step "5. systemd units (installed by scripts/install-units.sh for the prefix's kbd)"
-"$repo/scripts/install-units.sh" "$work/opt/kbd/bin/kbd" "$work/dest" >/dev/null || fail "install-units.sh"
+step "5. systemd units (installed by the prefix's kbd: kbd units install, from the package's data)"
+"$work/opt/kbd/bin/kbd" units install --dest "$work/dest" >/dev/null || fail "kbd units install"
 units="$work/dest/etc/systemd/system"
 grep -q "^ExecStart=$work/opt/kbd/bin/kbd serve\$" "$units/kbd.service" || fail "ExecStart not written"
 verify=$(cd "$units" && systemd-analyze verify kbd.socket kbd.service 2>&1) || fail "verify: $verify"

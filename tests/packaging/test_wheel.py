@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import email.parser
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.timeout(600)
 
 REPO = Path(__file__).resolve().parents[2]
 # What a build needs (scripts/install-check.sh copies the same).
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "kbd", "policies", "sandbox-profiles")
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "kbd", "policies", "sandbox-profiles", "systemd", "docs")
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,13 @@ def test_wheel_holds_the_package_and_its_data_and_nothing_else(built: Built) -> 
     assets = {f"kbd/ui/assets/{p.name}" for p in (REPO / "kbd" / "ui" / "assets").iterdir()}
     assert {"kbd/ui/assets/index.html", "kbd/ui/assets/app.js", "kbd/ui/assets/app.css"} <= assets
     data |= assets
+    # What deployment needs: the systemd files (`kbd units`) and the docs their Documentation= names.
+    data |= {
+        f"kbd/units/{n}" for n in ("kbd.socket", "kbd.service", "kbd.sysusers", "kbd.tmpfiles", "README.md")
+    }
+    data |= {f"kbd/docs/{p.name}" for p in (REPO / "docs").glob("*.md")}
     assert data and data <= names, sorted(data - names)
+    assert not [n for n in names if n.startswith("kbd/docs/") and not n.endswith(".md")], "docs: text only"
     assert {"kbd/py.typed", "kbd/sandbox/landlock_helper.py", "kbd/__main__.py"} <= names
     info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
     assert f"{info}/licenses/LICENSE" in names
@@ -106,6 +113,22 @@ def test_wheel_holds_the_package_and_its_data_and_nothing_else(built: Built) -> 
         entry = whl.read(f"{info}/entry_points.txt").decode()
     assert meta["License-Expression"] == "Apache-2.0"
     assert "kbd = kbd.cli.entry:main" in entry
+
+
+def test_the_installed_kbd_installs_its_units_naming_itself_and_its_docs(
+    built: Built, tmp_path: Path
+) -> None:
+    r = installed(built, tmp_path, "units", "install", "--dest", str(tmp_path / "dest"))
+    assert r.returncode == 0, r.stderr
+    service = (tmp_path / "dest" / "etc" / "systemd" / "system" / "kbd.service").read_text()
+    assert f"\nExecStart={built.kbd} serve\n" in service
+    (docs,) = re.findall(r"^Documentation=(.*)$", service, re.M)
+    for uri in docs.split():
+        assert uri.startswith("file://") and Path(uri[len("file://") :]).is_file(), uri
+        assert Path(uri[len("file://") :]).is_relative_to(built.venv), (
+            "the installed docs, not the checkout's"
+        )
+    assert "{{" not in service
 
 
 def installed(built: Built, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

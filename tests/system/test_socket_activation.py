@@ -29,6 +29,7 @@ from tests.helpers import KbRoot
 from tests.integration import daemon
 from tests.system.units import (
     KBD_BIN,
+    KBD_DOCS,
     RUNTIME,
     STATE_ROOT,
     directives,
@@ -134,7 +135,12 @@ def activate(base: Path, root: Path) -> Activated:
     before the daemon runs (it starts on the first connection)."""
     tool = shutil.which("systemd-socket-activate")
     assert tool is not None, "systemd-socket-activate is missing: apt-get install -y systemd"
-    paths = {KBD_BIN: f"{sys.prefix}/bin/kbd", STATE_ROOT: str(root), RUNTIME: str(base / "run" / "kbd")}
+    paths = {
+        KBD_BIN: f"{sys.prefix}/bin/kbd",
+        KBD_DOCS: "/usr/share/doc/kbd",
+        STATE_ROOT: str(root),
+        RUNTIME: str(base / "run" / "kbd"),
+    }
     socket_unit, service = directives("kbd.socket"), directives("kbd.service")
     (listen,) = socket_unit["ListenStream"]
     sock = Path(rewrite(listen, paths))

@@ -1,5 +1,5 @@
 """The shipped units as systemd judges them (docs/multi-user.md "Service notes"): `systemd-analyze
-verify` clean once installed (scripts/install-units.sh writes the executable in)
+verify` clean once installed (`kbd units install` writes the executable in)
 and `systemd-analyze security --offline=yes` at most 4.5, with the hardening that
 would break bubblewrap kept out; and the sysusers.d and tmpfiles.d files beside
 them, applied by systemd's own tools, make exactly the groups and folders the
@@ -12,6 +12,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from kbd.fs.systemlayout import LAYOUT
 from kbd.service.admin import SystemLayout
 from tests.system.units import (
     KBD_BIN,
+    KBD_DOCS,
     RUNTIME,
     STATE_ROOT,
     SYSTEMD,
@@ -37,7 +39,7 @@ MAX_EXPOSURE = 4.5
 
 
 def installed_copy(tmp_path: Path) -> Path:
-    """The units as scripts/install-units.sh installs them, for a real binary
+    """The units as `kbd units install` installs them, for a real binary
     (verify checks that ExecStart exists)."""
     done = install_units("/bin/true", tmp_path / "dest")
     assert done.returncode == 0, done.stderr
@@ -55,7 +57,7 @@ def test_units_verify_clean(tmp_path: Path) -> None:
 
 def test_the_shipped_service_names_no_install_path_and_cannot_start_unfilled(tmp_path: Path) -> None:
     """The executable is a placeholder (no /opt/kbd baked in); a unit copied
-    without install-units.sh fails verify naming it, rather than running
+    without `kbd units install` fails verify naming it, rather than running
     something else."""
     assert exec_start(directives("kbd.service")) == [KBD_BIN, "serve"]
     for name in UNITS:
@@ -70,10 +72,10 @@ def test_the_shipped_service_names_no_install_path_and_cannot_start_unfilled(tmp
     "kbd_bin", ["bin/kbd", "/opt/my kbd/bin/kbd", "/opt/kbd/bin/kbd%n", "/nonexistent/kbd"]
 )
 def test_install_units_refuses_what_systemd_would_misread(tmp_path: Path, kbd_bin: str) -> None:
-    """A relative path, a space (a word break), a specifier or a missing file: exit
-    2, nothing written."""
+    """A relative path to nothing, a space (a word break), a specifier or a missing
+    file: exit 2, nothing written."""
     done = install_units(kbd_bin, tmp_path / "dest")
-    assert done.returncode == 2 and done.stderr.startswith("install-units: "), done.stderr
+    assert done.returncode == 2 and done.stderr.startswith("error[usage]: "), done.stderr
     assert not (tmp_path / "dest").exists()
 
 
@@ -87,7 +89,7 @@ def _group_file(root: Path) -> dict[str, int]:
 
 def test_sysusers_and_tmpfiles_make_what_the_units_and_init_system_expect(tmp_path: Path) -> None:
     """systemd-sysusers and systemd-tmpfiles, on an empty root, with the files
-    install-units.sh installs: the groups `kbd init --system` expects by default
+    `kbd units install` installs: the groups `kbd init --system` expects by default
     (the socket's SocketGroup among them) and no user (the service runs as
     root); /var/lib/kbd as init --system's layout leaves it, /run/kbd as
     kbd.socket's DirectoryMode makes it."""
@@ -144,7 +146,7 @@ def test_the_security_check_can_fail(tmp_path: Path) -> None:
     bare.mkdir()
     for name in UNITS:
         text = "\n".join(kept) + "\n" if name == "kbd.service" else (SYSTEMD / name).read_text()
-        (bare / name).write_text(rewrite(text, {KBD_BIN: "/bin/true"}))
+        (bare / name).write_text(rewrite(text, {KBD_BIN: "/bin/true", KBD_DOCS: "/usr/share/doc/kbd"}))
     proc = subprocess.run([systemd_analyze(), "security", "--offline=yes", str(bare / "kbd.service")],
                           cwd=bare, capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     found = re.search(r"Overall exposure level for kbd\.service: (\d+\.\d+)", proc.stdout)
@@ -187,3 +189,51 @@ def test_empty_state_directory_is_refused_without_a_restart_loop() -> None:
     assert exec_start(svc)[-1] == "serve"
     assert "65" in svc["RestartPreventExitStatus"][0].split()
     assert svc["StateDirectory"] == ["kbd"] and svc["Environment"] == ["KBD_ROOT=/var/lib/kbd"]
+
+
+def test_units_install_keeps_an_edited_file_and_writes_nothing_unless_forced(tmp_path: Path) -> None:
+    """Nothing lost: a file the operator changed stays byte-identical, and no
+    other file is written either, until --force; a reinstall of the same bytes
+    is no change."""
+    dest = tmp_path / "dest"
+    assert install_units("/bin/true", dest).returncode == 0
+    tmpfiles = dest / "etc" / "tmpfiles.d" / "kbd.conf"
+    edited = tmpfiles.read_bytes() + b"d /srv/extra 0750 root root -\n"
+    tmpfiles.write_bytes(edited)
+    (installed_units(dest) / "kbd.socket").unlink()
+    done = install_units("/bin/true", dest)
+    assert done.returncode == 65 and done.stderr.startswith("error[invalid-input]: 1 file(s) exist"), (
+        done.stderr
+    )
+    assert str(tmpfiles) in done.stderr and "systemctl edit" in done.stderr
+    assert tmpfiles.read_bytes() == edited and not (installed_units(dest) / "kbd.socket").exists()
+    assert install_units("/bin/true", dest).returncode == 65  # still
+    forced = subprocess.run([sys.executable, "-m", "kbd", "units", "install", "--kbd-bin", "/bin/true", "--dest",
+                             str(dest), "--force"], capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert forced.returncode == 0, forced.stderr
+    assert tmpfiles.read_bytes() == (SYSTEMD / "kbd.tmpfiles").read_bytes()
+    for path in dest.rglob("*"):
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == (0o755 if path.is_dir() else 0o644), (path, oct(mode))
+
+
+def test_units_show_prints_what_install_writes(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    assert install_units("/bin/true", dest).returncode == 0
+    shown = subprocess.run([sys.executable, "-m", "kbd", "units", "show", "kbd.service", "--kbd-bin", "/bin/true"],
+                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == (installed_units(dest) / "kbd.service").read_text()
+    assert KBD_BIN not in shown.stdout and KBD_DOCS not in shown.stdout
+    docs = re.search(r"^Documentation=(.*)$", shown.stdout, re.M)
+    assert docs is not None
+    for uri in docs.group(1).split():
+        assert Path(uri.removeprefix("file://")).is_file(), uri
+    every = subprocess.run([sys.executable, "-m", "kbd", "units", "show", "--kbd-bin", "/bin/true"],
+                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert [ln for ln in every.stdout.splitlines() if ln.startswith("# /etc/")] == [
+        "# /etc/systemd/system/kbd.socket", "# /etc/systemd/system/kbd.service", "# /etc/sysusers.d/kbd.conf",
+        "# /etc/tmpfiles.d/kbd.conf"]  # fmt: skip
+    bad = subprocess.run([sys.executable, "-m", "kbd", "units", "show", "kbd.timer"], capture_output=True,
+                         text=True, timeout=60, check=False)  # fmt: skip
+    assert bad.returncode == 2 and "kbd.timer" in bad.stderr and "kbd.service" in bad.stderr, bad.stderr

@@ -1,6 +1,6 @@
 """The shipped systemd units, read as systemd reads them (for the tests here and
 scripts/install-check.sh's twin checks): ``[Section]`` → directive → values; and
-installed as a host installs them (scripts/install-units.sh)."""
+installed as a host installs them (`kbd units install`)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,16 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEMD = REPO / "systemd"
-INSTALL_UNITS = REPO / "scripts" / "install-units.sh"
 UNITS = ("kbd.socket", "kbd.service")
-# The placeholder of kbd.service's ExecStart that install-units.sh fills in.
+# The placeholders of kbd.service that `kbd units install` fills in: the
+# executable (ExecStart) and the installed docs folder (Documentation=).
 KBD_BIN = "{{KBD_BIN}}"
+KBD_DOCS = "{{KBD_DOCS}}"
 # Where the units put things on a real host; tests map each to a temporary folder.
 STATE_ROOT = "/var/lib/kbd"
 RUNTIME = "/run/kbd"
@@ -57,9 +59,10 @@ def rewrite(text: str, paths: dict[str, str]) -> str:
 
 
 def install_units(kbd_bin: str, dest: Path) -> subprocess.CompletedProcess[str]:
-    """scripts/install-units.sh KBD_BIN DEST: the units, sysusers.d and tmpfiles.d under DEST/etc."""
-    return subprocess.run([str(INSTALL_UNITS), kbd_bin, str(dest)], capture_output=True, text=True,
-                          timeout=60, check=False)  # fmt: skip
+    """`kbd units install --kbd-bin KBD_BIN --dest DEST`: the units, sysusers.d
+    and tmpfiles.d under DEST/etc."""
+    argv = [sys.executable, "-m", "kbd", "units", "install", "--kbd-bin", kbd_bin, "--dest", str(dest)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
 
 
 def installed_units(dest: Path) -> Path:

@@ -6,7 +6,18 @@ takes the global options after its name."""
 from __future__ import annotations
 
 from kbd.cli.app import accept_global_options, main, run
-from kbd.cli.commands import browse, frontends, host, notes, principals, sessions, sources, workflows, writers
+from kbd.cli.commands import (
+    browse,
+    frontends,
+    host,
+    notes,
+    principals,
+    sessions,
+    sources,
+    units,
+    workflows,
+    writers,
+)
 
 accept_global_options(main)
 
@@ -20,6 +31,7 @@ __all__ = [
     "run",
     "sessions",
     "sources",
+    "units",
     "workflows",
     "writers",
 ]
