@@ -216,7 +216,7 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
 
 def test_service_unit_keeps_bubblewrap_working() -> None:
     svc = unit("kbd.service")
-    # The executable is filled in at install (scripts/install-units.sh), never a fixed path.
+    # The executable is filled in at install (`kbd units install`), never a fixed path.
     assert svc["ExecStart"] == ["{{KBD_BIN}} serve"]
     assert "RestrictNamespaces" not in svc, "bubblewrap needs namespaces"
     assert "PrivateUsers" not in svc

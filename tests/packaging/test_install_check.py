@@ -1,6 +1,6 @@
 """scripts/install-check.sh (docs/multi-user.md "Service notes"): pip into an /opt/kbd-like
 prefix, pipx and uv offline from a wheelhouse, the units installed for that
-prefix by scripts/install-units.sh and verified, and `kbd init` + `kbd doctor` with each
+prefix by its own `kbd units install` and verified, and `kbd init` + `kbd doctor` with each
 installed kbd. Needs the package index once (the wheelhouse) and systemd-analyze."""
 
 from __future__ import annotations
