@@ -288,6 +288,19 @@ def system_opts(fds: Fds | None = None, grants: Sequence[str] = ()) -> Iterator[
             yield RoBind(f, f)
 
 
+def host_submounts(folders: Sequence[str]) -> list[str]:
+    """The host's mount points beneath the system ``folders`` bound into every
+    sandbox (bubblewrap binds them recursively): expected mount points, not
+    redirects. Read each time: mounts come and go. Fails closed: an unreadable
+    table expects nothing more, and the inner helper then refuses a sandbox
+    that has any."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
+            return spec.submounts(fh.read(), folders)
+    except OSError:
+        return []
+
+
 def sealed_memfd(name: str, data: bytes) -> int:
     """A memfd holding ``data``, sealed against any write, growth, shrinking
     and further sealing: immutable for as long as it exists."""
@@ -471,6 +484,7 @@ def build_argv(
     system += list(system_opts(fds, grants=[m.dest for m in grants]))
     opts += system
     dests += [o.dest for o in system if isinstance(o, MountOpt)]
+    dests += host_submounts([o.dest for o in system if isinstance(o, RoBind) and o.src == o.dest])
     opts += [RoBind("/dev/null", p) for p in masked]
     dests += masked
     # bwrap's /dev is an unbounded tmpfs (--size cannot apply to --dev): make it

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kbd.core.layout import BROKER_NAME, SESSION_NAME
+from kbd.sandbox.spec import unescape_mountinfo
 
 if TYPE_CHECKING:
     from kbd.core.config import LimitsConfig
@@ -54,11 +55,6 @@ CPU_PERIOD = 100_000
 
 
 # -- pure ------------------------------------------------------------------------
-def _unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as ``\\ooo``."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
 def parse_mounts(mountinfo: str) -> tuple[str | None, dict[str, str]]:
     """(cgroup2 mount point, {wanted controller: its cgroup v1 mount point}) from
     mountinfo text; only writable mounts of a hierarchy's root count (a bind of a
@@ -72,11 +68,11 @@ def parse_mounts(mountinfo: str) -> tuple[str | None, dict[str, str]]:
         if not sep or len(f) < 6 or len(p) < 3 or f[3] != "/" or "rw" not in f[5].split(","):
             continue
         if p[0] == "cgroup2" and v2 is None:
-            v2 = _unescape(f[4])
+            v2 = unescape_mountinfo(f[4])
         elif p[0] == "cgroup":
             for controller in p[2].split(","):
                 if controller in WANTED:
-                    v1.setdefault(controller, _unescape(f[4]))
+                    v1.setdefault(controller, unescape_mountinfo(f[4]))
     return v2, v1
 
 

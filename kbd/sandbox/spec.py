@@ -12,7 +12,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -49,6 +50,28 @@ class Mount:
     dest: str
     op: str  # bind | ro-bind | hidden
     origin: str
+
+
+def unescape_mountinfo(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as ``\\ooo``."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def submounts(mountinfo: str, folders: Sequence[str]) -> list[str]:
+    """The host's mount points strictly beneath ``folders``, from mountinfo
+    text. bubblewrap binds a folder with its submounts (a separate /usr/local,
+    a certificate bind under /etc/ssl), so they are mount points in the sandbox
+    too: the ones the inner helper expects besides kbd's own
+    (docs/sandbox.md "Mount points")."""
+    out = []
+    for line in mountinfo.splitlines():
+        fields = line.split(" ", 5)
+        if len(fields) < 5:
+            continue
+        point = unescape_mountinfo(fields[4])
+        if any(point.startswith(f.rstrip("/") + "/") for f in folders):
+            out.append(point)
+    return out
 
 
 def mounts(plan: Plan) -> list[Mount]:

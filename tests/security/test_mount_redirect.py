@@ -8,6 +8,7 @@ verifies the mount table before running anything."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -131,4 +132,31 @@ def test_everything_executable_is_mounted_after_the_grants(kb: KbRoot) -> None:
     index = str(plan.workflow_folder.parent / "src" / "knowledgebase" / "notes" / "_index.json")
     assert (
         index in spec["mounts"] and "/usr" in spec["mounts"] and spec["mount_prefixes"] == ["/dev/", "/proc/"]
+    )
+
+
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_landlock(abi=2)
+def test_a_host_mount_beneath_a_system_folder_is_expected_and_read_only(kb: KbRoot) -> None:
+    """A host whose /usr/local (or a certificate folder under /etc/ssl) is a mount
+    of its own: bubblewrap binds it with /usr, so the inner helper expects it
+    (it refused every command of a write plan on such a host), and it is as
+    read-only in the sandbox as the rest of /usr. A redirect elsewhere is still
+    refused: the test above and test_the_helper_refuses_an_unexpected_mount_table."""
+    kb.workflow("src", access={"owners": ["bob"], "readers": ["alice"], "allowed_kb_writers": ["con"]})
+    kb.workflow("con", access={"owners": ["alice"]},
+                sources=[{"workflow_id": "src", "alias": "src", "access": "write"}])  # fmt: skip
+    sid = kb.open_session("con", kind="execution", kb_access="read-write", actor="alice")
+    games = "/usr/local/games"
+    script = (
+        f"mkdir -p {games} && mount -t tmpfs -o size=1m kbd-test {games} && echo host-mounted > {games}/x && "
+        f"exec {shlex.join(kb.cli_argv('exec', sid, '--', 'sh', '-c', f'cat {games}/x; echo y > {games}/x'))}"
+    )
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                       capture_output=True, env=kb.cli_env("exec"), timeout=60, check=False)  # fmt: skip
+    out, err = r.stdout.decode(), r.stderr.decode()
+    assert "unexpected mount point" not in err, err
+    assert out == "host-mounted\n" and "Read-only file system" in err and r.returncode == 2, (
+        r.returncode,
+        err,
     )

@@ -11,7 +11,7 @@ from kbd.core.folders import FolderStatus
 from kbd.core.plan import build_plan
 from kbd.core.resolve import Attachment, WriteStatus
 from kbd.fs.datafiles import consumer_kind
-from kbd.sandbox.spec import Mount, inner_landlock, mounts
+from kbd.sandbox.spec import Mount, inner_landlock, mounts, submounts
 
 R = Path("/tmp/r/workflows")
 
@@ -154,3 +154,24 @@ def test_a_file_copy_carries_its_permissions_and_refuses_bad_values() -> None:
     for bad in ({"fd": -1}, {"dest": "etc/passwd"}, {"perms": 0o4755}, {"perms": True}):
         with pytest.raises(ValueError):
             File(**{"fd": 7, "dest": "/etc/passwd", "perms": 0o644, **bad})  # type: ignore[arg-type]
+
+
+MOUNTINFO = """\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw
+30 22 0:26 / /usr/local rw shared:9 - tmpfs t rw
+31 30 0:27 / /usr/local/my\\040games rw shared:10 - tmpfs t rw
+32 22 0:28 / /usrx rw shared:11 - tmpfs t rw
+33 22 0:29 / /usr rw shared:12 - tmpfs t rw
+34 22 0:30 / /etc/ssl/certs ro shared:13 - tmpfs t ro
+35 22 0:31 / /etc/ssl-other rw shared:14 - tmpfs t rw
+"""
+
+
+def test_submounts_are_strictly_beneath_and_unescaped() -> None:
+    # /usr itself is kbd's own bind (expected already); /usrx and /etc/ssl-other are not beneath.
+    assert submounts(MOUNTINFO, ["/usr", "/etc/ssl/"]) == [
+        "/usr/local",
+        "/usr/local/my games",
+        "/etc/ssl/certs",
+    ]
+    assert submounts(MOUNTINFO, []) == [] and submounts("garbage\n\n", ["/usr"]) == []
