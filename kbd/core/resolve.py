@@ -71,6 +71,10 @@ class Attachment(Record):
     write: WriteStatus | None
     path: Path | None  # canonical KB folder; None whenever not available
     kb_identity: tuple[int, int] | None = None  # (st_dev, st_ino) seen at resolution
+    # Whether the source has owners who could grant write access (False: a legacy
+    # source, whose notes/ no grant can open); None whenever not available. Lets an
+    # interface offer "allow writing" only where it can succeed.
+    write_grantable: bool | None = None
 
     @property
     def env(self) -> str:
@@ -92,6 +96,7 @@ class Attachment(Record):
             "write": None if self.write is None else self.write.to_json(),
             "env": self.env,
             "path": None if self.path is None else str(self.path),
+            **({} if self.write_grantable is None else {"write_grantable": self.write_grantable}),
         }
 
     @classmethod
@@ -99,7 +104,8 @@ class Attachment(Record):
         """The attachment ``data`` spells (``kb_identity``: None, it is never written)."""
         k = _ATTACHMENT.read(cls, data, where)
         return cls(k["alias"], k["workflow_id"], k["label"], k["access"], k["available"], k["reason"],
-                   k["message"], k["write"], None if k["path"] is None else Path(k["path"]))  # fmt: skip
+                   k["message"], k["write"], None if k["path"] is None else Path(k["path"]),
+                   write_grantable=k["write_grantable"])  # fmt: skip
 
     @classmethod
     def json_schema(cls, defs: dict[str, JsonObject] | None = None) -> JsonObject:
@@ -108,7 +114,8 @@ class Attachment(Record):
 
 _ATTACHMENT = Keys(lambda: {"alias": str, "workflow_id": str, "label": str | None, "access": str, "available": bool,
                             "reason": str | None, "message": str | None, "write": WriteStatus | None, "env": str,
-                            "path": str | None})  # fmt: skip
+                            "path": str | None, "write_grantable": bool | None},
+                   omitted=("write_grantable",))  # fmt: skip
 
 
 def _unavailable(entry: Entry, reason: str, message: str, *, label: str | None = None) -> Attachment:
@@ -203,6 +210,7 @@ def resolve_entry(
         write=write,
         path=found.folder.kb_path,
         kb_identity=probe.identity,
+        write_grantable=not source.is_legacy,
     )
 
 

@@ -121,6 +121,41 @@ def test_a_refused_change_keeps_its_error_after_the_page_refreshes(world: World)
     expect(page.locator("#src-error .error")).to_have_count(0)
 
 
+def test_writing_is_not_offered_where_no_owner_could_grant_it(world: World) -> None:
+    """A legacy source (no owner) can never grant writing: its card offers no
+    "Allow writing" (it was offered and always ended waiting for a grant), an
+    owned source's card still does, and a write attachment can still be made
+    read-only."""
+    worlds.build(world.kb)
+    world.kb.workflow("wf_old", label="Old KB")  # no access block: a legacy, account-visible workflow
+    for source, alias in (("wf_old", "old"), ("wf_extra", "extra")):
+        r = world.kb.cli("sources", "attach", worlds.MAIN, source, "--alias", alias, "--as", "alice")
+        assert r.code == 0, r.err
+    _, _, watched = world.open("alice", worlds.MAIN)
+    page = watched.page
+    old = card(page, "old")
+    expect(old).to_be_visible()
+    expect(old.locator('[data-note="not-grantable"]')).to_contain_text("no owner who could grant writing")
+    expect(old.locator('[data-action="access"]')).to_have_count(0)
+    expect(old.locator('[data-action="detach"]')).to_be_visible()
+    expect(card(page, "extra").locator('[data-action="access"][data-to="write"]')).to_have_text(
+        "Allow writing"
+    )
+    expect(card(page, "cost").locator('[data-action="access"][data-to="read"]')).to_have_text(
+        "Make read-only"
+    )
+    r = world.kb.cli("sources", "list", worlds.MAIN, "--as", "alice", "--json")
+    grantable = {a["alias"]: a.get("write_grantable") for a in r.json()["sources"]}
+    assert grantable == {
+        "src": True,
+        "cost": True,
+        "gone": None,
+        "private": None,
+        "old": False,
+        "extra": True,
+    }
+
+
 def test_a_reader_sees_no_manage_controls_and_forged_changes_are_refused(world: World) -> None:
     worlds.build(world.kb)
     world.kb.workflow("wf_bobs", label="Bob's", access={"owners": ["bob"]})

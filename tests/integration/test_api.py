@@ -28,7 +28,9 @@ from tests.integration.daemon import Daemon, issue_tokens, map_uid, serving
 from tests.waiting import wait_for
 
 MiB = 1024 * 1024
-ATTACHMENT_KEYS = {"alias", "workflow_id", "label", "access", "available", "reason", "message", "write", "env", "path"}  # fmt: skip
+# An available attachment also says whether its source's owners could grant writing.
+ATTACHMENT_KEYS = {"alias", "workflow_id", "label", "access", "available", "reason", "message", "write", "env", "path",
+                   "write_grantable"}  # fmt: skip
 PLAN_KEYS = {"session_id", "workflow_id", "kind", "kb_access", "generation", "env", "read", "write",
              "read_only", "sources", "folders", "context"}  # fmt: skip
 CLI_ERROR = re.compile(r"^error\[(?P<code>[a-z][a-z-]*)\]: ", re.MULTILINE)
@@ -400,6 +402,7 @@ def test_sources_get_shape(world: World, s: Scenario) -> None:
         "write": None,
         "env": "WORKFLOW_KB_RTS",
         "path": s.src_kb,
+        "write_grantable": True,
     }
     cli = s.w.kb.cli("sources", "list", s.con_id, "--as", "bob", "--json")
     assert cli.code == 0, cli.err

@@ -361,9 +361,15 @@
     if (S.rights.manage && ok) {
       // An unavailable attachment is repaired at its source or detached: its access cannot resolve anew.
       const other = att.access === "write" ? "read" : "write";
-      actions.append(button(other === "write" ? "Allow writing" : "Make read-only", "access",
-        () => changeAccess(att, other), { "data-key": `access:${att.alias}`, "data-to": other,
-          "aria-label": `Change ${att.alias} to ${other}` }));
+      if (other === "write" && att.write_grantable === false) {
+        // A legacy source has no owner who could grant writing: offering it could never succeed.
+        actions.append(el("span", { class: "muted", "data-note": "not-grantable",
+          text: "Read only: the source has no owner who could grant writing." }));
+      } else {
+        actions.append(button(other === "write" ? "Allow writing" : "Make read-only", "access",
+          () => changeAccess(att, other), { "data-key": `access:${att.alias}`, "data-to": other,
+            "aria-label": `Change ${att.alias} to ${other}` }));
+      }
     }
     if (S.rights.manage) {
       if (S.confirming === att.alias) {
