@@ -1138,23 +1138,27 @@ class PrincipalToken(Op["kbd.service.principals.TokenIssued"]):
         return _principals.rotate_token(ctx.root, self.name, actor=actor)
 
 
-# -- the audit log (the root's operator, or an admin) -------------------------------------------
+# -- the audit log (the root's operator, an admin, or a workflow's owner) ---------------------------
 
 
 @dataclass(frozen=True)
 class AuditChunk(Op["kbd.service.admin.AuditChunk"]):
     """The records from byte ``offset`` of the log on and where the next chunk
-    starts (the CLI selects records itself: :class:`kbd.service.admin.AuditFeed`)."""
+    starts (the CLI selects records itself: :class:`kbd.service.admin.AuditFeed`).
+    ``workflow``: for an actor who is no admin, the owned workflow whose records
+    it reads (the server selects them)."""
 
-    route: ClassVar[Route] = Route("GET", "/v1/audit", query={"offset": "offset"})
+    route: ClassVar[Route] = Route("GET", "/v1/audit", query={"offset": "offset", "workflow": "workflow"})
 
     actor_rule: ClassVar[ActorRule] = "operator"
     offset: int
+    workflow: str | None = None
 
     def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.admin.AuditChunk:
         from kbd.service import admin as _admin
 
-        return _admin.audit_chunk(ctx.root, offset=self.offset, actor=actor)
+        scope = _admin.audit_scope(ctx.sessions, actor=actor, workflow=self.workflow)
+        return _admin.audit_chunk(ctx.root, offset=self.offset, scope=scope)
 
 
 @dataclass(frozen=True)

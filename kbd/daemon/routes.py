@@ -1422,9 +1422,12 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
         raise NotFound(f"no principal action {action!r}", hint="actions: disable, enable, remove, token")
 
     @app.get("/v1/audit", response_model=None, responses=answers(app, ops.AuditChunk.result()))
-    def audit(offset: int = 0, actor: Principal = Actor) -> JsonObject:
-        # The log is append-only and read by offset: no state lock needed.
-        return admin.audit_chunk(state.host, offset=offset, actor=actor).to_json()
+    def audit(offset: int = 0, workflow: str | None = None, actor: Principal = Actor) -> JsonObject:
+        # Who may read what is decided under the state lock (registry, sessions); the
+        # log is append-only and read by offset outside it.
+        with state.locked():
+            scope = admin.audit_scope(state.sessions, actor=actor, workflow=workflow)
+        return admin.audit_chunk(state.host, offset=offset, scope=scope).to_json()
 
     @app.get("/v1/doctor", response_model=None, responses=answers(app, ops.Doctor.result()))
     def doctor(workflow: str | None = None, actor: Principal = Actor) -> JsonObject:

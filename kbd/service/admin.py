@@ -396,19 +396,60 @@ class AuditChunk(Record):
 AUDIT_CHUNK_BYTES = 1 << 20
 
 
-def may_read_audit(*, actor: Actor) -> None:
-    """The audit log names every workflow and principal: the root's operator
-    (who can read the file anyway) and admins only."""
-    if isinstance(actor, Principal) and not actor.enabled_admin:
-        raise PermissionDenied(f"principal {actor.id!r} may not read the audit log", hint="only admins may")
+@dataclass(frozen=True)
+class AuditScope:
+    """One workflow's records (docs/access.md "The audit log"): those that name
+    ``workflow`` as consumer, source or target, and those of its sessions (the
+    store keeps every session, closed ones included)."""
+
+    workflow: str
+    sessions: frozenset[str]
+
+    def wants(self, record: JsonObject) -> bool:
+        if any(record.get(k) == self.workflow for k in audit.WORKFLOW_FIELDS):
+            return True
+        session = record.get("session")
+        return isinstance(session, str) and session in self.sessions
 
 
-def audit_chunk(host: Root, *, offset: int, actor: Actor) -> AuditChunk:
-    may_read_audit(actor=actor)
+def audit_scope(sessions: RootSessions, *, actor: Actor, workflow: str | None) -> AuditScope | None:
+    """Which records of the audit log ``actor`` reads: ``workflow``'s, when it
+    names one, else all (None). The root's operator (who can read the file
+    anyway) and admins may read any workflow's, a removed one's too; anyone
+    else only the records of a workflow it owns. Needs the registry and the
+    session store (the daemon holds its state lock); the log itself is read
+    without it."""
+    principal = actor if isinstance(actor, Principal) and not actor.enabled_admin else None
+    if workflow is None:
+        if principal is None:
+            return None
+        raise PermissionDenied(
+            f"principal {principal.id!r} may read only the audit records of workflows it owns",
+            hint="name one: kbd audit --workflow WF (admins read the whole log)",
+        )
+    if principal is not None:
+        from kbd.service.workflows import inspectable
+
+        found = inspectable(sessions.host, workflow, actor=principal)  # an outsider learns nothing: not found
+        if principal.disabled or principal.id not in found.manifest.effective_owners:
+            raise PermissionDenied(
+                f"principal {principal.id!r} does not own workflow {workflow!r}, so it may not read its audit "
+                "records",
+                hint="its owners and the admins may",
+            )
+    rows = sessions.store.rows(workflow_id=workflow, include_closed=True)
+    return AuditScope(workflow, frozenset(r.id for r in rows))
+
+
+def audit_chunk(host: Root, *, offset: int, scope: AuditScope | None) -> AuditChunk:
+    """The chunk at ``offset``, only the records ``scope`` wants (all: None).
+    Skipped records still move the offset on: the next chunk starts after them."""
     if offset < 0:
         raise InvalidInput(f"offset must be 0 or more, not {offset}")
     tail = audit.Tail(host.config.state_dir, offset=offset)
     events = tail.poll(max_bytes=AUDIT_CHUNK_BYTES)
+    if scope is not None:
+        events = [e for e in events if scope.wants(e)]
     if len(tail.pending) >= AUDIT_CHUNK_BYTES:
         # One "line" longer than a chunk is no record kbd wrote: skip it as torn,
         # or no reader could ever get past it.

@@ -187,7 +187,8 @@ def record_time(record: dict[str, Any]) -> datetime | None:
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
-_WORKFLOW_FIELDS = ("workflow_id", "source", "consumer")
+#: The fields a record names a workflow in (as consumer, source or target).
+WORKFLOW_FIELDS = ("workflow_id", "source", "consumer")
 
 
 class Selection:
@@ -220,7 +221,7 @@ class Selection:
 
     def _touches(self, record: dict[str, Any]) -> bool:
         session = record.get("session")
-        if any(record.get(k) == self.workflow for k in _WORKFLOW_FIELDS):
+        if any(record.get(k) == self.workflow for k in WORKFLOW_FIELDS):
             if record.get("event") == "session_opened" and isinstance(session, str):
                 self._sessions.add(session)
             return True

@@ -1387,6 +1387,44 @@ def test_audit_is_for_admins_and_read_by_offset(world: World, s: Scenario) -> No
     world.error(world.as_("ops").get("/v1/audit", params={"offset": "x"}), 400, "invalid-input")
 
 
+def test_an_owner_reads_the_audit_records_of_its_own_workflow_and_nothing_else(
+    world: World, s: Scenario
+) -> None:
+    """docs/access.md "The audit log": owners read their workflow's records (the
+    server selects them); readers, editors and outsiders do not, and nobody but
+    an admin reads the whole log."""
+    sid = s.open()["session_id"]
+    theirs = s.workflow("theirs", access={"owners": ["dave"]})
+    del theirs
+    r = world.as_("dave").post("/v1/sessions", json={"workflow_id": f"{s.p}theirs", "kind": "builder"})
+    assert r.status_code == 201, r.text
+    dave_sid = r.json()["session_id"]
+    mine = world.as_("alice").get("/v1/audit", params={"workflow": s.con_id})
+    assert mine.status_code == 200, mine.text
+    events = mine.json()["events"]
+    assert any(e["event"] == "session_opened" and e.get("session") == sid for e in events), events
+    names = ("workflow_id", "source", "consumer")
+    assert all(s.con_id in (e.get(k) for k in names) or e.get("session") == sid for e in events), events
+    assert not [e for e in events if f"{s.p}theirs" in str(e) or dave_sid in str(e)]
+    # Read to its end by offset, as an admin's is: the offset passes over the records left out.
+    everything = world.as_("ops").get("/v1/audit").json()
+    assert mine.json()["offset"] == everything["offset"] and len(everything["events"]) > len(events)
+    # An admin may select one workflow too, and sees the same records.
+    admin_view = world.as_("ops").get("/v1/audit", params={"workflow": s.con_id}).json()
+    assert admin_view["events"] == events
+    for pid in ("bob", "carol"):  # reader and editor: they see the workflow, not its audit
+        msg = world.error(
+            world.as_(pid).get("/v1/audit", params={"workflow": s.con_id}), 403, "permission-denied"
+        )
+        assert "does not own" in msg
+    world.error(world.as_("dave").get("/v1/audit", params={"workflow": s.con_id}), 404, "workflow-not-found")
+    world.error(
+        world.as_("alice").get("/v1/audit", params={"workflow": f"{s.p}theirs"}), 404, "workflow-not-found"
+    )
+    msg = world.error(world.as_("alice").get("/v1/audit"), 403, "permission-denied")
+    assert "kbd audit --workflow WF" in world.as_("alice").get("/v1/audit").json()["error"]["hint"], msg
+
+
 def test_doctor_is_for_admins(world: World) -> None:
     world.error(world.as_("alice").get("/v1/doctor"), 403, "permission-denied")
     r = world.as_("ops").get("/v1/doctor")

@@ -458,7 +458,13 @@ def test_audit_through_the_daemon_shows_what_the_root_shows(tmp_path: Path) -> N
         assert kb.call("audit", "--actor", "nobody", "--json").json()["events"] == []
         alice = run_in_process(["--root", str(kb.root), "audit"], input=None,
                                env={**env, "KBD_TOKEN": tokens["alice"]})  # fmt: skip
-        assert alice.code == 77 and "audit log" in alice.err, alice
+        assert alice.code == 77 and "audit records of workflows it owns" in alice.err, alice
+        assert "kbd audit --workflow WF" in alice.err
+        # An owner reads its own workflow's records through the daemon, the same lines the operator's selection prints.
+        owned = run_in_process(["--root", str(kb.root), "audit", "--workflow", "con"], input=None,
+                               env={**env, "KBD_TOKEN": tokens["alice"]})  # fmt: skip
+        assert owned.code == 0 and owned.out == kb.call("audit", "--workflow", "con").out, owned
+        assert owned.out.count("\n") >= 3
 
 
 def test_doctor_through_the_daemon(tmp_path: Path) -> None:

@@ -441,7 +441,7 @@ def test_the_audit_feed_selects_and_counts_torn_lines(world: KbRoot) -> None:
     audit.append(state, "sources_changed", workflow_id="lib", actor="alice")
 
     def chunk(offset: int) -> admin.AuditChunk:
-        return admin.audit_chunk(h, offset=offset, actor=OPERATOR)
+        return admin.audit_chunk(h, offset=offset, scope=None)
 
     feed = admin.AuditFeed(chunk, since=None, workflow="con")
     page = feed.records().to_json()

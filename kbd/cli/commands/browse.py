@@ -41,7 +41,13 @@ def search_cmd(
 
     QUERY: every word must appear; "a phrase" in quotes; a OR b for either;
     word* for a prefix; -word (or NOT word) to exclude (a query that starts
-    with - goes after --: kbd search SID -- -draft notes)."""
+    with - goes after --: kbd search SID -- -draft notes).
+
+    \b
+    EXAMPLES
+      kbd search SID 'router OR egress'
+      kbd search SID '"p99 latency" -draft' --alias rts
+    """
     if (result := c.shown(ops.Search(sid, query, aliases, limit, include_unreviewed), as_, as_json)) is None:
         return
     for hit in result.hits:
@@ -68,7 +74,13 @@ def search_cmd(
 @pass_ctx
 def read_cmd(c: Ctx, wf: str, alias: str, relpath: str, as_: str | None, as_json: bool) -> None:
     """Print a file of WF's attached KB ALIAS (RELPATH relative to the KB root).
-    ALIAS `.` is WF's own KB."""
+    ALIAS `.` is WF's own KB.
+
+    \b
+    EXAMPLES
+      kbd read research rts notes/router.md
+      kbd read research . context/about.md --json
+    """
     op = ops.OwnRead(wf, relpath) if alias == ops.OWN_KB else ops.Read(wf, alias, relpath)
     if (result := c.shown(op, as_, as_json)) is None:
         return
@@ -98,7 +110,13 @@ def ls_cmd(
     as_json: bool,
 ) -> None:
     """List a folder of WF's attached KB ALIAS (default: the KB root), in name order, one page at a time.
-    ALIAS `.` is WF's own KB."""
+    ALIAS `.` is WF's own KB.
+
+    \b
+    EXAMPLES
+      kbd ls research rts notes
+      kbd ls research rts notes --limit 100 --after m.md
+    """
     own = alias == ops.OWN_KB
     op = ops.OwnLs(wf, reldir, limit, after) if own else ops.Ls(wf, alias, reldir, limit, after)
     if (page := c.shown(op, as_, as_json)) is None:

@@ -21,7 +21,12 @@ from kbd.cli.app import (
 @as_option
 @pass_ctx
 def mcp_cmd(c: Ctx, sid: str, as_: str | None) -> None:
-    """Serve session SID's knowledge tools over MCP on stdin/stdout (docs/mcp.md)."""
+    """Serve session SID's knowledge tools over MCP on stdin/stdout (docs/mcp.md).
+
+    \b
+    EXAMPLES
+      kbd mcp SID   # in an MCP client's server command (docs/mcp.md)
+    """
     from kbd.core.principals import named_principal
     from kbd.mcp import server as mcp_server
 
@@ -44,7 +49,13 @@ def ui_cmd(c: Ctx, wf: str | None, port: int, no_browser: bool, as_: str | None)
     Prints a one-time URL as stdout's first line (it logs the browser in once),
     opens a browser unless --no-browser, and runs until Ctrl-C or SIGTERM. The
     page acts as the principal the CLI would (through the daemon when you
-    cannot use the root yourself), and every action is re-checked there."""
+    cannot use the root yourself), and every action is re-checked there.
+
+    \b
+    EXAMPLES
+      kbd ui research
+      kbd ui --no-browser --port 8765
+    """
     from kbd.ui import server
 
     server.serve(c.via, root=c.root, workflow=wf, port=port, as_=as_, open_browser=not no_browser)

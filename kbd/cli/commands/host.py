@@ -49,7 +49,13 @@ def init(
     c: Ctx, demo: bool, host_name: str | None, force: bool, system: bool, group: str, grant_group: str,
     as_json: bool,
 ) -> None:  # fmt: skip
-    """Create a kbd root (kbd.yaml, principals.yaml, workflows/, state/)."""
+    """Create a kbd root (kbd.yaml, principals.yaml, workflows/, state/).
+
+    \b
+    EXAMPLES
+      kbd init --demo
+      kbd --root /var/lib/kbd init --system --host "$(hostname)"
+    """
     from kbd.service import admin
 
     layout = admin.SystemLayout(group, grant_group) if system else None
@@ -89,7 +95,13 @@ def doctor(c: Ctx, as_json: bool, workflow_id: str | None) -> None:
     """Check the root, its config, principals and registry health.
 
     Through the daemon (a root you cannot use yourself): whether you reach it
-    and as whom, and for admins the daemon's own checks of its root."""
+    and as whom, and for admins the daemon's own checks of its root.
+
+    \b
+    EXAMPLES
+      kbd doctor
+      kbd doctor --workflow research --json
+    """
     from kbd.service import admin
 
     b = c.via
@@ -113,7 +125,13 @@ def validate(file: Path, as_json: bool) -> None:
     """Validate a workflow.json file (syntax and field rules, not reachability).
 
     Every problem of every entry is listed, one per line (``FILE: where: problem``)
-    on stdout; with --json the answer is always JSON, errors included."""
+    on stdout; with --json the answer is always JSON, errors included.
+
+    \b
+    EXAMPLES
+      kbd validate workflows/research/workflow.json
+      kbd validate ./workflow.json --json
+    """
     from kbd.service import admin
 
     try:
@@ -160,7 +178,13 @@ def validate(file: Path, as_json: bool) -> None:
 @pass_ctx
 def serve_cmd(c: Ctx, socket_path: Path | None, fd: int | None, log_level: str) -> None:
     """Run the daemon: the HTTP API on a Unix socket (0660, group kbd if it exists).
-    Logs go to journald when systemd runs it, else to stderr."""
+    Logs go to journald when systemd runs it, else to stderr.
+
+    \b
+    EXAMPLES
+      kbd serve --socket /tmp/kbd.sock
+      kbd serve --fd 3   # under systemd socket activation
+    """
     from kbd.daemon.journal import parse_level
     from kbd.daemon.server import serve  # the API stack is imported only by the daemon
     from kbd.service.root import Root
@@ -196,8 +220,16 @@ def audit_cmd(
 ) -> None:  # fmt: skip
     """Show the audit log (grants, revokes, refusals, session and note events).
 
-    Torn lines (a crash mid-write, a hand edit) are skipped and counted on stderr.
-    With --follow and --json: one JSON object a line."""
+    Admins read all of it; a workflow's owners read its records with --workflow
+    WF. Torn lines (a crash mid-write, a hand edit) are skipped and counted on
+    stderr. With --follow and --json: one JSON object a line.
+
+    \b
+    EXAMPLES
+      kbd audit --since 1h --event 'note_*'
+      kbd audit --workflow research --follow
+      kbd audit --actor alice --json | jq '.events[].event'
+    """
     from kbd.service import admin
     from kbd.state import audit as audit_log
 
@@ -205,7 +237,7 @@ def audit_cmd(
         since_at = audit_log.parse_since(since) if since is not None else None
     except ValueError as exc:
         raise UsageError(f"--since: {exc}", hint="e.g. --since 10m or --since 2026-12-01T14:00:00Z") from None
-    feed = admin.AuditFeed(lambda offset: c.result(ops.AuditChunk(offset)), since=since_at, workflow=wf,
+    feed = admin.AuditFeed(lambda offset: c.result(ops.AuditChunk(offset, wf)), since=since_at, workflow=wf,
                            actor=actor, events=events)  # fmt: skip
     if as_json and not follow:
         emit(feed.records().to_json())
@@ -232,7 +264,13 @@ def events_cmd(c: Ctx, follow: bool, since: str | None, as_json: bool) -> None:
     Needs `kbd serve` ($KBD_SOCKET, else the root's socket); authenticated as
     your uid's principal, or by the token in $KBD_TOKEN. Shows only events
     about workflows you may see. A `resync` event means continuity was lost:
-    reload what you keep. With --json: one JSON object a line."""
+    reload what you keep. With --json: one JSON object a line.
+
+    \b
+    EXAMPLES
+      kbd events --follow
+      kbd events --since ID --json
+    """
     import signal
 
     from kbd.client import Client

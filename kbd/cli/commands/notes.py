@@ -60,7 +60,13 @@ def notes_write(
     """Write RELPATH atomically, with provenance. RELPATH is relative to the
     source's KB root and beneath notes/ (notes/x.md), as kbd read names it; a
     RELPATH relative to notes/ (x.md) is deprecated: it still means notes/x.md,
-    with a warning, for one release."""
+    with a warning, for one release.
+
+    \b
+    EXAMPLES
+      echo '# Router' | kbd notes write SID rts notes/router.md
+      kbd notes write SID rts notes/r.md --file r.md --expected-version none
+    """
     if file is None:
         if sys.stdin.isatty():
             # Reading a terminal would wait silently for input nobody knows to type.
@@ -260,7 +266,13 @@ def notes_review(
     c: Ctx, source_wf: str, relpath: str, approve: bool, reject: bool, expected: str | None, as_: str | None,
     as_json: bool,
 ) -> None:  # fmt: skip
-    """Approve or reject the contributed note RELPATH (relative to the KB root: notes/x.md)."""
+    """Approve or reject the contributed note RELPATH (relative to the KB root: notes/x.md).
+
+    \b
+    EXAMPLES
+      kbd notes review research notes/x.md --approve --expected-version sha256:...
+      kbd notes review research notes/x.md --reject
+    """
     if approve == reject:
         raise UsageError(
             "pass exactly one of --approve and --reject",

@@ -82,7 +82,13 @@ def principals_add(c: Ctx, name: str, uid: int | None, login: str | None, admin:
                    label: str | None, as_: str | None, as_json: bool) -> None:  # fmt: skip
     """Add principal NAME mapped to a uid (--uid N or --user LOGIN).
 
-    principals.yaml is edited in place: its comments, blank lines and order stay."""
+    principals.yaml is edited in place: its comments, blank lines and order stay.
+
+    \b
+    EXAMPLES
+      kbd principals add alice --user alice --label "Alice"
+      kbd principals add exec-host --user kbd-runner --service
+    """
     if (uid is None) == (login is None):
         raise UsageError("pass exactly one of --uid N and --user LOGIN",
                          hint="kbd principals add NAME --uid 1000   (or --user alice)")  # fmt: skip
@@ -148,7 +154,12 @@ def principals_remove(c: Ctx, name: str, force: bool, as_: str | None, as_json: 
 @pass_ctx
 def principals_token(c: Ctx, name: str, output: Path | None, as_: str | None, as_json: bool) -> None:
     """Issue a new API token for NAME (printed once; only its hash is stored;
-    the old token stops working)."""
+    the old token stops working).
+
+    \b
+    EXAMPLES
+      kbd principals token exec-host --output /etc/kbd/exec-host.token
+    """
     if output is None:
         if (result := c.shown(ops.PrincipalToken(name), as_, as_json)) is not None:
             click.echo(result.token)

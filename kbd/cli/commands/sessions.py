@@ -88,7 +88,13 @@ def session_open(
     as_: str | None,
     as_json: bool,
 ) -> None:
-    """Open a session for WF and print its plan."""
+    """Open a session for WF and print its plan.
+
+    \b
+    EXAMPLES
+      kbd session open research --kind builder
+      kbd session open research --kind execution --kb-access read-write --json
+    """
     if kind is None and parent is None:
         # Exactly click's answer for a required option: only a child may leave it out.
         ctx = click.get_current_context()
@@ -203,7 +209,13 @@ def session_close(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_ctx
 def exec_cmd(c: Ctx, request: ExecArgs) -> None:
-    """Run COMMAND under SID's current plan in a fresh sandbox; exit with its status."""
+    """Run COMMAND under SID's current plan in a fresh sandbox; exit with its status.
+
+    \b
+    EXAMPLES
+      kbd exec SID -- sh -c 'ls "$WORKFLOW_KB_RTS"/notes'
+      kbd exec SID --cwd knowledgebase -- grep -r latency .
+    """
     if request.socket is None and c.socket is not None:
         request = request.with_socket(c.socket)
     token = ops.read_token_file(c.token_file) if c.token_file is not None else None
@@ -221,7 +233,12 @@ def exec_cmd(c: Ctx, request: ExecArgs) -> None:
 @json_option
 @pass_ctx
 def check_cmd(c: Ctx, sid: str, path: str, mode: str, as_: str | None, as_json: bool) -> None:
-    """May session SID read/write PATH? Exit 0 when allowed, 77 when not."""
+    """May session SID read/write PATH? Exit 0 when allowed, 77 when not.
+
+    \b
+    EXAMPLES
+      kbd check SID "$WORKFLOW_KB_RTS/notes/x.md" --mode write
+    """
     try:
         result = c.result(ops.Check(sid, path, mode), as_)
     except SessionClosed as err:

@@ -60,7 +60,13 @@ def sources_list(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
 def sources_attach(
     c: Ctx, wf: str, source_id: str, alias: str, access: str, as_: str | None, as_json: bool
 ) -> None:
-    """Attach SOURCE_ID's knowledge base to WF under ALIAS."""
+    """Attach SOURCE_ID's knowledge base to WF under ALIAS.
+
+    \b
+    EXAMPLES
+      kbd sources attach research routing-team --alias rts
+      kbd sources attach research cost --alias cost --access write
+    """
     if (problem := alias_problem(alias)) is not None:
         # Name the flag the user typed, not the manifest entry it would become.
         raise InvalidInput(f"--alias {alias!r} {problem}", hint="e.g. --alias rts")
@@ -93,7 +99,12 @@ def sources_detach(c: Ctx, wf: str, alias: str, as_: str | None, as_json: bool) 
 def sources_access(
     c: Ctx, wf: str, alias: str, access: str, expected_version: str | None, as_: str | None, as_json: bool
 ) -> None:
-    """Change the access of WF's attachment ALIAS (read or write), nothing else."""
+    """Change the access of WF's attachment ALIAS (read or write), nothing else.
+
+    \b
+    EXAMPLES
+      kbd sources access research cost read
+    """
     if (a := c.shown(ops.SetAccess(wf, alias, access, expected_version), as_, as_json)) is None:
         return
     click.echo(f"{wf}: {alias} is now attached with {access} access")

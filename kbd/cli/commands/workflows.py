@@ -55,7 +55,12 @@ def workflows_list(c: Ctx, as_: str | None, as_json: bool) -> None:
 def workflows_create(
     c: Ctx, wf: str, label: str | None, owner: str | None, as_: str | None, as_json: bool
 ) -> None:
-    """Create workflow folder WF for its owner (owner's uid, the host's grant group)."""
+    """Create workflow folder WF for its owner (owner's uid, the host's grant group).
+
+    \b
+    EXAMPLES
+      kbd workflows create research --label "Research"
+    """
     if (made := c.shown(ops.WorkflowCreate(wf, label, owner), as_, as_json)) is None:
         return
     owners = _ids(made.owners)

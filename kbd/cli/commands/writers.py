@@ -45,7 +45,12 @@ def writers_list(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> None
 @json_option
 @pass_ctx
 def writers_grant(c: Ctx, source_wf: str, consumer_wf: str, as_: str | None, as_json: bool) -> None:
-    """Let CONSUMER_WF write into SOURCE_WF's notes/ (source owners and admins only)."""
+    """Let CONSUMER_WF write into SOURCE_WF's notes/ (source owners and admins only).
+
+    \b
+    EXAMPLES
+      kbd writers grant cost research
+    """
     if (result := c.shown(ops.Grant(source_wf, consumer_wf), as_, as_json)) is not None:
         click.echo(
             f"{result.consumer} may write into {source_wf}'s notes/"
