@@ -57,11 +57,16 @@ def note_text(data: bytes) -> str:
 # -- provenance --------------------------------------------------------------------------
 
 
+def utc_stamp(at: float | None = None) -> str:
+    """A Unix time (now: None) as provenance spells it: ``2026-12-07T18:34:57Z``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
 def with_provenance(text: str, *, workflow_id: str, session_id: str, now: float | None = None) -> str:
     """``text`` with kbd's provenance frontmatter. An existing ``---`` block is
     merged (its other keys kept, in order); provenance keys a contributor wrote
     are replaced, never trusted."""
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    stamp = utc_stamp(now)
     ours = [
         f"contributed_by_workflow: {workflow_id}",
         f"contributed_by_session: {session_id}",

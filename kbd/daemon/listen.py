@@ -8,6 +8,7 @@ import grp
 import os
 import socket
 import stat
+import struct
 from pathlib import Path
 
 from kbd.daemon.limits import BACKLOG
@@ -92,6 +93,17 @@ def _make_folders(folder: Path, gid: int) -> None:
         os.chmod(f, 0o750)  # noqa: S103 - the group traverses to reach the 0660 socket
 
 
+def _holder(probe: socket.socket) -> str:
+    """`` (pid N, uid U)`` of the process listening at the other end of
+    ``probe`` (its credentials from when it bound), or nothing if unknown."""
+    try:
+        raw = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return ""
+    pid, uid, _ = struct.unpack("3i", raw)
+    return f" (pid {pid}, uid {uid})" if pid > 0 else ""
+
+
 def bind_socket(path: Path) -> socket.socket:
     """Create the listening socket: 0660 with the socket group, in a folder that
     is safe; a folder kbd creates is 0750 with that group; stale socket replaced."""
@@ -104,14 +116,19 @@ def bind_socket(path: Path) -> socket.socket:
         st = None
     if st is not None:
         if not stat.S_ISSOCK(st.st_mode):
-            raise Unavailable(f"{path} exists and is not a socket; refusing to replace it")
+            raise Unavailable(
+                f"{path} exists and is not a socket; refusing to replace it",
+                hint="move that file away, or serve another socket: kbd serve --socket PATH",
+            )
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.connect(str(path))
         except OSError:
             os.unlink(path)  # stale socket of a dead daemon
         else:
-            raise Unavailable(f"another kbd daemon is already serving {path}")
+            raise Unavailable(f"another kbd daemon{_holder(probe)} is already serving {path}", hint=(
+                "stop it first (under systemd: systemctl stop kbd.socket kbd.service), or serve another "
+                "socket: kbd serve --socket PATH, and point clients at it with KBD_SOCKET"))  # fmt: skip
         finally:
             probe.close()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

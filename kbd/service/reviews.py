@@ -29,7 +29,7 @@ from kbd.core import audience
 from kbd.core import knowledge as rules
 from kbd.core.history import parse_version
 from kbd.core.layout import KB_DIR, NOTES_DIR
-from kbd.core.notes import MAX_NOTE_BYTES
+from kbd.core.notes import MAX_NOTE_BYTES, utc_stamp
 from kbd.core.principals import Principal
 from kbd.core.records import Record
 from kbd.errors import (
@@ -130,10 +130,10 @@ def pending(host: Root, source_wf: str, *, actor: Principal) -> Pending:
                 continue  # changed into something kbd does not read since the walk
             prov = rules.provenance_fields(data.decode("utf-8", "replace"))
             digest = rules.digest(data)
-            # What kbd saw a command write outranks what the bytes claim.
-            by = rules.contributor(
-                source_wf, by_command.get((seen.rel, digest)) or prov.get("contributed_by_workflow")
-            )
+            # What kbd saw a command write outranks what the bytes claim, its time too.
+            saw = by_command.get((seen.rel, digest))
+            by = rules.contributor(source_wf, saw[0] if saw else prov.get("contributed_by_workflow"))
+            at = utc_stamp(saw[1]) if saw else prov.get("contributed_at")
             # Rejected bytes still in notes/ were written back after the
             # rejection took them out: pending again, not hidden by it.
             if by is None or decided.get((seen.rel, digest)) == "approved":
@@ -141,8 +141,7 @@ def pending(host: Root, source_wf: str, *, actor: Principal) -> Pending:
             if len(out) >= MAX_PENDING:
                 truncated = True
                 break
-            out.append(PendingNote(seen.rel, by, prov.get("contributed_by_session"), prov.get("contributed_at"),
-                                   digest, len(data)))  # fmt: skip
+            out.append(PendingNote(seen.rel, by, prov.get("contributed_by_session"), at, digest, len(data)))
     out.sort(key=lambda p: (p.contributed_at or "", p.relpath))
     return Pending(source_wf, tuple(out), truncated)
 

@@ -123,16 +123,16 @@ def lookup(
     return out
 
 
-def contributed(state_dir: Path, source: str) -> dict[tuple[str, str], str]:
+def contributed(state_dir: Path, source: str) -> dict[tuple[str, str], tuple[str, float]]:
     """Bytes shell commands of other workflows wrote into ``source``'s notes/:
-    (relpath, digest) → contributing workflow."""
+    (relpath, digest) → (contributing workflow, when kbd saw them, Unix time)."""
     if not (state_dir / DB_NAME).exists():
         return {}
     with _db(state_dir) as con:
         rows = con.execute(
-            "SELECT relpath, digest, by_workflow FROM contributions WHERE source = ?", (source,)
+            "SELECT relpath, digest, by_workflow, at FROM contributions WHERE source = ?", (source,)
         ).fetchall()
-    return {(str(r[0]), str(r[1])): str(r[2]) for r in rows}
+    return {(str(r[0]), str(r[1])): (str(r[2]), float(r[3])) for r in rows}
 
 
 def record_contributions(state_dir: Path, source: str, files: dict[str, str], *, by: str) -> None:

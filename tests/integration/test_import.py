@@ -334,3 +334,60 @@ def test_a_missing_or_non_folder_dir_is_a_clear_error(kb: KbRoot, tmp_path: Path
     f.write_text("# x\n")
     r = kb.call("import", "wf", str(f), "--as", "alice")
     assert r.code in (2, 77), r.err  # click refuses a file where DIR is asked (usage), else kbd does
+
+
+def test_text_output_lists_changes_and_quiet_and_verbose_say_less_and_more(
+    kb: KbRoot, tmp_path: Path
+) -> None:
+    docs = _docs(tmp_path)
+    first = kb.call("import", "wf", str(docs), "--as", "alice")
+    assert first.code == 0, first.err
+    assert [ln.split()[0] for ln in first.out.splitlines()] == ["created"] * 3 + ["import"], first.out
+    assert first.out.splitlines()[-1] == "import into wf: 3 created, 0 updated, 0 unchanged, 0 skipped"
+    assert first.err == ""  # not a terminal: no progress
+    again = kb.call("import", "wf", str(docs), "--as", "alice")
+    # Unchanged documents are counted, not listed (5,000 of them printed 5,000 lines).
+    assert again.out == "import into wf: 0 created, 0 updated, 3 unchanged, 0 skipped\n", again.out
+    verbose = kb.call("import", "wf", str(docs), "--as", "alice", "--verbose")
+    assert [ln.split()[0] for ln in verbose.out.splitlines()] == ["unchanged"] * 3 + ["import"], verbose.out
+    (docs / "ENG" / "Onboarding.md").write_text("# Onboarding\n\nchanged\n")
+    quiet = kb.call("import", "wf", str(docs), "--as", "alice", "--update", "-q")
+    assert quiet.out == "import into wf: 0 created, 1 updated, 2 unchanged, 0 skipped\n", quiet.out
+    both = kb.call("import", "wf", str(docs), "--as", "alice", "-q", "-v")
+    assert both.code == 2 and "--quiet and --verbose exclude each other" in both.err
+
+
+def test_a_terminal_sees_progress_on_stderr(kb: KbRoot, tmp_path: Path) -> None:
+    import pty
+    import subprocess
+
+    docs = tmp_path / "many"
+    for i in range(120):
+        (docs / f"T{i % 4}").mkdir(parents=True, exist_ok=True)
+        (docs / f"T{i % 4}" / f"doc-{i}.md").write_text(f"# Doc {i}\nbody {i}\n")
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run(kb.cli_argv("import", "wf", str(docs), "--as", "alice"), stdout=subprocess.PIPE,
+                              stderr=follower, env=kb.cli_env("import"), timeout=120, check=False)  # fmt: skip
+        os.close(follower)
+        follower = -1
+        err = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the terminal's other end is closed and drained
+                break
+            if not chunk:
+                break
+            err += chunk
+    finally:
+        os.close(leader)
+        if follower >= 0:
+            os.close(follower)
+    text = err.decode()
+    assert proc.returncode == 0, text
+    assert f"reading {docs}" in text and "importing into wf" in text and "120/120" in text, text
+    assert (
+        proc.stdout.decode().splitlines()[-1]
+        == "import into wf: 120 created, 0 updated, 0 unchanged, 0 skipped"
+    )

@@ -11,6 +11,7 @@ into kbd's state, restorably.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -320,8 +321,32 @@ def test_a_note_written_by_a_shell_command_is_pending_too(tmp_path: Path) -> Non
     (notes / "shell.md").write_text("---\ncontributed_by_workflow: con\n---\n# Shell\n")
     (notes / "self.md").write_text("---\ncontributed_by_workflow: src\n---\n# Self\n")
     pend = kb.call("notes", "pending", "src", "--as", "alice")
-    assert pend.code == 0 and "notes/shell.md  by con at an unknown time" in pend.out
+    # Who, as far as known, and no made-up time ("an unknown time" before).
+    assert pend.code == 0 and "notes/shell.md  by con  sha256:" in pend.out, pend.out
+    assert "unknown" not in pend.out and "None" not in pend.out and "?" not in pend.out
     assert "self.md" not in pend.out and "fact.md" not in pend.out
+
+
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_landlock(abi=2)
+def test_a_note_a_sandboxed_shell_wrote_says_who_and_when(tmp_path: Path) -> None:
+    """A real command's write, staged and committed through the write path: the
+    pending list names the workflow, the session and the time."""
+    kb = _world(tmp_path)
+    sid = _sid(kb)
+    r = kb.cli(
+        "exec", sid, "--", "sh", "-c", 'printf "# Shell\\nmeasured\\n" > "$WORKFLOW_KB_RTS/notes/by-shell.md"'
+    )
+    assert r.code == 0, r.err
+    pend = kb.call("notes", "pending", "src", "--as", "alice")
+    line = next(ln for ln in pend.out.splitlines() if ln.startswith("notes/by-shell.md"))
+    assert re.fullmatch(
+        rf"notes/by-shell\.md  by con \(session {sid}\) at \d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\dZ  sha256:[0-9a-f]{{64}}  \(\d+ bytes\)",
+        line,
+    ), line
+    [entry] = [p for p in kb.call("notes", "pending", "src", "--as", "alice", "--json").json()["pending"]
+               if p["relpath"] == "notes/by-shell.md"]  # fmt: skip
+    assert entry["contributed_by_session"] == sid and entry["contributed_at"]
 
 
 # -- properties -----------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import sys
 import time
 from pathlib import Path
@@ -103,22 +104,45 @@ def notes_write(
 @click.argument("folder", metavar="DIR", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--dry-run", is_flag=True, help="Report what would change; write nothing.")
 @click.option("--update", is_flag=True, help="Replace documents whose source changed since the last import.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only the summary line (and no progress).")
+@click.option("--verbose", "-v", is_flag=True, help="Also list the documents left unchanged.")
 @as_option
 @json_option
 @pass_ctx
 def import_docs(
-    c: Ctx, wf: str, folder: Path, dry_run: bool, update: bool, as_: str | None, as_json: bool
-) -> None:
+    c: Ctx, wf: str, folder: Path, dry_run: bool, update: bool, quiet: bool, verbose: bool, as_: str | None,
+    as_json: bool,
+) -> None:  # fmt: skip
     """Import the Markdown files under DIR into WF's knowledgebase/context/.
 
     Container = each file's parent folder, title = its `title:` frontmatter or
     first `# H1`; target context/<container>/<title>.md. DIR is read by you, as
-    you (links, FIFOs and devices skipped); only the documents travel."""
+    you (links, FIFOs and devices skipped); only the documents travel.
+
+    Prints what was created, updated or skipped and a summary (--verbose: the
+    unchanged documents too; --quiet: the summary alone); on a terminal, a
+    progress bar on stderr while it works.
+
+    \b
+    EXAMPLES
+      kbd import research ~/docs/eng --dry-run
+      kbd import research ~/docs/eng --update --quiet
+    """
     from kbd.fs.importing import read_folder
 
+    if quiet and verbose:
+        raise UsageError("--quiet and --verbose exclude each other")
+    shown = not (quiet or as_json) and sys.stderr.isatty()
+    if shown:
+        click.echo(f"reading {one_line(str(folder))} …", err=True)
     found = read_folder(folder)
-    answers = [c.result(op, as_) for op in ops.import_batches(wf, found.folder, found.docs, found.skipped,
-                                                              dry_run=dry_run, update=update)]  # fmt: skip
+    batches = ops.import_batches(wf, found.folder, found.docs, found.skipped, dry_run=dry_run, update=update)
+    answers = []
+    with click.progressbar(length=len(found.docs) + len(found.skipped), label=f"importing into {one_line(wf)}",
+                           file=sys.stderr if shown else io.StringIO(), show_pos=True) as bar:  # fmt: skip
+        for op in batches:
+            answers.append(c.result(op, as_))
+            bar.update(len(op.docs) + len(op.skipped))
     # One result for the whole import; the batches report the reader's skips
     # after the documents: one order for the whole import.
     result = dataclasses.replace(
@@ -131,14 +155,12 @@ def import_docs(
     if as_json:
         emit(result)
         return
-    for key, done in (
-        ("created", result.created),
-        ("updated", result.updated),
-        ("unchanged", result.unchanged),
-    ):
+    listed = () if quiet else (("created", result.created), ("updated", result.updated),
+                               *((("unchanged", result.unchanged),) if verbose else ()))  # fmt: skip
+    for key, done in listed:
         for d in done:
             click.echo(f"{key:<9} {one_line(d.path)}  <- {one_line(d.file)}")
-    for s in result.skipped:
+    for s in () if quiet else result.skipped:
         click.echo(f"skipped   {one_line(s.file)}: {one_line(s.reason)}")
     counts = ", ".join(f"{len(items)} {k}" for k, items in (("created", result.created), ("updated", result.updated),
                                                             ("unchanged", result.unchanged), ("skipped", result.skipped)))  # fmt: skip
@@ -239,9 +261,13 @@ def notes_pending(c: Ctx, source_wf: str, as_: str | None, as_json: bool) -> Non
     if not result.pending:
         click.echo(f"no contributions wait for review in {one_line(result.workflow_id)}")
     for p in result.pending:
-        when = one_line(p.contributed_at or "an unknown time")
-        click.echo(f"{one_line(p.relpath)}  by {one_line(p.contributed_by_workflow)} at {when}  "
-                   f"{p.digest}  ({p.bytes} bytes)")  # fmt: skip
+        # Who and when as far as known: a note with neither provenance nor a command kbd saw write it
+        # says no time rather than a made-up one.
+        who = one_line(p.contributed_by_workflow)
+        if p.contributed_by_session:
+            who += f" (session {one_line(p.contributed_by_session)})"
+        when = f" at {one_line(p.contributed_at)}" if p.contributed_at else ""
+        click.echo(f"{one_line(p.relpath)}  by {who}{when}  {p.digest}  ({p.bytes} bytes)")
     if result.truncated:
         click.echo("(more are waiting: review these first)")
 
