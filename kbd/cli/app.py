@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 # the CLI's start-up).
 
 F = TypeVar("F", bound=Callable[..., object])
+# click >= 8.2 raises this UsageError for a group given no subcommand; older ones print the help themselves.
+_NO_ARGS_IS_HELP: type[click.UsageError] = getattr(click.exceptions, "NoArgsIsHelpError", type("_Never", (click.UsageError,), {}))
 SYSTEM_ROOT = ops.SYSTEM_ROOT
 
 
@@ -50,6 +52,11 @@ def run(args: Sequence[str] | None = None) -> NoReturn:
     def body() -> int:
         try:
             rv = main.main(args, prog_name="kbd", standalone_mode=False)
+        except _NO_ARGS_IS_HELP as exc:
+            # A command group named alone (`kbd session`): its help, as `kbd` alone prints kbd's, not an error.
+            assert exc.ctx is not None
+            click.echo(exc.ctx.get_help())
+            return 0
         except click.UsageError as exc:
             cmd = exc.ctx.command_path if exc.ctx is not None else "kbd"
             raise UsageError(exc.format_message(), hint=f"see `{cmd} --help`") from None

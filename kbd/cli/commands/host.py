@@ -341,3 +341,29 @@ def completion_cmd(shell: str) -> None:
     cls = get_completion_class(shell)
     assert cls is not None  # every choice is one of click's shells
     write_stdout(cls(main, {}, "kbd", "_KBD_COMPLETE").source().encode())
+
+
+# -- help --------------------------------------------------------------------------------------
+
+
+@main.command("help")
+@click.argument("command", nargs=-1, metavar="[COMMAND]...")
+@click.pass_context
+def help_cmd(ctx: click.Context, command: tuple[str, ...]) -> None:
+    """Print the help of COMMAND (`kbd help notes write`), or of kbd.
+
+    The same text as `kbd COMMAND --help`; `make man` turns it into man pages
+    (docs/cli.md "Man pages")."""
+    cmd: click.Command = main
+    parent = ctx.find_root()
+    path = ["kbd"]
+    for name in command:
+        if not isinstance(cmd, click.Group) or name not in cmd.commands:
+            where = " ".join(path)
+            choices = ", ".join(sorted(cmd.commands)) if isinstance(cmd, click.Group) else "none"
+            raise UsageError(f"{where} has no command {name!r}", hint=f"its commands: {choices}")
+        cmd = cmd.commands[name]
+        path.append(name)
+        parent = click.Context(cmd, info_name=name, parent=parent)
+    sub = parent if command else ctx.find_root()
+    click.echo(cmd.get_help(sub))

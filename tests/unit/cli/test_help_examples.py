@@ -53,3 +53,31 @@ def test_each_example_parses_as_its_command(path: str) -> None:
         assert cmd is _command(path), (path, example)
         with cmd.make_context(path, args, resilient_parsing=False) as ctx:
             assert ctx.params is not None, example
+
+
+def _kbd(*args: str) -> tuple[int, str, str]:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KBD_")}
+    r = subprocess.run([sys.executable, "-m", "kbd", *args], capture_output=True, text=True, timeout=60,
+                       env={**env, "KBD_NO_DAEMON": "1", "COLUMNS": "100"}, check=False)  # fmt: skip
+    return r.returncode, r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("args", [("notes", "write"), ("session",), ("units", "install"), ()])
+def test_kbd_help_prints_what_dash_dash_help_prints(args: tuple[str, ...]) -> None:
+    assert _kbd("help", *args) == _kbd(*args, "--help")
+    code, out, err = _kbd("help", *args)
+    assert code == 0 and out.startswith(f"Usage: {' '.join(('kbd', *args))} ") and err == ""
+
+
+def test_a_group_named_alone_prints_its_help_not_an_error() -> None:
+    code, out, err = _kbd("session")
+    assert (code, err) == (0, "") and out == _kbd("session", "--help")[1]
+
+
+def test_kbd_help_of_a_command_that_does_not_exist_says_which_there_are() -> None:
+    code, out, err = _kbd("help", "notes", "nope")
+    assert code == 2 and out == "" and "kbd notes has no command 'nope'" in err and "write" in err
