@@ -40,7 +40,9 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., object])
 # click >= 8.2 raises this UsageError for a group given no subcommand; older ones print the help themselves.
-_NO_ARGS_IS_HELP: type[click.UsageError] = getattr(click.exceptions, "NoArgsIsHelpError", type("_Never", (click.UsageError,), {}))
+_NO_ARGS_IS_HELP: type[click.UsageError] = getattr(
+    click.exceptions, "NoArgsIsHelpError", type("_Never", (click.UsageError,), {})
+)
 SYSTEM_ROOT = ops.SYSTEM_ROOT
 
 

@@ -99,9 +99,9 @@ def test_wheel_holds_the_package_and_its_data_and_nothing_else(built: Built) -> 
     data |= {
         f"kbd/units/{n}" for n in ("kbd.socket", "kbd.service", "kbd.sysusers", "kbd.tmpfiles", "README.md")
     }
-    data |= {f"kbd/docs/{p.name}" for p in (REPO / "docs").glob("*.md")}
+    data |= {f"kbd/docs/{p.name}" for p in (REPO / "docs").glob("*.md")} | {"kbd/docs/workflow.schema.json"}
     assert data and data <= names, sorted(data - names)
-    assert not [n for n in names if n.startswith("kbd/docs/") and not n.endswith(".md")], "docs: text only"
+    assert not [n for n in names if n.startswith("kbd/docs/") and n not in data], "docs: the text pages only"
     assert {"kbd/py.typed", "kbd/sandbox/landlock_helper.py", "kbd/__main__.py"} <= names
     info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
     assert f"{info}/licenses/LICENSE" in names

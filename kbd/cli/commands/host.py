@@ -119,20 +119,38 @@ def doctor(c: Ctx, as_json: bool, workflow_id: str | None) -> None:
 
 
 @main.command()
-@click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("file", type=click.Path(path_type=Path, dir_okay=False), required=False)
+@click.option(
+    "--schema",
+    is_flag=True,
+    help="Print workflow.json's JSON Schema (the rules an editor can check) instead.",
+)
 @json_option
-def validate(file: Path, as_json: bool) -> None:
+def validate(file: Path | None, schema: bool, as_json: bool) -> None:
     """Validate a workflow.json file (syntax and field rules, not reachability).
 
     Every problem of every entry is listed, one per line (``FILE: where: problem``)
-    on stdout; with --json the answer is always JSON, errors included.
+    on stdout; with --json the answer is always JSON, errors included. --schema
+    prints the JSON Schema (docs/workflow.schema.json): it refuses nothing this
+    command accepts, and this command checks a few rules more.
 
     \b
     EXAMPLES
       kbd validate workflows/research/workflow.json
       kbd validate ./workflow.json --json
+      kbd validate --schema > workflow.schema.json
     """
     from kbd.service import admin
+
+    if schema:
+        if file is not None:
+            raise UsageError("--schema takes no FILE")
+        from kbd.core.manifest_schema import schema_text
+
+        write_stdout(schema_text().encode())
+        return
+    if file is None:
+        raise UsageError("missing argument FILE (a workflow.json), or --schema")
 
     try:
         result = admin.validate(file)
