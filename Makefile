@@ -62,7 +62,7 @@ security: venv
 
 # The Knowledge page's screenshots (each panel at 1280x800, and a 400 px wide
 # window), taken by the browser tests in Debian's Chromium (apt-get install
-# chromium), into docs/screenshots/. Only knowledge-page.png is committed.
+# chromium), into docs/screenshots/. Only the README's pictures are committed (.gitignore).
 screenshots: venv
 	KBD_SCREENSHOTS=$(CURDIR)/docs/screenshots $(BIN)/pytest -q tests/browser/test_browse.py -k screenshots
 

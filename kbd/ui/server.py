@@ -464,6 +464,28 @@ def create_app(page: Page) -> ASGIApp:
             raise InvalidInput(f"field 'decision' must be 'approve' or 'reject', not {decision[:40]!r}")
         return page.run(ops.NotesReview(_param(r, "wid"), f["path"], decision, f.get("expected_version")))
 
+    def rejected(r: Request) -> Record:
+        return page.run(ops.NotesRejected(_param(r, "wid")))
+
+    def unreject(r: Request) -> Record:
+        number = _limit(_param(r, "rid"), "rejected id")
+        if number is None:
+            raise InvalidInput("the rejected note's id must be a whole number")
+        return page.run(ops.NotesUnreject(_param(r, "wid"), number))
+
+    def note_history(r: Request) -> Record:
+        return page.run(ops.NoteLog(_param(r, "wid"), r.query_params.get("path", "")))
+
+    def note_diff(r: Request) -> Record:
+        q = r.query_params
+        return page.run(ops.NoteDiff(_param(r, "wid"), q.get("path", ""), q.get("version") or None,
+                                     q.get("against") or None))  # fmt: skip
+
+    async def favicon(_: Request) -> Response:
+        # The page names its icon (index.html); a browser that asks for the
+        # conventional name anyway gets it too, never a 404 in its console.
+        return _asset_response("icon.svg")
+
     def own_dir(r: Request) -> Record:
         q = r.query_params
         return page.run(
@@ -501,6 +523,7 @@ def create_app(page: Page) -> ASGIApp:
     routes = [
         Route("/", index, methods=["GET"]),
         Route("/assets/{name}", asset, methods=["GET"]),
+        Route("/favicon.ico", favicon, methods=["GET"]),
         Route("/api/me", _api(me), methods=["GET"]),
         Route("/api/workflows", _api(workflows), methods=["GET"]),
         Route(wf, _api(workflow), methods=["GET"]),
@@ -511,6 +534,10 @@ def create_app(page: Page) -> ASGIApp:
         Route(f"{wf}/writers/{{consumer}}", _api(writer), methods=["DELETE"]),
         Route(f"{wf}/notes/pending", _api(pending), methods=["GET"]),
         Route(f"{wf}/notes/review", _api(review), methods=["POST"]),
+        Route(f"{wf}/notes/rejected", _api(rejected), methods=["GET"]),
+        Route(f"{wf}/notes/rejected/{{rid}}/restore", _api(unreject), methods=["POST"]),
+        Route(f"{wf}/notes/history", _api(note_history), methods=["GET"]),
+        Route(f"{wf}/notes/diff", _api(note_diff), methods=["GET"]),
         Route(f"{wf}/own/dir", _api(own_dir), methods=["GET"]),
         Route(f"{wf}/own/file", _api(own_file), methods=["GET"]),
         Route(f"{wf}/sources/{{alias}}/dir", _api(source_dir), methods=["GET"]),

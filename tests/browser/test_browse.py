@@ -26,6 +26,10 @@ def test_the_browser_shows_own_and_shared_kbs_read_only(world: World) -> None:
     expect(browser.locator("#kb-status")).to_contain_text("own knowledge base")
     browser.locator('.entries [data-path="notes"]').click()
     browser.locator('.entries [data-path="notes/howto.md"]').click()
+    # Markdown is rendered (from text: never HTML) and shown as text on request.
+    expect(browser.locator(".md h3")).to_have_text("How to")
+    expect(browser.locator(".md p code")).to_have_text("make test")
+    browser.locator('[data-action="render"]').click()
     expect(browser.locator(".file-text")).to_have_text("# How to\nRun `make test` before you push.\n")
 
     browser.locator('[data-kb="src"]').click()
@@ -65,7 +69,7 @@ def test_search_labels_each_hit_with_its_trust_and_review(world: World) -> None:
     expect(page.locator("#search-note")).to_contain_text("2 hits")
     # A hit opens in the browser.
     src.locator('[data-action="open"]').click()
-    expect(page.locator(".file-text")).to_contain_text("9000 bytes")
+    expect(page.locator("#viewer")).to_contain_text("9000 bytes")
     expect(page.locator('[data-kb="src"]')).to_have_attribute("aria-pressed", "true")
     # Narrowed to one attachment.
     page.locator("#search-alias").select_option("cost")
@@ -157,7 +161,7 @@ def test_screenshots_of_every_panel_wide_and_narrow(world: World, shots: Path) -
     expect(page.locator('[data-panel="pending"] [data-path="notes/egress.md"]')).to_be_visible()
     page.locator('[data-panel="browser"] .entries [data-path="notes"]').click()
     page.locator('[data-panel="browser"] .entries [data-path="notes/budget.md"]').click()
-    expect(page.locator(".file-text")).to_contain_text("62%")
+    expect(page.locator("#viewer .md")).to_contain_text("62%")
     page.locator("#search-q").fill("egress")
     page.locator('[data-action="search"]').click()
     expect(page.locator(".hit").first).to_be_visible()
@@ -172,6 +176,19 @@ def test_screenshots_of_every_panel_wide_and_narrow(world: World, shots: Path) -
         path = shots / f"panel-{panel}.png"
         locator.screenshot(path=str(path))
         assert path.stat().st_size > 2_000, path
+    # The reviewer's tools (README): a contribution previewed before deciding, and a note's history.
+    pending = page.locator('[data-panel="pending"]')
+    pending.locator('[data-path="notes/egress.md"] [data-action="preview"]').click()
+    expect(pending.locator("pre.diff")).to_be_visible()
+    pending.scroll_into_view_if_needed()
+    pending.screenshot(path=str(shots / "review.png"))
+    page.locator('[data-panel="browser"] .entries [data-path="notes/egress.md"]').click()
+    page.locator('[data-action="history"]').click()
+    page.locator(".history .version").first.locator('[data-action="diff"]').click()
+    expect(page.locator(".history pre.diff")).to_be_visible()
+    browser = page.locator('[data-panel="browser"]')
+    browser.scroll_into_view_if_needed()
+    browser.screenshot(path=str(shots / "history.png"))
     page.set_viewport_size(NARROW)  # type: ignore[arg-type]
     page.locator('[data-panel="sources"]').scroll_into_view_if_needed()
     shoot(page, shots, "narrow-400")

@@ -223,7 +223,12 @@ def test_the_grantor_grants_revokes_and_reviews_as_the_cli_does(world: World, tm
     expect(writers).to_be_visible()
     expect(page.locator('[data-panel="attach"]')).to_be_visible()  # carol owns wf_cost: she manages it too
 
-    writers.get_by_label("Consumer workflow ID").fill(worlds.MAIN)
+    # carol cannot see wf_main (not in its audience): she names it by its ID.
+    picker = writers.get_by_label("Consumer workflow")
+    assert worlds.MAIN not in picker.locator("option").all_inner_texts()
+    expect(writers.get_by_label("Its workflow ID")).to_be_hidden()
+    picker.select_option(label="Another workflow, by its ID…")
+    writers.get_by_label("Its workflow ID").fill(worlds.MAIN)
     writers.locator('[data-action="grant"]').click()
     expect(writers.locator(f'[data-writer="{worlds.MAIN}"]')).to_be_visible()
     r = cli.cli("writers", "grant", "wf_cost", worlds.MAIN, "--as", "carol")

@@ -51,6 +51,14 @@ def test_hostile_labels_names_and_note_text_stay_inert(world: World) -> None:
     entry = page.locator(f'[data-panel="browser"] [data-path="notes/{HOSTILE_NAME}"]')
     expect(entry).to_contain_text(HOSTILE_NAME)
     entry.click()
+    # Rendered: the Markdown's own structure from its text; the HTML in it stays text, and a
+    # javascript: link is no link.
+    md = page.locator("#viewer .md")
+    expect(md.locator("h3")).to_have_text("<script>alert(3)</script>")
+    expect(md).to_contain_text("<img src=x onerror=\"fetch('/x')\">")
+    expect(md).to_contain_text("link (javascript:alert(4))")
+    expect(md.locator("a, img, script")).to_have_count(0)
+    page.locator('[data-action="render"]').click()
     expect(page.locator(".file-text")).to_have_text(HOSTILE_TEXT)
     # The search hit's title and snippet: text too.
     page.locator("#search-q").fill("alert")
@@ -85,7 +93,7 @@ def test_the_browser_never_follows_a_link_out_of_a_kb(world: World) -> None:
             expect(entry).to_have_attribute("data-type", "symlink")
             entry.click()
             expect(browser.locator('#browser-error .error[data-code="path-refused"]')).to_be_visible()
-            expect(browser.locator(".file-text")).to_have_count(0)
+            expect(browser.locator(".file-text, .md")).to_have_count(0)
             # Asked for directly (as a crafted page would), the server refuses too.
             alias = "own" if kb == "own" else "sources/src"
             answer = page.evaluate(
@@ -106,7 +114,7 @@ def test_the_browser_never_follows_a_link_out_of_a_kb(world: World) -> None:
         assert listing["status"] >= 400 and "secret.md" not in listing["body"], listing
         text = page.locator("body").inner_text()
         assert worlds.SECRET not in text and "root:x:0:0" not in text
-        expect(browser.locator(".file-text")).to_have_count(0)
+        expect(browser.locator(".file-text, .md")).to_have_count(0)
 
 
 def test_the_csp_listener_sees_a_violation_and_the_page_causes_none(world: World) -> None:
@@ -118,7 +126,7 @@ def test_the_csp_listener_sees_a_violation_and_the_page_causes_none(world: World
     page.locator('[data-alias="src"] [data-action="open"]').click()
     page.locator('.entries [data-path="notes"]').click()
     page.locator('.entries [data-path="notes/router.md"]').click()
-    expect(page.locator(".file-text")).to_contain_text("9000 bytes")
+    expect(page.locator("#viewer")).to_contain_text("9000 bytes")
     assert watched.violations() == []
 
     probe_ctx = world.context()

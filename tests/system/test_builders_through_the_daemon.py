@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import grp
+import json
 import os
 import pwd
 import shutil
@@ -191,7 +192,15 @@ def test_the_builder_runs_doctor_and_events_through_the_daemon(host: Host) -> No
     code, out, err = _kbd(host.builder, "events", "--json", root=host.kb.root)
     assert code == 0, err
     code, _, err = _kbd(host.builder, "audit", root=host.kb.root)
-    assert code == 77 and "audit log" in err, err  # admins only through the daemon
+    # The whole log is the admins'; an owner reads her own workflow's records (docs/access.md "The audit log").
+    assert code == 77 and "audit records of workflows it owns" in err, err
+    code, out, err = _kbd(host.builder, "audit", "--workflow", "mine", "--json", root=host.kb.root)
+    assert code == 0, err
+    events = json.loads(out)["events"]
+    assert all("mine" in (e.get("workflow_id"), e.get("source"), e.get("consumer")) or e.get("session")
+               for e in events), events  # fmt: skip
+    code, _, err = _kbd(host.builder, "audit", "--workflow", "lib", root=host.kb.root)
+    assert code == 77 and "does not own workflow 'lib'" in err, err  # she reads lib, bob owns it
 
 
 def test_without_its_daemon_a_builder_reads_the_root_but_changes_nothing(host: Host) -> None:

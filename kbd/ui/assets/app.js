@@ -20,6 +20,10 @@
     candidates: [],
     writers: null,
     pending: null,
+    rejected: null,
+    history: null, // the viewer's note history: {alias, path, data} (data.versions newest first)
+    diffs: {}, // pending relpath -> its preview diff (or an error), while shown
+    rendered: true, // Markdown files: rendered (true) or as text
     kb: { alias: null, path: "" }, // alias null = the workflow's own KB
     file: null, // the file shown in the viewer: {alias, path}
     confirming: null, // the alias whose detach waits for a confirmation
@@ -54,6 +58,100 @@
   const button = (label, action, onClick, attrs = {}) =>
     el("button", { type: "button", "data-action": action, on: { click: onClick }, ...attrs }, label);
   const badge = (text, kind) => el("span", { class: `badge ${kind || ""}`.trim() }, text);
+
+  // A path that wraps after its slashes, never inside a name (a <wbr> after each '/').
+  function pathCode(text, attrs = {}) {
+    const node = el("code", { class: "path", ...attrs });
+    const parts = String(text).split("/");
+    parts.forEach((part, i) => {
+      node.append(document.createTextNode(i < parts.length - 1 ? `${part}/` : part));
+      if (i < parts.length - 1) node.append(document.createElement("wbr"));
+    });
+    return node;
+  }
+  const when = (seconds) => new Date(seconds * 1000).toISOString().replace(/\.\d+Z$/, "Z");
+
+  // A unified diff as lines, each marked added, removed, a hunk head or context (text only).
+  function diffView(text, label) {
+    const pre = el("pre", { class: "diff", tabindex: "0", "aria-label": label });
+    for (const line of String(text).split("\n")) {
+      const kind = line.startsWith("+++") || line.startsWith("---") ? "file" : line.startsWith("@@") ? "hunk"
+        : line.startsWith("+") ? "add" : line.startsWith("-") ? "del" : "ctx";
+      pre.append(el("span", { class: `dl ${kind}`, text: `${line}\n` }));
+    }
+    return pre;
+  }
+
+  // -- Markdown, rendered safely -------------------------------------------------
+  // A small subset (headings, paragraphs, lists, quotes, code, rules, emphasis, links)
+  // built as DOM nodes from text: raw HTML in a note stays visible text, never markup.
+  // A link is made only for http(s) and mailto addresses, and never follows a referrer.
+  const SAFE_LINK = /^(https?:\/\/|mailto:)/i;
+  function inline(text) {
+    const out = [];
+    const re = /(`[^`]+`)|(\*\*[^*]+\*\*)|(\*[^*\s][^*]*\*|_[^_\s][^_]*_)|(\[[^\]]+\]\([^)\s]+\))/g;
+    let last = 0;
+    for (let m = re.exec(text); m; m = re.exec(text)) {
+      if (m.index > last) out.push(text.slice(last, m.index));
+      const t = m[0];
+      if (m[1]) out.push(el("code", { text: t.slice(1, -1) }));
+      else if (m[2]) out.push(el("strong", {}, ...inline(t.slice(2, -2))));
+      else if (m[3]) out.push(el("em", {}, ...inline(t.slice(1, -1))));
+      else {
+        const close = t.indexOf("](");
+        const label = t.slice(1, close);
+        const href = t.slice(close + 2, -1);
+        out.push(SAFE_LINK.test(href)
+          ? el("a", { href, rel: "noopener noreferrer nofollow", target: "_blank" }, ...inline(label))
+          : `${label} (${href})`);
+      }
+      last = m.index + t.length;
+    }
+    if (last < text.length) out.push(text.slice(last));
+    return out;
+  }
+  function renderMarkdown(text) {
+    const root = el("div", { class: "md" });
+    let lines = String(text).replace(/\r\n?/g, "\n").split("\n");
+    if (lines[0] === "---") {
+      const end = lines.indexOf("---", 1);
+      if (end > 0) {
+        root.append(el("pre", { class: "frontmatter", text: lines.slice(1, end).join("\n") }));
+        lines = lines.slice(end + 1);
+      }
+    }
+    let para = [];
+    let list = null;
+    const flush = () => {
+      if (para.length) root.append(el("p", {}, ...inline(para.join(" "))));
+      para = [];
+    };
+    for (let i = 0; i < lines.length; i++) {
+      const line = lines[i];
+      const fence = /^(```|~~~)/.exec(line);
+      if (fence) {
+        flush(); list = null;
+        const body = [];
+        for (i++; i < lines.length && !lines[i].startsWith(fence[1]); i++) body.push(lines[i]);
+        root.append(el("pre", { class: "code" }, el("code", { text: body.join("\n") })));
+        continue;
+      }
+      const h = /^(#{1,6})\s+(.*)$/.exec(line);
+      const item = /^\s*([-*+]|\d+[.)])\s+(.*)$/.exec(line);
+      if (h) { flush(); list = null; root.append(el(`h${Math.min(6, h[1].length + 2)}`, {}, ...inline(h[2]))); }
+      else if (/^\s*([-*_])(\s*\1){2,}\s*$/.test(line)) { flush(); list = null; root.append(el("hr")); }
+      else if (item) {
+        flush();
+        const tag = /\d/.test(item[1]) ? "ol" : "ul";
+        if (!list || list.tagName.toLowerCase() !== tag) { list = el(tag); root.append(list); }
+        list.append(el("li", {}, ...inline(item[2])));
+      } else if (/^>\s?/.test(line)) { flush(); list = null; root.append(el("blockquote", {}, ...inline(line.replace(/^>\s?/, "")))); }
+      else if (!line.trim()) { flush(); list = null; }
+      else { list = null; para.push(line.trim()); }
+    }
+    flush();
+    return root;
+  }
 
   // Keeps keyboard focus across a re-render: elements that can take focus carry data-key.
   function keepFocus(render) {
@@ -182,6 +280,9 @@
     S.candidates = [];
     S.writers = null;
     S.pending = null;
+    S.rejected = null;
+    S.history = null;
+    S.diffs = {};
     S.kb = { alias: null, path: "" };
     S.file = null;
     S.confirming = null;
@@ -269,7 +370,7 @@
     else renderKbStatus();
   }
 
-  const loadReview = (wid, seq) => Promise.all([loadWriters(wid, seq), loadPending(wid, seq)]);
+  const loadReview = (wid, seq) => Promise.all([loadWriters(wid, seq), loadPending(wid, seq), loadRejected(wid, seq)]);
 
   async function loadWriters(wid, seq) {
     try {
@@ -285,6 +386,15 @@
       if (seq === S.seq) S.pending = data;
     } catch (err) {
       if (seq === S.seq) { S.pending = null; showError("pending-error", err); }
+    }
+  }
+
+  async function loadRejected(wid, seq) {
+    try {
+      const data = await api(wfPath(wid, "/notes/rejected"));
+      if (seq === S.seq) S.rejected = data;
+    } catch (err) {
+      if (seq === S.seq) { S.rejected = null; showError("pending-error", err); }
     }
   }
 
@@ -347,7 +457,7 @@
       ["Source", [el("span", { text: att.label || "(label not visible)" }), " ", el("code", { text: att.workflow_id })]],
       ["Access", [att.access === "write" ? "read + write notes/" : "read"]],
       ["Variable", [el("code", { text: att.env || `WORKFLOW_KB_${att.alias.toUpperCase()}` })]],
-      ["KB folder", [att.path ? el("code", { class: "path", text: att.path }) : "—"]],
+      ["KB folder", [att.path ? pathCode(att.path) : "—"]],
     ];
     if (ws) facts.push(["Write", [badge(ws.text, ws.kind)]]);
     const dl = el("dl", { class: "facts" }, ...facts.map(([k, v]) => [el("dt", { text: k }), el("dd", {}, ...v)]));
@@ -493,21 +603,33 @@
     renderGrantOptions();
   }
 
+  // Workflows this principal can see, by label; one it cannot see is granted by its ID ("another…").
+  const OTHER = "\u0000other";
   function renderGrantOptions() {
     const granted = new Set(((S.writers && S.writers.writers) || []).map((w) => w.workflow_id));
+    const pick = $("grant-pick");
+    const was = pick.value;
     const opts = S.workflows.filter((w) => w.id !== S.wid && !granted.has(w.id))
-      .map((w) => el("option", { value: w.id }, w.label || w.id));
-    $("grant-options").replaceChildren(...opts);
+      .map((w) => el("option", { value: w.id, selected: w.id === was }, w.label && w.label !== w.id ? `${w.label} (${w.id})` : w.id));
+    pick.replaceChildren(el("option", { value: "" }, "Choose a workflow…"), ...opts,
+      el("option", { value: OTHER, selected: was === OTHER }, "Another workflow, by its ID…"));
+    $("grant-other").hidden = pick.value !== OTHER;
   }
   const labelOf = (wid) => { const w = S.workflows.find((x) => x.id === wid); return w && w.label && w.label !== wid ? w.label : null; };
 
   async function grant(ev) {
     ev.preventDefault();
-    const consumer = $("grant-id").value.trim();
+    const pick = $("grant-pick").value;
+    const consumer = pick === OTHER ? $("grant-id").value.trim() : pick;
+    if (!consumer) {
+      showError("writers-error", new ApiError(0, "ui-input", "choose the workflow that may write", null));
+      return;
+    }
     clearError("writers-error");
     try {
       await api(wfPath(S.wid, "/writers"), { method: "POST", body: { workflow_id: consumer } });
       $("grant-id").value = "";
+      $("grant-pick").value = "";
       notice(`${consumer} may now write into notes/.`);
     } catch (err) {
       showError("writers-error", err);
@@ -543,13 +665,55 @@
           p.contributed_at ? ` · ${p.contributed_at}` : "",
           typeof p.bytes === "number" ? ` · ${p.bytes} bytes` : "",
           p.digest ? ` · ${String(p.digest).slice(0, 19)}…` : "")),
+      button(S.diffs[p.relpath] ? "Hide changes" : "Preview changes", "preview", () => preview(p),
+        { class: "quiet", "data-key": `preview:${p.relpath}`, "aria-expanded": String(Boolean(S.diffs[p.relpath])),
+          "aria-label": `Preview the changes of ${p.relpath}` }),
       button("Approve", "approve", () => review(p, "approve"),
         { class: "primary", "data-key": `approve:${p.relpath}`, "aria-label": `Approve ${p.relpath}` }),
       button("Reject", "reject", () => review(p, "reject"),
         { class: "danger-quiet", "data-key": `reject:${p.relpath}`, "aria-label": `Reject ${p.relpath}` })));
+    for (const row of rows) {
+      const d = S.diffs[row.getAttribute("data-path")];
+      if (d) row.append(d.error ? errorBox(d.error) : diffView(d.diff, `Changes of ${d.relpath}`));
+    }
     const empty = el("li", { class: "empty", text: "Nothing is waiting for review." });
     const more = S.pending && S.pending.truncated ? el("li", { class: "muted", text: "More are waiting: review these first." }) : null;
     keepFocus(() => $("pending-list").replaceChildren(...(rows.length ? rows : [empty]), ...(more ? [more] : [])));
+    renderRejected();
+  }
+
+  // The contribution against the version before it (history), before deciding on it.
+  async function preview(p) {
+    if (S.diffs[p.relpath]) { delete S.diffs[p.relpath]; renderPending(); return; }
+    try {
+      S.diffs[p.relpath] = await api(`${wfPath(S.wid, "/notes/diff")}?path=${enc(p.relpath)}`);
+    } catch (err) {
+      S.diffs[p.relpath] = { error: err };
+    }
+    renderPending();
+  }
+
+  function renderRejected() {
+    const list = (S.rejected && S.rejected.rejected) || [];
+    $("rejected-title").hidden = list.length === 0;
+    keepFocus(() => $("rejected-list").replaceChildren(...list.map((r) => el("li", { class: "row rejected", "data-rejected": String(r.id) },
+      el("div", { class: "grow" }, pathCode(r.relpath),
+        el("p", { class: "muted", text: `rejected by ${r.rejected_by} · ${when(r.rejected_at)} · ${r.bytes} bytes` })),
+      button("Restore", "unreject", () => unreject(r),
+        { "data-key": `unreject:${r.id}`, "aria-label": `Restore ${r.relpath} into notes/` })))));
+  }
+
+  async function unreject(r) {
+    clearError("pending-error");
+    try {
+      await api(wfPath(S.wid, `/notes/rejected/${enc(String(r.id))}/restore`), { method: "POST", body: {} });
+      notice(`Restored ${r.relpath}: it waits for review again.`);
+    } catch (err) {
+      showError("pending-error", err);
+    }
+    stale.browser = true;
+    stale.review = true;
+    await refreshWorkflow();
   }
 
   async function review(p, decision) {
@@ -709,18 +873,81 @@
       viewer.replaceChildren(el("p", { class: "empty", text: S.file ? "" : "Choose a file to read it here." }));
       return;
     }
+    const isMd = /\.(md|markdown)$/i.test(data.path) && data.encoding === "utf-8";
+    const file = S.file;
+    const owner = file ? noteOwner(file.alias) : null;
     const head = el("header", { class: "viewer-head" },
-      el("h3", { class: "viewer-path", text: data.path }),
-      badge(`${data.size} bytes`, "muted"), badge("read-only", "ro"));
+      el("h3", { class: "viewer-path" }, pathCode(data.path, { class: "path plain" })),
+      badge(`${data.size} bytes`, "muted"), badge("read-only", "ro"),
+      el("span", { class: "spacer" }),
+      isMd ? button(S.rendered ? "Show text" : "Show rendered", "render", () => { S.rendered = !S.rendered; renderViewer(data); },
+        { class: "quiet", "data-key": "viewer-render", "aria-pressed": String(S.rendered) }) : null,
+      owner && /^notes\//.test(data.path) ? button("History", "history", () => loadHistory(file, owner),
+        { class: "quiet", "data-key": "viewer-history" }) : null);
     let body;
-    if (data.encoding === "utf-8") {
-      // Markdown and everything else is shown as plain text: never parsed, never HTML.
+    if (isMd && S.rendered) {
+      // Rendered from text into DOM nodes (renderMarkdown): never parsed as HTML.
+      body = renderMarkdown(data.content);
+      body.setAttribute("aria-label", `Contents of ${data.path}`);
+      body.setAttribute("tabindex", "0");
+    } else if (data.encoding === "utf-8") {
       body = el("pre", { class: "file-text", tabindex: "0", "aria-label": `Contents of ${data.path}` });
       body.textContent = data.content;
     } else {
       body = el("p", { class: "empty", text: "Not text (binary): not shown." });
     }
-    viewer.replaceChildren(head, body);
+    const hist = S.history && file && S.history.alias === file.alias && S.history.path === file.path
+      ? historyView(S.history) : null;
+    viewer.replaceChildren(head, body, ...(hist ? [hist] : []));
+  }
+
+  // -- note history (the viewer's notes/ files) ------------------------------------------------
+  // The workflow whose notes/ holds the file: this one (own KB) or the attached source.
+  function noteOwner(alias) {
+    if (alias === null) return S.wid;
+    const att = S.sources.find((s) => s.alias === alias);
+    return att ? att.workflow_id : null;
+  }
+
+  async function loadHistory(file, owner) {
+    try {
+      const data = await api(`${wfPath(owner, "/notes/history")}?path=${enc(file.path)}`);
+      if (S.file !== file) return;
+      S.history = { alias: file.alias, path: file.path, owner, data, diff: null };
+      clearError("browser-error");
+    } catch (err) {
+      showError("browser-error", err);
+      return;
+    }
+    await showFile(S.seq);
+    focusKey("history-close");
+  }
+
+  function historyView(h) {
+    const versions = h.data.versions || [];
+    const rows = versions.map((v, i) => el("li", { class: "row version", "data-version": v.version },
+      el("code", { text: String(v.version).slice(0, 19) }),
+      el("span", { class: "muted", text: `${when(v.at)} · ${v.how} · ${v.principal || v.workflow || "-"} · ${v.size} bytes` }),
+      el("span", { class: "spacer" }),
+      button(i === versions.length - 1 ? "Show first version" : "Diff", "diff", () => showDiff(h, v.version),
+        { class: "quiet", "data-key": `diff:${v.version}`, "aria-label": `Changes of version ${v.version}` })));
+    return el("section", { class: "history", "aria-label": `History of ${h.path}` },
+      el("div", { class: "panel-head" }, el("h4", { text: `History (${versions.length} version${versions.length === 1 ? "" : "s"})` }),
+        button("Close", "history-close", () => { S.history = null; showFile(S.seq); }, { class: "quiet", "data-key": "history-close" })),
+      el("ul", { class: "rows" }, ...(rows.length ? rows : [el("li", { class: "empty", text: "No version recorded yet." })])),
+      h.diff ? diffView(h.diff.diff, `Changes from ${h.diff.from || "nothing"} to ${h.diff.to}`) : null);
+  }
+
+  async function showDiff(h, version) {
+    try {
+      h.diff = await api(`${wfPath(h.owner, "/notes/diff")}?path=${enc(h.path)}&version=${enc(version)}`);
+      clearError("browser-error");
+    } catch (err) {
+      showError("browser-error", err);
+      return;
+    }
+    await showFile(S.seq);
+    focusKey(`diff:${version}`);
   }
 
   // -- search --------------------------------------------------------------------------------
@@ -888,6 +1115,7 @@
     });
     $("attach-alias").addEventListener("input", () => { aliasTouched = $("attach-alias").value !== ""; });
     $("grant-form").addEventListener("submit", grant);
+    $("grant-pick").addEventListener("change", () => { $("grant-other").hidden = $("grant-pick").value !== OTHER; });
     $("search-form").addEventListener("submit", search);
     $("wf-filter").addEventListener("input", renderWorkflows);
     $("wf-list").addEventListener("keydown", workflowKeys);
