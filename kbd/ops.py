@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     import kbd.service.history
     import kbd.service.importing
     import kbd.service.notes
+    import kbd.service.own_kb
     import kbd.service.principals
     import kbd.service.reviews
     import kbd.service.search
@@ -858,6 +859,28 @@ class Ls(Op["kbd.service.browse.Listing"]):
 
 #: The ALIAS that names the workflow's own KB in `kbd read`/`kbd ls`: never an alias (docs/on-disk.md "IDs").
 OWN_KB = "."
+
+
+@dataclass(frozen=True)
+class OwnWrite(Op["kbd.service.own_kb.KbFileWritten"]):
+    """Create or replace a file of the workflow's own ``context/`` or ``notes/``
+    (its owners, editors and admins; the Knowledge page's editor)."""
+
+    route: ClassVar[Route] = Route(
+        "PUT", "/v1/workflows/{wid}/kb/file", {"wid": "wf"},
+        body={"path": "relpath", "content": "text", "expected_version": "expected"},
+    )  # fmt: skip
+
+    wf: str
+    relpath: str
+    text: str
+    expected: str | None = None
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.own_kb.KbFileWritten:
+        from kbd.service import own_kb as _own
+
+        return _own.write_own(ctx.sessions, self.wf, self.relpath, self.text.encode("utf-8"),
+                              actor=_principal(actor), expected=self.expected)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,7 @@ from kbd.errors import (
     from_oserror,
     http_answer,
 )
-from kbd.service import JsonObject, admin, auth
+from kbd.service import JsonObject, admin, auth, own_kb
 from kbd.service import browse as browse_ops
 from kbd.service import history as history_ops
 from kbd.service import importing as import_ops
@@ -386,6 +386,18 @@ class ImportDocument(Strict):
 class ImportSkipped(Strict):
     file: str
     reason: str
+
+
+class KbFileBody(Strict):
+    path: str = Field(description="relative to the workflow's KB root, beneath context/ or notes/",
+                      json_schema_extra={"minLength": 1})  # fmt: skip
+    content: str = Field(description="the file's text (UTF-8; at most 1 MiB)")
+    expected_version: str | None = Field(
+        default=None,
+        description="the version the editor read (none: the file must not exist yet); refused (412) when it "
+        "changed since",
+        json_schema_extra=_schema({"type": "string", "pattern": NOTE_VERSION}, nullable=True),
+    )
 
 
 class ImportBody(Strict):
@@ -921,6 +933,7 @@ OWN_HANDLER: dict[type[ops.Op[Record]], str] = {
     ops.NoteDiff: "query parameters",
     ops.Read: "query parameters, an ETag, the read outside the state lock",
     ops.OwnRead: "query parameters, an ETag, the read outside the state lock",
+    ops.OwnWrite: "an ETag, and the notes or import lock waited for in the notes pool",
     ops.Ls: "query parameters, the listing outside the state lock",
     ops.OwnLs: "query parameters, the listing outside the state lock",
     ops.Import: "documents decoded from base64, the writes outside the state lock",
@@ -1322,6 +1335,33 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
             # notes mutex (up to the lock timeout, while a write command runs)
             # stalls neither other requests nor the shared worker threads.
             written = await anyio.to_thread.run_sync(note_ops.commit, prepared, limiter=state.notes_limiter())
+            response.headers["ETag"] = f'"{written.version}"'
+            return written.to_json()
+        finally:
+            state.notes_in_flight -= 1
+
+    @app.put(
+        "/v1/workflows/{wid}/kb/file", response_model=None, responses=answers(app, ops.OwnWrite.result())
+    )
+    async def write_own_file(
+        wid: str, body: KbFileBody, response: Response, actor: Principal = Actor
+    ) -> JsonObject:
+        if state.notes_in_flight >= NOTE_WORKERS + NOTE_BACKLOG:
+            raise Overloaded(f"{state.notes_in_flight} note writes are already waiting")
+
+        def prepare() -> own_kb.PreparedEdit:
+            with state.locked():
+                return own_kb.prepare_own(state.sessions, wid, body.path, body.content.encode("utf-8"),
+                                          actor=actor, expected=body.expected_version)  # fmt: skip
+
+        state.notes_in_flight += 1
+        try:
+            prepared = await run_in_threadpool(prepare)
+            # As a note write: the lock of notes/ or of the KB's import is waited for
+            # outside the state lock, in the notes pool.
+            written = await anyio.to_thread.run_sync(
+                own_kb.commit_own, prepared, limiter=state.notes_limiter()
+            )
             response.headers["ETag"] = f'"{written.version}"'
             return written.to_json()
         finally:

@@ -493,6 +493,11 @@ def create_app(page: Page) -> ASGIApp:
         )
 
     def own_file(r: Request) -> Record:
+        if r.method == "PUT":
+            f = body_fields(r.state.body, {"path": str, "content": str}, {"expected_version": str})
+            return page.run(
+                ops.OwnWrite(_param(r, "wid"), f["path"], f["content"], f.get("expected_version"))
+            )
         return page.run(ops.OwnRead(_param(r, "wid"), r.query_params.get("path", "")))
 
     def source_dir(r: Request) -> Record:
@@ -539,7 +544,7 @@ def create_app(page: Page) -> ASGIApp:
         Route(f"{wf}/notes/history", _api(note_history), methods=["GET"]),
         Route(f"{wf}/notes/diff", _api(note_diff), methods=["GET"]),
         Route(f"{wf}/own/dir", _api(own_dir), methods=["GET"]),
-        Route(f"{wf}/own/file", _api(own_file), methods=["GET"]),
+        Route(f"{wf}/own/file", _api(own_file), methods=["GET", "PUT"]),
         Route(f"{wf}/sources/{{alias}}/dir", _api(source_dir), methods=["GET"]),
         Route(f"{wf}/sources/{{alias}}/file", _api(source_file), methods=["GET"]),
         Route(f"{wf}/search", _api(search), methods=["GET"]),

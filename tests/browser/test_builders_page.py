@@ -132,3 +132,48 @@ def test_paths_wrap_at_slashes_and_the_page_loads_without_a_console_error(world:
     assert any(u.endswith("/assets/icon.svg") for u in watched.requests)
     icon = httpx.get(f"{ui.base}/favicon.ico", headers={"host": f"127.0.0.1:{ui.port}"})
     assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+
+
+def test_a_manager_edits_the_own_kb_against_the_version_read_and_a_reader_cannot(world: World) -> None:
+    worlds.build(world.kb)
+    kb = world.kb.workflows / worlds.MAIN / "knowledgebase"
+    _, _, watched = world.open("alice", worlds.MAIN)
+    page = watched.page
+    open_note(page, "notes/howto.md")
+    page.locator('[data-action="edit"]').click()
+    area = page.locator("textarea.editor")
+    expect(area).to_have_value("# How to\nRun `make test` before you push.\n")
+    area.fill("# How to\nRun `make check` first, then `make test`.\n")
+    page.locator('[data-action="save"]').click()
+    expect(page.locator("#viewer .md")).to_contain_text("make check")
+    assert (kb / "notes" / "howto.md").read_text() == "# How to\nRun `make check` first, then `make test`.\n"
+    log = world.kb.cli("notes", "log", worlds.MAIN, "notes/howto.md", "--as", "alice", "--json").json()
+    newest = log["versions"][0]
+    assert (newest["how"], newest["principal"]) == ("edit", "alice")
+
+    # Changed on disk while the editor is open: the save is refused and the text is kept.
+    page.locator('[data-action="edit"]').click()
+    area.fill("# How to\nmine\n")
+    (kb / "notes" / "howto.md").write_text("# How to\ntheirs\n")
+    page.locator('[data-action="save"]').click()
+    expect(page.locator("#browser-error")).to_contain_text("error[note-version-conflict]")
+    expect(area).to_have_value("# How to\nmine\n")
+    assert (kb / "notes" / "howto.md").read_text() == "# How to\ntheirs\n"
+    page.locator('[data-action="edit-cancel"]').click()
+
+    # A new file in context/.
+    page.locator('.crumbs [data-path=""]').click()
+    page.locator('.entries [data-path="context"]').click()
+    page.locator("#new-file-name").fill("guide.md")
+    page.locator('[data-action="new-file"]').click()
+    page.locator("textarea.editor").fill("# Guide\nStart with `kbd doctor`.\n")
+    page.locator('[data-action="save"]').click()
+    expect(page.locator('.entries [data-path="context/guide.md"]')).to_be_visible()
+    assert (kb / "context" / "guide.md").read_text() == "# Guide\nStart with `kbd doctor`.\n"
+
+    # A reader sees no editor.
+    _, _, reader = world.open("bob", worlds.MAIN)
+    open_note(reader.page, "notes/howto.md")
+    expect(reader.page.locator("#viewer")).to_contain_text("theirs")
+    expect(reader.page.locator('[data-action="edit"]')).to_have_count(0)
+    expect(reader.page.locator("#new-file-name")).to_have_count(0)

@@ -24,6 +24,7 @@
     history: null, // the viewer's note history: {alias, path, data} (data.versions newest first)
     diffs: {}, // pending relpath -> its preview diff (or an error), while shown
     rendered: true, // Markdown files: rendered (true) or as text
+    editing: null, // the own KB file being edited: {path, text, expected} (expected: the version read, or "none")
     kb: { alias: null, path: "" }, // alias null = the workflow's own KB
     file: null, // the file shown in the viewer: {alias, path}
     confirming: null, // the alias whose detach waits for a confirmation
@@ -283,6 +284,7 @@
     S.rejected = null;
     S.history = null;
     S.diffs = {};
+    S.editing = null;
     S.kb = { alias: null, path: "" };
     S.file = null;
     S.confirming = null;
@@ -808,6 +810,13 @@
       nodes.push(el("span", { class: "sep", "aria-hidden": "true", text: "/" }),
         button(name, "open", () => openKb(S.kb.alias, rel), { class: "crumb", "data-path": rel, "data-key": `crumb:${rel}` }));
     });
+    if (S.kb.alias === null && S.rights.manage && /^(context|notes)(\/|$)/.test(S.kb.path)) {
+      nodes.push(el("span", { class: "spacer" }),
+        el("form", { class: "new-file", novalidate: true, on: { submit: (ev) => { ev.preventDefault(); newFile(); } } },
+          el("label", {}, "New file ", el("input", { id: "new-file-name", placeholder: "name.md", autocomplete: "off",
+            spellcheck: "false", "data-key": "new-file-name" })),
+          el("button", { type: "submit", "data-action": "new-file" }, "Create")));
+    }
     crumbs.replaceChildren(...nodes);
   }
 
@@ -849,6 +858,11 @@
   async function showFile(seq) {
     const file = S.file;
     if (!file) return;
+    if (S.editing && S.editing.expected === "none" && file.alias === null && S.editing.path === file.path) {
+      // A new file not saved yet: nothing to read, the editor stays as it is.
+      renderViewer({ path: file.path, size: 0, encoding: "utf-8", content: "" });
+      return;
+    }
     for (const b of $("entries").querySelectorAll("button[data-path]")) {
       if (b.getAttribute("data-path") === file.path) b.setAttribute("aria-current", "true");
       else b.removeAttribute("aria-current");
@@ -883,7 +897,12 @@
       isMd ? button(S.rendered ? "Show text" : "Show rendered", "render", () => { S.rendered = !S.rendered; renderViewer(data); },
         { class: "quiet", "data-key": "viewer-render", "aria-pressed": String(S.rendered) }) : null,
       owner && /^notes\//.test(data.path) ? button("History", "history", () => loadHistory(file, owner),
-        { class: "quiet", "data-key": "viewer-history" }) : null);
+        { class: "quiet", "data-key": "viewer-history" }) : null,
+      editable(file, data) ? button("Edit", "edit", () => startEdit(data), { class: "quiet", "data-key": "viewer-edit" }) : null);
+    if (S.editing && file && file.alias === null && S.editing.path === data.path) {
+      viewer.replaceChildren(head, editor());
+      return;
+    }
     let body;
     if (isMd && S.rendered) {
       // Rendered from text into DOM nodes (renderMarkdown): never parsed as HTML.
@@ -899,6 +918,66 @@
     const hist = S.history && file && S.history.alias === file.alias && S.history.path === file.path
       ? historyView(S.history) : null;
     viewer.replaceChildren(head, body, ...(hist ? [hist] : []));
+  }
+
+  // -- editing the own KB (owners and editors: the operation re-checks) ---------------------------
+  const EDITABLE = /^(context|notes)\/./;
+  function editable(file, data) {
+    return Boolean(file && file.alias === null && S.rights.manage && data.encoding === "utf-8"
+      && EDITABLE.test(data.path) && data.path !== "notes/_index.json");
+  }
+
+  async function versionOf(text) {
+    const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(text));
+    return `sha256:${[...new Uint8Array(digest)].map((b) => b.toString(16).padStart(2, "0")).join("")}`;
+  }
+
+  async function startEdit(data) {
+    // The version the editor read: a save is refused (412) when the file changed since.
+    S.editing = { path: data.path, text: data.content, expected: await versionOf(data.content) };
+    renderViewer(data);
+    focusKey("editor-text");
+  }
+
+  function newFile() {
+    const name = $("new-file-name").value.trim();
+    if (!name) return;
+    const path = `${S.kb.path}/${name}`;
+    S.editing = { path, text: "", expected: "none" };
+    S.file = { alias: null, path };
+    renderViewer({ path, size: 0, encoding: "utf-8", content: "" });
+    focusKey("editor-text");
+  }
+
+  function editor() {
+    const ed = S.editing;
+    const area = el("textarea", { class: "editor", "data-key": "editor-text", "aria-label": `Text of ${ed.path}`,
+      spellcheck: "false", rows: "18", on: { input: (ev) => { ed.text = ev.target.value; } } });
+    area.value = ed.text;
+    return el("form", { class: "edit-form", novalidate: true, on: { submit: (ev) => { ev.preventDefault(); saveEdit(); } } },
+      area,
+      el("div", { class: "edit-actions" },
+        el("span", { class: "muted", text: ed.expected === "none" ? "a new file" : `editing version ${ed.expected.slice(0, 19)}…` }),
+        el("span", { class: "spacer" }),
+        button("Cancel", "edit-cancel", () => { S.editing = null; showFile(S.seq); }, { class: "quiet" }),
+        el("button", { type: "submit", class: "primary", "data-action": "save", "data-key": "editor-save" }, "Save")));
+  }
+
+  async function saveEdit() {
+    const ed = S.editing;
+    clearError("browser-error");
+    try {
+      const done = await api(wfPath(S.wid, "/own/file"), { method: "PUT",
+        body: { path: ed.path, content: ed.text, expected_version: ed.expected } });
+      notice(`Saved ${done.path} (${done.bytes} bytes).`);
+    } catch (err) {
+      // The text stays in the editor: a refused save loses nothing.
+      showError("browser-error", err);
+      return;
+    }
+    S.editing = null;
+    stale.browser = true;
+    await refreshWorkflow();
   }
 
   // -- note history (the viewer's notes/ files) ------------------------------------------------
