@@ -480,7 +480,9 @@ class AuditFeed:
             self.skipped_lines += got.skipped_lines
             out += [e for e in got.events if self._select.wants(e)]
             moved, self._offset = got.offset != self._offset, got.offset
-            if not moved or (not got.events and not got.skipped_lines):
+            # A chunk the server selected nothing from (an owner's view) still moves on:
+            # only an offset that stays put means the end of the log so far.
+            if not moved:
                 return out
 
     def records(self) -> AuditRecords:

@@ -28,6 +28,7 @@ from kbd.core.records import Record, key
 from kbd.core.relpaths import request_parts
 from kbd.errors import (
     InvalidInput,
+    InvalidPath,
     KbdError,
     NoteVersionConflict,
     PathNotFound,
@@ -35,7 +36,7 @@ from kbd.errors import (
     from_oserror,
 )
 from kbd.fs import importing as disk
-from kbd.fs.confined import pin_dir, read_file_stat, replace_file
+from kbd.fs.confined import names_folder, pin_dir, read_file_stat, replace_file
 from kbd.fs.locks import held
 from kbd.service import notes
 from kbd.service.browse import own_kb
@@ -109,8 +110,14 @@ def prepare_own(
                 f"{relpath[:200]!r} is not beneath context/ or notes/: only their files are edited here",
                 hint="e.g. context/overview.md or notes/finding.md",
             )
-        # One name rule for both folders: the notes' (no _index.json, no dot files, no control characters).
+        if names_folder(relpath):
+            raise InvalidPath(f"{relpath[:200]!r} ends with '/': name a file, not a folder")
+        # One name rule for both folders: the notes' (no _index.json or look-alike, no control
+        # characters); and no hidden name, which listings, search and import pass over.
         inner, _ = rules.write_parts("/".join((NOTES_DIR, *parts[1:])))
+        if any(p.startswith(".") for p in inner):
+            raise InvalidPath(f"{relpath[:200]!r} names a hidden file or folder (a name starting with '.')",
+                              hint="name it without the leading '.'")  # fmt: skip
         if parts[0] == CONTEXT_DIR and len(inner) > 2:
             raise InvalidInput(f"{relpath[:200]!r} is nested deeper than context/<folder>/<file>",
                                hint="context/ holds files and one level of folders, as kbd import makes them")  # fmt: skip
@@ -160,20 +167,20 @@ def _write_context(edit: PreparedEdit) -> KbFileWritten:
         with pin_dir(edit.kb_path, expect=edit.kb_identity) as kb:
             lock = held(config.state_dir, "import", disk.kb_key(kb.fd), timeout=config.lock_timeout,
                         what=f"the knowledge base of {wid!r}", who={"workflow": wid})  # fmt: skip
-            with lock, disk.open_context(kb.fd, create=True) as ctx:
-                assert ctx is not None
-                container, name = edit.inner if len(edit.inner) == 2 else ("", edit.inner[0])
-                current = disk.existing(ctx, container, name) if container else _existing_top(ctx, name)
+            container, name = edit.inner if len(edit.inner) == 2 else ("", edit.inner[0])
+            with lock:
+                # The version first, creating nothing: a refused save leaves the KB as it was.
+                with disk.open_context(kb.fd, create=False) as seen:
+                    current = None
+                    if seen is not None:
+                        current = (
+                            disk.existing(seen, container, name) if container else _existing_top(seen, name)
+                        )
                 now = ABSENT if current is None else version_of(current)
                 if edit.expected is not None and now != edit.expected:
                     raise NoteVersionConflict(f"{rel} in {wid!r} is at version {now}, not {edit.expected}",
                                               current=now)  # fmt: skip
-                if container:
-                    disk.write_doc(ctx, container, name, data)
-                else:
-                    st = os.fstat(ctx)
-                    replace_file(ctx, name, data, mode=disk.file_mode(ctx),
-                                 owner=(st.st_uid, st.st_gid) if os.geteuid() == 0 else None)  # fmt: skip
+                _put_context(kb.fd, container, name, data)
     except OSError as exc:  # a full disk is NoSpace (75), a denied folder PermissionDenied
         err = from_oserror(exc, what=f"write {rel!r}")
         _refused(host, wid, rel, err, edit.actor)
@@ -183,6 +190,19 @@ def _write_context(edit: PreparedEdit) -> KbFileWritten:
         raise
     host.audit("kb_file_written", workflow_id=wid, path=rel, bytes=len(data), **actor_fields(edit.actor))
     return KbFileWritten(wid, rel, len(data), version_of(data))
+
+
+def _put_context(kb_fd: int, container: str, name: str, data: bytes) -> None:
+    """Write ``context/[<container>/]<name>`` (``context/`` and the container made
+    when missing, like ``knowledgebase/``); the caller holds the import lock."""
+    with disk.open_context(kb_fd, create=True) as ctx:
+        assert ctx is not None
+        if container:
+            disk.write_doc(ctx, container, name, data)
+            return
+        st = os.fstat(ctx)
+        replace_file(ctx, name, data, mode=disk.file_mode(ctx),
+                     owner=(st.st_uid, st.st_gid) if os.geteuid() == 0 else None)  # fmt: skip
 
 
 def _existing_top(context_fd: int, name: str) -> bytes | None:

@@ -1473,6 +1473,8 @@ def test_managers_edit_their_own_kb_with_version_checks(world: World, s: Scenari
         (alice, {"path": "overview.md", "content": "x"}, 403, "permission-denied"),  # the KB root
         (alice, {"path": "context", "content": "x"}, 403, "permission-denied"),
         (alice, {"path": "context/a/b/c.md", "content": "x"}, 400, "invalid-input"),
+        (alice, {"path": "context/.hidden.md", "content": "x"}, 400, "invalid-path"),  # listings skip it
+        (alice, {"path": "notes/a.md/", "content": "x"}, 400, "invalid-path"),  # names a folder
         (alice, {"path": "context/../soul/x.md", "content": "x"}, 400, "invalid-path"),
         (
             alice,
@@ -1492,6 +1494,14 @@ def test_managers_edit_their_own_kb_with_version_checks(world: World, s: Scenari
     kinds = {(r["event"], r.get("code")) for r in world.kb.audit_events("kb_file_refused")}
     assert ("kb_file_refused", "permission-denied") in kinds
     assert [r["path"] for r in world.kb.audit_events("kb_file_written")][-2:] == ["context/overview.md"] * 2
+    # A refused save creates nothing, not even a missing context/.
+    (kb / "context" / "overview.md").unlink()
+    for p in sorted((kb / "context").rglob("*"), reverse=True):
+        p.unlink() if p.is_file() else p.rmdir()
+    (kb / "context").rmdir()
+    stale = alice.put(url, json={"path": "context/new.md", "content": "x\n", "expected_version": v1})
+    assert stale.status_code == 412, stale.text
+    assert not (kb / "context").exists()
 
 
 def test_doctor_is_for_admins(world: World) -> None:

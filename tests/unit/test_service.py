@@ -451,6 +451,26 @@ def test_the_audit_feed_selects_and_counts_torn_lines(world: KbRoot) -> None:
     assert admin.AuditFeed(chunk, since=None, workflow=None).records().to_json()["skipped_lines"] == 1
 
 
+def test_an_owners_audit_view_reads_past_chunks_with_nothing_of_its_workflow(world: KbRoot) -> None:
+    """A chunk the server selected nothing from still moves the offset on: the feed reads
+    on to the end, not only to the first empty chunk (a log over a chunk long lost the rest)."""
+    h = world.host()
+    state = h.config.state_dir
+    filler = "x" * 1000
+    for _ in range(admin.AUDIT_CHUNK_BYTES // 1000 + 50):  # more than one chunk of other workflows' records
+        audit.append(state, "sources_changed", workflow_id="lib", actor="bob", note=filler)
+    audit.append(state, "sources_changed", workflow_id="con", actor="alice")
+    scope = admin.audit_scope(RootSessions(h), actor=h.actor("alice"), workflow="con")
+    assert scope is not None
+
+    def chunk(offset: int) -> admin.AuditChunk:
+        return admin.audit_chunk(h, offset=offset, scope=scope)
+
+    assert chunk(0).events == ()  # the first chunk holds nothing of con's
+    feed = admin.AuditFeed(chunk, since=None, workflow="con")
+    assert [e["actor"] for e in feed.records().events] == ["alice"]
+
+
 def test_a_child_with_an_empty_kind_keeps_its_parents_kind(world: KbRoot) -> None:
     """The child's default kind is decided in the operations layer, not the API:
     an empty kind (what a JSON client may send for none) is the parent's too."""
