@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +32,8 @@ class World:
 
     def env(self, path: str) -> dict[str, str]:
         full = {k: v for k, v in os.environ.items() if not k.startswith("KBD_")}
+        # A kbd that hangs prints every thread's stack on SIGABRT (SshShape.wait sends it).
+        full["PYTHONFAULTHANDLER"] = "1"
         return {**full, **(IN_PROCESS_ENV if path == "in_process" else {"KBD_SOCKET": str(self.daemon.sock)})}
 
     def kbd_exec(self, *command: str) -> list[str]:
@@ -98,7 +101,20 @@ class SshShape:
         return proc
 
     def wait(self, proc: subprocess.Popen[bytes]) -> int:
-        rc = proc.wait(timeout=90)
+        try:
+            rc = proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            # Seen once in a full CI run and never reproduced alone: say where it hung
+            # (faulthandler writes each thread's stack to the command's stderr socket),
+            # and leave no process behind for the next test to trip over.
+            proc.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+            proc.kill()
+            proc.wait()
+            self.err_done.wait(10)
+            pytest.fail(f"kbd exec did not end within 90 s; received {len(self.out)} bytes of output; "
+                        f"its stderr ends: {bytes(self.errs[-6000:]).decode(errors='replace')}")  # fmt: skip
         assert self.out_done.wait(30) and self.err_done.wait(30), "the sockets never reached end of file"
         return rc
 
