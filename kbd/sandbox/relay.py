@@ -326,6 +326,11 @@ class Relay:
             outs = [o for o in outs if not o.closed]
             if not outs:
                 return False
+            if any(not o.pending for o in outs):
+                # A chunk went out whole and the pipe may hold more: read on at once. In the final
+                # phase a pipe is never waited for, so a poll now would wait only for a wake-up
+                # already taken (it hung with output left in the pipe).
+                return True
         elif not outs and inflow is None:
             return False
         poller = select.poll()

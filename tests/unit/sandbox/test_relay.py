@@ -278,3 +278,31 @@ def test_the_in_process_exec_swaps_its_own_socket_stdio_for_the_commands_run() -
         ours.close()
         if proc.stderr:
             proc.stderr.close()
+
+
+def test_output_left_in_the_pipe_when_the_command_ends_is_all_delivered(
+    pairs: tuple[socket.socket, socket.socket, socket.socket, socket.socket],
+) -> None:
+    """More than one chunk still in the pipe when the command's tree is gone (a
+    relay that lagged behind a loaded host): the final phase reads on until the
+    pipe is empty. It polled for the wake-up it had already consumed after the
+    first chunk it sent whole, and hung (a `kbd exec` that never ended)."""
+    ours, theirs, _, _ = pairs
+    relay = Relay([os.open(os.devnull, os.O_RDONLY), theirs.fileno(), theirs.fileno()])
+    _, out, _ = relay.command_stdio
+    fcntl.fcntl(out, 1031, 1 << 20)  # F_SETPIPE_SZ: room for several chunks while nobody reads
+    payload = os.urandom(5 * (1 << 16) + 123)
+    view = memoryview(payload)
+    while view:
+        view = view[os.write(out, view) :]
+    got, done = bytearray(), threading.Event()
+    reader = threading.Thread(target=_read_to_eof, args=(ours, got, done), daemon=True)
+    reader.start()
+    relay._final.set()  # the command is gone before the relay ran once: all of it is left for the end
+    relay.start()
+    finisher = threading.Thread(target=relay.finish, daemon=True)
+    finisher.start()
+    finisher.join(timeout=20)
+    assert not finisher.is_alive(), "the relay's final phase hung with output left in the pipe"
+    theirs.close()
+    assert done.wait(20) and bytes(got) == payload
