@@ -12,6 +12,7 @@ validate`` the verdict.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from kbd.core.folders import ACCESS as FOLDER_ACCESS
@@ -61,6 +62,18 @@ def _alias() -> dict[str, Any]:
     }
 
 
+def _entries(
+    most: int, keys: Sequence[str], required: list[str], properties: dict[str, Any]
+) -> dict[str, Any]:
+    """A list of at most ``most`` entries (or null), each an object of exactly ``keys``."""
+    return {
+        "type": ["array", "null"],
+        "maxItems": most,
+        "items": {"type": "object", "required": required, "properties": properties,
+                  "additionalProperties": False, "propertyNames": {"enum": list(keys)}},
+    }  # fmt: skip
+
+
 def workflow_schema() -> dict[str, Any]:
     """The schema (JSON Schema 2020-12) ``kbd validate --schema`` prints and
     docs/workflow.schema.json holds."""
@@ -97,36 +110,26 @@ def workflow_schema() -> dict[str, Any]:
                 # Other list-valued tiers narrow a consumer's audience, never widen a source's.
                 "additionalProperties": True,
             },
-            "knowledgebase_sources": {
-                "type": ["array", "null"],
-                "maxItems": MAX_SOURCES,
-                "items": {
-                    "type": "object",
-                    "required": ["workflow_id", "alias"],
-                    "properties": {
-                        "workflow_id": {"$ref": "#/$defs/workflow_id"},
-                        "alias": {"$ref": "#/$defs/alias"},
-                        "access": {"enum": list(ACCESS_MODES), "default": "read"},
-                    },
-                    "additionalProperties": False,
-                    "propertyNames": {"enum": list(ENTRY_KEYS)},
+            "knowledgebase_sources": _entries(
+                MAX_SOURCES,
+                ENTRY_KEYS,
+                ["workflow_id", "alias"],
+                {
+                    "workflow_id": {"$ref": "#/$defs/workflow_id"},
+                    "alias": {"$ref": "#/$defs/alias"},
+                    "access": {"enum": list(ACCESS_MODES), "default": "read"},
                 },
-            },
-            "folder_access": {
-                "type": ["array", "null"],
-                "maxItems": MAX_FOLDERS,
-                "items": {
-                    "type": "object",
-                    "required": ["alias", "path"],
-                    "properties": {
-                        "alias": {"$ref": "#/$defs/alias"},
-                        "path": {"type": "string", "pattern": "^/[^\\u0000]*$"},
-                        "access": {"enum": list(FOLDER_ACCESS), "default": "read_only"},
-                    },
-                    "additionalProperties": False,
-                    "propertyNames": {"enum": list(FOLDER_KEYS)},
+            ),
+            "folder_access": _entries(
+                MAX_FOLDERS,
+                FOLDER_KEYS,
+                ["alias", "path"],
+                {
+                    "alias": {"$ref": "#/$defs/alias"},
+                    "path": {"type": "string", "pattern": "^/[^\\u0000]*$"},
+                    "access": {"enum": list(FOLDER_ACCESS), "default": "read_only"},
                 },
-            },
+            ),
         },
         "additionalProperties": True,
         "$defs": {

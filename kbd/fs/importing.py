@@ -179,13 +179,15 @@ def _like_parent(parent_fd: int, name: str) -> None:
 
 
 def existing(context_fd: int | None, container: str, name: str) -> bytes | None:
-    """The bytes at ``<container>/<name>`` beneath ``context/`` (None: nothing
-    there). Raises KbdError when something is there that kbd must not touch: a
-    link, a folder, a special file, a hard-linked or oversized file."""
+    """The bytes at ``<container>/<name>`` beneath ``context/`` (``name`` itself
+    for an empty ``container``; None: nothing there). Raises KbdError when
+    something is there that kbd must not touch: a link, a folder, a special
+    file, a hard-linked or oversized file."""
     if context_fd is None:
         return None
     try:
-        data, _ = read_file_stat(context_fd, f"{container}/{name}", limit=MAX_DOC_BYTES + 64 * 1024)
+        rel = f"{container}/{name}" if container else name
+        data, _ = read_file_stat(context_fd, rel, limit=MAX_DOC_BYTES + 64 * 1024)
     except PathNotFound:
         return None
     return data
@@ -200,10 +202,11 @@ def file_mode(context_fd: int) -> int:
 
 def write_doc(context_fd: int, container: str, name: str, data: bytes) -> None:
     """Create or atomically replace ``<container>/<name>`` beneath ``context/``
-    (the container folder made when missing, like ``context/``). Running as
-    root, the file gets ``context/``'s owner and group: it is the workflow's."""
+    (``name`` itself for an empty ``container``; the container folder made when
+    missing, like ``context/``). Running as root, the file gets ``context/``'s
+    owner and group: it is the workflow's."""
     try:
-        cfd = open_beneath(context_fd, container, os.O_RDONLY | os.O_DIRECTORY)
+        cfd = open_beneath(context_fd, container, os.O_RDONLY | os.O_DIRECTORY)  # "": context/ itself
     except PathNotFound:
         try:
             os.mkdir(container, 0o700, dir_fd=context_fd)

@@ -484,7 +484,6 @@ def build_argv(
     system += list(system_opts(fds, grants=[m.dest for m in grants]))
     opts += system
     dests += [o.dest for o in system if isinstance(o, MountOpt)]
-    dests += host_submounts([o.dest for o in system if isinstance(o, RoBind) and o.src == o.dest])
     opts += [RoBind("/dev/null", p) for p in masked]
     dests += masked
     # bwrap's /dev is an unbounded tmpfs (--size cannot apply to --dev): make it
@@ -503,7 +502,9 @@ def build_argv(
         if isinstance(helper, MountOpt):
             dests.append(helper.dest)
         # The helper refuses to run the command unless the mount points are exactly
-        # these (plus what --dev and --proc create beneath /dev and /proc).
+        # these (plus what --dev and --proc create beneath /dev and /proc), the host's
+        # own beneath the system folders included: the mount table is read only here.
+        dests += host_submounts([o.dest for o in system if isinstance(o, RoBind) and o.src == o.dest])
         inner = {**inner, "mounts": sorted(set(dests)), "mount_prefixes": ["/dev/", "/proc/"]}
     opts += [RemountRo("/"), Chdir(str(cwd))]
     if ready_fd is not None:

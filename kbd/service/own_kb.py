@@ -13,14 +13,12 @@ nothing and is audited.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kbd.core import audience
 from kbd.core import knowledge as rules
 from kbd.core.history import ABSENT, VERSION_PATTERN, parse_version, version_of
-from kbd.core.importing import MAX_DOC_BYTES
 from kbd.core.layout import CONTEXT_DIR, NOTES_DIR
 from kbd.core.notes import note_text
 from kbd.core.principals import Principal, actor_fields
@@ -31,12 +29,11 @@ from kbd.errors import (
     InvalidPath,
     KbdError,
     NoteVersionConflict,
-    PathNotFound,
     PermissionDenied,
     from_oserror,
 )
 from kbd.fs import importing as disk
-from kbd.fs.confined import names_folder, pin_dir, read_file_stat, replace_file
+from kbd.fs.confined import names_folder, pin_dir
 from kbd.fs.locks import held
 from kbd.service import notes
 from kbd.service.browse import own_kb
@@ -173,9 +170,7 @@ def _write_context(edit: PreparedEdit) -> KbFileWritten:
                 with disk.open_context(kb.fd, create=False) as seen:
                     current = None
                     if seen is not None:
-                        current = (
-                            disk.existing(seen, container, name) if container else _existing_top(seen, name)
-                        )
+                        current = disk.existing(seen, container, name)
                 now = ABSENT if current is None else version_of(current)
                 if edit.expected is not None and now != edit.expected:
                     raise NoteVersionConflict(f"{rel} in {wid!r} is at version {now}, not {edit.expected}",
@@ -193,26 +188,11 @@ def _write_context(edit: PreparedEdit) -> KbFileWritten:
 
 
 def _put_context(kb_fd: int, container: str, name: str, data: bytes) -> None:
-    """Write ``context/[<container>/]<name>`` (``context/`` and the container made
-    when missing, like ``knowledgebase/``); the caller holds the import lock."""
+    """Write ``context/[<container>/]<name>`` as ``kbd import`` writes a document
+    (``context/`` made when missing); the caller holds the import lock."""
     with disk.open_context(kb_fd, create=True) as ctx:
         assert ctx is not None
-        if container:
-            disk.write_doc(ctx, container, name, data)
-            return
-        st = os.fstat(ctx)
-        replace_file(ctx, name, data, mode=disk.file_mode(ctx),
-                     owner=(st.st_uid, st.st_gid) if os.geteuid() == 0 else None)  # fmt: skip
-
-
-def _existing_top(context_fd: int, name: str) -> bytes | None:
-    """The bytes of ``context/<name>`` (None: nothing there), refused as
-    :func:`kbd.fs.importing.existing` refuses a link, a folder or a special file."""
-    try:
-        data, _ = read_file_stat(context_fd, name, limit=MAX_DOC_BYTES + 64 * 1024)
-    except PathNotFound:
-        return None
-    return data
+        disk.write_doc(ctx, container, name, data)
 
 
 def _refused(host: Root, wid: str, relpath: str, err: KbdError, actor: Principal) -> None:
