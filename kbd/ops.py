@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     import kbd.core.pathguard
     import kbd.core.plan
     import kbd.core.resolve
+    import kbd.core.why
     import kbd.service.admin
     import kbd.service.browse
     import kbd.service.history
@@ -87,7 +88,7 @@ def segment(value: str) -> str:
 
 #: The fields of an Op that name something (a path segment through the daemon).
 NAMES = {"wf": "workflow ID", "source": "source workflow ID", "consumer": "consumer workflow ID",
-         "alias": "alias", "sid": "session ID", "name": "principal name"}  # fmt: skip
+         "alias": "alias", "sid": "session ID", "name": "principal name", "principal": "principal name"}  # fmt: skip
 
 
 def check_names(op: Op[Any]) -> None:
@@ -610,6 +611,32 @@ class Revoke(Op["kbd.service.workflows.WriterChange"]):
 
 
 @dataclass(frozen=True)
+class ReadersGrant(Op["kbd.service.workflows.ReadersChange"]):
+    route: ClassVar[Route] = Route(
+        "POST", "/v1/workflows/{wid}/readers", {"wid": "wf"}, body={"principals": "principals"}
+    )
+    wf: str
+    principals: tuple[str, ...]
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.workflows.ReadersChange:
+        from kbd.service import workflows as _workflows
+
+        return _workflows.grant_readers(ctx.root, self.wf, tuple(self.principals), actor=_principal(actor))
+
+
+@dataclass(frozen=True)
+class ReadersRevoke(Op["kbd.service.workflows.ReadersChange"]):
+    route: ClassVar[Route] = Route("DELETE", "/v1/workflows/{wid}/readers/{principal}", {"wid": "wf"})
+    wf: str
+    principal: str
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.workflows.ReadersChange:
+        from kbd.service import workflows as _workflows
+
+        return _workflows.revoke_readers(ctx.root, self.wf, (self.principal,), actor=_principal(actor))
+
+
+@dataclass(frozen=True)
 class SessionOpen(Op["kbd.core.plan.Plan"]):
     route: ClassVar[Route] = Route(
         "POST",
@@ -715,6 +742,40 @@ class Check(Op["kbd.core.pathguard.PathCheck"]):
         from kbd.service import sessions as _sessions
 
         return _sessions.check(ctx.sessions, self.sid, self.path, self.mode, actor=actor)
+
+
+@dataclass(frozen=True)
+class Why(Op["kbd.core.why.Why"]):
+    route: ClassVar[Route] = Route(
+        "POST", "/v1/sessions/{sid}/why", body={"path": "path", "mode": "mode", "anonymous": "anonymous"}
+    )
+    actor_rule: ClassVar[ActorRule] = "operator"
+    sid: str
+    path: str
+    mode: str
+    anonymous: bool = False  # an agent's kb_why: no principal or unattached workflow named
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.core.why.Why:
+        from kbd.service import why as _why
+
+        return _why.why_path(
+            ctx.sessions, self.sid, self.path, self.mode, actor=actor, anonymous=self.anonymous
+        )
+
+
+@dataclass(frozen=True)
+class WhyAttach(Op["kbd.core.why.Why"]):
+    route: ClassVar[Route] = Route(
+        "POST", "/v1/workflows/{wid}/why", {"wid": "wf"}, body={"workflow_id": "source", "access": "access"}
+    )
+    wf: str
+    source: str
+    access: str = "read"
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.core.why.Why:
+        from kbd.service import why as _why
+
+        return _why.why_attach(ctx.root, self.wf, self.source, self.access, actor=_principal(actor))
 
 
 @dataclass(frozen=True)

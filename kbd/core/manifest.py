@@ -30,7 +30,7 @@ from kbd.core.identifiers import alias_problem, id_problem
 from kbd.core.layout import MANIFEST
 from kbd.core.records import Record
 from kbd.core.strict import kind_of, load_json_strict
-from kbd.errors import InvalidManifest, ManifestUnreadable
+from kbd.errors import InvalidInput, InvalidManifest, ManifestUnreadable
 
 MAX_SOURCES = 20
 MAX_WRITERS = 50
@@ -431,15 +431,32 @@ def with_sources(raw: dict[str, Any], refs: Sequence[SourceRef]) -> dict[str, An
     return doc
 
 
-def with_writers(raw: dict[str, Any], writers: Sequence[str]) -> dict[str, Any]:
-    """A copy of ``raw`` with ``access.allowed_kb_writers`` replaced; all else untouched."""
+def with_access(raw: dict[str, Any], name: str, values: Sequence[str]) -> dict[str, Any]:
+    """A copy of ``raw`` with the list ``access.<name>`` (``allowed_kb_writers``, ``readers``)
+    replaced; all else untouched."""
     doc = copy.deepcopy(raw)
     access = doc.get("access")
     if not isinstance(access, dict):
         access = {}
-    access["allowed_kb_writers"] = list(writers)
+    access[name] = list(values)
     doc["access"] = access
     return doc
+
+
+def validate_readers(raw: Sequence[str]) -> list[str]:
+    """Trim, de-duplicate and check principal IDs for ``access.readers``."""
+    out: list[str] = []
+    for i, item in enumerate(raw):
+        pid = item.strip()
+        if (problem := id_problem(pid)) is not None:
+            raise InvalidInput(f"principal {i + 1} ({item[:60]!r}) {problem}")
+        if pid not in out:
+            out.append(pid)
+    if not out:
+        raise InvalidInput("name at least one principal")
+    if len(out) > MAX_WRITERS:
+        raise InvalidInput(f"{len(out)} principals named at once; at most {MAX_WRITERS} are allowed")
+    return out
 
 
 def _encode(value: Any, indent: str, out: list[str]) -> None:

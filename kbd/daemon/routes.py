@@ -469,6 +469,29 @@ class CheckBody(Strict):
     mode: Literal["read", "write"]
 
 
+class WhyBody(Strict):
+    path: str = Field(
+        description="a host or sandbox path, ALIAS:RELPATH or $WORKFLOW_KB_<ALIAS>/RELPATH",
+        json_schema_extra=_schema({"type": "string", "minLength": 1, "pattern": "^[^\\x00]+$"}),
+    )
+    mode: Literal["read", "write"] = "read"
+    anonymous: bool = Field(
+        default=False, description="name no principal and no unattached workflow (kb_why)"
+    )
+
+
+class WhyAttachBody(Strict):
+    workflow_id: str = Field(description="the source workflow to attach")
+    access: Literal["read", "write"] = "read"
+
+
+class ReadersBody(Strict):
+    principals: list[str] = Field(
+        description="principal IDs to add to access.readers",
+        json_schema_extra=_schema({"type": "array", "items": ID_FORMAT, "minItems": 1, "maxItems": 50}),
+    )
+
+
 class ErrorBody(BaseModel):
     code: str
     message: str
@@ -915,6 +938,10 @@ SERVED: dict[type[ops.Op[Record]], type[Strict] | None] = {
     ops.NotesRejected: None,
     ops.NotesUnreject: None,
     ops.Check: CheckBody,
+    ops.Why: WhyBody,
+    ops.WhyAttach: WhyAttachBody,
+    ops.ReadersGrant: ReadersBody,
+    ops.ReadersRevoke: None,
     ops.PrincipalsList: None,
     ops.PrincipalAdd: AddPrincipalBody,
     ops.PrincipalToken: None,

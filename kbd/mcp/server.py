@@ -142,6 +142,7 @@ def _output(
 
 def _outputs() -> dict[str, JsonObject]:
     from kbd.core.pathguard import PathCheck
+    from kbd.core.why import Why
     from kbd.service.browse import FileRead, Listing
     from kbd.service.notes import NoteWritten
     from kbd.service.search import SearchResult
@@ -152,7 +153,7 @@ def _outputs() -> dict[str, JsonObject]:
     }
     return {"kb_sources": SourcesAnswer.json_schema(), "kb_list": _output(Listing, sourced),
             "kb_read": _output(FileRead, {**sourced, "version": {"type": "string", "pattern": VERSION_PATTERN}}), "kb_search": _output(SearchResult, optional=dropped),
-            "kb_check": PathCheck.json_schema(), "kb_write_note": _output(NoteWritten, sourced)}  # fmt: skip
+            "kb_check": PathCheck.json_schema(), "kb_why": Why.json_schema(), "kb_write_note": _output(NoteWritten, sourced)}  # fmt: skip
 
 
 #: Each tool's structuredContent, generated from the records its operation answers with.
@@ -202,6 +203,22 @@ TOOLS: tuple[ToolSpec, ...] = (
         (Arg("path", str, True, "an absolute host path"), Arg("mode", str, True, "'read' or 'write'")),
         "always",
         OUTPUTS["kb_check"],
+    ),
+    ToolSpec(
+        "kb_why",
+        "Why may this session (not) read or write PATH, and what change would allow it? Ask it when a file "
+        "tool or a shell command was refused.",
+        (
+            Arg(
+                "path",
+                str,
+                True,
+                "a path as your shell sees it, $WORKFLOW_KB_<ALIAS>/RELPATH or ALIAS:RELPATH",
+            ),
+            Arg("mode", str, False, "'read' (default) or 'write'"),
+        ),
+        "always",
+        OUTPUTS["kb_why"],
     ),
     ToolSpec(
         "kb_write_note",
@@ -328,6 +345,12 @@ def to_op(
         if args["mode"] not in ("read", "write"):
             raise InvalidInput(f"kb_check: argument 'mode' must be 'read' or 'write', got {args['mode']!r}")
         return ops.Check(sid, args["path"], args["mode"])
+    if name == "kb_why":
+        mode = args.get("mode", "read")
+        if mode not in ("read", "write"):
+            raise InvalidInput(f"kb_why: argument 'mode' must be 'read' or 'write', got {mode!r}")
+        # An agent learns no principal and no workflow its session has not attached (docs/mcp.md).
+        return ops.Why(sid, args["path"], mode, anonymous=True)
     if name == "kb_write_note":
         # Whether this plan may write there is the notes service's decision, as
         # for `kbd notes write`: it refuses with the same code and audits the
@@ -397,6 +420,8 @@ def target_of(plan: Plan, name: str, args: Mapping[str, Any]) -> str | None:
             return posixpath.join(base, NOTES_DIR, args["relpath"])
         return posixpath.join(base, NOTES_DIR, *parts)
     if name == "kb_check":
+        return str(args["path"])
+    if name == "kb_why" and str(args["path"]).startswith("/"):
         return str(args["path"])
     return None
 

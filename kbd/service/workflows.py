@@ -19,10 +19,11 @@ from kbd.core.manifest import (
     Entry,
     Manifest,
     SourceRef,
+    validate_readers,
     validate_sources,
     validate_writers,
+    with_access,
     with_sources,
-    with_writers,
 )
 from kbd.core.principals import Principal
 from kbd.core.records import Record, key
@@ -445,6 +446,57 @@ def revoke(root: Root, source_id: str, consumer_id: str, *, actor: Principal) ->
     return _change_writers(root, source_id, consumer_id, actor=actor, grant=False)
 
 
+@dataclass(frozen=True)
+class ReadersChange(Record):
+    """The outcome of ``kbd readers grant|revoke``: the principals asked for, and the
+    workflow's ``access.readers`` as saved."""
+
+    workflow_id: str
+    principals: tuple[str, ...]
+    granted: bool
+    changed: bool
+    readers: tuple[str, ...]
+
+
+def grant_readers(root: Root, wid: str, principals: tuple[str, ...], *, actor: Principal) -> ReadersChange:
+    """Add ``principals`` to ``wid``'s readers (its owners and admins only): the change that admits
+    a consumer's whole audience (``audience_denied``; docs/access.md "Access rules")."""
+    return _change_readers(root, wid, principals, actor=actor, grant=True)
+
+
+def revoke_readers(root: Root, wid: str, principals: tuple[str, ...], *, actor: Principal) -> ReadersChange:
+    """Remove ``principals`` from ``wid``'s readers (owners and editors are not readers: they keep reading)."""
+    return _change_readers(root, wid, principals, actor=actor, grant=False)
+
+
+def _change_readers(root: Root, wid: str, principals: tuple[str, ...], *, actor: Principal,
+                    grant: bool) -> ReadersChange:  # fmt: skip
+    try:
+        # A revoke of a name that is no reader (or no ID) changes nothing, as a writer revoke.
+        asked = tuple(
+            validate_readers(list(principals)) if grant else dict.fromkeys(p.strip() for p in principals)
+        )
+
+        def compute(current: Manifest) -> list[str]:
+            readers = list(current.access.readers)
+            if not grant:
+                return [r for r in readers if r not in asked]
+            if current.is_legacy:
+                raise InvalidInput(f"{wid!r} has no owner: it is account-visible, so readers change nothing",
+                                   hint="set access.owners first")  # fmt: skip
+            return [*readers, *(p for p in asked if p not in readers)]
+
+        changed = save_access(root, wid, "readers", compute, actor=actor,
+                              event="readers_granted" if grant else "readers_revoked", what="who reads",
+                              command="kbd readers grant", workflow_id=wid, principals=list(asked))  # fmt: skip
+    except KbdError as err:
+        root.audit_refusal("readers_refused", err, actor=actor, action="grant" if grant else "revoke",
+                           workflow_id=wid, principals=[p[:80] for p in principals[:20]])  # fmt: skip
+        raise
+    readers = root.workflow(wid).manifest.access.readers
+    return ReadersChange(wid, asked, granted=grant, changed=changed, readers=tuple(readers))
+
+
 def _change_writers(
     root: Root, source_id: str, consumer_id: str, *, actor: Principal, grant: bool
 ) -> WriterChange:
@@ -459,8 +511,41 @@ def _change_writers(
 
 
 def _update_writers(root: Root, source_id: str, consumer_id: str, *, actor: Principal, grant: bool) -> bool:
-    folder = root.workflow(source_id).folder
-    event = "writer_granted" if grant else "writer_revoked"
+    def compute(current: Manifest) -> list[str]:
+        writers = list(current.access.allowed_kb_writers)
+        if not grant:
+            return [w for w in writers if w != consumer_id.strip()]
+        if current.is_legacy:
+            raise InvalidInput(
+                f"{source_id!r} has no owner; a legacy workflow cannot grant write access",
+                hint="set access.owners on the source first",
+            )
+        target = validate_writers([consumer_id], self_id=current.id)[0]
+        root.workflow(target)  # must exist and be unambiguous now
+        return validate_writers([*writers, target], self_id=current.id)
+
+    return save_access(root, source_id, "allowed_kb_writers", compute, actor=actor,
+                       event="writer_granted" if grant else "writer_revoked", what="who writes into",
+                       command="kbd writers grant", source=source_id, consumer=consumer_id.strip())  # fmt: skip
+
+
+def save_access(
+    root: Root,
+    wid: str,
+    name: str,
+    compute: Callable[[Manifest], list[str]],
+    *,
+    actor: Principal,
+    event: str,
+    what: str,
+    command: str,
+    **audited: object,
+) -> bool:
+    """One locked read-modify-write of ``wid``'s list ``access.<name>`` (writers or readers):
+    only its owners and admins may; ``compute`` gives the new list from the manifest as it is
+    under the lock (raising refuses, nothing is written). Audited before the manifest changes
+    (see _update_sources); every other field is kept. Whether the list changed."""
+    folder = root.workflow(wid).folder
     changed = False
     before: list[Manifest] = []
 
@@ -468,39 +553,23 @@ def _update_writers(root: Root, source_id: str, consumer_id: str, *, actor: Prin
         nonlocal changed
         before.append(current)
         if not audience.can_grant_writers(actor, current):
-            audience.require_inspectable(actor, current, source_id)
+            audience.require_inspectable(actor, current, wid)
             raise _because(
-                PermissionDenied(
-                    f"{actor.id!r} may not change who writes into {source_id!r}: "
-                    "only its owners or an admin may",
-                    hint="ask an owner of the source workflow to run `kbd writers grant`",
-                ),
+                PermissionDenied(f"{actor.id!r} may not change {what} {wid!r}: only its owners or an admin may",
+                                 hint=f"ask an owner of {wid} to run `{command}`"),
                 "not_owner",
-            )
-        writers = list(current.access.allowed_kb_writers)
-        if grant:
-            if current.is_legacy:
-                raise InvalidInput(
-                    f"{source_id!r} has no owner; a legacy workflow cannot grant write access",
-                    hint="set access.owners on the source first",
-                )
-            target = validate_writers([consumer_id], self_id=current.id)[0]
-            root.workflow(target)  # must exist and be unambiguous now
-            new = validate_writers([*writers, target], self_id=current.id)
-        else:
-            target = consumer_id.strip()
-            new = [w for w in writers if w != target]
-        changed = new != writers
-        # Audited before the manifest changes (see _update_sources).
-        root.audit(event, source=source_id, consumer=consumer_id.strip(), actor=actor.id, changed=changed)
-        return with_writers(current.raw, new) if changed else current.raw
+            )  # fmt: skip
+        new = compute(current)
+        changed = new != list(getattr(current.access, name))  # the list as kbd reads it
+        root.audit(event, actor=actor.id, changed=changed, **audited)
+        return with_access(current.raw, name, new) if changed else current.raw
 
     from kbd.fs import manifest_store
 
     saved = manifest_store.update(
         folder.path, change, state_dir=root.config.state_dir, timeout=root.config.lock_timeout
     )
-    root.events.manifest_saved(source_id, before[0] if before else None, saved, folder=folder.path)
+    root.events.manifest_saved(wid, before[0] if before else None, saved, folder=folder.path)
     return changed
 
 

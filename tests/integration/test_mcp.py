@@ -8,6 +8,7 @@ arguments, each answered as a tool error carrying kbd's code.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -24,7 +25,7 @@ from tests.integration.daemon import issue_tokens, serving
 from tests.mcp_client import Roots, initialize_lines, mcp_client, raw_exchange
 
 TEAM = {"owners": ["alice"], "editors": ["carol"], "readers": ["bob"]}
-ALL_TOOLS = {"kb_sources", "kb_list", "kb_read", "kb_search", "kb_check", "kb_write_note"}
+ALL_TOOLS = {"kb_sources", "kb_list", "kb_read", "kb_search", "kb_check", "kb_why", "kb_write_note"}
 
 
 def _world(tmp_path: Path) -> KbRoot:
@@ -115,7 +116,7 @@ def test_tool_listing_follows_the_plan_kind(tmp_path: Path) -> None:
         _drive(kb, sid, steps)
     assert seen[writer] == ALL_TOOLS
     assert seen[reader] == ALL_TOOLS - {"kb_write_note"}
-    assert seen[blind] == {"kb_sources", "kb_check"}
+    assert seen[blind] == {"kb_sources", "kb_check", "kb_why"}
 
 
 def test_happy_paths_and_escapes(tmp_path: Path) -> None:
@@ -204,7 +205,7 @@ def test_revoke_and_detach_take_effect_on_the_next_call(tmp_path: Path) -> None:
         await _error(client, "kb_write_note", note, "permission-denied")
         r = kb.call("sources", "detach", "con", "rts", "--as", "alice")
         assert r.code == 0, r.err
-        assert await _tools(client) == {"kb_sources", "kb_check"}
+        assert await _tools(client) == {"kb_sources", "kb_check", "kb_why"}
         await _error(client, "kb_read", {"alias": "rts", "relpath": "context/retry.md"}, "permission-denied")
         assert (await _call(client, "kb_sources", {})).structured_content["sources"] == []
 
@@ -321,7 +322,7 @@ def test_search_versions_binary_and_a_write_only_plan(tmp_path: Path) -> None:
         seen.update(await _tools(client))
 
     _drive(kb, write_only, listing)
-    assert seen == {"kb_sources", "kb_check", "kb_write_note"}
+    assert seen == {"kb_sources", "kb_check", "kb_why", "kb_write_note"}
 
 
 def test_a_link_swapped_in_and_a_session_closed_between_calls(tmp_path: Path) -> None:
@@ -551,3 +552,36 @@ def test_search_limit_applies_after_the_roots_and_listings_page(tmp_path: Path) 
         assert rest.structured is not None, rest.text
         names = [e["name"] for e in first.structured["entries"] + rest.structured["entries"]]
         assert names == sorted(names) and len(names) == 1006  # x.md and f0000..f1004
+
+
+def test_kb_why_explains_a_refusal_and_names_no_one(tmp_path: Path) -> None:
+    """kb_why (docs/mcp.md): the reasons and the fix's commands, but no principal (an agent does not
+    run grants, and learns no owner's name) and no workflow its session has not attached."""
+    kb = _world(tmp_path)
+    sid = kb.open_session("con", kind="execution", kb_access="read", actor="alice")
+    other = kb.workflows / "other" / "knowledgebase" / "notes" / "fact.md"
+    answers: dict[str, Any] = {}
+
+    async def steps(client: ClientSession) -> None:
+        for key, args in {
+            "write": {"path": "rts:notes/x.md", "mode": "write"},
+            "protected": {"path": "$WORKFLOW_KB_RTS/context/retry.md", "mode": "write"},
+            "read": {"path": "rts:context/retry.md"},
+            "other": {"path": str(other)},
+        }.items():
+            result = await _call(client, "kb_why", args)
+            assert not result.is_error, _text(result)
+            answers[key] = result.structured_content
+            assert json.loads(_text(result)) == result.structured_content
+        await _error(client, "kb_why", {"path": "rts:x", "mode": "exec"}, "invalid-input")
+
+    _drive(kb, sid, steps)
+    write = answers["write"]
+    assert not write["allowed"] and [r["code"] for r in write["reasons"]] == ["kb_access"], write
+    assert write["fix"]["command"] == "kbd session open con --kind execution --kb-access read-write"
+    assert write["fix"]["by"] == [] and "alice" not in json.dumps(answers)
+    assert [r["code"] for r in answers["protected"]["reasons"]] == ["protected"]
+    assert answers["read"]["allowed"] and answers["read"]["granted_by"]["alias"] == "rts"
+    # other's owner (dave) and other itself are never named: just outside every grant.
+    assert [r["code"] for r in answers["other"]["reasons"]] == ["outside_grants"]
+    assert "other" not in json.dumps(answers["other"]["reasons"]) and "dave" not in json.dumps(answers)

@@ -20,7 +20,7 @@ import kbd
 from tests.helpers import KbRoot
 from tests.integration.test_mcp import TEAM, _call, _text
 
-READ_TOOLS = {"kb_sources", "kb_list", "kb_read", "kb_search", "kb_check"}
+READ_TOOLS = {"kb_sources", "kb_list", "kb_read", "kb_search", "kb_check", "kb_why"}
 
 
 def _world(tmp_path: Path) -> tuple[KbRoot, str]:

@@ -46,6 +46,9 @@ def _calls(src_kb: Path) -> list[tuple[str, dict[str, Any]]]:
         ("kb_search", {"query": "nothingmatchesthis"}),
         ("kb_check", {"path": str(src_kb / "notes" / "a.md"), "mode": "write"}),
         ("kb_check", {"path": "/etc/passwd", "mode": "read"}),
+        ("kb_why", {"path": "rts:notes/a.md", "mode": "write"}),
+        ("kb_why", {"path": "rts:context/retry.md", "mode": "write"}),
+        ("kb_why", {"path": "/etc/passwd"}),
         ("kb_write_note", {"alias": "rts", "relpath": "schema.md", "content": "# S\nchecked\n"}),
         ("kb_write_note", {"alias": "rts", "relpath": "schema.md", "content": "# S\nagain\n"}),
     ]

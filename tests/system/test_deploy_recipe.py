@@ -87,7 +87,10 @@ def recipe_accounts() -> dict[str, bool]:
     """Which of the recipe's users and groups the host's own files hold."""
     users = {line.split(":", 1)[0] for line in Path("/etc/passwd").read_text().splitlines()}
     groups = {line.split(":", 1)[0] for line in Path("/etc/group").read_text().splitlines()}
-    return {**{f"user {u}": u in users for u in RECIPE_USERS}, **{f"group {g}": g in groups for g in RECIPE_GROUPS}}
+    return {
+        **{f"user {u}": u in users for u in RECIPE_USERS},
+        **{f"group {g}": g in groups for g in RECIPE_GROUPS},
+    }
 
 
 def free_uid() -> int:

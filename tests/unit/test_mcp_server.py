@@ -46,14 +46,26 @@ def _found(*hits: tuple[str | None, str]) -> SearchResult:
         (
             "read-write",
             [("rts", True, True)],
-            {"kb_sources", "kb_list", "kb_read", "kb_search", "kb_check", "kb_write_note"},
+            {"kb_sources", "kb_list", "kb_read", "kb_search", "kb_check", "kb_why", "kb_write_note"},
         ),
-        ("read", [("rts", True, True)], {"kb_sources", "kb_list", "kb_read", "kb_search", "kb_check"}),
-        ("write", [("rts", True, True)], {"kb_sources", "kb_check", "kb_write_note"}),
-        ("read-write", [("rts", True, False)], {"kb_sources", "kb_list", "kb_read", "kb_search", "kb_check"}),
-        ("read-write", [("rts", False, True)], {"kb_sources", "kb_check"}),  # unavailable: nothing to read
-        ("none", [("rts", True, True)], {"kb_sources", "kb_check"}),
-        ("read-write", [], {"kb_sources", "kb_check"}),
+        (
+            "read",
+            [("rts", True, True)],
+            {"kb_sources", "kb_list", "kb_read", "kb_search", "kb_check", "kb_why"},
+        ),
+        ("write", [("rts", True, True)], {"kb_sources", "kb_check", "kb_why", "kb_write_note"}),
+        (
+            "read-write",
+            [("rts", True, False)],
+            {"kb_sources", "kb_list", "kb_read", "kb_search", "kb_check", "kb_why"},
+        ),
+        (
+            "read-write",
+            [("rts", False, True)],
+            {"kb_sources", "kb_check", "kb_why"},
+        ),  # unavailable: nothing to read
+        ("none", [("rts", True, True)], {"kb_sources", "kb_check", "kb_why"}),
+        ("read-write", [], {"kb_sources", "kb_check", "kb_why"}),
     ],
 )
 def test_allowed_tools_follow_the_plan(effective: str, sources: list[tuple[str, bool, bool]],

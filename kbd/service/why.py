@@ -1,0 +1,174 @@
+"""``kbd why``: the facts an explanation may use, gathered with the caller's visibility
+(docs/access.md "Why: explaining a decision"); the explanation itself is pure
+(:mod:`kbd.core.why`).
+
+What the caller learns is decided here, before anything reaches the explainer: a source's owners,
+the audience members it does not admit, and a workflow folder a path lies in that the session has
+not attached are facts only where the caller may inspect that workflow
+(:func:`kbd.core.audience.can_inspect`; the root's own operator sees everything). An agent's
+``kb_why`` (``anonymous``) learns no principal and no workflow the session has not attached.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from kbd.core import audience
+from kbd.core.manifest import Entry, Manifest, SourceRef
+from kbd.core.principals import Actor, LocalOperator, Principal
+from kbd.core.resolve import Attachment, resolve_entry
+from kbd.core.why import Facts, SourceFacts, Why, explain, explain_attach, locate
+from kbd.errors import InvalidInput
+from kbd.fs import datafiles
+from kbd.fs.registry import Found
+
+if TYPE_CHECKING:
+    from kbd.service.root import Root
+    from kbd.service.sessions import RootSessions
+
+MODES = ("read", "write")
+
+
+def why_path(sessions: RootSessions, sid: str, asked: str, mode: str, *, actor: Actor,
+             anonymous: bool = False) -> Why:  # fmt: skip
+    """Why session ``sid`` may or may not ``mode`` the path ``asked`` (any spelling
+    :func:`kbd.core.why.locate` takes), and the smallest change that would allow it."""
+    from kbd.service.sessions import check_path
+
+    _check_mode(mode, "mode")
+    if not isinstance(asked, str) or not asked or "\x00" in asked:
+        raise InvalidInput("path must be a non-empty string without NUL", hint="a host path, ALIAS:RELPATH or "
+                           "$WORKFLOW_KB_<ALIAS>/RELPATH")  # fmt: skip
+    plan = sessions.plan(sid, actor=actor)  # authorizes (refusals audited) and rebuilds
+    row = sessions.store.get(sid)
+    root = sessions.host
+    consumer = root.workflow(plan.workflow_id).manifest
+    where = locate(plan, asked)
+    verdict = check_path(plan, where.path, mode) if where.path is not None else None
+    sources = {a.workflow_id: _source_facts(root, consumer, a, actor, anonymous) for a in plan.sources}
+    elsewhere = None
+    if (
+        where.path is not None
+        and where.path.startswith("/")
+        and not anonymous
+        and not (verdict and verdict.allowed)
+    ):
+        elsewhere = _elsewhere(root, consumer, where.path, mode, actor, taken={a.alias for a in plan.sources})
+    facts = Facts(
+        policy=datafiles.consumer_kind(row.kind),
+        item_kb_write=row.item_kb_write,
+        managers=_managers(consumer),
+        sources={k: v for k, v in sources.items() if v is not None},
+        elsewhere=elsewhere,
+        anonymous=anonymous,
+    )
+    return explain(plan, asked, mode, verdict, facts)
+
+
+def why_attach(root: Root, wid: str, source_id: str, access: str, *, actor: Principal) -> Why:
+    """Would attaching ``source_id`` to ``wid`` with ``access`` give a usable attachment, and if
+    not, why and what would fix it. A source the caller may not inspect gets the answer a missing
+    one gets (docs/access.md "Invisible is not found")."""
+    from kbd.service.workflows import inspectable
+
+    _check_mode(access, "access")
+    consumer = inspectable(root, wid, actor=actor).manifest
+    facts = Facts(policy=datafiles.consumer_kind("builder"), item_kb_write=False, managers=_managers(consumer),
+                  sources={})  # fmt: skip
+    found = root.registry.find(source_id)
+    if not isinstance(found, Found) or not _sees(actor, found.manifest):
+        return explain_attach(consumer.id, None, None, access, facts)
+    alias = next((e.alias for e in consumer.entries if e.workflow_id == source_id), None)
+    alias = alias or free_alias(source_id, {e.alias for e in consumer.entries})
+    att = _prospective(root, consumer, source_id, alias, access)
+    src = _facts_of(root, consumer, found, att, actor, anonymous=False)
+    return explain_attach(consumer.id, src, att, access, facts)
+
+
+def _check_mode(value: str, name: str) -> None:
+    if value not in MODES:
+        raise InvalidInput(f"{name} {str(value)[:40]!r} is not allowed; allowed: {', '.join(MODES)}")
+
+
+def _sees(actor: Actor, m: Manifest) -> bool:
+    return isinstance(actor, LocalOperator) or audience.can_inspect(actor, m)
+
+
+def _managers(m: Manifest) -> tuple[str, ...]:
+    """Who may manage ``m``'s sources and open its sessions by name (admins and services too,
+    unnamed). A caller who may use one of its sessions may inspect it, so may see these."""
+    return tuple(dict.fromkeys((*m.effective_owners, *m.access.editors)))
+
+
+def _prospective(root: Root, consumer: Manifest, source_id: str, alias: str, access: str) -> Attachment:
+    entry = Entry(len(consumer.entries), SourceRef(source_id, alias, access), None, alias, source_id, access)
+    return resolve_entry(entry, consumer, view=root, principals=root.principals, host=root.config.host)
+
+
+def _source_facts(root: Root, consumer: Manifest, att: Attachment, actor: Actor,
+                  anonymous: bool) -> SourceFacts | None:  # fmt: skip
+    found = root.registry.find(att.workflow_id)
+    if not isinstance(found, Found):
+        return None
+    return _facts_of(root, consumer, found, att, actor, anonymous=anonymous)
+
+
+def _facts_of(root: Root, consumer: Manifest, found: Found, att: Attachment, actor: Actor, *,
+              anonymous: bool) -> SourceFacts:  # fmt: skip
+    source = found.manifest
+    visible = _sees(actor, source) and not anonymous
+    missing = None
+    if visible and att.reason == "audience_denied" and not consumer.is_legacy:
+        admitted = audience.audience(source)
+        missing = tuple(sorted(p for p in audience.consumer_audience(consumer)
+                               if p not in admitted and not root.principals.is_enabled_admin(p)))  # fmt: skip
+    write = None
+    if att.available and att.access == "read":
+        # The status the entry would have with access write: is the consumer granted?
+        write = _prospective(root, consumer, source.id, att.alias, "write").write
+    return SourceFacts(
+        workflow_id=source.id,
+        # An available source's KB path is in the plan already; another's folder only where visible.
+        folder=found.folder.path if (visible or att.available) else None,
+        owners=tuple(source.effective_owners) if visible else None,
+        legacy=source.is_legacy,
+        missing=missing,
+        write=write,
+    )
+
+
+def _elsewhere(root: Root, consumer: Manifest, path: str, mode: str, actor: Actor,
+               taken: set[str]) -> tuple[SourceFacts, Attachment] | None:  # fmt: skip
+    """The workflow folder (other than the consumer's) holding ``path``, when the caller may
+    see it, with the attachment it would get: for "not attached" and its fix."""
+    deepest = None
+    for folder in root.registry.folders():
+        if folder.manifest is None or folder.manifest.id == consumer.id:
+            continue
+        p = str(folder.path)
+        if (path == p or path.startswith(p.rstrip("/") + "/")) and (
+            deepest is None or len(p) > len(str(deepest.path))
+        ):
+            deepest = folder
+    if deepest is None or deepest.manifest is None or not _sees(actor, deepest.manifest):
+        return None
+    found = root.registry.find(deepest.manifest.id)
+    if not isinstance(found, Found) or found.folder.path != deepest.path:
+        return None
+    access = "write" if mode == "write" else "read"
+    att = _prospective(root, consumer, found.manifest.id, free_alias(found.manifest.id, taken), access)
+    return _facts_of(root, consumer, found, att, actor, anonymous=False), att
+
+
+def free_alias(workflow_id: str, taken: set[str]) -> str:
+    """An alias for ``workflow_id`` that ``taken`` does not hold: the ID in alias form
+    (lower case, ``_`` for anything else, a letter first, at most 48 characters)."""
+    base = re.sub(r"[^a-z0-9_]", "_", workflow_id.lower())
+    if not base[:1].isalpha():
+        base = "kb_" + base
+    base = base[:44]
+    alias, n = base, 2
+    while alias in taken or alias == "access":
+        alias, n = f"{base}_{n}", n + 1
+    return alias
