@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     import kbd.service.importing
     import kbd.service.notes
     import kbd.service.own_kb
+    import kbd.service.preview
     import kbd.service.principals
     import kbd.service.reviews
     import kbd.service.search
@@ -88,7 +89,7 @@ def segment(value: str) -> str:
 
 #: The fields of an Op that name something (a path segment through the daemon).
 NAMES = {"wf": "workflow ID", "source": "source workflow ID", "consumer": "consumer workflow ID",
-         "alias": "alias", "sid": "session ID", "name": "principal name", "principal": "principal name"}  # fmt: skip
+         "alias": "alias", "sid": "session ID", "name": "principal name"}  # fmt: skip
 
 
 def check_names(op: Op[Any]) -> None:
@@ -153,9 +154,19 @@ class Op(Generic[R]):
     names_in_path: ClassVar[bool] = True
     #: How the API asks it (see :class:`Route`).
     route: ClassVar[Route]
+    #: It changes grants, and ``--dry-run`` (``?dry_run=true``) previews it (:class:`DryRun`).
+    previewable: ClassVar[bool] = False
 
     def direct(self, ctx: DirectContext, actor: Actor) -> R:
         raise NotImplementedError
+
+    def preview(self, ctx: DirectContext, actor: Actor) -> kbd.service.preview.Preview:
+        """What :meth:`direct` would do, with nothing changed: the operation itself runs on a
+        draft of the root that writes nothing (docs/access.md "Previews")."""
+        from kbd.service import preview as _preview
+
+        d = _preview.draft(ctx.root, lambda root: self.direct(DirectContext(root, ctx.refusal), actor))
+        return _preview.effects(ctx.sessions, d, actor=actor)
 
     @classmethod
     def result(cls) -> type[R]:
@@ -257,9 +268,10 @@ class Direct:
             self._ctx.root.refresh()
 
     def run(self, op: Op[R], *, as_: str | None) -> R:
-        check_names(op)
+        inner = op.op if isinstance(op, DryRun) else op  # a preview acts as its operation would
+        check_names(inner)
         try:
-            return op.direct(self.context, self.actor(op.actor_rule, as_))
+            return op.direct(self.context, self.actor(inner.actor_rule, as_))
         except PermissionError:
             # A root this process may read but not change, and no daemon to
             # ask: the refusal says so (not an internal error); nothing was changed.
@@ -298,7 +310,7 @@ class Remote:
         """Nothing to re-read here: the daemon refreshes its root at every request."""
 
     def run(self, op: Op[R], *, as_: str | None) -> R:
-        check_names(op)
+        check_names(op.op if isinstance(op, DryRun) else op)
         self.check_as(as_)
         req = op.http()
         answer: JsonObject = self.client.request(req.method, req.path, json=req.body, params=req.params)
@@ -483,6 +495,7 @@ class SourcesList(Op["kbd.service.workflows.SourcesView"]):
 
 @dataclass(frozen=True)
 class Attach(Op["kbd.core.resolve.Attachment"]):
+    previewable: ClassVar[bool] = True
     route: ClassVar[Route] = Route(
         "POST",
         "/v1/workflows/{wid}/sources",
@@ -504,6 +517,7 @@ class Attach(Op["kbd.core.resolve.Attachment"]):
 
 @dataclass(frozen=True)
 class Detach(Op["kbd.service.workflows.Detached"]):
+    previewable: ClassVar[bool] = True
     route: ClassVar[Route] = Route("DELETE", "/v1/workflows/{wid}/sources/{alias}", {"wid": "wf"})
     wf: str
     alias: str
@@ -516,6 +530,7 @@ class Detach(Op["kbd.service.workflows.Detached"]):
 
 @dataclass(frozen=True)
 class SetSources(Op["kbd.service.workflows.SourcesView"]):
+    previewable: ClassVar[bool] = True
     route: ClassVar[Route] = Route(
         "PUT",
         "/v1/workflows/{wid}/sources",
@@ -543,6 +558,7 @@ class SetSources(Op["kbd.service.workflows.SourcesView"]):
 class SetAccess(Op["kbd.core.resolve.Attachment"]):
     """Change one attachment's access (``kbd sources access``), atomically."""
 
+    previewable: ClassVar[bool] = True
     route: ClassVar[Route] = Route(
         "PATCH",
         "/v1/workflows/{wid}/sources/{alias}",
@@ -586,6 +602,7 @@ class WritersList(Op["kbd.service.workflows.WritersView"]):
 
 @dataclass(frozen=True)
 class Grant(Op["kbd.service.workflows.WriterChange"]):
+    previewable: ClassVar[bool] = True
     route: ClassVar[Route] = Route(
         "POST", "/v1/workflows/{wid}/writers", {"wid": "source"}, body={"workflow_id": "consumer"}
     )
@@ -600,6 +617,7 @@ class Grant(Op["kbd.service.workflows.WriterChange"]):
 
 @dataclass(frozen=True)
 class Revoke(Op["kbd.service.workflows.WriterChange"]):
+    previewable: ClassVar[bool] = True
     route: ClassVar[Route] = Route("DELETE", "/v1/workflows/{wid}/writers/{consumer}", {"wid": "source"})
     source: str
     consumer: str
@@ -612,6 +630,7 @@ class Revoke(Op["kbd.service.workflows.WriterChange"]):
 
 @dataclass(frozen=True)
 class ReadersGrant(Op["kbd.service.workflows.ReadersChange"]):
+    previewable: ClassVar[bool] = True
     route: ClassVar[Route] = Route(
         "POST", "/v1/workflows/{wid}/readers", {"wid": "wf"}, body={"principals": "principals"}
     )
@@ -626,14 +645,17 @@ class ReadersGrant(Op["kbd.service.workflows.ReadersChange"]):
 
 @dataclass(frozen=True)
 class ReadersRevoke(Op["kbd.service.workflows.ReadersChange"]):
-    route: ClassVar[Route] = Route("DELETE", "/v1/workflows/{wid}/readers/{principal}", {"wid": "wf"})
+    previewable: ClassVar[bool] = True
+    route: ClassVar[Route] = Route(
+        "POST", "/v1/workflows/{wid}/readers/revoke", {"wid": "wf"}, body={"principals": "principals"}
+    )
     wf: str
-    principal: str
+    principals: tuple[str, ...]
 
     def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.workflows.ReadersChange:
         from kbd.service import workflows as _workflows
 
-        return _workflows.revoke_readers(ctx.root, self.wf, (self.principal,), actor=_principal(actor))
+        return _workflows.revoke_readers(ctx.root, self.wf, tuple(self.principals), actor=_principal(actor))
 
 
 @dataclass(frozen=True)
@@ -742,6 +764,41 @@ class Check(Op["kbd.core.pathguard.PathCheck"]):
         from kbd.service import sessions as _sessions
 
         return _sessions.check(ctx.sessions, self.sid, self.path, self.mode, actor=actor)
+
+
+@dataclass(frozen=True)
+class DryRun(Op["kbd.service.preview.Preview"]):
+    """``--dry-run`` of a grant-changing operation: its :meth:`Op.preview`, asked through the API as
+    the same request with ``?dry_run=true`` (docs/access.md "Previews")."""
+
+    op: Op[Any]
+
+    def __post_init__(self) -> None:
+        if not self.op.previewable:
+            raise UsageError(f"{type(self.op).__name__} changes no grant: it has no --dry-run")
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.preview.Preview:
+        return self.op.preview(ctx, actor)
+
+    def http(self) -> Request:
+        request = self.op.http()
+        return Request(
+            request.method, request.path, request.body, {**(request.params or {}), "dry_run": "true"}
+        )
+
+
+@dataclass(frozen=True)
+class PreviewManifest(Op["kbd.service.preview.Preview"]):
+    """``kbd preview FILE``: a hand-edited workflow.json, previewed (its bytes as read)."""
+
+    route: ClassVar[Route] = Route("POST", "/v1/preview", body={"manifest": "manifest"})
+    names_in_path: ClassVar[bool] = False
+    manifest: str  # the file's text
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.preview.Preview:
+        from kbd.service import preview as _preview
+
+        return _preview.preview_manifest(ctx.sessions, self.manifest.encode("utf-8"), actor=actor)
 
 
 @dataclass(frozen=True)
@@ -1192,6 +1249,7 @@ class PrincipalAdd(Op["kbd.service.principals.PrincipalChanged"]):
 class PrincipalChange(Op["kbd.service.principals.PrincipalChanged"]):
     """disable, enable, remove."""
 
+    previewable: ClassVar[bool] = True
     route: ClassVar[Route] = Route(
         "POST", "/v1/principals/{pid}/{action}", {"pid": "name"}, body={"force": "force"}
     )

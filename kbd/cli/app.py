@@ -137,6 +137,14 @@ def json_option(f: F) -> F:
     )(f)
 
 
+def dry_run_option(f: F) -> F:
+    return click.option(
+        "--dry-run",
+        is_flag=True,
+        help="Show what would change (sessions, running commands, consumers); change nothing.",
+    )(f)
+
+
 def as_option(f: F) -> F:
     return click.option(
         "--as",
@@ -208,6 +216,21 @@ class Ctx:
             emit(result)
             return None
         return result
+
+    def previewed(self, op: ops.Op[Record], dry_run: bool, as_: str | None, as_json: bool) -> bool:
+        """With ``--dry-run``: print what ``op`` would change (docs/access.md "Previews") and say
+        True, so the command stops; else False."""
+        if not dry_run:
+            return False
+        preview = self.result(ops.DryRun(op), as_)
+        if as_json:
+            emit(preview)
+        else:
+            from kbd.cli.preview_text import preview_lines
+
+            for line in preview_lines(preview):
+                click.echo(line)
+        return True
 
     def close(self) -> None:
         if isinstance(self._backend, ops.Remote):

@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 
 from kbd.core.plan import Grant, Plan
 from kbd.core.records import Record
-from kbd.core.relpaths import name_problem, names_folder, note_parts
+from kbd.core.relpaths import NAME_MAX, PATH_MAX, name_problem, names_folder, note_parts
 from kbd.errors import InvalidInput, KbdError
 
 # The deepest grant decides; of equally deep ones, the narrowest.
@@ -57,9 +57,18 @@ def decide(plan: Plan, path: str, mode: str) -> PathCheck | LinkCheckNeeded:
         raise InvalidInput(f"mode {mode!r} is not allowed; allowed: read, write")
     if not path.startswith("/"):
         return PathCheck(allowed=False, reason="path must be absolute")
+    try:
+        size = len(path.encode("utf-8"))
+    except UnicodeEncodeError:
+        return PathCheck(allowed=False, reason="path is not valid Unicode (it contains a lone surrogate)")
+    if size > PATH_MAX:
+        # The kernel's limits, judged here: no file system call ever sees such a path.
+        return PathCheck(allowed=False, reason=f"path is longer than {PATH_MAX} bytes")
     for comp in path.split("/"):
         if (problem := name_problem(comp)) is not None:
             return PathCheck(allowed=False, reason=f"path {problem}")
+        if len(comp.encode("utf-8")) > NAME_MAX:
+            return PathCheck(allowed=False, reason=f"a path component is longer than {NAME_MAX} bytes")
     pure = PurePosixPath(path)
     if ".." in pure.parts:
         return PathCheck(allowed=False, reason="path must not contain '..'")

@@ -356,7 +356,7 @@ _LEVEL = {"read": 1, "write": 2}
 _PUSHED_ENV = ("WORKFLOW_KB_", "WORKFLOW_FOLDER_")
 
 
-def _access_at(grants: tuple[Grant, ...], path: Path) -> int:
+def access_at(grants: tuple[Grant, ...], path: Path) -> int:
     """What ``grants`` allow at ``path``: 0 nothing, 1 read, 2 write. The widest
     read/write grant at or above it, then the overlays at or above it: hidden
     removes everything, read_only removes writing (as the sandbox applies them,
@@ -387,6 +387,6 @@ def grants_shrunk(old: Plan, new: Plan) -> bool:
     folder is not a shrink; a new overlay over something ``old`` granted is."""
     probes = {g.path for g in old.grants} | {g.path for g in new.grants}
     for path in probes:
-        if _access_at(new.grants, path) < _access_at(old.grants, path):
+        if access_at(new.grants, path) < access_at(old.grants, path):
             return True
     return any(name.startswith(_PUSHED_ENV) and new.env.get(name) != value for name, value in old.env.items())

@@ -20,6 +20,7 @@ does not admit are in :class:`Facts` only where the caller could already see the
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal
@@ -30,8 +31,9 @@ from kbd.core.layout import INDEX_NAME, KB_DIR, MANIFEST, NOTES_DIR
 from kbd.core.pathguard import LinkCheckNeeded, PathCheck
 from kbd.core.plan import Plan, build_plan
 from kbd.core.records import Record, key
-from kbd.core.relpaths import is_index_name
+from kbd.core.relpaths import is_index_name, note_parts
 from kbd.core.resolve import WRITE_NOT_GRANTED, Attachment, WriteStatus
+from kbd.errors import KbdError
 
 if TYPE_CHECKING:
     from kbd.core.policy import KindPolicy
@@ -298,6 +300,8 @@ def _attachment(
             [],
             NEVER,
         )
+    if rel is not None and (never := _never(rel, mode)) is not None:
+        return [never], [], NEVER
     if mode == "write" and rel is not None and _protected(rel):
         # Never writable whatever else changes: the one reason that matters.
         return [Reason("protected", f"{rel or 'the KB root'} is {att.workflow_id}'s own: only notes/ of an "
@@ -335,18 +339,21 @@ def _status(consumer: str, att: Attachment, src: SourceFacts | None, mode: str, 
             message += f" (the source does not admit {', '.join(src.missing)})"
             steps.append(_readers_step(src, facts))
         else:
-            no_fix = _unavailable_remedy(att.reason)
-        return [Reason("attachment_unavailable", message)], steps, no_fix
+            return [Reason("attachment_unavailable", message)], steps, _unavailable_remedy(att.reason)
+        # Once admitted, the attachment's write status is what stands in the way (the service
+        # resolved it as if available: SourceFacts.write).
+        reasons.append(Reason("attachment_unavailable", message))
     if mode != "write":
         return reasons, steps, no_fix
     if att.access == "read":
         reasons.append(
             Reason("read_only_attachment", f"{head} is attached read-only in {consumer}'s workflow.json")
         )
-        steps.append(FixStep(_cmd(f"kbd sources access {consumer} {att.alias} write", facts.managers, facts),
-                             _names(facts.managers, facts)))  # fmt: skip
-    # The write status the entry has (access write), or would have (from the service's facts).
-    status = att.write if att.access == "write" else (src.write if src is not None else None)
+        steps.append(_step(["sources", "access", consumer, att.alias, "write"], facts.managers, facts))
+    # The write status the entry has (access write and available), or would have (the service's facts).
+    status = (
+        att.write if att.access == "write" and att.available else (src.write if src is not None else None)
+    )
     if status is None or status.available:
         return reasons, steps, no_fix
     if status.reason == WRITE_NOT_GRANTED:
@@ -360,6 +367,20 @@ def _status(consumer: str, att: Attachment, src: SourceFacts | None, mode: str, 
         reasons.append(Reason("notes_unavailable", f"{head}: {status.message or status.reason}"))
         no_fix = "only the source's owner, by repairing its notes/ folder"
     return reasons, steps, no_fix
+
+
+def _never(rel: str, mode: str) -> Reason | None:
+    """A path below a KB that no change could open, judged before any fix is offered: ``..``
+    (invalid_path), or, for a write, a name ``kbd notes write`` refuses (invalid_name)."""
+    parts = rel.split("/")
+    if ".." in parts:
+        return Reason("invalid_path", "path must not contain '..'")
+    if mode == "write" and parts[:1] == [NOTES_DIR] and len(parts) > 1 and not _protected(rel):
+        try:
+            note_parts("/".join(parts[1:]))
+        except KbdError as err:
+            return Reason("invalid_name", err.message)
+    return None
 
 
 def _protected(rel: str) -> bool:
@@ -383,28 +404,36 @@ def _unavailable_remedy(reason: str | None) -> str:
 def _session_mode(
     plan: Plan, facts: Facts, probe: str, mode: str, attachments: tuple[Attachment, ...]
 ) -> tuple[list[FixStep] | None, Reason | None]:
-    """Does the session's ``--kb-access`` or kind stand in the way of ``mode`` at ``probe`` (with
-    ``attachments`` as they would be once their own refusals are fixed)? Decided by building the
-    plan again (see the module): no reason when the session's own access allows it; else the
-    smallest ``--kb-access`` whose new session would (a fix), or the kind (no fix: the consumer
-    kind's policy, policies/consumer_kinds.yaml, decides)."""
+    """Does the session's ``--kb-access`` (or a missing ``--item-kb-write``) or its kind stand in
+    the way of ``mode`` at ``probe`` (with ``attachments`` as they would be once their own refusals
+    are fixed)? Decided by building the plan again (see the module): no reason when the session as
+    it is allows it; else the smallest new session that would (a fix), or the kind (no fix: the
+    consumer kind's policy, policies/consumer_kinds.yaml, decides)."""
 
-    def allows(kb_access: str) -> bool:
+    def allows(kb_access: str, item: bool) -> bool:
         other = build_plan(workflow_id=plan.workflow_id, workflow_folder=plan.workflow_folder, policy=facts.policy,
-                           kb_access=kb_access, item_kb_write=facts.item_kb_write, attachments=list(attachments),
+                           kb_access=kb_access, item_kb_write=item, attachments=list(attachments),
                            folders=list(plan.folders))  # fmt: skip
         return isinstance(pathguard.decide(other, probe, mode), LinkCheckNeeded)
 
-    if allows(plan.kb_access):
+    if allows(plan.kb_access, facts.item_kb_write):
         return [], None
     requested = "" if plan.effective == plan.kb_access else f", requested {plan.kb_access}"
-    for candidate in ("read", "read-write", "write"):
-        if candidate != plan.kb_access and allows(candidate):
-            flag = " --item-kb-write" if facts.item_kb_write else ""
-            command = f"kbd session open {plan.workflow_id} --kind {plan.kind} --kb-access {candidate}{flag}"
-            return [FixStep(_cmd(command, facts.managers, facts), _names(facts.managers, facts))], Reason(
+    items = (
+        (facts.item_kb_write,) if facts.item_kb_write or not facts.policy.needs_item_flag else (False, True)
+    )
+    for item in items:
+        for candidate in ("read", "read-write", "write"):
+            if (candidate, item) == (plan.kb_access, facts.item_kb_write) or not allows(candidate, item):
+                continue
+            argv = ["session", "open", plan.workflow_id, "--kind", plan.kind, "--kb-access", candidate]
+            flag = ["--item-kb-write"] if item else []
+            said = f"--kb-access {candidate}" + (
+                " --item-kb-write" if item and not facts.item_kb_write else ""
+            )
+            return [_step(argv + flag, facts.managers, facts)], Reason(
                 "kb_access", f"this session's knowledge-base access is {plan.effective}{requested}; a new "
-                f"session with --kb-access {candidate} would allow it")  # fmt: skip
+                f"session with {said} would allow it")  # fmt: skip
     return None, Reason("kind", f"no {plan.kind} session may {mode} this (effective access {plan.effective}"
                         f"{requested}): the kind's policy decides")  # fmt: skip
 
@@ -447,9 +476,10 @@ def _not_attached(
             [],
             NEVER,
         )
-    attach = f"kbd sources attach {plan.workflow_id} {src.workflow_id} --alias {att.alias}"
-    steps = [FixStep(_cmd(attach + (" --access write" if att.access == "write" else ""), facts.managers, facts),
-                     _names(facts.managers, facts))]  # fmt: skip
+    attach = ["sources", "attach", plan.workflow_id, src.workflow_id, "--alias", att.alias]
+    steps = [
+        _step([*attach, *(["--access", "write"] if att.access == "write" else [])], facts.managers, facts)
+    ]
     more, more_steps, no_fix = _attachment(plan, att, _rel(path, kb), mode, facts, src=src)
     reasons = [Reason("not_attached", f"{src.workflow_id}'s knowledge base is not attached to {plan.workflow_id}"),
                *more]  # fmt: skip
@@ -458,18 +488,20 @@ def _not_attached(
 
 def _readers_step(src: SourceFacts, facts: Facts) -> FixStep:
     owners = src.owners or ()
-    return FixStep(_cmd(f"kbd readers grant {src.workflow_id} {' '.join(src.missing or ())}", owners, facts),
-                   _names(owners, facts))  # fmt: skip
+    return _step(["readers", "grant", src.workflow_id, *(src.missing or ())], owners, facts)
 
 
 def _writers_step(source: str, consumer: str, src: SourceFacts | None, facts: Facts) -> FixStep:
     owners = src.owners if src is not None and src.owners is not None else ()
-    return FixStep(_cmd(f"kbd writers grant {source} {consumer}", owners, facts), _names(owners, facts))
+    return _step(["writers", "grant", source, consumer], owners, facts)
 
 
-def _cmd(command: str, by: tuple[str, ...], facts: Facts) -> str:
+def _step(argv: list[str], by: tuple[str, ...], facts: Facts) -> FixStep:
+    """One fix step: ``kbd ARGV`` run as the first of ``by`` (who may run it), every word quoted
+    for a shell: IDs come from manifests, and a fix is meant to be pasted."""
     names = _names(by, facts)
-    return f"{command} --as {names[0]}" if names else command
+    words = ["kbd", *argv, *(["--as", names[0]] if names else [])]
+    return FixStep(" ".join(shlex.quote(w) for w in words), names)
 
 
 def _names(by: tuple[str, ...], facts: Facts) -> tuple[str, ...]:

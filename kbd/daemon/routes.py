@@ -485,9 +485,18 @@ class WhyAttachBody(Strict):
     access: Literal["read", "write"] = "read"
 
 
+class PreviewBody(Strict):
+    manifest: str = Field(
+        description="a workflow.json's text, as kbd preview read it from its file",
+        json_schema_extra=_schema({"type": "string", "format": "kbd-workflow-json", "minLength": 2,
+                                   "description": "a JSON object that kbd reads as a workflow.json "
+                                                  "(docs/on-disk.md): refused with 400 otherwise"}),
+    )  # fmt: skip
+
+
 class ReadersBody(Strict):
     principals: list[str] = Field(
-        description="principal IDs to add to access.readers",
+        description="principal IDs to add to (or remove from) access.readers",
         json_schema_extra=_schema({"type": "array", "items": ID_FORMAT, "minItems": 1, "maxItems": 50}),
     )
 
@@ -941,7 +950,8 @@ SERVED: dict[type[ops.Op[Record]], type[Strict] | None] = {
     ops.Why: WhyBody,
     ops.WhyAttach: WhyAttachBody,
     ops.ReadersGrant: ReadersBody,
-    ops.ReadersRevoke: None,
+    ops.ReadersRevoke: ReadersBody,
+    ops.PreviewManifest: PreviewBody,
     ops.PrincipalsList: None,
     ops.PrincipalAdd: AddPrincipalBody,
     ops.PrincipalToken: None,
@@ -989,21 +999,52 @@ def serve_op(
     params.append(
         inspect.Parameter("actor", inspect.Parameter.KEYWORD_ONLY, annotation=Principal, default=actor)
     )
+    if op.previewable:
+        params.append(
+            inspect.Parameter("dry_run", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=DRY_RUN)
+        )
     wire_keys = tuple(route.body or ())
 
-    def endpoint(**values: Any) -> JsonObject:
+    def endpoint(**values: Any) -> JsonObject | JSONResponse:
         who: Principal = values.pop("actor")
+        dry_run = values.pop("dry_run", False)
         if (checked := values.pop("body", None)) is not None:
             values.update({k: getattr(checked, k) for k in wire_keys})
         request = op.from_wire(values)
         with state.locked():
             ctx = ops.DirectContext(state.host, sessions=state.sessions)
+            if dry_run:
+                return JSONResponse(request.preview(ctx, who).to_json())  # 200: nothing was created
             return request.direct(ctx, who).to_json()
 
     endpoint.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     endpoint.__name__ = _snake(op.__name__)
+    responses = answers(app, op.result(), route.status)
+    if op.previewable:
+        responses = with_preview(app, responses, route.status)
     app.add_api_route(route.path, endpoint, methods=[route.method], status_code=route.status, response_model=None,
-                      responses=answers(app, op.result(), route.status), name=endpoint.__name__)  # fmt: skip
+                      responses=responses, name=endpoint.__name__)  # fmt: skip
+
+
+#: ``?dry_run=true`` on every grant-changing route (docs/access.md "Previews").
+DRY_RUN = Query(False, description="preview: answer what the change would do, and change nothing")
+
+
+def with_preview(app: _Api, responses: dict[int | str, Any], status: int) -> dict[int | str, Any]:
+    """``responses`` of a grant-changing route, with the 200 its ``?dry_run=true`` answers."""
+    from kbd.service.preview import Preview
+
+    preview = refs_under(Preview.json_schema(app.record_schemas), COMPONENTS)
+    out = dict(responses)
+    if status == 200:
+        result = out[200]["content"]["application/json"]["schema"]
+        out[200] = {**out[200], "content": {"application/json": {"schema": {"anyOf": [result, preview]}}}}
+    else:
+        out[200] = {
+            "description": "The preview (dry_run=true)",
+            "content": {"application/json": {"schema": preview}},
+        }
+    return out
 
 
 def answers(
@@ -1476,10 +1517,15 @@ def create_app(host: Root, *, event_log: EventLog | None = None) -> FastAPI:
     @app.post(
         "/v1/principals/{pid}/{action}",
         response_model=None,
-        responses=answers(app, ops.PrincipalChange.result()),
+        responses=with_preview(app, answers(app, ops.PrincipalChange.result()), 200),
     )
-    def change_principal(pid: str, action: str, body: ForceBody, actor: Principal = Actor) -> JsonObject:
+    def change_principal(pid: str, action: str, body: ForceBody, actor: Principal = Actor,
+                         dry_run: bool = DRY_RUN) -> JsonObject:  # fmt: skip
         with state.locked():
+            if dry_run and action in ("enable", "disable", "remove"):
+                ctx = ops.DirectContext(state.host, sessions=state.sessions)
+                change = ops.PrincipalChange(action, pid, body.force)  # type: ignore[arg-type]
+                return change.preview(ctx, actor).to_json()
             if action == "enable":
                 return principal_ops.enable(state.host, pid, actor=actor).to_json()
             if action == "disable":

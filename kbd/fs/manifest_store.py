@@ -8,6 +8,7 @@ file atomically. Every field kbd does not own is carried over unchanged.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,17 +42,27 @@ def update(
     state_dir: Path,
     timeout: float,
     expected_version: str | None = None,
+    dry_run: bool = False,
 ) -> Manifest:
-    """Apply ``change`` to the manifest atomically and return the saved manifest.
+    """Apply ``change`` to the manifest atomically and return the saved manifest
+    (``dry_run``: the manifest that would be saved; nothing is written).
 
     Raises VersionConflict when ``expected_version`` is given and stale, Busy on
     lock timeout, and whatever ``change`` raises; in every error case the file
     is byte-identical to before.
     """
-    with (
-        held(state_dir, "manifest", str(folder), timeout=timeout, what=f"workflow.json of {folder.name}"),
-        pin_dir(folder) as pinned,
-    ):
+    with contextlib.ExitStack() as stack:
+        if not dry_run:  # a preview reads what is there and leaves no trace, not even a lock file
+            stack.enter_context(
+                held(
+                    state_dir,
+                    "manifest",
+                    str(folder),
+                    timeout=timeout,
+                    what=f"workflow.json of {folder.name}",
+                )
+            )
+        pinned = stack.enter_context(pin_dir(folder))
         # Read and replace through one pinned folder fd: a folder swapped for a
         # link between the two steps cannot redirect the write.
         current = _read_at(pinned.fd)
@@ -64,5 +75,6 @@ def update(
             return current  # nothing to change: keep the file and its formatting
         data = render(doc)
         saved = parse_manifest(data)  # never write what we could not read back
-        write_atomic_at(pinned.fd, MANIFEST, data)
+        if not dry_run:
+            write_atomic_at(pinned.fd, MANIFEST, data)
         return saved

@@ -10,6 +10,7 @@ from a parsed document.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Callable
@@ -65,9 +66,11 @@ def update(
     *,
     timeout: float,
     before_write: Callable[[Edit], None] = lambda _edit: None,
+    dry_run: bool = False,
 ) -> Principals:
     """Apply the edit ``decide`` returns for the current file (None: nothing to
-    change) and return the principals the file then holds.
+    change) and return the principals the file then holds (``dry_run``: would
+    hold; nothing is written and ``before_write`` is not called).
 
     Under the root's principals lock: read, check the layout and the current
     principals (an invalid file is never edited), decide, render and check the
@@ -80,7 +83,9 @@ def update(
     path = root / PRINCIPALS_NAME
     # Keyed by the resolved path: every writer of this file takes the same lock.
     key = str(root.resolve() / PRINCIPALS_NAME)
-    with held(root / STATE_DIR, "principals", key, timeout=timeout, what=PRINCIPALS_NAME):
+    lock = contextlib.nullcontext() if dry_run else held(root / STATE_DIR, "principals", key, timeout=timeout,
+                                                            what=PRINCIPALS_NAME)  # fmt: skip
+    with lock:
         text = _read(path)
         layout = parse_layout(text, source=str(path))
         current = Current(layout, parse_principals({"principals": list(layout.entries)}, source=str(path)))
@@ -88,6 +93,8 @@ def update(
         if edit is None:
             return current.principals
         new_text, principals = apply_edit(layout, edit, source=str(path))
+        if dry_run:
+            return principals
         before_write(edit)
         write_atomic(path, new_text.encode("utf-8"), mode=MODE, keep_owner=True, keep_mode=True)
     return principals

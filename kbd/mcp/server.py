@@ -421,8 +421,12 @@ def target_of(plan: Plan, name: str, args: Mapping[str, Any]) -> str | None:
         return posixpath.join(base, NOTES_DIR, *parts)
     if name == "kb_check":
         return str(args["path"])
-    if name == "kb_why" and str(args["path"]).startswith("/"):
-        return str(args["path"])
+    if name == "kb_why":
+        # Every spelling kb_why takes (ALIAS:RELPATH, $WORKFLOW_KB_…, relative) names a host path:
+        # the roots judge that one, so an answer never describes a file outside them.
+        from kbd.core.why import locate
+
+        return locate(plan, str(args["path"])).path
     return None
 
 

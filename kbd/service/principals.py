@@ -152,8 +152,10 @@ def _run(host: Root, action: str, name: str, actor: Actor, decide: Decide, *, fi
 
     try:
         _require_manager(actor)
-        return principals_file.update(host.config.root, decide, timeout=host.config.lock_timeout,
-                                      before_write=audit)  # fmt: skip
+        after = principals_file.update(host.config.root, decide, timeout=host.config.lock_timeout,
+                                       before_write=audit, dry_run=host.dry_run)  # fmt: skip
+        host.keep_principals(after)  # a preview's draft keeps what the file would hold
+        return after
     except KbdError as err:
         host.audit("principal_refused", **actor_fields(actor), action=action, target=name, code=err.code,
                    reason=err.reason or err.code, message=err.message[:300])  # fmt: skip

@@ -34,6 +34,9 @@ class Root:
     :mod:`kbd.service.events`): by default the root's shared event log; the
     daemon puts its own feed there."""
 
+    #: A :class:`kbd.service.preview.Draft` says True: its changes are computed, never written.
+    dry_run = False
+
     def __init__(self, root: Path, *, sweep_interval: float = 1.0, events: EventSink | None = None) -> None:
         self._root = root
         self._sweep_interval = sweep_interval
@@ -100,6 +103,10 @@ class Root:
     # -- helpers -------------------------------------------------------------
     def actor(self, pid: str) -> Principal:
         return self.principals.actor(pid)
+
+    def keep_principals(self, principals: Principals) -> None:
+        """Called with the principals a change of principals.yaml leaves; a
+        :class:`kbd.service.preview.Draft` keeps them, a root has them on disk already."""
 
     def audit(self, event: str, **fields: object) -> None:
         """Append one record to the root's audit log (``fields`` are its JSON values)."""

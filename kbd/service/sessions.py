@@ -191,7 +191,7 @@ class RootSessions:
         recorder = _Recorder(self.host)
         attachments = None if memo is not None else self.host.resolve(m, view=recorder)
         folders = tuple(resolve_folders(m.raw.get("folder_access"), roots=self.folder_roots(),
-                                        as_uid=self._folder_uid(row)))  # fmt: skip
+                                        as_uid=self.folder_uid(row)))  # fmt: skip
         if memo is None or folders != memo.folders:
             bare = build_plan(
                 workflow_id=m.id,
@@ -218,7 +218,7 @@ class RootSessions:
         self._remember(row.id, memo)
         return plan
 
-    def _folder_uid(self, row: SessionRow) -> int | None:
+    def folder_uid(self, row: SessionRow) -> int | None:
         """Whom the session's folder grants are opened as: on a root served as
         root, the uid of the principal who opened the session (docs/sessions.md "Folder grants": a user learns
         nothing of folders she may not

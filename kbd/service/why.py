@@ -12,19 +12,23 @@ not attached are facts only where the caller may inspect that workflow
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 from kbd.core import audience
-from kbd.core.manifest import Entry, Manifest, SourceRef
+from kbd.core.identifiers import id_problem
+from kbd.core.manifest import MAX_WRITERS, Entry, Manifest, SourceRef, validate_sources
 from kbd.core.principals import Actor, LocalOperator, Principal
 from kbd.core.resolve import Attachment, resolve_entry
 from kbd.core.why import Facts, SourceFacts, Why, explain, explain_attach, locate
 from kbd.errors import InvalidInput
 from kbd.fs import datafiles
 from kbd.fs.registry import Found
+from kbd.service.preview import WhatIf
+from kbd.service.root import Root
 
 if TYPE_CHECKING:
-    from kbd.service.root import Root
     from kbd.service.sessions import RootSessions
 
 MODES = ("read", "write")
@@ -37,7 +41,7 @@ def why_path(sessions: RootSessions, sid: str, asked: str, mode: str, *, actor: 
     from kbd.service.sessions import check_path
 
     _check_mode(mode, "mode")
-    if not isinstance(asked, str) or not asked or "\x00" in asked:
+    if not isinstance(asked, str) or not asked or "\x00" in asked or not _encodes(asked):
         raise InvalidInput("path must be a non-empty string without NUL", hint="a host path, ALIAS:RELPATH or "
                            "$WORKFLOW_KB_<ALIAS>/RELPATH")  # fmt: skip
     plan = sessions.plan(sid, actor=actor)  # authorizes (refusals audited) and rebuilds
@@ -58,7 +62,7 @@ def why_path(sessions: RootSessions, sid: str, asked: str, mode: str, *, actor: 
     facts = Facts(
         policy=datafiles.consumer_kind(row.kind),
         item_kb_write=row.item_kb_write,
-        managers=_managers(consumer),
+        managers=_usable(root, _managers(consumer)),
         sources={k: v for k, v in sources.items() if v is not None},
         elsewhere=elsewhere,
         anonymous=anonymous,
@@ -74,16 +78,31 @@ def why_attach(root: Root, wid: str, source_id: str, access: str, *, actor: Prin
 
     _check_mode(access, "access")
     consumer = inspectable(root, wid, actor=actor).manifest
-    facts = Facts(policy=datafiles.consumer_kind("builder"), item_kb_write=False, managers=_managers(consumer),
+    facts = Facts(policy=datafiles.consumer_kind("builder"), item_kb_write=False,
+                  managers=_usable(root, _managers(consumer)),
                   sources={})  # fmt: skip
     found = root.registry.find(source_id)
     if not isinstance(found, Found) or not _sees(actor, found.manifest):
         return explain_attach(consumer.id, None, None, access, facts)
     alias = next((e.alias for e in consumer.entries if e.workflow_id == source_id), None)
     alias = alias or free_alias(source_id, {e.alias for e in consumer.entries})
+    if not any(e.workflow_id == source_id for e in consumer.entries):
+        # Refused as `kbd sources attach` refuses it (itself, too many sources …).
+        entries = [e.ref.to_json() for e in consumer.entries if e.ref is not None]
+        validate_sources(
+            [*entries, {"workflow_id": source_id, "alias": alias, "access": access}], self_id=consumer.id
+        )
     att = _prospective(root, consumer, source_id, alias, access)
     src = _facts_of(root, consumer, found, att, actor, anonymous=False)
     return explain_attach(consumer.id, src, att, access, facts)
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False  # a lone surrogate: no path, and the answer echoes it
+    return True
 
 
 def _check_mode(value: str, name: str) -> None:
@@ -101,9 +120,12 @@ def _managers(m: Manifest) -> tuple[str, ...]:
     return tuple(dict.fromkeys((*m.effective_owners, *m.access.editors)))
 
 
-def _prospective(root: Root, consumer: Manifest, source_id: str, alias: str, access: str) -> Attachment:
+def _prospective(
+    view: Root | WhatIf, consumer: Manifest, source_id: str, alias: str, access: str
+) -> Attachment:
+    root = view if isinstance(view, Root) else view.root
     entry = Entry(len(consumer.entries), SourceRef(source_id, alias, access), None, alias, source_id, access)
-    return resolve_entry(entry, consumer, view=root, principals=root.principals, host=root.config.host)
+    return resolve_entry(entry, consumer, view=view, principals=root.principals, host=root.config.host)
 
 
 def _source_facts(root: Root, consumer: Manifest, att: Attachment, actor: Actor,
@@ -121,21 +143,34 @@ def _facts_of(root: Root, consumer: Manifest, found: Found, att: Attachment, act
     missing = None
     if visible and att.reason == "audience_denied" and not consumer.is_legacy:
         admitted = audience.audience(source)
-        missing = tuple(sorted(p for p in audience.consumer_audience(consumer)
-                               if p not in admitted and not root.principals.is_enabled_admin(p)))  # fmt: skip
+        names = sorted(p for p in audience.consumer_audience(consumer)
+                       if p not in admitted and not root.principals.is_enabled_admin(p))  # fmt: skip
+        # A name no principal could have (an unknown tier holds any text) cannot be granted: no fix.
+        if names and len(names) <= MAX_WRITERS and all(id_problem(n) is None for n in names):
+            missing = tuple(names)
     write = None
     if att.available and att.access == "read":
         # The status the entry would have with access write: is the consumer granted?
         write = _prospective(root, consumer, source.id, att.alias, "write").write
+    elif missing:
+        # ... and once the missing readers are admitted (the readers fix), resolved as then.
+        readers = (*source.access.readers, *missing)
+        then = WhatIf(root, {source.id: replace(source, access=replace(source.access, readers=readers))})
+        write = _prospective(then, consumer, source.id, att.alias, "write").write
     return SourceFacts(
         workflow_id=source.id,
         # An available source's KB path is in the plan already; another's folder only where visible.
         folder=found.folder.path if (visible or att.available) else None,
-        owners=tuple(source.effective_owners) if visible else None,
+        owners=_usable(root, source.effective_owners) if visible else None,
         legacy=source.is_legacy,
         missing=missing,
         write=write,
     )
+
+
+def _usable(root: Root, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The principals of ``names`` who could run a fix now (known and enabled): a fix names no one else."""
+    return tuple(n for n in names if (p := root.principals.get(n)) is not None and not p.disabled)
 
 
 def _elsewhere(root: Root, consumer: Manifest, path: str, mode: str, actor: Actor,
@@ -143,6 +178,7 @@ def _elsewhere(root: Root, consumer: Manifest, path: str, mode: str, actor: Acto
     """The workflow folder (other than the consumer's) holding ``path``, when the caller may
     see it, with the attachment it would get: for "not attached" and its fix."""
     deepest = None
+    path = str(PurePosixPath(path))  # spelled as the explainer judges it (no '//' or '/./')
     for folder in root.registry.folders():
         if folder.manifest is None or folder.manifest.id == consumer.id:
             continue

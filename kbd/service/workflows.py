@@ -428,6 +428,7 @@ def _update_sources(
         state_dir=root.config.state_dir,
         timeout=root.config.lock_timeout,
         expected_version=expected_version,
+        dry_run=root.dry_run,
     )
     root.events.manifest_saved(wid, before[0] if before else None, saved, folder=folder.path)
     return saved
@@ -456,6 +457,9 @@ class ReadersChange(Record):
     granted: bool
     changed: bool
     readers: tuple[str, ...]
+    #: Of ``principals``: those principals.yaml does not hold (an audience may name them before
+    #: they exist; a typo shows here).
+    unknown: tuple[str, ...]
 
 
 def grant_readers(root: Root, wid: str, principals: tuple[str, ...], *, actor: Principal) -> ReadersChange:
@@ -472,10 +476,7 @@ def revoke_readers(root: Root, wid: str, principals: tuple[str, ...], *, actor: 
 def _change_readers(root: Root, wid: str, principals: tuple[str, ...], *, actor: Principal,
                     grant: bool) -> ReadersChange:  # fmt: skip
     try:
-        # A revoke of a name that is no reader (or no ID) changes nothing, as a writer revoke.
-        asked = tuple(
-            validate_readers(list(principals)) if grant else dict.fromkeys(p.strip() for p in principals)
-        )
+        asked = tuple(validate_readers(list(principals)))
 
         def compute(current: Manifest) -> list[str]:
             readers = list(current.access.readers)
@@ -494,7 +495,8 @@ def _change_readers(root: Root, wid: str, principals: tuple[str, ...], *, actor:
                            workflow_id=wid, principals=[p[:80] for p in principals[:20]])  # fmt: skip
         raise
     readers = root.workflow(wid).manifest.access.readers
-    return ReadersChange(wid, asked, granted=grant, changed=changed, readers=tuple(readers))
+    unknown = tuple(p for p in asked if root.principals.get(p) is None)
+    return ReadersChange(wid, asked, granted=grant, changed=changed, readers=tuple(readers), unknown=unknown)
 
 
 def _change_writers(
@@ -567,8 +569,9 @@ def save_access(
     from kbd.fs import manifest_store
 
     saved = manifest_store.update(
-        folder.path, change, state_dir=root.config.state_dir, timeout=root.config.lock_timeout
-    )
+        folder.path, change, state_dir=root.config.state_dir, timeout=root.config.lock_timeout,
+        dry_run=root.dry_run,
+    )  # fmt: skip
     root.events.manifest_saved(wid, before[0] if before else None, saved, folder=folder.path)
     return changed
 

@@ -5,6 +5,7 @@ operations' own checks accept, so a "valid" example is valid to the server."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import schemathesis
@@ -30,6 +31,15 @@ def _searchable(query: str) -> bool:
 _ids = st.text(_PRINTABLE, min_size=1, max_size=MAX_ID_LEN).filter(lambda s: id_problem(s) is None)
 schemathesis.openapi.format("kbd-id", _ids)
 schemathesis.openapi.format("kbd-new-workflow-id", _ids.filter(lambda s: not s.startswith(".")))
+# A workflow.json as kbd reads one: an ID (most name no workflow: 404) and what else kbd models.
+schemathesis.openapi.format(
+    "kbd-workflow-json",
+    st.builds(
+        lambda wid, readers: json.dumps({"id": wid, "access": {"owners": ["bob"], "readers": readers}}),
+        _ids,
+        st.lists(_ids, max_size=3),
+    ),
+)
 schemathesis.openapi.format("kbd-search-query", st.text(max_size=MAX_QUERY_CHARS).filter(_searchable))
 schemathesis.openapi.format(
     "kbd-label", st.text(st.one_of(_PRINTABLE, st.just(" ")), min_size=1, max_size=200).filter(str.strip)

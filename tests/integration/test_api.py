@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from tests.helpers import PRINCIPALS, KbRoot
@@ -87,6 +88,11 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/doctor"): "test_doctor_is_for_admins",
     ("POST", "/v1/workflows/{wid}/import"): "test_import_takes_documents_never_a_path",
     ("PUT", "/v1/workflows/{wid}/kb/file"): "test_managers_edit_their_own_kb_with_version_checks",
+    ("POST", "/v1/sessions/{sid}/why"): "test_why_through_the_api",
+    ("POST", "/v1/workflows/{wid}/why"): "test_why_through_the_api",
+    ("POST", "/v1/workflows/{wid}/readers"): "test_readers_and_dry_runs_through_the_api",
+    ("POST", "/v1/workflows/{wid}/readers/revoke"): "test_readers_and_dry_runs_through_the_api",
+    ("POST", "/v1/preview"): "test_readers_and_dry_runs_through_the_api",
 }
 
 # A syntactically valid request for every authenticated route (placeholders filled in).
@@ -110,6 +116,11 @@ SAMPLE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/v1/principals/{pid}/{action}"): {},
     ("POST", "/v1/workflows/{wid}/import"): {"folder": "x", "documents": []},
     ("PUT", "/v1/workflows/{wid}/kb/file"): {"path": "context/x.md", "content": "x"},
+    ("POST", "/v1/sessions/{sid}/why"): {"path": "/etc/passwd"},
+    ("POST", "/v1/workflows/{wid}/why"): {"workflow_id": "x"},
+    ("POST", "/v1/workflows/{wid}/readers"): {"principals": ["x"]},
+    ("POST", "/v1/workflows/{wid}/readers/revoke"): {"principals": ["x"]},
+    ("POST", "/v1/preview"): {"manifest": '{"id": "x"}'},
 }
 SAMPLE_QUERY: dict[str, dict[str, str]] = {
     "/v1/workflows/{wid}/sources/{alias}/file": {"path": "notes/fact.md"},
@@ -1595,3 +1606,74 @@ def test_a_rejected_note_is_kept_and_restorable(world: World, s: Scenario) -> No
     world.error(alice.post(f"/v1/workflows/{s.src_id}/notes/rejected/{rid}/restore"), 404, "not-found")
     pending = alice.get(f"/v1/workflows/{s.src_id}/notes/pending").json()["pending"]
     assert "notes/doubt.md" in [p["relpath"] for p in pending]  # unreviewed again
+
+
+def test_why_through_the_api(world: World, s: Scenario) -> None:
+    sid = s.open("alice", kind="execution", kb_access="read")["session_id"]
+    r = world.as_("alice").post(f"/v1/sessions/{sid}/why", json={"path": "rts:notes/x.md", "mode": "write"})
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["allowed"] is False and answer["fix"]["steps"], answer
+    assert [x["code"] for x in answer["reasons"]] == [
+        "kb_access",
+        "read_only_attachment",
+        "write_not_granted",
+    ]
+    ok = world.as_("alice").post(f"/v1/sessions/{sid}/why", json={"path": "rts:notes/fact.md"}).json()
+    assert ok["allowed"] and ok["granted_by"] == {"kind": "source", "alias": "rts", "workflow_id": s.src_id}
+    # Another principal's session is not found; a bad mode is a 400 naming the field.
+    world.error(world.as_("bob").post(f"/v1/sessions/{sid}/why", json={"path": "/"}), 404, "not-found")
+    world.error(world.as_("alice").post(f"/v1/sessions/{sid}/why", json={"path": "/", "mode": "x"}), 400,
+                "invalid-input")  # fmt: skip
+    # why attach: dave is outside both workflows: the consumer is not found for him.
+    url = f"/v1/workflows/{s.con_id}/why"
+    r = world.as_("alice").post(url, json={"workflow_id": s.src_id, "access": "write"})
+    assert r.status_code == 200 and r.json()["fix"]["command"].startswith(f"kbd writers grant {s.src_id}"), (
+        r.text
+    )
+    world.error(world.as_("dave").post(url, json={"workflow_id": s.src_id}), 404, "workflow-not-found")
+
+
+def test_readers_and_dry_runs_through_the_api(world: World, s: Scenario) -> None:
+    url = f"/v1/workflows/{s.src_id}/readers"
+    before = s.manifest_bytes(s.src)
+    # A hand edit of a workflow dave may not see is not found for him.
+    hand = orjson.dumps({**orjson.loads(before), "label": "x"}).decode()
+    world.error(world.as_("dave").post("/v1/preview", json={"manifest": hand}), 404, "workflow-not-found")
+    world.error(world.as_("carol").post(url, json={"principals": ["dave"]}), 403, "permission-denied")
+    world.error(world.as_("alice").post(url, json={"principals": []}), 400, "invalid-input")
+    # A dry run of a grant: 200 with the preview, nothing written.
+    r = world.as_("alice").post(url, json={"principals": ["dave"]}, params={"dry_run": "true"})
+    assert r.status_code == 200 and r.json()["dry_run"] is True, r.text
+    assert s.manifest_bytes(s.src) == before
+    r = world.as_("alice").post(url, json={"principals": ["dave"]})
+    assert r.status_code == 200 and r.json()["readers"] == ["bob", "dave"] and r.json()["unknown"] == [], (
+        r.text
+    )
+    r = world.as_("alice").post(
+        f"{url}/revoke", json={"principals": ["dave", "bob"]}, params={"dry_run": "true"}
+    )
+    assert r.status_code == 200, r.text
+    # bob reads con too: revoking him from src makes con's attachment unavailable (con's audience).
+    assert {(c["workflow_id"], c["alias"], c["status"]) for c in r.json()["consumers"]} == {
+        (s.con_id, "rts", "unavailable")
+    }, r.json()
+    # An attach's dry run answers 200 with the preview (the real attach: 201).
+    s.workflow("extra", access={"owners": ["alice"], "editors": ["carol"], "readers": ["bob"]})
+    attach = f"/v1/workflows/{s.con_id}/sources"
+    r = world.as_("alice").post(attach, json={"workflow_id": f"{s.p}extra", "alias": "extra"},
+                                params={"dry_run": "true"})  # fmt: skip
+    assert r.status_code == 200 and r.json()["consumers"] == [
+        {"workflow_id": s.con_id, "alias": "extra", "status": "attached", "reason": None}
+    ], r.text
+    # kbd preview's route: a hand-edited manifest, checked as kbd reads one.
+    doc = orjson.loads(s.manifest_bytes(s.src))
+    doc["access"]["readers"] = []
+    r = world.as_("alice").post("/v1/preview", json={"manifest": orjson.dumps(doc).decode()})
+    assert r.status_code == 200 and r.json()["consumers"][0]["status"] == "unavailable", r.text
+    world.error(world.as_("alice").post("/v1/preview", json={"manifest": "[]"}), 400, "manifest-unreadable")
+    # dave was granted reading src above: he may preview it now (an outsider may not: above).
+    assert (
+        world.as_("dave").post("/v1/preview", json={"manifest": orjson.dumps(doc).decode()}).status_code
+        == 200
+    )

@@ -26,7 +26,7 @@ import yaml
 
 from kbd.core.events import parse_line
 from tests import waiting
-from tests.helpers import KbRoot, alive
+from tests.helpers import KbRoot, alive, issue_token
 from tests.integration.daemon import Daemon, clean_env, map_uid, serving
 
 # A background loop that leaves the command's process group (setsid): only the
@@ -608,3 +608,56 @@ def test_shutdown_stops_accepting_and_watching_before_it_drains_with_the_grace(
         events_log.close()
         sock.close()
     assert seen == {"grace": 2.5, "watching": False, "accepting": False}
+
+
+# -- previews (docs/access.md "Previews") -----------------------------------------------------------
+
+
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_landlock(abi=2)
+@pytest.mark.parametrize("immediate", [True, False], ids=["immediate", "stale"])
+@pytest.mark.parametrize(
+    ("change", "who", "route"),
+    [
+        # An admin: bob (src's owner) may revoke too, but may not see con, so its sessions and
+        # commands are only counted for him (tests/unit/service/test_preview.py).
+        (["writers", "revoke", "src", "con"], "ops", ("DELETE", "/v1/workflows/src/writers/con")),
+        (["principals", "disable", "alice"], "ops", ("POST", "/v1/principals/alice/disable")),
+    ],
+    ids=["writer-revoke", "principal-disabled"],
+)
+def test_a_preview_names_the_running_commands_the_change_then_acts_on(
+    world: KbRoot, immediate: bool, change: list[str], who: str, route: tuple[str, str]
+) -> None:
+    """Through the daemon's API (``?dry_run=true``) and the CLI alike: the running command the
+    change would end (or mark stale), and nothing changed; then the change, and the daemon does
+    exactly that to exactly that command."""
+    kb = world
+    set_revocation(kb.root, immediate=immediate, grace=0)
+    sid = kb.open_session("con", kind="execution", kb_access="read-write", actor="alice")
+    map_uid(kb.root, "alice", os.getuid())
+    tokens = {p: issue_token(kb.root, p) for p in ("bob", "ops")}
+    with serving(kb.root) as daemon:
+        runner = Runner(kb, sid, socket=daemon.sock)
+        try:
+            (running,) = kb.cli("session", "show", sid, "--json").json()["running"]
+            effect = "terminated" if immediate else "stale"
+            method, path = route
+            answer = daemon.client(tokens[who]).request(method, path, params={"dry_run": "true"},
+                                                        json={} if method == "POST" else None)  # fmt: skip
+            assert answer.status_code == 200, answer.text
+            preview = answer.json()
+            assert preview["dry_run"] is True
+            assert preview["commands"] == [{"session_id": sid, "pid": running["pid"], "effect": effect}], (
+                preview
+            )
+            cli = kb.cli(*change, "--dry-run", "--as", who, "--json")
+            assert cli.code == 0 and cli.json() == preview, cli.err
+            waiting.holds_for(lambda: runner.proc.poll() is None and not of_type(kb.root, f"command.{effect}"),
+                              0.5, "nothing acted on by a preview")  # fmt: skip
+            assert kb.cli(*change, "--as", who).code == 0
+            wait_for(lambda: of_type(kb.root, f"command.{effect}", session_id=sid), 5, f"command.{effect}")
+            (acted,) = of_type(kb.root, f"command.{effect}", session_id=sid)
+            assert acted["pid"] == running["pid"]
+        finally:
+            runner.close()

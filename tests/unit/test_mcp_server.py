@@ -200,3 +200,21 @@ def test_roots_check_the_path_a_call_touches() -> None:
     hits = _found(("rts", "notes/a.md"), ("rts", "context/b.md"), (None, "notes/own.md"))
     assert m.narrow_hits(plan, hits, roots) == (_found(("rts", "notes/a.md")), 2)
     assert m.narrow_hits(plan, hits, None) == (hits, None)
+
+
+@pytest.mark.parametrize(
+    ("path", "target"),
+    [
+        ("rts:notes/x.md", "/host/x/notes/x.md"),
+        ("/host/x/context/a.md", "/host/x/context/a.md"),
+        ("notes.md", "/host/con/notes.md"),  # relative: to the workflow folder
+        ("nope:x", None),  # no such alias: nothing to judge, the answer says not_attached
+    ],
+)
+def test_kb_why_is_judged_by_the_client_roots_at_the_path_it_names(path: str, target: str | None) -> None:
+    plan = _plan("read-write", ("rts", True, True))
+    assert m.target_of(plan, "kb_why", {"path": path}) == target
+    if target is not None:
+        with pytest.raises(KbdError, match="outside the roots"):
+            m.check_roots(plan, "kb_why", {"path": path}, ("/elsewhere",))
+        m.check_roots(plan, "kb_why", {"path": path}, ("/host",))

@@ -15,6 +15,7 @@ from kbd.cli.app import (
     F,
     as_option,
     complete_principals,
+    dry_run_option,
     json_option,
     main,
     pass_ctx,
@@ -112,23 +113,29 @@ def principals_add(c: Ctx, name: str, uid: int | None, login: str | None, admin:
 @principals.command("disable")
 @click.argument("name", shell_complete=complete_principals)
 @_force_option("disable")
+@dry_run_option
 @as_option
 @json_option
 @pass_ctx
-def principals_disable(c: Ctx, name: str, force: bool, as_: str | None, as_json: bool) -> None:
+def principals_disable(c: Ctx, name: str, force: bool, dry_run: bool, as_: str | None, as_json: bool) -> None:
     """Disable NAME: refused everywhere from the daemon's next request on; the
     commands it started are ended (or marked stale) by revocation."""
+    if c.previewed(ops.PrincipalChange("disable", name, force), dry_run, as_, as_json):
+        return
     if (result := c.shown(ops.PrincipalChange("disable", name, force), as_, as_json)) is not None:
         click.echo(_changed_line(result, "disabled"))
 
 
 @principals.command("enable")
 @click.argument("name", shell_complete=complete_principals)
+@dry_run_option
 @as_option
 @json_option
 @pass_ctx
-def principals_enable(c: Ctx, name: str, as_: str | None, as_json: bool) -> None:
+def principals_enable(c: Ctx, name: str, dry_run: bool, as_: str | None, as_json: bool) -> None:
     """Enable NAME again."""
+    if c.previewed(ops.PrincipalChange("enable", name), dry_run, as_, as_json):
+        return
     if (result := c.shown(ops.PrincipalChange("enable", name), as_, as_json)) is not None:
         click.echo(_changed_line(result, "enabled"))
 
@@ -136,11 +143,14 @@ def principals_enable(c: Ctx, name: str, as_: str | None, as_json: bool) -> None
 @principals.command("remove")
 @click.argument("name", shell_complete=complete_principals)
 @_force_option("remove")
+@dry_run_option
 @as_option
 @json_option
 @pass_ctx
-def principals_remove(c: Ctx, name: str, force: bool, as_: str | None, as_json: bool) -> None:
+def principals_remove(c: Ctx, name: str, force: bool, dry_run: bool, as_: str | None, as_json: bool) -> None:
     """Remove NAME's entry from principals.yaml (other lines stay as they are)."""
+    if c.previewed(ops.PrincipalChange("remove", name, force), dry_run, as_, as_json):
+        return
     if (result := c.shown(ops.PrincipalChange("remove", name, force), as_, as_json)) is not None:
         click.echo(_changed_line(result, "removed"))
 

@@ -14,6 +14,7 @@ from kbd.cli.app import (
     attachment_line,
     complete_aliases,
     complete_workflows,
+    dry_run_option,
     json_option,
     main,
     manifest_version_option,
@@ -54,11 +55,12 @@ def sources_list(c: Ctx, wf: str, as_: str | None, as_json: bool) -> None:
 @click.argument("source_id", shell_complete=complete_workflows)
 @click.option("--alias", required=True, help="Local name: ^[a-z][a-z0-9_]{0,47}$, not 'access'.")
 @click.option("--access", type=click.Choice(["read", "write"]), default="read", show_default=True)
+@dry_run_option
 @as_option
 @json_option
 @pass_ctx
 def sources_attach(
-    c: Ctx, wf: str, source_id: str, alias: str, access: str, as_: str | None, as_json: bool
+    c: Ctx, wf: str, source_id: str, alias: str, access: str, dry_run: bool, as_: str | None, as_json: bool
 ) -> None:
     """Attach SOURCE_ID's knowledge base to WF under ALIAS.
 
@@ -70,6 +72,8 @@ def sources_attach(
     if (problem := alias_problem(alias)) is not None:
         # Name the flag the user typed, not the manifest entry it would become.
         raise InvalidInput(f"--alias {alias!r} {problem}", hint="e.g. --alias rts")
+    if c.previewed(ops.Attach(wf, source_id, alias, access), dry_run, as_, as_json):
+        return
     if (a := c.shown(ops.Attach(wf, source_id, alias, access), as_, as_json)) is None:
         return
     click.echo(f"attached {source_id} to {wf} as {alias}")
@@ -79,11 +83,19 @@ def sources_attach(
 @sources.command("detach")
 @click.argument("wf", shell_complete=complete_workflows)
 @click.argument("alias", shell_complete=complete_aliases)
+@dry_run_option
 @as_option
 @json_option
 @pass_ctx
-def sources_detach(c: Ctx, wf: str, alias: str, as_: str | None, as_json: bool) -> None:
-    """Remove the attachment ALIAS from WF."""
+def sources_detach(c: Ctx, wf: str, alias: str, dry_run: bool, as_: str | None, as_json: bool) -> None:
+    """Remove the attachment ALIAS from WF.
+
+    \b
+    EXAMPLES
+      kbd sources detach research rts --dry-run
+    """
+    if c.previewed(ops.Detach(wf, alias), dry_run, as_, as_json):
+        return
     if c.shown(ops.Detach(wf, alias), as_, as_json) is not None:
         click.echo(f"detached {alias} from {wf}")
 
@@ -93,18 +105,22 @@ def sources_detach(c: Ctx, wf: str, alias: str, as_: str | None, as_json: bool) 
 @click.argument("alias", shell_complete=complete_aliases)
 @click.argument("access", type=click.Choice(["read", "write"]))
 @manifest_version_option
+@dry_run_option
 @as_option
 @json_option
 @pass_ctx
 def sources_access(
-    c: Ctx, wf: str, alias: str, access: str, expected_version: str | None, as_: str | None, as_json: bool
-) -> None:
+    c: Ctx, wf: str, alias: str, access: str, expected_version: str | None, dry_run: bool, as_: str | None,
+    as_json: bool,
+) -> None:  # fmt: skip
     """Change the access of WF's attachment ALIAS (read or write), nothing else.
 
     \b
     EXAMPLES
       kbd sources access research cost read
     """
+    if c.previewed(ops.SetAccess(wf, alias, access, expected_version), dry_run, as_, as_json):
+        return
     if (a := c.shown(ops.SetAccess(wf, alias, access, expected_version), as_, as_json)) is None:
         return
     click.echo(f"{wf}: {alias} is now attached with {access} access")
@@ -121,11 +137,12 @@ def sources_access(
     help="JSON array of entries; - reads stdin; [] detaches all.",
 )
 @manifest_version_option
+@dry_run_option
 @as_option
 @json_option
 @pass_ctx
 def sources_set(
-    c: Ctx, wf: str, file: str, expected_version: str | None, as_: str | None, as_json: bool
+    c: Ctx, wf: str, file: str, expected_version: str | None, dry_run: bool, as_: str | None, as_json: bool
 ) -> None:
     """Replace WF's whole attachment list."""
     try:
@@ -138,6 +155,8 @@ def sources_set(
         raw = load_json_strict(data)
     except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"{'stdin' if file == '-' else file} is not valid JSON: {exc}") from exc
+    if c.previewed(ops.SetSources(wf, raw, expected_version), dry_run, as_, as_json):
+        return
     if (view := c.shown(ops.SetSources(wf, raw, expected_version), as_, as_json)) is None:
         return
     click.echo(f"{wf}: {len(view.sources)} sources saved")

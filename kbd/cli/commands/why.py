@@ -1,9 +1,10 @@
-"""``kbd why``: why a session may or may not touch a path, or why an attachment would not be
+"""``kbd why`` and ``kbd preview``: why a session may or may not touch a path, or why an attachment would not be
 usable, and the smallest change that would allow it (docs/access.md "Why: explaining a decision")."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -20,6 +21,7 @@ from kbd.cli.app import (
 )
 from kbd.core.identifiers import one_line
 from kbd.core.why import Why
+from kbd.errors import InvalidInput, NotFound
 
 
 class _WhyGroup(click.Group):
@@ -114,3 +116,36 @@ def _print(answer: Why, attach: tuple[str, str] | None) -> None:
             click.echo(f"{'fix' if i == 0 else '  then'}: {one_line(step.command, limit=400)}{who}")
     elif answer.no_fix:
         click.echo(f"fix: {one_line(answer.no_fix, limit=300)}")
+
+
+@main.command("preview")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@as_option
+@json_option
+@pass_ctx
+def preview_cmd(c: Ctx, file: str, as_: str | None, as_json: bool) -> None:
+    """What saving FILE (a hand-edited workflow.json) would change: the sessions that would gain
+    or lose grants, the running commands that would be ended or marked stale, and the attachments
+    that would change. Nothing is changed.
+
+    \b
+    EXAMPLES
+      kbd preview ~/edits/research.workflow.json
+    """
+    from kbd.cli.preview_text import preview_lines
+
+    try:
+        data = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
+        text = data.decode("utf-8")
+    except FileNotFoundError:
+        raise NotFound(f"{file} does not exist", hint="name a workflow.json, or - for stdin") from None
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {file}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{file} is not UTF-8 text", hint="a workflow.json is JSON text") from None
+    preview = c.result(ops.PreviewManifest(text), as_)
+    if as_json:
+        emit(preview)
+        return
+    for line in preview_lines(preview):
+        click.echo(line)

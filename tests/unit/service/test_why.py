@@ -11,6 +11,7 @@ change that does not allow the path fails here.
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -441,3 +442,95 @@ def test_the_readme_examples_are_what_kbd_prints(kb: KbRoot) -> None:
         assert argv[0] == "kbd"
         r = kb.call(*argv[1:])
         assert r.code == 77 and r.out == expected, (line, r.out, r.err)
+
+
+# -- what an attacker or an odd question gets ------------------------------------------------------
+
+
+def test_fix_commands_are_quoted_and_never_carry_text_no_principal_could_be(kb: KbRoot) -> None:
+    """An unknown access tier holds any text; it must never reach a command meant to be pasted."""
+    perf = kb.workflows / "perf"
+    doc = kb.read_manifest(perf)
+    doc["access"]["viewers"] = ["x; touch /tmp/pwned #"]
+    kb.write_manifest(perf, doc)
+    sid = kb.open_session("perf", kind="execution", kb_access="read", actor="carol")
+    r = kb.call("why", sid, "sec:notes/fact.md", "--json")
+    answer = r.json()
+    assert answer["fix"] is None and "touch" not in json.dumps(answer["fix"]), answer
+    # Odd but valid IDs are quoted word by word.
+    assert why_service.free_alias("WF-Big", set()) == "wf_big"
+    from kbd.core.why import Facts, _step
+
+    facts = Facts(policy=None, item_kb_write=False, managers=(), sources={})  # type: ignore[arg-type]
+    assert _step(["writers", "grant", "wf:ü", "a$b"], ("o'k",), facts).command == (
+        "kbd writers grant 'wf:ü' 'a$b' --as 'o'\"'\"'k'"
+    )
+
+
+def test_audience_denied_write_fix_covers_every_step(kb: KbRoot) -> None:
+    sid = kb.open_session("perf", kind="execution", kb_access="read-write", actor="carol")
+    r = kb.call("why", sid, "sec:notes/x.md", "--mode", "write", "--json")  # the operator sees secret
+    answer = r.json()
+    assert codes(answer) == ["attachment_unavailable", "read_only_attachment", "write_not_granted"], answer
+    assert [s["command"].split(" --as")[0] for s in answer["fix"]["steps"]] == [
+        "kbd readers grant secret bob carol dave",
+        "kbd sources access perf sec write",
+        "kbd writers grant secret perf",
+    ]
+    run_fix(kb, answer)
+    assert why(kb, sid, "sec:notes/x.md", "write")["allowed"]
+
+
+def test_no_fix_for_what_no_change_opens_even_behind_an_unavailable_attachment(kb: KbRoot) -> None:
+    sid = kb.open_session("perf", kind="execution", kb_access="read-write", actor="carol")
+    for path, mode, code in [("sec:../soul/x", "read", "invalid_path"), ("$WORKFLOW_KB_SEC/../soul", "read", "invalid_path"),
+                             ("sec:notes/x.bin", "write", "invalid_name"), ("rts:notes/x.bin", "write", "invalid_name")]:  # fmt: skip
+        r = kb.call("why", sid, path, "--mode", mode, "--json")
+        assert r.code == 77 and codes(r.json()) == [code] and r.json()["fix"] is None, (path, r.out)
+    other = kb.workflows / "other" / "knowledgebase" / "notes" / "x.bin"
+    answer = why(kb, sid, str(other), "write")
+    assert "invalid_name" in codes(answer) and answer["fix"] is None, answer
+
+
+def test_a_fix_names_only_principals_who_could_run_it(kb: KbRoot) -> None:
+    kb.edit(kb.workflows / "rts", access={**AUDIENCE, "owners": ["mallory", "ghost", "alice"]})
+    sid = kb.open_session("perf", kind="execution", kb_access="read-write", actor="carol")
+    answer = why(kb, sid, "rts:notes/x.md", "write")
+    assert answer["fix"]["command"] == "kbd writers grant rts perf --as alice" and answer["fix"]["by"] == [
+        "alice"
+    ]
+
+
+def test_the_item_flag_is_part_of_the_fix(kb: KbRoot) -> None:
+    kb.call("writers", "grant", "rts", "perf", "--as", "alice")
+    sid = kb.open_session("perf", kind="message_sequence", kb_access="read-write", actor="carol")
+    answer = why(kb, sid, "rts:notes/x.md", "write")
+    assert codes(answer) == ["kb_access"] and "--item-kb-write" in answer["fix"]["command"], answer
+    new_sid = run_fix(kb, answer)
+    assert new_sid and why(kb, new_sid, "rts:notes/x.md", "write")["allowed"]
+
+
+def test_why_attach_refuses_what_attach_refuses(kb: KbRoot) -> None:
+    r = kb.call("why", "attach", "perf", "perf", "--as", "carol")
+    assert r.code == 65 and "itself" in r.err, r.err
+
+
+def test_odd_paths_get_answers_not_internal_errors(kb: KbRoot) -> None:
+    sid = kb.open_session("perf", kind="execution", kb_access="read", actor="carol")
+    for path in (
+        "x" * 5000,
+        "cost:" + "y" * 300,
+        f"{kb.workflows}/{'z' * 300}",
+        "cost:\n",
+        "${WORKFLOW_KB_}/x",
+        "cost:",
+    ):
+        r = kb.call("why", sid, path, "--as", "carol")
+        assert r.code in (0, 77), (path[:40], r.err)
+        r = kb.call("check", sid, path if path.startswith("/") else f"/{path}", "--mode", "read")
+        assert r.code in (0, 77), (path[:40], r.err)
+    r = kb.call("why", sid, "\udcff", "--as", "carol")
+    assert r.code in (64, 65) and "Traceback" not in r.err, r.err
+    # A path spelled with '//' or '/./' is judged as the explainer reads it.
+    other = f"{kb.workflows}//other/./knowledgebase/notes/fact.md"
+    assert codes(why(kb, sid, other)) == ["not_attached"]
