@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     import kbd.service.own_kb
     import kbd.service.preview
     import kbd.service.principals
+    import kbd.service.requests
     import kbd.service.reviews
     import kbd.service.search
     import kbd.service.sessions
@@ -656,6 +657,54 @@ class ReadersRevoke(Op["kbd.service.workflows.ReadersChange"]):
         from kbd.service import workflows as _workflows
 
         return _workflows.revoke_readers(ctx.root, self.wf, tuple(self.principals), actor=_principal(actor))
+
+
+# -- access requests (docs/access.md "Access requests") --------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestOpen(Op["kbd.service.requests.AccessRequest"]):
+    route: ClassVar[Route] = Route(
+        "POST", "/v1/requests", body={"kind": "kind", "workflow_id": "source", "consumer": "consumer",
+                                       "message": "message"}, status=201,
+    )  # fmt: skip
+    names_in_path: ClassVar[bool] = False
+    kind: str
+    source: str
+    consumer: str
+    message: str | None = None
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.requests.AccessRequest:
+        from kbd.service import requests as _requests
+
+        return _requests.open_request(ctx.root, self.kind, self.source, self.consumer, actor=_principal(actor),
+                                      message=self.message)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RequestsList(Op["kbd.service.requests.RequestList"]):
+    route: ClassVar[Route] = Route("GET", "/v1/requests")
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.requests.RequestList:
+        from kbd.service import requests as _requests
+
+        return _requests.list_requests(ctx.root, actor=_principal(actor))
+
+
+@dataclass(frozen=True)
+class RequestDecide(Op["kbd.service.requests.AccessRequest"]):
+    route: ClassVar[Route] = Route(
+        "POST", "/v1/requests/{rid}/decision", body={"decision": "decision", "message": "message"}
+    )
+    rid: int
+    decision: Literal["approve", "decline"]
+    message: str | None = None
+
+    def direct(self, ctx: DirectContext, actor: Actor) -> kbd.service.requests.AccessRequest:
+        from kbd.service import requests as _requests
+
+        return _requests.decide(ctx.root, self.rid, approve=self.decision == "approve", actor=_principal(actor),
+                                message=self.message)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,7 @@ class Config:
     lock_timeout: float = 10.0
     revoke_grace: float = 5.0
     revoke_immediately: bool = False
+    request_expire_days: int = 14
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     notes_quota: NotesQuota = field(default_factory=NotesQuota)
     note_history: NoteHistory = field(default_factory=NoteHistory)
@@ -164,6 +165,7 @@ _TOP_KEYS = (
     "locks",
     "sandbox",
     "revocation",
+    "requests",
     "notes_quota",
     "note_history",
     "limits",
@@ -293,6 +295,8 @@ def parse_config(data: object, *, root: Path, source: str = CONFIG_NAME) -> Conf
     quota = _notes_quota(doc.get("notes_quota", {}), source=source)
     rv = expect_mapping(doc.get("revocation", {}), where="revocation", source=source)
     check_keys(rv, allowed=("immediate", "grace_seconds"), where="revocation", source=source)
+    rq = expect_mapping(doc.get("requests", {}), where="requests", source=source)
+    check_keys(rq, allowed=("expire_days",), where="requests", source=source)
     return Config(
         root=root,
         host=host,
@@ -309,6 +313,9 @@ def parse_config(data: object, *, root: Path, source: str = CONFIG_NAME) -> Conf
         ),
         revoke_immediately=expect_bool(
             rv.get("immediate", False), where="revocation.immediate", source=source
+        ),
+        request_expire_days=_count(
+            rq.get("expire_days", 14), where="requests.expire_days", source=source, minimum=1, maximum=365
         ),
         sandbox=sandbox,
         notes_quota=quota,

@@ -49,6 +49,10 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "command.stale": ("session_id", "pid", "generation"),
     "command.terminated": ("session_id", "pid", "generation"),
     "note.written": ("workflow_id", "relpath", "by_workflow"),
+    # Access requests (docs/access.md "Access requests"): workflow_id is the source; both it and
+    # the consumer must be visible to a subscriber (kbd.service.changefeed).
+    "request.opened": ("workflow_id", "consumer", "request_id"),
+    "request.decided": ("workflow_id", "consumer", "request_id"),
     "resync": ("reason",),
 }
 #: The one type that concerns no workflow: continuity was lost, everyone reloads.
@@ -108,6 +112,8 @@ _VALIDATORS: dict[str, Callable[[object], str | None]] = {
     "workflow_id": _id_value,
     "session_id": _id_value,
     "by_workflow": _id_value,
+    "consumer": _id_value,
+    "request_id": lambda v: _count(v, low=1),
     "generation": lambda v: _count(v, low=0),
     "pid": lambda v: _count(v, low=1),
     "relpath": _relpath,

@@ -485,6 +485,26 @@ class WhyAttachBody(Strict):
     access: Literal["read", "write"] = "read"
 
 
+#: An access request's message (kbd/service/requests.py): one line of plain text.
+MESSAGE_FORMAT = {"type": "string", "maxLength": 500, "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]*$"}
+
+
+class RequestBody(Strict):
+    kind: Literal["read", "write"]
+    workflow_id: str = Field(description="the source workflow asked", json_schema_extra=_schema(ID_FORMAT))
+    consumer: str = Field(
+        description="the consumer workflow it would admit", json_schema_extra=_schema(ID_FORMAT)
+    )
+    message: str | None = Field(default=None, description="one line for the source's owners",
+                                json_schema_extra=_schema(MESSAGE_FORMAT, nullable=True))  # fmt: skip
+
+
+class DecisionBody(Strict):
+    decision: Literal["approve", "decline"]
+    message: str | None = Field(default=None, description="one line for the requester",
+                                json_schema_extra=_schema(MESSAGE_FORMAT, nullable=True))  # fmt: skip
+
+
 class PreviewBody(Strict):
     manifest: str = Field(
         description="a workflow.json's text, as kbd preview read it from its file",
@@ -952,6 +972,9 @@ SERVED: dict[type[ops.Op[Record]], type[Strict] | None] = {
     ops.ReadersGrant: ReadersBody,
     ops.ReadersRevoke: ReadersBody,
     ops.PreviewManifest: PreviewBody,
+    ops.RequestOpen: RequestBody,
+    ops.RequestsList: None,
+    ops.RequestDecide: DecisionBody,
     ops.PrincipalsList: None,
     ops.PrincipalAdd: AddPrincipalBody,
     ops.PrincipalToken: None,

@@ -38,7 +38,8 @@ API turn any of them into the same answer without knowing the class::
     │   ├── VersionConflict         75  409  version-conflict         expected version is stale
     │   │   └── NoteVersionConflict 75  412  note-version-conflict    a note changed since that version
     │   ├── IndexUnreadable         75  409  index-unreadable         notes/_index.json mid-rewrite
-    │   └── WorkflowExists          75  409  workflow-exists          workflows create: ID or folder taken
+    │   ├── WorkflowExists          75  409  workflow-exists          workflows create: ID or folder taken
+    │   └── RequestOpen             75  409  request-open             an access request like it is open
     ├── NoSpace                     75  507  no-space                 disk or quota full (ENOSPC, EDQUOT)
     ├── PermissionDenied            77  403  permission-denied
     │   ├── PathRefused             77  403  path-refused             a link, '..', special file …
@@ -420,6 +421,11 @@ class IndexUnreadable(Busy):
 class WorkflowExists(Busy):
     code = "workflow-exists"
     default_hint = "pick another workflow ID; `kbd workflows list` shows the taken ones"
+
+
+class RequestOpen(Busy):
+    code = "request-open"
+    default_hint = "wait for the source's owners to decide it: `kbd requests list` shows it"
 
 
 class NoSpace(KbdError):

@@ -190,6 +190,14 @@ class Subscription:
             self.ticket.close()
 
 
+def _workflows_of(event: Event) -> tuple[str, ...]:
+    """Every workflow a subscriber must be able to see to receive ``event``: its own, and for an
+    access request the consumer too (docs/daemon.md "The change feed")."""
+    second = event.fields.get("consumer")
+    own = () if event.workflow_id is None else (event.workflow_id,)
+    return (*own, second) if isinstance(second, str) else own
+
+
 def _manifest_of(manifests: dict[str, Manifest | None], workflow_id: str | None) -> Manifest | None:
     return manifests.get(workflow_id) if workflow_id is not None else None
 
@@ -450,7 +458,7 @@ class Feed:
         more, or the state lock stayed busy). Its principal and the manifests
         of the events' workflows are read under the state lock, at most
         LOOKUP_BATCH lookups a hold; the decision is made outside it."""
-        wids = list(dict.fromkeys(e.workflow_id for e in events if e.workflow_id is not None))
+        wids = list(dict.fromkeys(w for e in events for w in _workflows_of(e)))
         first = await self._locked(self._authenticate_and_look_up, who, wids[:LOOKUP_BATCH])
         if first is None:
             return None
@@ -464,7 +472,9 @@ class Feed:
                 if more is None:
                     return None
                 manifests.update(more)
-        return [e for e in events if may_see(actor, e.workflow_id, _manifest_of(manifests, e.workflow_id))]
+        return [
+            e for e in events if all(may_see(actor, w, _manifest_of(manifests, w)) for w in _workflows_of(e))
+        ]
 
     async def _locked(self, fn: Callable[..., T], *args: object) -> T | None:
         """``fn(*args)`` under the state lock (one short hold), or None when the

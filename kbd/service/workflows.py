@@ -437,9 +437,11 @@ def _update_sources(
 # -- writer grants ----------------------------------------------------------------------
 
 
-def grant(root: Root, source_id: str, consumer_id: str, *, actor: Principal) -> WriterChange:
-    """Let ``consumer_id`` write into ``source_id``'s notes/ (its owners and admins only)."""
-    return _change_writers(root, source_id, consumer_id, actor=actor, grant=True)
+def grant(root: Root, source_id: str, consumer_id: str, *, actor: Principal,
+          request_id: int | None = None) -> WriterChange:  # fmt: skip
+    """Let ``consumer_id`` write into ``source_id``'s notes/ (its owners and admins only); the
+    access request it approves, if any, is named in the audit record."""
+    return _change_writers(root, source_id, consumer_id, actor=actor, grant=True, request_id=request_id)
 
 
 def revoke(root: Root, source_id: str, consumer_id: str, *, actor: Principal) -> WriterChange:
@@ -462,10 +464,11 @@ class ReadersChange(Record):
     unknown: tuple[str, ...]
 
 
-def grant_readers(root: Root, wid: str, principals: tuple[str, ...], *, actor: Principal) -> ReadersChange:
+def grant_readers(root: Root, wid: str, principals: tuple[str, ...], *, actor: Principal,
+                  request_id: int | None = None) -> ReadersChange:  # fmt: skip
     """Add ``principals`` to ``wid``'s readers (its owners and admins only): the change that admits
     a consumer's whole audience (``audience_denied``; docs/access.md "Access rules")."""
-    return _change_readers(root, wid, principals, actor=actor, grant=True)
+    return _change_readers(root, wid, principals, actor=actor, grant=True, request_id=request_id)
 
 
 def revoke_readers(root: Root, wid: str, principals: tuple[str, ...], *, actor: Principal) -> ReadersChange:
@@ -474,7 +477,7 @@ def revoke_readers(root: Root, wid: str, principals: tuple[str, ...], *, actor: 
 
 
 def _change_readers(root: Root, wid: str, principals: tuple[str, ...], *, actor: Principal,
-                    grant: bool) -> ReadersChange:  # fmt: skip
+                    grant: bool, request_id: int | None = None) -> ReadersChange:  # fmt: skip
     try:
         asked = tuple(validate_readers(list(principals)))
 
@@ -489,7 +492,8 @@ def _change_readers(root: Root, wid: str, principals: tuple[str, ...], *, actor:
 
         changed = save_access(root, wid, "readers", compute, actor=actor,
                               event="readers_granted" if grant else "readers_revoked", what="who reads",
-                              command="kbd readers grant", workflow_id=wid, principals=list(asked))  # fmt: skip
+                              command="kbd readers grant", workflow_id=wid, principals=list(asked),
+                              **_request(request_id))  # fmt: skip
     except KbdError as err:
         root.audit_refusal("readers_refused", err, actor=actor, action="grant" if grant else "revoke",
                            workflow_id=wid, principals=[p[:80] for p in principals[:20]])  # fmt: skip
@@ -500,10 +504,18 @@ def _change_readers(root: Root, wid: str, principals: tuple[str, ...], *, actor:
 
 
 def _change_writers(
-    root: Root, source_id: str, consumer_id: str, *, actor: Principal, grant: bool
+    root: Root,
+    source_id: str,
+    consumer_id: str,
+    *,
+    actor: Principal,
+    grant: bool,
+    request_id: int | None = None,
 ) -> WriterChange:
     try:
-        changed = _update_writers(root, source_id, consumer_id, actor=actor, grant=grant)
+        changed = _update_writers(
+            root, source_id, consumer_id, actor=actor, grant=grant, request_id=request_id
+        )
     except KbdError as err:
         # Every refusal is recorded (who, what, target, why) before the caller hears of it.
         root.audit_refusal("writer_grant_refused" if grant else "writer_revoke_refused", err,
@@ -512,7 +524,13 @@ def _change_writers(
     return WriterChange(source_id, consumer_id.strip(), granted=grant, changed=changed)
 
 
-def _update_writers(root: Root, source_id: str, consumer_id: str, *, actor: Principal, grant: bool) -> bool:
+def _request(request_id: int | None) -> dict[str, int]:
+    """The audit field naming the access request a grant approves (none: no field)."""
+    return {} if request_id is None else {"request_id": request_id}
+
+
+def _update_writers(root: Root, source_id: str, consumer_id: str, *, actor: Principal, grant: bool,
+                    request_id: int | None = None) -> bool:  # fmt: skip
     def compute(current: Manifest) -> list[str]:
         writers = list(current.access.allowed_kb_writers)
         if not grant:
@@ -528,7 +546,8 @@ def _update_writers(root: Root, source_id: str, consumer_id: str, *, actor: Prin
 
     return save_access(root, source_id, "allowed_kb_writers", compute, actor=actor,
                        event="writer_granted" if grant else "writer_revoked", what="who writes into",
-                       command="kbd writers grant", source=source_id, consumer=consumer_id.strip())  # fmt: skip
+                       command="kbd writers grant", source=source_id, consumer=consumer_id.strip(),
+                       **_request(request_id))  # fmt: skip
 
 
 def save_access(

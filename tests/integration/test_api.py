@@ -93,6 +93,9 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1/workflows/{wid}/readers"): "test_readers_and_dry_runs_through_the_api",
     ("POST", "/v1/workflows/{wid}/readers/revoke"): "test_readers_and_dry_runs_through_the_api",
     ("POST", "/v1/preview"): "test_readers_and_dry_runs_through_the_api",
+    ("POST", "/v1/requests"): "test_requests_through_the_api",
+    ("GET", "/v1/requests"): "test_requests_through_the_api",
+    ("POST", "/v1/requests/{rid}/decision"): "test_requests_through_the_api",
 }
 
 # A syntactically valid request for every authenticated route (placeholders filled in).
@@ -121,6 +124,8 @@ SAMPLE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/v1/workflows/{wid}/readers"): {"principals": ["x"]},
     ("POST", "/v1/workflows/{wid}/readers/revoke"): {"principals": ["x"]},
     ("POST", "/v1/preview"): {"manifest": '{"id": "x"}'},
+    ("POST", "/v1/requests"): {"kind": "write", "workflow_id": "x", "consumer": "x"},
+    ("POST", "/v1/requests/{rid}/decision"): {"decision": "decline"},
 }
 SAMPLE_QUERY: dict[str, dict[str, str]] = {
     "/v1/workflows/{wid}/sources/{alias}/file": {"path": "notes/fact.md"},
@@ -1677,3 +1682,26 @@ def test_readers_and_dry_runs_through_the_api(world: World, s: Scenario) -> None
         world.as_("dave").post("/v1/preview", json={"manifest": orjson.dumps(doc).decode()}).status_code
         == 200
     )
+
+
+def test_requests_through_the_api(world: World, s: Scenario) -> None:
+    """tests/integration/test_requests.py has the lifecycle; here the routes' shapes and refusals."""
+    body = {"kind": "write", "workflow_id": s.src_id, "consumer": s.con_id, "message": "please"}
+    r = world.as_("carol").post("/v1/requests", json=body)
+    assert r.status_code == 201, r.text
+    rid = r.json()["request_id"]
+    world.error(world.as_("carol").post("/v1/requests", json=body), 409, "request-open")
+    world.error(
+        world.as_("carol").post("/v1/requests", json={**body, "message": "a\nb"}), 400, "invalid-input"
+    )
+    mine = world.as_("carol").get("/v1/requests").json()["requests"]
+    assert [x["request_id"] for x in mine if x["source"] == s.src_id] == [rid]
+    assert all(x["request_id"] != rid for x in world.as_("dave").get("/v1/requests").json()["requests"])
+    url = f"/v1/requests/{rid}/decision"
+    world.error(world.as_("dave").post(url, json={"decision": "approve"}), 404, "not-found")
+    world.error(world.as_("carol").post(url, json={"decision": "approve"}), 403, "permission-denied")
+    world.error(world.as_("alice").post(url, json={"decision": "maybe"}), 400, "invalid-input")
+    r = world.as_("alice").post(url, json={"decision": "approve", "message": "welcome"})
+    assert r.status_code == 200 and r.json()["state"] == "approved", r.text
+    writers = world.as_("alice").get(f"/v1/workflows/{s.src_id}/writers").json()["writers"]
+    assert {"workflow_id": s.con_id, "exists": True} in writers

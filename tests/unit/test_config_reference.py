@@ -14,7 +14,7 @@ from kbd.core.config import parse_config
 from kbd.errors import InvalidConfig
 
 REPO = Path(__file__).resolve().parents[2]
-SECTIONS = ("locks", "sandbox", "revocation", "notes_quota", "note_history", "limits")
+SECTIONS = ("locks", "sandbox", "revocation", "requests", "notes_quota", "note_history", "limits")
 # A value each documented key accepts (the defaults, mostly).
 VALUES: dict[str, Any] = {
     "host": "h1",
@@ -29,6 +29,7 @@ VALUES: dict[str, Any] = {
     "sandbox.grant_group": None,
     "revocation.immediate": False,
     "revocation.grace_seconds": 5,
+    "requests.expire_days": 14,
     "notes_quota.max_bytes": 1 << 28,
     "notes_quota.max_files": 10_000,
     "note_history.max_versions": 100,
