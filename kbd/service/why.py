@@ -82,18 +82,24 @@ def why_attach(root: Root, wid: str, source_id: str, access: str, *, actor: Prin
                   managers=_usable(root, _managers(consumer)),
                   sources={})  # fmt: skip
     found = root.registry.find(source_id)
-    if not isinstance(found, Found) or not _sees(actor, found.manifest):
-        return explain_attach(consumer.id, None, None, access, facts)
     alias = next((e.alias for e in consumer.entries if e.workflow_id == source_id), None)
-    alias = alias or free_alias(source_id, {e.alias for e in consumer.entries})
-    if not any(e.workflow_id == source_id for e in consumer.entries):
+    # Attached already, its status is the consumer's to see (kbd sources list shows it); else a
+    # source the caller may not inspect answers as a missing one.
+    if alias is None and (not isinstance(found, Found) or not _sees(actor, found.manifest)):
+        return explain_attach(consumer.id, None, None, access, facts)
+    if alias is None:
+        alias = free_alias(source_id, {e.alias for e in consumer.entries})
         # Refused as `kbd sources attach` refuses it (itself, too many sources …).
         entries = [e.ref.to_json() for e in consumer.entries if e.ref is not None]
         validate_sources(
             [*entries, {"workflow_id": source_id, "alias": alias, "access": access}], self_id=consumer.id
         )
     att = _prospective(root, consumer, source_id, alias, access)
-    src = _facts_of(root, consumer, found, att, actor, anonymous=False)
+    src = (
+        _facts_of(root, consumer, found, att, actor, anonymous=False)
+        if isinstance(found, Found)
+        else SourceFacts(source_id, folder=None, owners=None, legacy=False)  # its status says why
+    )
     return explain_attach(consumer.id, src, att, access, facts)
 
 

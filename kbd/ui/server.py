@@ -439,8 +439,37 @@ def create_app(page: Page) -> ASGIApp:
         wid, alias = _param(r, "wid"), _param(r, "alias")
         if r.method == "PATCH":
             f = body_fields(r.state.body, {"access": str}, {"expected_version": str})
-            return page.run(ops.SetAccess(wid, alias, f["access"], f.get("expected_version")))
-        return page.run(ops.Detach(wid, alias))
+            return _maybe_dry(r, ops.SetAccess(wid, alias, f["access"], f.get("expected_version")))
+        return _maybe_dry(r, ops.Detach(wid, alias))
+
+    def _maybe_dry(r: Request, op: ops.Op[Record]) -> Record:
+        """``?dry_run=true``: the preview of ``op`` (docs/access.md "Previews"), shown in the page's
+        confirmations; else ``op`` itself."""
+        if _flag(r.query_params.get("dry_run"), "dry_run"):
+            return page.run(ops.DryRun(op))
+        return page.run(op)
+
+    def why_attach(r: Request) -> Record:
+        access = r.query_params.get("access", "read")
+        return page.run(ops.WhyAttach(_param(r, "wid"), r.query_params.get("source", ""), access))
+
+    def requests_(r: Request) -> Record:
+        if r.method == "POST":
+            f = body_fields(
+                r.state.body, {"kind": str, "workflow_id": str, "consumer": str}, {"message": str}
+            )
+            return page.run(ops.RequestOpen(f["kind"], f["workflow_id"], f["consumer"], f.get("message")))
+        return page.run(ops.RequestsList())
+
+    def decision(r: Request) -> Record:
+        f = body_fields(r.state.body, {"decision": str}, {"message": str})
+        if f["decision"] not in ("approve", "decline"):
+            raise InvalidInput(f"field 'decision' must be 'approve' or 'decline', not {f['decision'][:40]!r}")
+        try:
+            rid = int(_param(r, "rid"))
+        except ValueError:
+            raise InvalidInput("the request ID must be a number") from None
+        return page.run(ops.RequestDecide(rid, f["decision"], f.get("message")))
 
     def candidates(r: Request) -> Record:
         return page.run(ops.Candidates(_param(r, "wid")))
@@ -452,7 +481,7 @@ def create_app(page: Page) -> ASGIApp:
         return page.run(ops.WritersList(_param(r, "wid")))
 
     def writer(r: Request) -> Record:
-        return page.run(ops.Revoke(_param(r, "wid"), _param(r, "consumer")))
+        return _maybe_dry(r, ops.Revoke(_param(r, "wid"), _param(r, "consumer")))
 
     def pending(r: Request) -> Record:
         return page.run(ops.NotesPending(_param(r, "wid")))
@@ -535,6 +564,9 @@ def create_app(page: Page) -> ASGIApp:
         Route(f"{wf}/sources", _api(sources), methods=["GET", "POST"]),
         Route(f"{wf}/sources/{{alias}}", _api(source), methods=["PATCH", "DELETE"]),
         Route(f"{wf}/candidates", _api(candidates), methods=["GET"]),
+        Route(f"{wf}/why", _api(why_attach), methods=["GET"]),
+        Route("/api/requests", _api(requests_), methods=["GET", "POST"]),
+        Route("/api/requests/{rid}/decision", _api(decision), methods=["POST"]),
         Route(f"{wf}/writers", _api(writers), methods=["GET", "POST"]),
         Route(f"{wf}/writers/{{consumer}}", _api(writer), methods=["DELETE"]),
         Route(f"{wf}/notes/pending", _api(pending), methods=["GET"]),

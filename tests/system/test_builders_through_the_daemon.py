@@ -284,7 +284,7 @@ def test_a_builder_runs_kbd_mcp_through_the_daemon(host: Host) -> None:
         ]
         answers = _mcp(host.builder, root, sid, calls)
         assert {t["name"] for t in answers[1]["result"]["tools"]} == {"kb_sources", "kb_list", "kb_read",
-                                                                      "kb_search", "kb_check"}  # fmt: skip
+                                                                      "kb_search", "kb_check", "kb_why"}  # fmt: skip
         read = answers[2]["result"]
         assert not read.get("isError") and "wombat rules" in read["content"][0]["text"], read
         assert read["content"][0]["text"].startswith("kbd file lib:context/guide.md")

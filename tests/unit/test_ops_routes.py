@@ -12,6 +12,7 @@ import pytest
 
 from kbd import ops
 from kbd.daemon import routes
+from kbd.errors import UsageError
 
 
 def _ops() -> list[type[ops.Op[Any]]]:
@@ -24,7 +25,21 @@ def _ops() -> list[type[ops.Op[Any]]]:
     return sorted(found, key=lambda c: c.__name__)
 
 
-ALL = _ops()
+# DryRun has no route of its own: it is its operation's request with ?dry_run=true (below).
+ALL = [o for o in _ops() if o is not ops.DryRun]
+
+
+def test_every_grant_change_is_previewed_through_its_own_route() -> None:
+    """docs/access.md "Previews": --dry-run sends the operation's own request with dry_run=true."""
+    previewable = [o for o in ALL if o.previewable]
+    assert {o.__name__ for o in previewable} >= {"Attach", "Detach", "SetSources", "SetAccess", "Grant", "Revoke",
+                                                  "ReadersGrant", "ReadersRevoke", "PrincipalChange"}  # fmt: skip
+    grant = ops.Grant("src", "con")
+    dry = ops.DryRun(grant).http()
+    assert (dry.method, dry.path, dry.body, dry.params) == ("POST", "/v1/workflows/src/writers",
+                                                             {"workflow_id": "con"}, {"dry_run": "true"})  # fmt: skip
+    with pytest.raises(UsageError, match="no --dry-run"):
+        ops.DryRun(ops.WorkflowsList())
 
 
 def test_the_table_holds_every_command_the_cli_sends() -> None:

@@ -28,6 +28,10 @@
     kb: { alias: null, path: "" }, // alias null = the workflow's own KB
     file: null, // the file shown in the viewer: {alias, path}
     confirming: null, // the alias whose detach waits for a confirmation
+    revoking: null, // the consumer whose writer revoke waits for a confirmation
+    previews: {}, // "detach:ALIAS" | "revoke:WF" -> what the change would do (or the error), while confirming
+    whys: {}, // alias -> kbd why attach's answer for that card (or the error), while shown
+    requests: null, // GET /api/requests
     seq: 0, // bumps on every workflow switch: late answers for another workflow are dropped
   };
   const LIST_LIMIT = 500;
@@ -288,6 +292,9 @@
     S.kb = { alias: null, path: "" };
     S.file = null;
     S.confirming = null;
+    S.revoking = null;
+    S.previews = {};
+    S.whys = {};
     stale.review = true;
     stale.browser = true;
     $("hits").replaceChildren();
@@ -466,6 +473,12 @@
     const reason = ok ? null : el("p", { class: "reason" },
       el("code", { class: "reason-code", text: att.reason || "unavailable" }), " ", att.message || "");
     const actions = el("div", { class: "card-actions" });
+    // Every "no" says why and how to get to "yes" (docs/knowledge-page.md "Why and requests").
+    const refused = !ok || (ws && ws.kind !== "ok");
+    if (refused) {
+      actions.append(button(S.whys[att.alias] ? "Hide why" : "Why?", "why", () => toggleWhy(att),
+        { "data-key": `why:${att.alias}`, "aria-label": `Why is ${att.alias} ${ok ? "not writable" : "unavailable"}?` }));
+    }
     if (ok) {
       actions.append(button("Browse", "open", () => openKb(att.alias, ""),
         { "data-key": `open:${att.alias}`, "aria-label": `Browse ${att.alias}` }));
@@ -487,13 +500,15 @@
       if (S.confirming === att.alias) {
         actions.append(el("span", { class: "confirm", role: "group", "aria-label": `Confirm detaching ${att.alias}` },
           el("span", { text: `Detach ${att.alias}?` }),
+          previewBox(S.previews[`detach:${att.alias}`]),
           button("Yes, detach", "detach-confirm", () => detach(att), {
             class: "danger", "data-key": `detach-confirm:${att.alias}`, "aria-label": `Yes, detach ${att.alias}` }),
           button("Cancel", "detach-cancel", () => { S.confirming = null; renderCards(); focusKey(`detach:${att.alias}`); },
             { "data-key": `detach-cancel:${att.alias}` })));
       } else {
         actions.append(button("Detach", "detach", () => { S.confirming = att.alias; renderCards();
-          focusKey(`detach-confirm:${att.alias}`); },
+          focusKey(`detach-confirm:${att.alias}`);
+          loadPreview(`detach:${att.alias}`, wfPath(S.wid, `/sources/${enc(att.alias)}`), renderCards); },
         { class: "danger-quiet", "data-key": `detach:${att.alias}`, "aria-label": `Detach ${att.alias}` }));
       }
     }
@@ -505,7 +520,122 @@
       el("h3", { text: att.alias }),
       ok ? badge("available", "ok") : badge("unavailable", "bad"),
       badge(att.access, att.access === "write" ? "write" : "read")),
-    reason, dl, actions.childNodes.length ? actions : null);
+    reason, whyBox(att), dl, actions.childNodes.length ? actions : null);
+  }
+
+  // -- why, access requests, previews ------------------------------------------------------------
+  async function toggleWhy(att) {
+    if (S.whys[att.alias]) { delete S.whys[att.alias]; renderCards(); return; }
+    const access = att.access === "write" ? "write" : "read";
+    try {
+      S.whys[att.alias] = { data: await api(wfPath(S.wid, `/why?source=${enc(att.workflow_id)}&access=${access}`)) };
+    } catch (err) {
+      S.whys[att.alias] = { err };
+    }
+    renderCards();
+  }
+
+  function whyBox(att) {
+    const shown = S.whys[att.alias];
+    if (!shown) return null;
+    if (shown.err) return el("div", { class: "why", "data-why": att.alias }, errorBox(shown.err));
+    const w = shown.data;
+    const lines = (w.reasons || []).map((r) => el("li", {}, el("code", { class: "reason-code", text: r.code }), " ", r.message));
+    const fix = w.fix
+      ? el("div", { class: "fix" }, el("p", { text: "What would allow it:" }),
+        el("ol", {}, ...w.fix.steps.map((st) => el("li", {}, el("code", { text: st.command }),
+          st.by && st.by.length ? el("span", { class: "muted", text: ` (by ${st.by.join(", ")})` }) : null))))
+      : el("p", { class: "muted", text: w.allowed ? "Nothing stands in the way now." : (w.no_fix || "No change allows it.") });
+    const kind = !att.available && att.reason === "audience_denied" ? "read"
+      : att.available && att.access === "write" && att.write && att.write.reason === "write_not_granted" ? "write" : null;
+    const ask = kind && S.rights.manage && w.fix
+      ? button(`Ask ${att.workflow_id}'s owners`, "ask", () => askAccess(att, kind),
+        { "data-key": `ask:${att.alias}`, "aria-label": `Ask ${att.workflow_id}'s owners to let ${S.wid} ${kind}` })
+      : null;
+    return el("div", { class: "why", "data-why": att.alias, role: "region", "aria-label": `Why: ${att.alias}` },
+      lines.length ? el("ul", { class: "why-reasons" }, ...lines) : null, fix, ask);
+  }
+
+  async function askAccess(att, kind) {
+    clearError("src-error");
+    try {
+      const r = await api("/api/requests", { method: "POST", body: { kind, workflow_id: att.workflow_id, consumer: S.wid } });
+      notice(`Asked ${att.workflow_id}'s owners (request ${r.request_id}).`);
+    } catch (err) {
+      showError("src-error", err);
+    }
+    await loadRequests();
+  }
+
+  async function loadPreview(key, path, rerender) {
+    delete S.previews[key];
+    try {
+      S.previews[key] = { data: await api(`${path}?dry_run=true`, { method: "DELETE" }) };
+    } catch (err) {
+      S.previews[key] = { err };
+    }
+    rerender();
+  }
+
+  // What a change would do, in the words of its preview (docs/access.md "Previews").
+  function previewBox(shown) {
+    if (!shown) return el("span", { class: "preview muted", text: "checking what it would change…" });
+    if (shown.err) return el("span", { class: "preview" }, errorBox(shown.err));
+    const p = shown.data;
+    const items = [];
+    for (const ses of p.sessions) {
+      const lost = ses.lost.filter((c) => c.kind !== "variable").map((c) => `${c.kind} ${c.target}`);
+      items.push(`session ${ses.session_id} (${ses.workflow_id}) loses ${lost.length ? lost.join(", ") : "nothing readable"}`);
+    }
+    for (const c of p.commands) items.push(`running command ${c.pid} would be ${c.effect === "terminated" ? "terminated" : "marked stale"}`);
+    for (const a of p.consumers) items.push(`${a.workflow_id}'s ${a.alias} would be ${a.status}${a.reason ? ` (${a.reason})` : ""}`);
+    if (p.unseen) items.push(`and ${p.unseen} more in workflows you cannot see`);
+    return el("span", { class: "preview", "data-preview": "true" },
+      items.length ? el("ul", {}, ...items.map((t) => el("li", { text: t }))) : el("span", { class: "muted", text: "No session or attachment would change." }));
+  }
+
+  async function loadRequests() {
+    try {
+      S.requests = await api("/api/requests");
+      clearError("requests-error");
+    } catch (err) {
+      S.requests = null;
+      showError("requests-error", err);
+    }
+    renderRequests();
+  }
+
+  function renderRequests() {
+    const list = (S.requests && S.requests.requests) || [];
+    $("requests-panel").hidden = list.length === 0;
+    const rows = list.map((r) => {
+      const msg = el("input", { type: "text", maxlength: "500", placeholder: "message (optional)", "aria-label": `Message for request ${r.request_id}` });
+      return el("li", { class: "row", "data-request": r.request_id, "data-state": r.state },
+        el("code", { text: `#${r.request_id}` }),
+        badge(r.state, r.state === "approved" ? "ok" : r.state === "pending" ? "warn" : "ro"),
+        el("span", {}, `${r.kind} `, el("code", { text: r.source }), " for ", el("code", { text: r.consumer })),
+        el("span", { class: "muted", text: `asked by ${r.requested_by}${r.message ? `: “${r.message}”` : ""}` }),
+        r.decision_message ? el("span", { class: "muted", text: `${r.decided_by}: “${r.decision_message}”` }) : null,
+        el("span", { class: "spacer" }),
+        r.can_decide ? [msg,
+          button("Approve", "approve-request", () => decideRequest(r, "approve", msg.value), { "aria-label": `Approve request ${r.request_id}` }),
+          button("Decline", "decline-request", () => decideRequest(r, "decline", msg.value),
+            { class: "danger-quiet", "aria-label": `Decline request ${r.request_id}` })] : null);
+    });
+    keepFocus(() => $("requests-list").replaceChildren(...rows));
+  }
+
+  async function decideRequest(r, decision, message) {
+    clearError("requests-error");
+    try {
+      await api(`/api/requests/${enc(r.request_id)}/decision`, { method: "POST", body: message ? { decision, message } : { decision } });
+      notice(`Request ${r.request_id} ${decision === "approve" ? "approved" : "declined"}.`);
+    } catch (err) {
+      showError("requests-error", err);
+    }
+    stale.review = true;
+    await loadRequests();
+    await refreshWorkflow();
   }
 
   function focusKey(key) {
@@ -596,8 +726,19 @@
       labelOf(w.workflow_id) ? el("span", { class: "muted", text: labelOf(w.workflow_id) }) : null,
       w.exists === false ? badge("no such workflow", "warn") : badge("may write notes/", "ok"),
       el("span", { class: "spacer" }),
-      button("Revoke", "revoke", () => revoke(w.workflow_id),
-        { class: "danger-quiet", "data-key": `revoke:${w.workflow_id}`, "aria-label": `Revoke ${w.workflow_id}` })));
+      S.revoking === w.workflow_id
+        ? el("span", { class: "confirm", role: "group", "aria-label": `Confirm revoking ${w.workflow_id}` },
+          el("span", { text: `Revoke ${w.workflow_id}?` }),
+          previewBox(S.previews[`revoke:${w.workflow_id}`]),
+          button("Yes, revoke", "revoke-confirm", () => revoke(w.workflow_id),
+            { class: "danger", "data-key": `revoke-confirm:${w.workflow_id}`, "aria-label": `Yes, revoke ${w.workflow_id}` }),
+          button("Cancel", "revoke-cancel", () => { S.revoking = null; renderWriters(); focusKey(`revoke:${w.workflow_id}`); }))
+        : button("Revoke", "revoke", () => {
+          S.revoking = w.workflow_id;
+          renderWriters();
+          focusKey(`revoke-confirm:${w.workflow_id}`);
+          loadPreview(`revoke:${w.workflow_id}`, wfPath(S.wid, `/writers/${enc(w.workflow_id)}`), renderWriters);
+        }, { class: "danger-quiet", "data-key": `revoke:${w.workflow_id}`, "aria-label": `Revoke ${w.workflow_id}` })));
     const empty = el("li", { class: "empty", text: S.writers && S.writers.legacy
       ? "A legacy workflow (no owner) cannot grant writers." : "No workflow may write here yet." });
     keepFocus(() => $("writers-list").replaceChildren(...(rows.length ? rows : [empty])));
@@ -641,6 +782,7 @@
   }
 
   async function revoke(consumer) {
+    S.revoking = null;
     clearError("writers-error");
     try {
       await api(wfPath(S.wid, `/writers/${enc(consumer)}`), { method: "DELETE" });
@@ -794,6 +936,12 @@
       if (seq !== S.seq) return;
       $("entries").replaceChildren();
       showError("browser-error", err);
+      const att = S.sources.find((x) => x.alias === alias);
+      if (att) {
+        // A refused browse of a source: the same "why?" its card offers.
+        $("browser-error").append(button("Why?", "why", async () => { if (!S.whys[att.alias]) await toggleWhy(att); focusKey(`why:${att.alias}`); },
+          { "data-key": `browse-why:${att.alias}` }));
+      }
     }
     if (S.file) await showFile(seq);
     else renderViewer(null);
@@ -1128,6 +1276,7 @@
       return;
     }
     if (type === "workflow.changed") schedule(["workflows"]);
+    if (type === "request.opened" || type === "request.decided") { loadRequests(); return; }
     if (!S.wid) return;
     const own = wid === S.wid;
     const source = S.sources.find((s) => s.workflow_id === wid);
@@ -1141,7 +1290,8 @@
     schedule(["workflow"]);
   }
 
-  const EVENT_TYPES = ["workflow.changed", "sources.changed", "writers.changed", "note.written", "resync"];
+  const EVENT_TYPES = ["workflow.changed", "sources.changed", "writers.changed", "note.written", "request.opened",
+    "request.decided", "resync"];
   // The badge is "live" only while the stream is open AND the server says changes
   // reach it (/api/me `live`: on the root, a daemon must run to see hand edits).
   let streamOpen = false;
@@ -1211,6 +1361,7 @@
       el("span", { class: "mode", text: S.me.mode === "daemon" ? " · through the daemon" : " · on the root" }));
     follow();
     await loadWorkflows();
+    await loadRequests();
     const initial = wfFromHash() || S.me.workflow || (S.workflows[0] && S.workflows[0].id) || null;
     if (initial) selectWorkflow(initial);
     else renderHead();

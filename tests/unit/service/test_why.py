@@ -293,10 +293,16 @@ def test_why_attach(kb: KbRoot) -> None:
     }
     write = kb.call("why", "attach", "perf", "other", "--access", "write", "--as", "carol", "--json")
     assert write.code == 77 and write.json()["fix"]["command"] == "kbd writers grant other perf --as alice"
-    # A source carol may not see answers as a missing one does, word for word.
-    hidden = kb.call("why", "attach", "perf", "secret", "--as", "carol", "--json")
+    # An unattached source carol may not see answers as a missing one does, word for word.
+    kb.workflow("hidden", access={"owners": ["alice"]})
+    hidden = kb.call("why", "attach", "perf", "hidden", "--as", "carol", "--json")
     missing = kb.call("why", "attach", "perf", "no_such_wf", "--as", "carol", "--json")
     assert hidden.code == missing.code == 77 and hidden.out == missing.out, (hidden.out, missing.out)
+    # An attached one answers with the status `kbd sources list` shows her, naming no one.
+    attached = kb.call("why", "attach", "perf", "secret", "--as", "carol", "--json")
+    assert (
+        "audience_denied" in attached.out and "alice" not in attached.out and attached.json()["fix"] is None
+    )
     # alice may see secret but not perf: perf is not found for her.
     assert kb.call("why", "attach", "perf", "secret", "--as", "alice").code == 66
     # An admin sees who is missing, and the fix works.
