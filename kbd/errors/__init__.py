@@ -101,6 +101,7 @@ __all__ = [
     "PayloadTooLarge",
     "PermissionDenied",
     "QuotaExceeded",
+    "RequestOpen",
     "RequestTimeout",
     "RootError",
     "RootExists",

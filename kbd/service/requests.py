@@ -106,8 +106,9 @@ def _open(root: Root, kind: str, source_id: str, consumer_id: str, *, actor: Pri
         raise PermissionDenied(f"{actor.id!r} may not ask for {consumer.id!r}: its owners, editors and admins may",
                                hint=f"ask an owner of {consumer.id}")  # fmt: skip
     found = root.registry.find(source_id)
-    if not isinstance(found, Found) or not audience.can_inspect(actor, found.manifest):
-        raise workflow_not_found(source_id, outsider=isinstance(found, Found))
+    if not isinstance(found, Found):
+        raise workflow_not_found(source_id)
+    audience.require_inspectable(actor, found.manifest, source_id)
     source = found.manifest
     if source.id == consumer.id:
         raise InvalidInput(

@@ -256,6 +256,8 @@ def test_the_grantor_grants_revokes_and_reviews_as_the_cli_does(world: World, tm
     assert "notes/spam.md" in r.out
 
     writers.locator(f'[data-writer="{worlds.MAIN}"] [data-action="revoke"]').click()
+    # Revoking asks first, with what it would do (docs/knowledge-page.md "Why and requests").
+    writers.locator(f'[data-writer="{worlds.MAIN}"] [data-action="revoke-confirm"]').click()
     expect(writers.locator(f'[data-writer="{worlds.MAIN}"]')).to_have_count(0)
     r = cli.cli("writers", "revoke", "wf_cost", worlds.MAIN, "--as", "carol")
     assert r.code == 0, r.err

@@ -37,6 +37,9 @@ DESIGN_TYPES = {
     "command.stale": {"session_id", "pid", "generation"},
     "command.terminated": {"session_id", "pid", "generation"},
     "note.written": {"workflow_id", "relpath", "by_workflow"},
+    # docs/access.md "Access requests": the source is the event's workflow; the consumer must be visible too.
+    "request.opened": {"workflow_id", "consumer", "request_id"},
+    "request.decided": {"workflow_id", "consumer", "request_id"},
     "resync": {"reason"},  # docs/daemon.md "The change feed": resync carries a reason token
 }
 EPOCH = "0badc0de"
@@ -50,6 +53,8 @@ GOOD_FIELDS: dict[str, dict[str, Any]] = {
     "command.stale": {"session_id": "s_1", "pid": 4242, "generation": 2},
     "command.terminated": {"session_id": "s_1", "pid": 4242, "generation": 2},
     "note.written": {"relpath": "notes/design/x.md", "by_workflow": "wf_con"},
+    "request.opened": {"consumer": "wf_con", "request_id": 1},
+    "request.decided": {"consumer": "wf_con", "request_id": 7},
     "resync": {"reason": "restart"},
 }
 
