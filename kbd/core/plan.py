@@ -362,8 +362,12 @@ def access_at(grants: tuple[Grant, ...], path: Path) -> int:
     removes everything, read_only removes writing (as the sandbox applies them,
     overlays after their parents)."""
     level, read_only, hidden = 0, False, False
+    # Compared as strings (grant paths are absolute and normalised): ``path.parents`` builds a Path per
+    # ancestor, which a preview over many sessions pays thousands of times.
+    here = str(path)
     for g in grants:
-        if g.path != path and g.path not in path.parents:
+        there = str(g.path)
+        if here != there and not here.startswith(there if there.endswith("/") else there + "/"):
             continue
         if g.mode == "hidden":
             hidden = True

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal
@@ -140,7 +141,7 @@ class Facts:
     #: Who may manage the consumer's sources and open its sessions (owners, editors).
     managers: tuple[str, ...]
     #: Attached sources, by workflow ID (visible parts only).
-    sources: dict[str, SourceFacts]
+    sources: Mapping[str, SourceFacts]
     #: An unattached workflow whose folder holds the path, when the caller may see it, with
     #: the attachment it would get (resolved as a prospective entry).
     elsewhere: tuple[SourceFacts, Attachment] | None = None

@@ -147,28 +147,81 @@ class WhatIf:
         return self.root.probe_kb(workflow_folder, notes=notes)
 
 
+class _World:
+    """One side of the comparison — the root as it is, or as the change leaves it — with each
+    workflow's attachments and each distinct plan computed once: sessions of one workflow opened
+    alike share their plan, and a consumer's attachments are the ones its plans were built from."""
+
+    def __init__(self, sessions: RootSessions, view: WhatIf, principals: Principals) -> None:
+        self.sessions, self.view, self.principals = sessions, view, principals
+        self._attachments: dict[str, list[Attachment] | None] = {}
+        self._plans: dict[tuple[object, ...], Plan | None] = {}
+
+    def attachments(self, wid: str) -> list[Attachment] | None:
+        """``wid``'s attachments in this world (None: no readable manifest, or unreadable sources)."""
+        if wid not in self._attachments:
+            found = self.view.find(wid)
+            out = None
+            if isinstance(found, Found) and found.manifest.sources_problem is None:
+                try:
+                    out = resolve_all(found.manifest, view=self.view, principals=self.principals,
+                                      host=self.sessions.host.config.host)  # fmt: skip
+                except KbdError:
+                    out = None
+            self._attachments[wid] = out
+        return self._attachments[wid]
+
+    def plan(self, row: SessionRow) -> Plan | None:
+        """``row``'s plan in this world (None: it would have none: its workflow gone or unreadable)."""
+        uid = self.sessions.folder_uid(row)
+        key = (row.workflow_id, row.kind, row.kb_access, row.item_kb_write, uid)
+        if key not in self._plans:
+            self._plans[key] = self._build(row, uid)
+        return self._plans[key]
+
+    def _build(self, row: SessionRow, uid: int | None) -> Plan | None:
+        found = self.view.find(row.workflow_id)
+        attachments = self.attachments(row.workflow_id)
+        if not isinstance(found, Found) or attachments is None:
+            return None
+        m = found.manifest
+        try:
+            folders = resolve_folders(
+                m.raw.get("folder_access"), roots=self.sessions.folder_roots(), as_uid=uid
+            )
+            return build_plan(workflow_id=m.id, workflow_folder=found.folder.path,
+                              policy=datafiles.consumer_kind(row.kind), kb_access=row.kb_access,
+                              item_kb_write=row.item_kb_write, attachments=attachments, folders=list(folders))  # fmt: skip
+        except KbdError:
+            return None
+
+
 def effects(sessions: RootSessions, d: Draft, *, actor: Actor) -> Preview:
     """What the change kept in ``d`` would do to every open session, its running commands and
     every consumer's attachments, as ``actor`` may see it."""
     root = sessions.host
-    now, then = WhatIf(root, {}), WhatIf(root, d.kept.manifests)
-    principals_then = d.would_principals or root.principals
+    now = _World(sessions, WhatIf(root, {}), root.principals)
+    then = _World(sessions, WhatIf(root, d.kept.manifests), d.would_principals or root.principals)
     unseen = 0
     session_effects: list[SessionEffect] = []
     command_effects: list[CommandEffect] = []
     effect: Literal["terminated", "stale"] = "terminated" if root.config.revoke_immediately else "stale"
+    diffs: dict[tuple[int, int], tuple[tuple[PlanChange, ...], tuple[PlanChange, ...]]] = {}
     for row in sessions.store.rows():
-        before = _plan(sessions, row, now, root.principals)
-        after = _plan(sessions, row, then, principals_then)
+        before, after = now.plan(row), then.plan(row)
         if before is None:
             continue
-        gained, lost = _diff(before, after)
+        # Sessions opened alike share their plans (_World): their difference is computed once.
+        pair = (id(before), id(after))
+        if pair not in diffs:
+            diffs[pair] = _diff(before, after)
+        gained, lost = diffs[pair]
         acted = [p for p in sessions.commands.of_session(row.id) if p.alive and (
             (after is None or (lost and grants_shrunk(before, after)))
-            or (p.principal is not None and _loses(p.principal, row, then, principals_then)))]  # fmt: skip
+            or (p.principal is not None and _loses(p.principal, row, then.view, then.principals)))]  # fmt: skip
         if not (gained or lost or acted):
             continue
-        if not _sees(actor, now, row.workflow_id):
+        if not _sees(actor, now.view, row.workflow_id):
             unseen += 1
             continue
         if gained or lost:
@@ -179,30 +232,12 @@ def effects(sessions: RootSessions, d: Draft, *, actor: Actor) -> Preview:
         m = folder.manifest
         if m is None:
             continue
-        changes = _consumer_changes(root, m.id, now, then, root.principals, principals_then)
-        if changes and not _sees(actor, now, m.id):
+        changes = _consumer_changes(m.id, now, then)
+        if changes and not _sees(actor, now.view, m.id):
             unseen += len(changes)
             continue
         consumers += changes
     return Preview(True, tuple(session_effects), tuple(command_effects), tuple(consumers), unseen)
-
-
-def _plan(sessions: RootSessions, row: SessionRow, view: WhatIf, principals: Principals) -> Plan | None:
-    """``row``'s plan in ``view`` (None: it would have none: its workflow gone or unreadable)."""
-    found = view.find(row.workflow_id)
-    if not isinstance(found, Found) or found.manifest.sources_problem is not None:
-        return None
-    m = found.manifest
-    try:
-        policy = datafiles.consumer_kind(row.kind)
-        attachments = resolve_all(m, view=view, principals=principals, host=sessions.host.config.host)
-        folders = resolve_folders(m.raw.get("folder_access"), roots=sessions.folder_roots(),
-                                  as_uid=sessions.folder_uid(row))  # fmt: skip
-        return build_plan(workflow_id=m.id, workflow_folder=found.folder.path, policy=policy,
-                          kb_access=row.kb_access, item_kb_write=row.item_kb_write, attachments=attachments,
-                          folders=list(folders))  # fmt: skip
-    except KbdError:
-        return None
 
 
 _LEVEL = {"read": 1, "write": 2}
@@ -246,24 +281,12 @@ def _loses(principal: str, row: SessionRow, view: WhatIf, principals: Principals
                                          readers_may_open=datafiles.consumer_kind(row.kind).readers_may_open)  # fmt: skip
 
 
-def _consumer_changes(root: Root, wid: str, now: WhatIf, then: WhatIf, principals_now: Principals,
-                      principals_then: Principals) -> list[ConsumerEffect]:  # fmt: skip
-    before_m, after_m = now.find(wid), then.find(wid)
-    if not isinstance(before_m, Found):
+def _consumer_changes(wid: str, now: _World, then: _World) -> list[ConsumerEffect]:
+    before_list = now.attachments(wid)
+    if not isinstance(now.view.find(wid), Found):
         return []
-    host = root.config.host
-    try:
-        before = {
-            a.alias: a for a in resolve_all(before_m.manifest, view=now, principals=principals_now, host=host)
-        }
-    except KbdError:
-        before = {}
-    after: dict[str, Attachment] = {}
-    if isinstance(after_m, Found) and after_m.manifest.sources_problem is None:
-        after = {
-            a.alias: a
-            for a in resolve_all(after_m.manifest, view=then, principals=principals_then, host=host)
-        }
+    before = {a.alias: a for a in before_list or []}
+    after = {a.alias: a for a in then.attachments(wid) or []}
     out = []
     for alias in sorted(set(before) | set(after)):
         b, a = before.get(alias), after.get(alias)

@@ -12,6 +12,7 @@ not attached are facts only where the caller may inspect that workflow
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
@@ -50,7 +51,8 @@ def why_path(sessions: RootSessions, sid: str, asked: str, mode: str, *, actor: 
     consumer = root.workflow(plan.workflow_id).manifest
     where = locate(plan, asked)
     verdict = check_path(plan, where.path, mode) if where.path is not None else None
-    sources = {a.workflow_id: _source_facts(root, consumer, a, actor, anonymous) for a in plan.sources}
+    sources = _LazySources({a.workflow_id: a for a in plan.sources},
+                           lambda a: _source_facts(root, consumer, a, actor, anonymous))  # fmt: skip
     elsewhere = None
     if (
         where.path is not None
@@ -63,11 +65,38 @@ def why_path(sessions: RootSessions, sid: str, asked: str, mode: str, *, actor: 
         policy=datafiles.consumer_kind(row.kind),
         item_kb_write=row.item_kb_write,
         managers=_usable(root, _managers(consumer)),
-        sources={k: v for k, v in sources.items() if v is not None},
+        sources=sources,
         elsewhere=elsewhere,
         anonymous=anonymous,
     )
     return explain(plan, asked, mode, verdict, facts)
+
+
+class _LazySources(Mapping[str, SourceFacts]):
+    """An attached source's facts, gathered when the explanation first asks for them: an allowed
+    answer asks for none, a refusal for the one source it is about (each gathering probes the
+    registry and the source's KB)."""
+
+    def __init__(
+        self, attachments: dict[str, Attachment], gather: Callable[[Attachment], SourceFacts | None]
+    ) -> None:
+        self._attachments, self._gather = attachments, gather
+        self._known: dict[str, SourceFacts | None] = {}
+
+    def __getitem__(self, wid: str) -> SourceFacts:
+        if wid not in self._known:
+            att = self._attachments[wid]  # KeyError: not attached, as a dict would say
+            self._known[wid] = self._gather(att)
+        found = self._known[wid]
+        if found is None:
+            raise KeyError(wid)
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._attachments)
+
+    def __len__(self) -> int:
+        return len(self._attachments)
 
 
 def why_attach(root: Root, wid: str, source_id: str, access: str, *, actor: Principal) -> Why:

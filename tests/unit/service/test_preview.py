@@ -8,7 +8,9 @@ the variables, and ``kbd sources list`` for every consumer's attachments.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +49,15 @@ def _setup(root: Path) -> tuple[KbRoot, list[str]]:
 
 
 def _state(kb: KbRoot) -> dict[str, Any]:
-    # state/cache is derived data (safe to delete: docs/on-disk.md) that every read refreshes, and
-    # SQLite's shared-memory index exists while a connection is open.
-    return {
-        k: v
-        for k, v in snapshot(kb.root).items()
-        if not k.startswith(("state/cache", "state/sessions.db-shm"))
-    }
+    """Every file of the root byte for byte, but: state/cache, derived data (safe to delete:
+    docs/on-disk.md) that every read refreshes; and the session store, compared by its rows, since
+    SQLite may move its write-ahead log into the main file whenever a connection closes (so state/'s
+    own mtime moves too; its files are compared one by one)."""
+    skip = ("state/cache", "state/sessions.db")
+    files = {k: v for k, v in snapshot(kb.root).items() if k != "state" and not k.startswith(skip)}
+    with contextlib.closing(sqlite3.connect(kb.root / "state" / "sessions.db")) as con:
+        files["sessions rows"] = list(con.iterdump())
+    return files
 
 
 def _probe(path: str) -> str:
