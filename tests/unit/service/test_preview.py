@@ -54,7 +54,9 @@ def _state(kb: KbRoot) -> dict[str, Any]:
     SQLite may move its write-ahead log into the main file whenever a connection closes (so state/'s
     own mtime moves too; its files are compared one by one)."""
     skip = ("state/cache", "state/sessions.db")
-    files = {k: v for k, v in snapshot(kb.root).items() if k != "state" and not k.startswith(skip)}
+    files: dict[str, Any] = {
+        k: v for k, v in snapshot(kb.root).items() if k != "state" and not k.startswith(skip)
+    }
     with contextlib.closing(sqlite3.connect(kb.root / "state" / "sessions.db")) as con:
         files["sessions rows"] = list(con.iterdump())
     return files
