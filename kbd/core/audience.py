@@ -57,6 +57,26 @@ def can_write(consumer: Manifest, source: Manifest, principals: Principals) -> b
     )
 
 
+def not_admitted(consumer: Manifest, source: Manifest, principals: Principals) -> tuple[str, ...]:
+    """The members of ``consumer``'s audience that ``source`` does not admit (enabled admins never
+    narrow): whom ``source``'s readers would have to gain for :func:`can_read` to hold (a legacy
+    consumer is account-visible: no list of readers admits it)."""
+    admitted = audience(source)
+    return tuple(sorted(p for p in consumer_audience(consumer)
+                        if p not in admitted and not principals.is_enabled_admin(p)))  # fmt: skip
+
+
+def may_use_session(actor: Principal, opened_by: str, m: Manifest, *, readers_may_open: bool) -> bool:
+    """May ``actor`` use a session of ``m`` that ``opened_by`` opened (its plan, notes, checks,
+    children, close, revoke)? Services and enabled admins; its opener while it may still open
+    this kind of session. The daemon's pushed revocation and a preview ask the same."""
+    if actor.disabled:
+        return False
+    if actor.is_service or actor.enabled_admin:
+        return True
+    return actor.id == opened_by and can_open_session(actor, m, readers_may_open=readers_may_open)
+
+
 def can_inspect(actor: Principal, m: Manifest) -> bool:
     """May ``actor`` see ``m``'s configuration and attachment statuses?"""
     if actor.disabled:

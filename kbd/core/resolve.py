@@ -21,7 +21,7 @@ from kbd.core.lookup import Ambiguous, Found, KbProbe, Lookup, Missing, Unreadab
 from kbd.core.records import JsonObject, Keys, Record
 
 if TYPE_CHECKING:  # types only: principals.yaml loading stays out of the pure core
-    from kbd.core.manifest import Entry, Manifest
+    from kbd.core.manifest import Entry, Manifest, SourceRef
     from kbd.core.principals import Principals
 
 REASONS = (
@@ -212,6 +212,17 @@ def resolve_entry(
         kb_identity=probe.identity,
         write_grantable=not source.is_legacy,
     )
+
+
+def resolve_new(
+    ref: SourceRef, consumer: Manifest, *, index: int, view: SourceView, principals: Principals, host: str
+) -> Attachment:
+    """``ref`` resolved as entry ``index`` of ``consumer`` would be: an entry about to be saved
+    (``kbd sources attach``) or asked about (``kbd why``)."""
+    from kbd.core.manifest import Entry
+
+    entry = Entry(index, ref, None, ref.alias, ref.workflow_id, ref.access)
+    return resolve_entry(entry, consumer, view=view, principals=principals, host=host)
 
 
 def resolve_all(

@@ -268,24 +268,18 @@ def _diff(before: Plan, after: Plan | None) -> tuple[tuple[PlanChange, ...], tup
 
 
 def _loses(principal: str, row: SessionRow, view: WhatIf, principals: Principals) -> bool:
-    """Would ``principal`` lose the right to use ``row`` (the daemon then ends its commands)?"""
+    """Would ``principal`` lose the right to use ``row`` (the daemon then ends its commands)?
+    The rule :class:`kbd.service.sessions.RootSessions` applies, asked of this world."""
     actor = principals.get(principal)
-    if actor is None or actor.disabled:
-        return True
-    if actor.is_service or actor.enabled_admin:
-        return False
     found = view.find(row.workflow_id)
-    if actor.id != row.opened_by or not isinstance(found, Found):
+    if actor is None or not isinstance(found, Found):
         return True
-    return not audience.can_open_session(actor, found.manifest,
-                                         readers_may_open=datafiles.consumer_kind(row.kind).readers_may_open)  # fmt: skip
+    return not audience.may_use_session(actor, row.opened_by, found.manifest,
+                                        readers_may_open=datafiles.consumer_kind(row.kind).readers_may_open)  # fmt: skip
 
 
 def _consumer_changes(wid: str, now: _World, then: _World) -> list[ConsumerEffect]:
-    before_list = now.attachments(wid)
-    if not isinstance(now.view.find(wid), Found):
-        return []
-    before = {a.alias: a for a in before_list or []}
+    before = {a.alias: a for a in now.attachments(wid) or []}
     after = {a.alias: a for a in then.attachments(wid) or []}
     out = []
     for alias in sorted(set(before) | set(after)):

@@ -191,8 +191,6 @@ def _decide(root: Root, rid: int, *, approve: bool, actor: Principal, message: s
 
 
 def _missing_readers(root: Root, source_id: str, consumer_id: str) -> tuple[str, ...]:
-    """The members of the consumer's audience the source does not admit now (admins never narrow)."""
+    """The members of the consumer's audience the source does not admit now."""
     source, consumer = root.workflow(source_id).manifest, root.workflow(consumer_id).manifest
-    admitted = audience.audience(source)
-    return tuple(sorted(p for p in audience.consumer_audience(consumer)
-                        if p not in admitted and not root.principals.is_enabled_admin(p)))  # fmt: skip
+    return audience.not_admitted(consumer, source, root.principals)

@@ -281,8 +281,8 @@ class RootSessions:
             return
         if actor.id == row.opened_by:
             m = self.host.workflow(row.workflow_id).manifest
-            if audience.can_open_session(
-                actor, m, readers_may_open=datafiles.consumer_kind(row.kind).readers_may_open
+            if audience.may_use_session(
+                actor, row.opened_by, m, readers_may_open=datafiles.consumer_kind(row.kind).readers_may_open
             ):
                 return
             raise PermissionDenied(

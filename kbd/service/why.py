@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 from kbd.core import audience
 from kbd.core.identifiers import id_problem
-from kbd.core.manifest import MAX_WRITERS, Entry, Manifest, SourceRef, validate_sources
+from kbd.core.manifest import MAX_WRITERS, Manifest, SourceRef, validate_sources
 from kbd.core.principals import Actor, LocalOperator, Principal
-from kbd.core.resolve import Attachment, resolve_entry
+from kbd.core.resolve import Attachment, resolve_new
 from kbd.core.why import Facts, SourceFacts, Why, explain, explain_attach, locate
 from kbd.errors import InvalidInput
 from kbd.fs import datafiles
@@ -159,8 +159,8 @@ def _prospective(
     view: Root | WhatIf, consumer: Manifest, source_id: str, alias: str, access: str
 ) -> Attachment:
     root = view if isinstance(view, Root) else view.root
-    entry = Entry(len(consumer.entries), SourceRef(source_id, alias, access), None, alias, source_id, access)
-    return resolve_entry(entry, consumer, view=view, principals=root.principals, host=root.config.host)
+    return resolve_new(SourceRef(source_id, alias, access), consumer, index=len(consumer.entries), view=view,
+                       principals=root.principals, host=root.config.host)  # fmt: skip
 
 
 def _source_facts(root: Root, consumer: Manifest, att: Attachment, actor: Actor,
@@ -177,9 +177,7 @@ def _facts_of(root: Root, consumer: Manifest, found: Found, att: Attachment, act
     visible = _sees(actor, source) and not anonymous
     missing = None
     if visible and att.reason == "audience_denied" and not consumer.is_legacy:
-        admitted = audience.audience(source)
-        names = sorted(p for p in audience.consumer_audience(consumer)
-                       if p not in admitted and not root.principals.is_enabled_admin(p))  # fmt: skip
+        names = audience.not_admitted(consumer, source, root.principals)
         # A name no principal could have (an unknown tier holds any text) cannot be granted: no fix.
         if names and len(names) <= MAX_WRITERS and all(id_problem(n) is None for n in names):
             missing = tuple(names)

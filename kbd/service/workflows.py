@@ -27,7 +27,7 @@ from kbd.core.manifest import (
 )
 from kbd.core.principals import Principal
 from kbd.core.records import Record, key
-from kbd.core.resolve import Attachment, resolve_entry
+from kbd.core.resolve import Attachment, resolve_new
 from kbd.errors import (
     GrantGroupMissing,
     InvalidInput,
@@ -350,8 +350,9 @@ def _check_new_entries(root: Root, consumer: Manifest, old: tuple[Entry, ...], r
     for i, ref in enumerate(refs):
         if ref in unchanged:
             continue
-        entry = Entry(i, ref, None, ref.alias, ref.workflow_id, ref.access)
-        att = resolve_entry(entry, consumer, view=root, principals=root.principals, host=root.config.host)
+        att = resolve_new(
+            ref, consumer, index=i, view=root, principals=root.principals, host=root.config.host
+        )
         if not att.available:
             raise SourceUnusable(
                 f"cannot attach {ref.workflow_id!r} as {ref.alias!r}: {att.reason}: {att.message}",
