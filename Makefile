@@ -74,7 +74,7 @@ nightly: venv
 # docs/performance.md figures. Bytecode is compiled first, as an installed package has it.
 bench: venv
 	$(BIN)/python -m compileall -q kbd >/dev/null
-	for b in paths registry sessions api api_load event_flood access_log exec cli notes gate live import search mcp_read why; do echo; $(BIN)/python bench/$$b.py || exit 1; done
+	for b in paths registry sessions api api_load event_flood access_log exec cli notes gate live import search mcp_read why refusals; do echo; $(BIN)/python bench/$$b.py || exit 1; done
 
 # Man pages from the CLI's own definitions (kbd/cli/manpages.py), into build/man/ (never committed).
 man: venv

@@ -113,6 +113,23 @@ def missing_landlock(abi: int = 1) -> str | None:
     return None
 
 
+def missing_landlock_audit() -> str | None:
+    """None when this process can read Landlock's audit records once kernel audit is on:
+    Landlock ABI 7 (Linux 6.15), a kernel built with audit, and root (CAP_AUDIT_READ and
+    CAP_AUDIT_CONTROL, to turn it on)."""
+    if (why := missing_landlock(7)) is not None:
+        return why
+    if os.geteuid() != 0:
+        return f"running as uid {os.geteuid()}: reading and enabling kernel audit needs root"
+    from kbd.sandbox.denials import audit_status
+
+    try:
+        audit_status()
+    except OSError as exc:
+        return f"the kernel's audit interface refuses: {exc.strerror} (built without CONFIG_AUDIT?)"
+    return None
+
+
 def _cgroup2_mount() -> str | None:
     """A cgroup v2 hierarchy mounted read-write, from /proc/self/mountinfo."""
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
@@ -177,6 +194,8 @@ PROBES = {
     "requires_cgroup": "the test needs a writable cgroup v2 hierarchy with cgroup.kill",
     "requires_root": "the test acts as other users (chown, another uid's connections), which only root may do",
     "requires_reachable_checkout": "the test runs this checkout's kbd as users it creates, who must reach it",
+    "requires_landlock_audit": "the test reads Landlock's audit records (ABI 7, kernel audit, root); "
+    "the audit_on fixture turns kernel audit on",
 }
 
 
@@ -194,6 +213,8 @@ def missing(marker: str, abi: int = 1) -> str | None:
         return None if os.geteuid() == 0 else f"running as uid {os.geteuid()}, not root"
     if marker == "requires_reachable_checkout":
         return missing_reachable_checkout()
+    if marker == "requires_landlock_audit":
+        return missing_landlock_audit()
     raise ValueError(f"unknown feature marker {marker!r}")
 
 
@@ -208,3 +229,24 @@ BACKEND_MARKS: dict[str, tuple[pytest.MarkDecorator, ...]] = {
 def backends(*names: str) -> list[Any]:
     """``pytest.param`` per backend, each carrying the markers that backend needs."""
     return [pytest.param(n, marks=BACKEND_MARKS[n], id=n) for n in names]
+
+
+def enable_kernel_audit() -> None:
+    """Turn kernel audit on (AUDIT_SET enabled=1, as ``auditctl -e 1`` does). Left on: other
+    test workers may be reading records, and with no audit daemon the records only reach
+    subscribers and the kernel log."""
+    import socket
+    import struct
+
+    from kbd.sandbox.denials import NETLINK_AUDIT, audit_status
+
+    if audit_status()[1]:
+        return
+    status = struct.pack("=10I", 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)  # mask AUDIT_STATUS_ENABLED, enabled 1
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_AUDIT) as sock:
+        sock.settimeout(1.0)
+        sock.send(struct.pack("=IHHII", 16 + len(status), 1001, 1 | 4, 1, 0) + status)  # AUDIT_SET, ACK
+        answer = sock.recv(4096)
+    code = struct.unpack_from("=i", answer, 16)[0]
+    if code:
+        raise OSError(-code, f"AUDIT_SET: {os.strerror(-code)}")

@@ -54,6 +54,9 @@ class SandboxConfig:
     # so a grant is usable at the Unix level only inside a sandbox. A name, kept
     # as text: the gid is looked up when a command starts (the core stays pure).
     grant_group: str | None = None
+    # Report what a command's Landlock layers refused, where the kernel can (docs/sandbox.md
+    # "Refusals the kernel reports"); false: kbd never asks Landlock to log.
+    report_denials: bool = True
 
 
 # Group names as groupadd accepts them (shadow-utils' default rule), checked
@@ -272,7 +275,14 @@ def parse_config(data: object, *, root: Path, source: str = CONFIG_NAME) -> Conf
     sb = expect_mapping(doc.get("sandbox", {}), where="sandbox", source=source)
     check_keys(
         sb,
-        allowed=("backend", "network", "unsafe_landlock_writes", "unsafe_no_sandbox", "grant_group"),
+        allowed=(
+            "backend",
+            "network",
+            "unsafe_landlock_writes",
+            "unsafe_no_sandbox",
+            "grant_group",
+            "report_denials",
+        ),
         where="sandbox",
         source=source,
     )
@@ -290,6 +300,9 @@ def parse_config(data: object, *, root: Path, source: str = CONFIG_NAME) -> Conf
             sb.get("unsafe_no_sandbox", False), where="sandbox.unsafe_no_sandbox", source=source
         ),
         grant_group=_grant_group(sb.get("grant_group"), source=source),
+        report_denials=expect_bool(
+            sb.get("report_denials", True), where="sandbox.report_denials", source=source
+        ),
     )
 
     quota = _notes_quota(doc.get("notes_quota", {}), source=source)

@@ -419,6 +419,7 @@ def build_argv(
     ready_fd: int | None = None,
     confine: bool = False,
     staging: Staging | None = None,
+    report_fd: int | None = None,
 ) -> list[str]:
     """The complete bwrap argv for ``command`` under ``plan``; opens (and records in
     ``fds``) every grant's descriptor. ``limits`` bounds the private tmpfs mounts
@@ -432,7 +433,10 @@ def build_argv(
     sandbox's own mount tree (see kbd.sandbox.landlock_helper).
     ``staging``: the command's staging layers (kbd.sandbox.staging): each
     staged ``notes/`` is bound from its overlay, never from the real folder, and
-    ``fds.attach`` says what the launcher step attaches first."""
+    ``fds.attach`` says what the launcher step attaches first.
+    ``report_fd``: the inner helper asks Landlock to report the command's refusals
+    and tells this descriptor's reader its pid (kbd.sandbox.denials; handed to bwrap
+    by the caller, and only when :func:`runs_helper`)."""
     bwrap = bwrap_path()
     if bwrap is None:
         raise Unavailable(
@@ -506,6 +510,8 @@ def build_argv(
         # own beneath the system folders included: the mount table is read only here.
         dests += host_submounts([o.dest for o in system if isinstance(o, RoBind) and o.src == o.dest])
         inner = {**inner, "mounts": sorted(set(dests)), "mount_prefixes": ["/dev/", "/proc/"]}
+        if report_fd is not None:
+            inner.update(log=True, report_fd=report_fd)
     opts += [RemountRo("/"), Chdir(str(cwd))]
     if ready_fd is not None:
         opts.append(BlockFd(ready_fd))
@@ -519,6 +525,11 @@ def build_argv(
     # conventional 127 (not found) / 126 (not executable) instead. The same
     # step sets the rlimits, inside the sandbox, before anything untrusted runs.
     return [*argv, *rlimits.shell_prefix(limits, hard), *command]
+
+
+def runs_helper(plan: Plan, *, confine: bool) -> bool:
+    """Whether the inner Landlock helper runs in this plan's sandbox (:func:`build_argv`)."""
+    return confine or spec.inner_landlock(plan) is not None
 
 
 def read_status(fd: int) -> tuple[int | None, int | None]:

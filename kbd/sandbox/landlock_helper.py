@@ -35,6 +35,13 @@ beneath this mount namespace's ``/`` only: a descriptor from outside the
 sandbox (received over a Unix socket, or injected by a same-uid tracer) walks
 up to the host's root, never to the sandbox's, so the grant group opens
 nothing through it. With ``confine``, ``handled`` may be absent (a read plan).
+``log`` asks the kernel to report the command's refusals (ABI >= 7:
+``LANDLOCK_RESTRICT_SELF_LOG_NEW_EXEC_ON``, for every layer the helper makes;
+without it Landlock reports only what the helper itself is refused, before its
+exec). ``report_fd``: an inherited Unix socket; the helper writes one byte to it
+and closes it first thing, so that the reader learns this process's pid as its
+own PID namespace numbers it (``SO_PASSCRED``): the pid the kernel's audit
+records name as the domain's creator (kbd.sandbox.denials).
 Any failure exits 69 before the command runs: fail closed, never run unconfined.
 """
 
@@ -83,6 +90,7 @@ SYS_CAPSET = 126 if os.uname().machine == "x86_64" else 91  # x86_64; the generi
 CREATE_RULESET_VERSION = 1
 RULE_PATH_BENEATH = 1
 PR_SET_NO_NEW_PRIVS = 38
+RESTRICT_SELF_LOG_NEW_EXEC_ON = 1 << 1  # ABI >= 7
 EX_UNAVAILABLE = 69
 S_IFMT, S_IFDIR = 0o170000, 0o040000
 
@@ -333,7 +341,8 @@ def apply(spec: dict[str, object]) -> None:
             os.close(fd)
     if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         fail(f"prctl(NO_NEW_PRIVS): {os.strerror(get_errno())}")
-    if _libc.syscall(SYS_RESTRICT_SELF, c_int(ruleset), c_uint32(0)) < 0:
+    flags = RESTRICT_SELF_LOG_NEW_EXEC_ON if spec.get("log") and abi >= 7 else 0
+    if _libc.syscall(SYS_RESTRICT_SELF, c_int(ruleset), c_uint32(flags)) < 0:
         fail(f"landlock_restrict_self: {os.strerror(get_errno())}")
     os.close(ruleset)
     if spec.get("seccomp"):
@@ -377,11 +386,27 @@ def check_mounts(expected: list[str], prefixes: list[str]) -> None:
         )
 
 
-def confine() -> None:
+def confine(log: bool) -> None:
     """The layer ``confine`` asks for: every right, and all of them beneath
     ``/`` (the sandbox's own root), nothing beneath anything else."""
     every = list(RIGHTS)
-    apply({"handled": every, "rules": [{"path": "/", "access": every}], "min_abi": 1, "scope": True})
+    apply(
+        {"handled": every, "rules": [{"path": "/", "access": every}], "min_abi": 1, "scope": True, "log": log}
+    )
+
+
+def report_pid(fd: object) -> None:
+    """One byte on ``report_fd``: the reader's SO_PASSCRED gives it this pid."""
+    if isinstance(fd, int) and not isinstance(fd, bool) and fd > 2:
+        # try/except, not contextlib.suppress: an import the helper does not pay for.
+        try:  # noqa: SIM105
+            os.write(fd, b"p")
+        except OSError:
+            pass  # the reader is gone: nobody collects this command's refusals
+        try:  # noqa: SIM105
+            os.close(fd)  # never the command's: it could name another pid
+        except OSError:
+            pass
 
 
 def main(argv: list[str]) -> None:
@@ -393,11 +418,12 @@ def main(argv: list[str]) -> None:
         fail(f"bad spec: {exc}")
     if not isinstance(spec, dict):
         fail("bad spec: not a JSON object")
+    report_pid(spec.get("report_fd"))
     set_rlimits(list(spec.get("rlimits", [])))
     if "mounts" in spec:
         check_mounts(list(spec["mounts"]), list(spec.get("mount_prefixes", [])))
     if spec.get("confine"):
-        confine()
+        confine(bool(spec.get("log")))
     elif "handled" not in spec:
         fail("bad spec: neither handled rights nor confine")
     if "handled" in spec:

@@ -205,6 +205,8 @@ def _sandbox_checks(host: Root) -> list[DoctorCheck]:
         # Said whatever the backend: what would still run if bubblewrap went away.
         DoctorCheck("landlock-only kinds", True, landlock_only_summary()),
         DoctorCheck("containment", *containment(bwrap_ok=lay["bwrap"]["ok"], backend=backend)),
+        # Informational: commands run either way; only their refusal reports depend on it.
+        DoctorCheck("refusal reports", True, _refusal_reports(host)),
     ]
     # Informational: an unenforceable limit is reported, never a failure of the
     # root; a limit kbd exec would refuse to run under is one.
@@ -213,6 +215,22 @@ def _sandbox_checks(host: Root) -> list[DoctorCheck]:
         for key, detail in limits(host.config.limits).items()
     ]
     return out
+
+
+def _refusal_reports(host: Root) -> str:
+    """Whether ``kbd exec`` can say what a command's Landlock layers refused (docs/sandbox.md
+    "Refusals the kernel reports"), as this process sees it."""
+    if not host.config.sandbox.report_denials:
+        return "off (sandbox.report_denials: false in kbd.yaml)"
+    from kbd.sandbox.denials import unavailable
+
+    why = unavailable()
+    if why is not None:
+        return f"unavailable: {why}; kbd exec reports none (its --json says why)"
+    return (
+        "available: kbd exec lists what Landlock refused after each command (Landlock alone: every refusal; "
+        "under bubblewrap, the inner layer's: its mounts refuse with EROFS and ENOENT, which the kernel does not report)"
+    )
 
 
 # -- validate ---------------------------------------------------------------------------

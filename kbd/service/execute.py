@@ -67,8 +67,12 @@ from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
 
 if TYPE_CHECKING:
+    import socket
+
+    from kbd.sandbox.denials import Collected, Collector
     from kbd.sandbox.spawn import Launcher, Stub
     from kbd.sandbox.staging import Staging
+    from kbd.service.denials import DenialReport
 
 INHERITED = ("LANG", "TERM")
 
@@ -123,7 +127,13 @@ def private_tmp(host: Root, sid: str) -> Path:
 
 
 def _landlock_argv(
-    host: Root, plan: Plan, command: list[str], *, scratch: Path, notice: Callable[[str], None]
+    host: Root,
+    plan: Plan,
+    command: list[str],
+    *,
+    scratch: Path,
+    notice: Callable[[str], None],
+    report_fd: int | None = None,
 ) -> list[str]:
     overlays = plan.overlays()
     if overlays:
@@ -155,7 +165,91 @@ def _landlock_argv(
             block_network=host.config.sandbox.network != "host", block_metadata=True, host_namespaces=True
         ).hex(),
     }
+    if report_fd is not None:
+        helper_spec.update(log=True, report_fd=report_fd)
     return [bwrap.PYTHON, "-I", "-S", str(bwrap.HELPER_SOURCE), json.dumps(helper_spec), "--", *command]
+
+
+class Refusals:
+    """The watch on one command's Landlock refusals (docs/sandbox.md "Refusals the kernel
+    reports"): the helper's pid channel while the command starts, its report once it ended.
+    ``why_not`` says why there is nothing to report (never an empty list by pretence)."""
+
+    def __init__(self, host: Root, backend: str) -> None:
+        self.why_not: str | None = None
+        self.collector: Collector | None = None
+        self.reader: socket.socket | None = None
+        self.fd: int | None = None  # the helper's end, until the command holds it
+        self.since = time.time()
+        self.overflows = 0
+        self.pid: int | None = None  # the helper's, once it told
+        if not host.config.sandbox.report_denials:
+            self.why_not = "sandbox.report_denials is off in kbd.yaml"
+        elif backend not in ("bwrap", "landlock"):
+            self.why_not = "this command runs without a sandbox"
+        else:
+            from kbd.sandbox import denials
+
+            self.collector = denials.shared()
+            if self.collector is None:
+                self.why_not = denials.unavailable() or "the kernel's audit records cannot be read"
+            else:
+                self.reader, self.fd = denials.pid_channel()
+                self.overflows = self.collector.overflows
+
+    def handed(self, helper_runs: bool) -> int | None:
+        """The descriptor to hand the helper, or None (no helper: no Landlock layer to report)."""
+        if self.fd is None:
+            return None
+        if not helper_runs:
+            self.why_not = NO_LAYER
+            self.close_fd()
+            return None
+        return self.fd
+
+    def close_fd(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def close(self) -> None:
+        self.close_fd()
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+
+    def collect(self) -> Collected | str:
+        """What the kernel reported once the command's tree is dead, or why nothing could be
+        (never under the daemon's lock: it may wait for the kernel)."""
+        if self.why_not is not None or self.collector is None or self.reader is None:
+            return self.why_not or NO_LAYER
+        from kbd.sandbox.denials import sender_pid
+
+        self.pid = sender_pid(self.reader)
+        if self.pid is None:  # the helper never ran: the sandbox failed before it
+            return "the command's Landlock layer did not start"
+        return self.collector.claim(self.pid, self.since, overflows=self.overflows)
+
+    def report(
+        self, collected: Collected | str, host: Root, sessions: RootSessions, plan: Plan, sid: str, who: Actor
+    ) -> DenialReport:
+        """``collected`` explained as ``kbd why`` explains it to ``who``, and audited."""
+        from kbd.service import denials
+
+        if isinstance(collected, str):
+            return denials.not_reported(collected)
+        report = denials.explain(collected, plan=plan, sid=sid, network=host.config.sandbox.network,
+                                 ask=denials.asker(sessions, sid, who))  # fmt: skip
+        if report.refused or report.lost:
+            host.audit("sandbox_refusals", session=sid, workflow_id=plan.workflow_id, pid=self.pid,
+                       **denials.audit_fields(report))  # fmt: skip
+        return report
+
+
+NO_LAYER = (
+    "this sandbox has no Landlock layer: bubblewrap's mounts refuse what it does not grant "
+    "(EROFS, ENOENT), which the kernel does not report"
+)
 
 
 @dataclass
@@ -299,6 +393,7 @@ def execute(
     box: cgroup.Box | None = None
     stub: Stub | None = None
     staging: Staging | None = None
+    refusals: Refusals | None = None
     try:
         with launch.lock:  # the daemon's root and registry are shared by its threads
             who = host.actor(actor) if isinstance(actor, str) else actor
@@ -326,6 +421,7 @@ def execute(
             stub = _stub_for(launch, backend, limits)
             box = stub.box() if stub is not None else contain_brokered(sid, backend, limits)
         launch.forward.box = box
+        refusals = Refusals(host, backend)
         with contextlib.ExitStack() as stack:
             writes = bool(spec.contributed_notes(plan)) and not staged
             if writes:
@@ -338,9 +434,10 @@ def execute(
             started = time.time_ns()
             if backend == "bwrap":
                 rc = _run_bwrap(host, sessions, plan, sid, command, workdir, env, launch, box, stub,
-                                confine=granted is not None, staging=staging)  # fmt: skip
+                                confine=granted is not None, staging=staging, refusals=refusals)  # fmt: skip
             else:
-                rc = _run_direct(host, sessions, plan, sid, command, workdir, env, launch, backend, box, stub)
+                rc = _run_direct(host, sessions, plan, sid, command, workdir, env, launch, backend, box, stub,
+                                 refusals=refusals)  # fmt: skip
             if writes:
                 from kbd.service.command_notes import scan_command_changes
 
@@ -360,8 +457,11 @@ def execute(
         status = 128 - rc if rc < 0 else rc  # killed by signal N: 128+N, as a shell says (docs/daemon.md)
         if staging is not None:
             status = _commit_staged(sessions, sid, plan, staging, who, launch, status)
+        _report_refusals(refusals, host, sessions, plan, sid, who, launch)
         return status
     finally:
+        if refusals is not None:
+            refusals.close()
         if staging is not None:
             staging.remove()
         if stub is not None:
@@ -403,6 +503,24 @@ def _commit_staged(
     if report.refused and launch.strict:
         return 65
     return status
+
+
+def _report_refusals(
+    refusals: Refusals, host: Root, sessions: RootSessions, plan: Plan, sid: str, who: Actor, launch: Launch
+) -> None:
+    """After the command: one line per distinct refusal on its stderr, and with
+    ``--json`` the report as one JSON line (docs/sandbox.md "Refusals the kernel reports")."""
+    if refusals.why_not is not None and not launch.report_json:
+        return  # nothing to say, and no one asked to be told so
+    collected = refusals.collect()
+    if not launch.report_json and not isinstance(collected, str) and collected.empty:
+        return  # nothing refused: no explanation to import or build
+    with launch.lock:
+        report = refusals.report(collected, host, sessions, plan, sid, who)
+    for line in report.lines():
+        launch.say(line)
+    if launch.report_json:
+        launch.say(json.dumps({"denials": report.to_json()}, ensure_ascii=False))
 
 
 def _finish(proc: Child, launch: Launch, box: cgroup.Box | None, sessions: RootSessions, sid: str) -> None:
@@ -454,17 +572,24 @@ def _record(record: _Record, proc: Child, launch: Launch) -> None:
 def _run_direct(
     host: Root, sessions: RootSessions, plan: Plan, sid: str, command: list[str], workdir: Path,
     env: dict[str, str], launch: Launch, backend: str, box: cgroup.Box | None, stub: Stub | None = None,
+    *, refusals: Refusals | None = None,
 ) -> int:  # fmt: skip
+    report_fd = refusals.handed(backend == "landlock") if refusals is not None else None
     if backend == "landlock":
         scratch = private_tmp(host, sid)
         env.update(HOME=str(scratch), TMPDIR=str(scratch))
-        argv = _landlock_argv(host, plan, command, scratch=scratch, notice=launch.notice)
+        argv = _landlock_argv(host, plan, command, scratch=scratch, notice=launch.notice, report_fd=report_fd)
     else:
         launch.notice("unsafe_no_sandbox: running WITHOUT any sandbox; the plan is not enforced")
         argv = command
     prefix = rlimits.shell_prefix(host.config.limits, _hard_limits(launch))
     record = _Record(sessions, sid, plan, command, box, principal=launch.principal)
-    proc = _start([*prefix, *argv], box, launch, env=env, cwd=workdir, record=record, stub=stub)
+    try:
+        proc = _start([*prefix, *argv], box, launch, env=env, cwd=workdir, record=record, stub=stub,
+                      pass_fds=[report_fd] if report_fd is not None else [])  # fmt: skip
+    finally:
+        if refusals is not None:
+            refusals.close_fd()
     launch.forward.arm(proc.pid)
     try:
         _record(record, proc, launch)
@@ -478,9 +603,10 @@ def _run_direct(
 def _run_bwrap(
     host: Root, sessions: RootSessions, plan: Plan, sid: str, command: list[str], workdir: Path,
     env: dict[str, str], launch: Launch, box: cgroup.Box | None, stub: Stub | None = None,
-    *, confine: bool = False, staging: Staging | None = None,
+    *, confine: bool = False, staging: Staging | None = None, refusals: Refusals | None = None,
 ) -> int:  # fmt: skip
     bwrap.prepare(plan)
+    report_fd = refusals.handed(bwrap.runs_helper(plan, confine=confine)) if refusals is not None else None
     fds = bwrap.Fds()
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     ready_r = ready_pipe()
@@ -488,12 +614,13 @@ def _run_bwrap(
         argv = bwrap.build_argv(plan, command, cwd=workdir, network=host.config.sandbox.network,
                                 status_fd=status_w, fds=fds, limits=host.config.limits,
                                 hard=_hard_limits(launch), ready_fd=ready_r, confine=confine,
-                                staging=staging)  # fmt: skip
+                                staging=staging, report_fd=report_fd)  # fmt: skip
         record = _Record(sessions, sid, plan, command, box, principal=launch.principal)
         # A root-owned user namespace for every brokered command of another user
         # (docs/multi-user.md "The permission model"); the pool's stubs are in one already.
         userns = launch.caller is not None and launch.caller.uid != 0 and userns_usable()
-        proc = _start(argv, box, launch, env=env, pass_fds=[*fds.handed, status_w, ready_r], record=record,
+        handed = [*fds.handed, status_w, ready_r, *([report_fd] if report_fd is not None else [])]
+        proc = _start(argv, box, launch, env=env, pass_fds=handed, record=record,
                       stub=stub, attach=list(fds.attach), userns=userns)  # fmt: skip
         if staging is not None:
             staging.close_fds()  # the sandbox's launcher step holds its own
@@ -503,6 +630,8 @@ def _run_bwrap(
     finally:
         os.close(status_w)
         fds.close()
+        if refusals is not None:
+            refusals.close_fd()
     launch.forward.arm(proc.pid)
     try:
         _record(record, proc, launch)

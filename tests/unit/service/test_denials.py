@@ -1,0 +1,119 @@
+"""Telling a command's refusals in the plan's words (docs/sandbox.md "Refusals the kernel
+reports"): paths spelled as the command knew them, a folder's rights asked about an entry in
+it, a granted path refused for its kind, the network and other processes, and the lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kbd.core.plan import Plan
+from kbd.sandbox.denials import Collected, Refused
+from kbd.service import denials
+from kbd.service.sessions import RootSessions
+from tests.helpers import OPERATOR, KbRoot
+
+
+@pytest.fixture
+def plan(tmp_path: Path) -> Plan:
+    kb = KbRoot.create(tmp_path / "root")
+    kb.workflow("src", access={"owners": ["alice"], "allowed_kb_writers": ["con"]})
+    kb.workflow("con", access={"owners": ["alice"]},
+                sources=[{"workflow_id": "src", "alias": "src", "access": "write"}])  # fmt: skip
+    r = kb.call(
+        "session",
+        "open",
+        "con",
+        "--kind",
+        "execution",
+        "--kb-access",
+        "read-write",
+        "--as",
+        "alice",
+        "--json",
+    )
+    assert r.code == 0, r.err
+    return RootSessions(kb.host()).plan(str(r.json()["session_id"]), actor=OPERATOR)
+
+
+def kb_path(plan: Plan) -> str:
+    return plan.env["WORKFLOW_KB_SRC"]
+
+
+def test_spelled_uses_the_longest_variable(plan: Plan) -> None:
+    kb = kb_path(plan)
+    assert denials.spelled(plan, f"{kb}/notes/a.md") == "$WORKFLOW_KB_SRC/notes/a.md"
+    assert denials.spelled(plan, kb) == "$WORKFLOW_KB_SRC"
+    assert denials.spelled(plan, f"{kb}x/a") == f"{kb}x/a"  # a sibling is not beneath it
+    assert denials.spelled(plan, "/etc/shadow") == "/etc/shadow"
+
+
+def test_explain(plan: Plan) -> None:
+    kb = kb_path(plan)
+    asked: list[tuple[str, str]] = []
+
+    def ask(path: str, mode: str) -> tuple[bool, str, str]:
+        asked.append((path, mode))
+        if path.startswith(f"{kb}/notes/"):
+            return True, "", ""
+        return False, "protected", "context/ is the owner's"
+
+    collected = Collected(
+        (
+            Refused(("fs.write_file",), f"{kb}/context/a.md", None, 1),
+            Refused(("fs.make_sym",), f"{kb}/notes", None, 2),
+            Refused(("fs.make_reg",), f"{kb}/context", None, 1),
+            Refused(("net.connect_tcp",), None, "port 443", 1),
+            Refused(("scope.signal",), None, "process sshd", 1),
+        ),
+        lost=3,
+        final=True,
+    )
+    report = denials.explain(collected, plan=plan, sid="s_1", network="none", ask=ask)
+    # A folder's right is asked about a new entry in it; an entry's about itself.
+    assert sorted(asked) == sorted([(f"{kb}/context/a.md", "write"), (f"{kb}/notes/new.md", "write"),
+                                    (f"{kb}/context/new.md", "write")])  # fmt: skip
+    got = {(d.action, d.path): d for d in report.refused}
+    write = got[("write", "$WORKFLOW_KB_SRC/context/a.md")]
+    assert (write.code, write.why) == (
+        "protected",
+        "kbd why s_1 '$WORKFLOW_KB_SRC/context/a.md' --mode write",
+    )
+    sym = got[("create a symlink in", "$WORKFLOW_KB_SRC/notes")]
+    assert (sym.code, sym.why, sym.count) == ("not_regular", None, 2)
+    make = got[("create a file in", "$WORKFLOW_KB_SRC/context")]
+    assert make.why == "kbd why s_1 '$WORKFLOW_KB_SRC/context/new.md' --mode write"
+    assert got[("connect over TCP to", "port 443")].code == "no_network"
+    assert got[("signal", "process sshd")].code == "outside_sandbox"
+    lines = report.lines()
+    assert (
+        "kbd: refused create a symlink in $WORKFLOW_KB_SRC/notes (2 times) — only regular files"
+        in "\n".join(lines)
+    )
+    assert lines[-1] == "kbd: the kernel dropped 3 more refusal reports (audit rate limit or backlog)"
+
+
+def test_lines_are_bounded(plan: Plan) -> None:
+    many = tuple(Refused(("fs.read_file",), f"/x/{i:03}", None, 1) for i in range(denials.LISTED + 5))
+    report = denials.explain(Collected(many, 0, True), plan=plan, sid="s", network="none",
+                             ask=lambda p, m: (False, "outside_grants", "not granted"))  # fmt: skip
+    assert len(report.refused) == denials.LISTED and report.more == 5
+    lines = report.lines()
+    assert len(lines) == denials.LINES + 1
+    assert (
+        lines[-1]
+        == f"kbd: … and {denials.LISTED - denials.LINES + 5} more refused accesses (kbd exec --json lists them)"
+    )
+
+
+def test_a_stopped_kernel_is_said_not_hidden(plan: Plan) -> None:
+    report = denials.explain(Collected((), 0, True, "kernel audit was turned off"), plan=plan, sid="s",
+                             network="none", ask=lambda p, m: (True, "", ""))  # fmt: skip
+    assert (report.reported, report.why_not) == (False, "kernel audit was turned off")
+    partial = denials.explain(Collected((Refused(("fs.read_file",), "/x", None, 1),), 0, False, "overflowed"),
+                              plan=plan, sid="s", network="none", ask=lambda p, m: (False, "c", "m"))  # fmt: skip
+    assert (
+        partial.reported and partial.incomplete == "overflowed" and partial.lines()[-1] == "kbd: overflowed"
+    )
+    assert denials.DenialReport.from_json(partial.to_json()) == partial
