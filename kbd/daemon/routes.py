@@ -156,7 +156,7 @@ IF_MATCH = r'^\s*(sha256:[0-9a-f]{64}|"sha256:[0-9a-f]{64}"|none|"none"|\*)\s*$'
 #: What _base64 decodes: standard base64, padded.
 BASE64 = r"^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 #: An event id (:func:`kbd.core.events.parse_id`).
-EVENT_ID = r"^[0-9a-f]{8}-(0|[1-9][0-9]{0,18})$"
+EVENT_ID = r"^[0-9a-f]{8}-(0|[1-9][0-9]{0,17})$"  # kbd.core.events: at most 18 digits
 #: A search query (:func:`kbd.core.knowledge.match_expression`), as a string format: its
 #: words are Unicode's (a pattern's ``\w`` is ASCII in some regex dialects, Unicode in others).
 SEARCH_QUERY = {"type": "string", "format": "kbd-search-query", "minLength": 1, "maxLength": MAX_QUERY_CHARS,

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kbd.core.layout import INDEX_NAME as INDEX
 from kbd.core.layout import KB_DIR
@@ -31,6 +31,7 @@ from kbd.errors import SandboxSetupError, Unavailable
 from kbd.fs.confined import open_beneath, pin_dir
 from kbd.sandbox import limits as rlimits
 from kbd.sandbox import seccomp, spec
+from kbd.sandbox.landlock_helper import RIGHTS
 from kbd.sandbox.spec import (
     HELPER_DEST,
     HELPER_PYC_DEST,
@@ -436,7 +437,7 @@ def build_argv(
     ``fds.attach`` says what the launcher step attaches first.
     ``report_fd``: the inner helper asks Landlock to report the command's refusals
     and tells this descriptor's reader its pid (kbd.sandbox.denials; handed to bwrap
-    by the caller, and only when :func:`runs_helper`)."""
+    by the caller, and only when :func:`helper_layers` is not empty)."""
     bwrap = bwrap_path()
     if bwrap is None:
         raise Unavailable(
@@ -527,9 +528,19 @@ def build_argv(
     return [*argv, *rlimits.shell_prefix(limits, hard), *command]
 
 
-def runs_helper(plan: Plan, *, confine: bool) -> bool:
-    """Whether the inner Landlock helper runs in this plan's sandbox (:func:`build_argv`)."""
-    return confine or spec.inner_landlock(plan) is not None
+def helper_layers(plan: Plan, *, confine: bool) -> list[dict[str, Any]]:
+    """The Landlock layers the inner helper applies in this plan's sandbox, oldest first
+    (:func:`build_argv`; empty: no helper runs)."""
+    layers: list[dict[str, Any]] = []
+    if confine:
+        every = list(RIGHTS)
+        layers.append(
+            {"handled": every, "rules": [{"path": "/", "access": every}]}
+        )  # as the helper's confine()
+    inner = spec.inner_landlock(plan)
+    if inner is not None:
+        layers.append(inner)
+    return layers
 
 
 def read_status(fd: int) -> tuple[int | None, int | None]:

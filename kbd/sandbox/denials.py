@@ -56,6 +56,7 @@ MAX_ENTRIES = 16384  # distinct refusals kept in all
 MAX_PATH = 512  # characters of a refused path kept (longer ones end with "…")
 ENDED_KEEP = 120.0  # seconds a deallocated, unclaimed domain stays claimable
 SETTLE = 0.05  # seconds to wait for the kernel's audit queue to empty at a command's end
+DRAIN_BATCH = 256  # datagrams read per hold of the collector's lock
 END_WAIT = 0.25  # seconds to wait for a refusing domain's final count once its command ended
 
 
@@ -89,9 +90,20 @@ class Collected:
         return not self.refused and not self.lost and self.stopped is None
 
 
+@dataclass(frozen=True)
+class Mark:
+    """Where a command's watch started: wall-clock time and the loss counters then."""
+
+    since: float
+    lost: int  # the kernel's count of audit records it dropped
+    overflows: int
+    evicted: int
+
+
 @dataclass
 class _Domain:
     pid: int | None = None
+    uid: int | None = None
     born: float = 0.0  # the allocation record's time (wall clock, as the kernel stamps it)
     ended: float | None = None  # monotonic time of the deallocation record
     denials: int | None = None  # the kernel's count, from the deallocation record
@@ -198,6 +210,7 @@ class Buffer:
         self._domains: OrderedDict[str, _Domain] = OrderedDict()
         self._entries = 0  # distinct refusals kept, over every domain
         self._new = 0  # domains seen (for the sweep's rhythm)
+        self.evicted = 0  # domains dropped before they ended: their commands' reports may miss refusals
 
     def __len__(self) -> int:
         return len(self._domains)
@@ -226,7 +239,7 @@ class Buffer:
                 dom.extra += 1
         elif fields.get("status") == "allocated":
             with contextlib.suppress(ValueError):
-                dom.pid = int(fields.get("pid", ""))
+                dom.pid, dom.uid = int(fields.get("pid", "")), int(fields.get("uid", ""))
             dom.born = when
         elif fields.get("status") == "deallocated":
             dom.ended = now
@@ -244,10 +257,16 @@ class Buffer:
             self._entries -= len(self._domains.pop(name).seen)
         while len(self._domains) > MAX_DOMAINS:
             self._entries -= len(self._domains.popitem(last=False)[1].seen)
+            self.evicted += 1  # a running command's domain may be among them
 
-    def mine(self, pid: int, since: float) -> list[str]:
-        """The domains ``pid`` made since ``since`` (wall clock; a second's slack)."""
-        return [n for n, d in self._domains.items() if d.pid == pid and d.born >= since - 1.0]
+    def mine(self, pid: int, uid: int, since: float) -> list[str]:
+        """The domains process ``pid`` of user ``uid`` made that refused something since ``since``
+        (wall clock; a second's slack). The kernel records a domain's creator when the domain is
+        made but writes the record at its first refusal: a domain another process made under a
+        reused pid matches the pid, never another user's uid."""
+        return [
+            n for n, d in self._domains.items() if d.pid == pid and d.uid == uid and d.born >= since - 1.0
+        ]
 
     def ended(self, names: list[str]) -> bool:
         return all(self._domains[n].denials is not None for n in names)
@@ -297,13 +316,15 @@ class Collector:
             with self._lock:
                 self._drain()
 
-    def _drain(self) -> None:
+    def _drain(self, most: int = DRAIN_BATCH) -> bool:
         # Every recv happens under the lock: a record is in the buffer or still in the socket.
-        while True:
+        # At most ``most`` datagrams per hold, so that a flood never holds the lock for long.
+        # True once the socket is empty.
+        for _ in range(most):
             try:
                 data = self._sock.recv(1 << 16)
             except BlockingIOError:
-                return
+                return True
             except OSError as exc:
                 if exc.errno == errno.ENOBUFS:
                     self.overflows += 1
@@ -312,32 +333,59 @@ class Collector:
             now = time.monotonic()
             for kind, text in messages(data):
                 self._buffer.take(kind, text, now=now)
+        return False
 
-    def claim(self, pid: int, since: float, *, overflows: int = 0) -> Collected:
-        """The refusals of the domains ``pid`` made since ``since`` (wall clock), once its
-        command has ended: waits for the kernel's queue to empty, and for each refusing
-        domain's final count (at most END_WAIT). ``overflows``: :attr:`overflows` when the
-        command started (a later overflow may have cost it records)."""
+    def mark(self) -> Mark:
+        """What a command's report compares at its end: losses counted from here on."""
+        try:
+            lost = audit_status()[6]
+        except OSError:
+            lost = 0
+        return Mark(time.time(), lost, self.overflows, self._buffer.evicted)
+
+    def claim(self, pid: int, uid: int, mark: Mark) -> Collected:
+        """The refusals of the domains process ``pid`` of user ``uid`` made since ``mark``, once
+        its command has ended: waits for the kernel's queue to empty, and for each refusing
+        domain's final count (at most END_WAIT; a flood may make it longer, never unbounded)."""
         status = _settle()
         deadline = time.monotonic() + END_WAIT
         while True:
-            with self._lock:
-                self._drain()
-                mine = self._buffer.mine(pid, since)
-                final = self._buffer.ended(mine)
-                if final or time.monotonic() >= deadline:
-                    stopped = None
-                    if status is not None and not status[1]:
-                        stopped = "kernel audit was turned off"
-                    elif self.overflows > overflows:
-                        stopped = "the audit socket overflowed: some refusals may be missing"
-                    return self._buffer.pop(mine, final=final, stopped=stopped)
+            if self._lock.acquire(timeout=END_WAIT):
+                try:
+                    emptied = self._drain()
+                    late = time.monotonic() >= deadline
+                    mine = self._buffer.mine(pid, uid, mark.since)
+                    final = emptied and self._buffer.ended(mine)
+                    if final or late:
+                        stopped = self._losses(status, mark)
+                        if not emptied and stopped is None:
+                            stopped = "kbd's audit reader fell behind while the command ran: some refusals may be missing"
+                        return self._buffer.pop(mine, final=final, stopped=stopped)
+                finally:
+                    self._lock.release()
+            elif time.monotonic() >= deadline + END_WAIT:
+                return Collected(
+                    (), 0, False, "the audit records could not be read in time (a flood of them?)"
+                )
             time.sleep(0.005)
+
+    def _losses(self, status: tuple[int, ...] | None, mark: Mark) -> str | None:
+        """Why the claimed refusals may be incomplete, or None."""
+        if status is not None and not status[1]:
+            return "kernel audit was turned off"
+        if status is not None and status[6] > mark.lost:
+            return (f"the kernel dropped {status[6] - mark.lost} audit records (of any process) while the command ran: "
+                    "some refusals may be missing")  # fmt: skip
+        if self.overflows > mark.overflows or self._buffer.evicted > mark.evicted:
+            return "kbd's audit reader fell behind while the command ran: some refusals may be missing"
+        return None
 
 
 def _detail(fields: dict[str, str]) -> str | None:
-    if "dest" in fields:  # net.*: the port
+    if "dest" in fields:  # net.connect_tcp: the port connected to
         return f"port {fields['dest']}"
+    if "src" in fields:  # net.bind_tcp: the port bound
+        return f"port {fields['src']}"
     if "opid" in fields:  # scope.signal: the target process
         return f"process {fields.get('ocomm', '?')}"
     return None
@@ -365,23 +413,23 @@ def _settle() -> tuple[int, ...] | None:
 
 def pid_channel() -> tuple[socket.socket, int]:
     """(reader, the helper's inheritable end): the helper's one byte tells the reader
-    its pid (:func:`sender_pid`)."""
+    its pid and uid (:func:`sender`)."""
     reader, writer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     reader.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
     reader.setblocking(False)
     return reader, writer.detach()
 
 
-def sender_pid(reader: socket.socket) -> int | None:
-    """The pid of whoever wrote on the channel (None: nobody did, so no helper ran)."""
+def sender(reader: socket.socket) -> tuple[int, int] | None:
+    """The (pid, uid) of whoever wrote on the channel (None: nobody did, so no helper ran)."""
     try:
         _, anc, _, _ = reader.recvmsg(1, socket.CMSG_SPACE(_UCRED.size))
     except (BlockingIOError, OSError):
         return None
     for level, kind, data in anc:
         if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= _UCRED.size:
-            pid = _UCRED.unpack_from(data)[0]
-            return pid if pid > 0 else None
+            pid, uid, _ = _UCRED.unpack_from(data)
+            return (pid, uid) if pid > 0 else None
     return None
 
 
@@ -401,4 +449,14 @@ def shared() -> Collector | None:
         return _shared
 
 
-__all__ = ["Collected", "Collector", "Refused", "parse", "pid_channel", "sender_pid", "shared", "unavailable"]
+__all__ = [
+    "Collected",
+    "Collector",
+    "Mark",
+    "Refused",
+    "parse",
+    "pid_channel",
+    "sender",
+    "shared",
+    "unavailable",
+]

@@ -63,16 +63,14 @@ from kbd.sandbox.start import (
     warn,
     with_group,
 )
+from kbd.service.denials import Teller, Watch
+from kbd.service.denials import finish as finish_watch
 from kbd.service.root import Root
 from kbd.service.sessions import RootSessions
 
 if TYPE_CHECKING:
-    import socket
-
-    from kbd.sandbox.denials import Collected, Collector
     from kbd.sandbox.spawn import Launcher, Stub
     from kbd.sandbox.staging import Staging
-    from kbd.service.denials import DenialReport
 
 INHERITED = ("LANG", "TERM")
 
@@ -126,15 +124,8 @@ def private_tmp(host: Root, sid: str) -> Path:
     return path
 
 
-def _landlock_argv(
-    host: Root,
-    plan: Plan,
-    command: list[str],
-    *,
-    scratch: Path,
-    notice: Callable[[str], None],
-    report_fd: int | None = None,
-) -> list[str]:
+def _landlock_spec(host: Root, plan: Plan, *, scratch: Path, notice: Callable[[str], None]) -> dict[str, Any]:
+    """The helper's spec for the Landlock-only backend (its one layer)."""
     overlays = plan.overlays()
     if overlays:
         if not host.config.sandbox.unsafe_landlock_writes:
@@ -165,91 +156,7 @@ def _landlock_argv(
             block_network=host.config.sandbox.network != "host", block_metadata=True, host_namespaces=True
         ).hex(),
     }
-    if report_fd is not None:
-        helper_spec.update(log=True, report_fd=report_fd)
-    return [bwrap.PYTHON, "-I", "-S", str(bwrap.HELPER_SOURCE), json.dumps(helper_spec), "--", *command]
-
-
-class Refusals:
-    """The watch on one command's Landlock refusals (docs/sandbox.md "Refusals the kernel
-    reports"): the helper's pid channel while the command starts, its report once it ended.
-    ``why_not`` says why there is nothing to report (never an empty list by pretence)."""
-
-    def __init__(self, host: Root, backend: str) -> None:
-        self.why_not: str | None = None
-        self.collector: Collector | None = None
-        self.reader: socket.socket | None = None
-        self.fd: int | None = None  # the helper's end, until the command holds it
-        self.since = time.time()
-        self.overflows = 0
-        self.pid: int | None = None  # the helper's, once it told
-        if not host.config.sandbox.report_denials:
-            self.why_not = "sandbox.report_denials is off in kbd.yaml"
-        elif backend not in ("bwrap", "landlock"):
-            self.why_not = "this command runs without a sandbox"
-        else:
-            from kbd.sandbox import denials
-
-            self.collector = denials.shared()
-            if self.collector is None:
-                self.why_not = denials.unavailable() or "the kernel's audit records cannot be read"
-            else:
-                self.reader, self.fd = denials.pid_channel()
-                self.overflows = self.collector.overflows
-
-    def handed(self, helper_runs: bool) -> int | None:
-        """The descriptor to hand the helper, or None (no helper: no Landlock layer to report)."""
-        if self.fd is None:
-            return None
-        if not helper_runs:
-            self.why_not = NO_LAYER
-            self.close_fd()
-            return None
-        return self.fd
-
-    def close_fd(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-    def close(self) -> None:
-        self.close_fd()
-        if self.reader is not None:
-            self.reader.close()
-            self.reader = None
-
-    def collect(self) -> Collected | str:
-        """What the kernel reported once the command's tree is dead, or why nothing could be
-        (never under the daemon's lock: it may wait for the kernel)."""
-        if self.why_not is not None or self.collector is None or self.reader is None:
-            return self.why_not or NO_LAYER
-        from kbd.sandbox.denials import sender_pid
-
-        self.pid = sender_pid(self.reader)
-        if self.pid is None:  # the helper never ran: the sandbox failed before it
-            return "the command's Landlock layer did not start"
-        return self.collector.claim(self.pid, self.since, overflows=self.overflows)
-
-    def report(
-        self, collected: Collected | str, host: Root, sessions: RootSessions, plan: Plan, sid: str, who: Actor
-    ) -> DenialReport:
-        """``collected`` explained as ``kbd why`` explains it to ``who``, and audited."""
-        from kbd.service import denials
-
-        if isinstance(collected, str):
-            return denials.not_reported(collected)
-        report = denials.explain(collected, plan=plan, sid=sid, network=host.config.sandbox.network,
-                                 ask=denials.asker(sessions, sid, who))  # fmt: skip
-        if report.refused or report.lost:
-            host.audit("sandbox_refusals", session=sid, workflow_id=plan.workflow_id, pid=self.pid,
-                       **denials.audit_fields(report))  # fmt: skip
-        return report
-
-
-NO_LAYER = (
-    "this sandbox has no Landlock layer: bubblewrap's mounts refuse what it does not grant "
-    "(EROFS, ENOENT), which the kernel does not report"
-)
+    return helper_spec
 
 
 @dataclass
@@ -393,7 +300,7 @@ def execute(
     box: cgroup.Box | None = None
     stub: Stub | None = None
     staging: Staging | None = None
-    refusals: Refusals | None = None
+    refusals: Watch | None = None
     try:
         with launch.lock:  # the daemon's root and registry are shared by its threads
             who = host.actor(actor) if isinstance(actor, str) else actor
@@ -421,7 +328,7 @@ def execute(
             stub = _stub_for(launch, backend, limits)
             box = stub.box() if stub is not None else contain_brokered(sid, backend, limits)
         launch.forward.box = box
-        refusals = Refusals(host, backend)
+        refusals = Watch(host.config.sandbox, backend)
         with contextlib.ExitStack() as stack:
             writes = bool(spec.contributed_notes(plan)) and not staged
             if writes:
@@ -457,7 +364,9 @@ def execute(
         status = 128 - rc if rc < 0 else rc  # killed by signal N: 128+N, as a shell says (docs/daemon.md)
         if staging is not None:
             status = _commit_staged(sessions, sid, plan, staging, who, launch, status)
-        _report_refusals(refusals, host, sessions, plan, sid, who, launch)
+        finish_watch(
+            refusals, host, sessions, plan, sid, who, Teller(launch.say, launch.report_json, launch.lock)
+        )
         return status
     finally:
         if refusals is not None:
@@ -503,24 +412,6 @@ def _commit_staged(
     if report.refused and launch.strict:
         return 65
     return status
-
-
-def _report_refusals(
-    refusals: Refusals, host: Root, sessions: RootSessions, plan: Plan, sid: str, who: Actor, launch: Launch
-) -> None:
-    """After the command: one line per distinct refusal on its stderr, and with
-    ``--json`` the report as one JSON line (docs/sandbox.md "Refusals the kernel reports")."""
-    if refusals.why_not is not None and not launch.report_json:
-        return  # nothing to say, and no one asked to be told so
-    collected = refusals.collect()
-    if not launch.report_json and not isinstance(collected, str) and collected.empty:
-        return  # nothing refused: no explanation to import or build
-    with launch.lock:
-        report = refusals.report(collected, host, sessions, plan, sid, who)
-    for line in report.lines():
-        launch.say(line)
-    if launch.report_json:
-        launch.say(json.dumps({"denials": report.to_json()}, ensure_ascii=False))
 
 
 def _finish(proc: Child, launch: Launch, box: cgroup.Box | None, sessions: RootSessions, sid: str) -> None:
@@ -572,13 +463,17 @@ def _record(record: _Record, proc: Child, launch: Launch) -> None:
 def _run_direct(
     host: Root, sessions: RootSessions, plan: Plan, sid: str, command: list[str], workdir: Path,
     env: dict[str, str], launch: Launch, backend: str, box: cgroup.Box | None, stub: Stub | None = None,
-    *, refusals: Refusals | None = None,
+    *, refusals: Watch | None = None,
 ) -> int:  # fmt: skip
-    report_fd = refusals.handed(backend == "landlock") if refusals is not None else None
+    report_fd = None
     if backend == "landlock":
         scratch = private_tmp(host, sid)
         env.update(HOME=str(scratch), TMPDIR=str(scratch))
-        argv = _landlock_argv(host, plan, command, scratch=scratch, notice=launch.notice, report_fd=report_fd)
+        helper_spec = _landlock_spec(host, plan, scratch=scratch, notice=launch.notice)
+        report_fd = refusals.handed([helper_spec]) if refusals is not None else None
+        if report_fd is not None:
+            helper_spec.update(log=True, report_fd=report_fd)
+        argv = [bwrap.PYTHON, "-I", "-S", str(bwrap.HELPER_SOURCE), json.dumps(helper_spec), "--", *command]
     else:
         launch.notice("unsafe_no_sandbox: running WITHOUT any sandbox; the plan is not enforced")
         argv = command
@@ -603,10 +498,10 @@ def _run_direct(
 def _run_bwrap(
     host: Root, sessions: RootSessions, plan: Plan, sid: str, command: list[str], workdir: Path,
     env: dict[str, str], launch: Launch, box: cgroup.Box | None, stub: Stub | None = None,
-    *, confine: bool = False, staging: Staging | None = None, refusals: Refusals | None = None,
+    *, confine: bool = False, staging: Staging | None = None, refusals: Watch | None = None,
 ) -> int:  # fmt: skip
     bwrap.prepare(plan)
-    report_fd = refusals.handed(bwrap.runs_helper(plan, confine=confine)) if refusals is not None else None
+    report_fd = refusals.handed(bwrap.helper_layers(plan, confine=confine)) if refusals is not None else None
     fds = bwrap.Fds()
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     ready_r = ready_pipe()

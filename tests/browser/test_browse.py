@@ -183,6 +183,8 @@ def test_screenshots_of_every_panel_wide_and_narrow(world: World, shots: Path) -
     pending.scroll_into_view_if_needed()
     pending.screenshot(path=str(shots / "review.png"))
     page.locator('[data-panel="browser"] .entries [data-path="notes/egress.md"]').click()
+    # budget.md's viewer has a History button too: wait until egress.md is the file shown.
+    expect(page.locator("#viewer .md")).to_contain_text("Measured by wf_main")
     page.locator('[data-action="history"]').click()
     page.locator(".history .version").first.locator('[data-action="diff"]').click()
     expect(page.locator(".history pre.diff")).to_be_visible()

@@ -127,24 +127,32 @@ def test_the_inner_layer_reports_what_it_keeps_out_of_contributed_notes(world: K
     assert (world.workflows / "src" / "knowledgebase" / "notes" / "fine.md").read_text().endswith("---\nok\n")
 
 
-def test_a_commands_own_landlock_domain_is_not_reported_as_kbds(world: KbRoot) -> None:
-    """A command may sandbox itself further: what its own layer refuses is its business,
-    and kbd claims only the domains its helper made."""
+def test_a_commands_own_landlock_layer_is_told_apart(world: KbRoot) -> None:
+    """A command may sandbox itself further. Its own layer shares the helper's pid (the helper
+    execs the command), so its refusals are claimed with kbd's, but never explained as kbd's
+    rules: the plan allows those paths."""
     configure(world, "backend: auto", "backend: landlock")
     sid = open_session(world, "reviewer_strategic")
+    hidden = f"{world.workflows}/src/workflow.json"
     own_layer = (
-        "import ctypes,os,sys\n"
+        "import ctypes,os\n"
+        f"try: open({hidden!r})\n"  # refused by kbd's layer: src's own folder is never shared
+        "except PermissionError: pass\n"
         "libc=ctypes.CDLL(None,use_errno=True)\n"
-        "attr=(ctypes.c_uint64*3)(1<<2,0,0)\n"  # handles read_file, allows it nowhere
+        "attr=(ctypes.c_uint64*3)(1<<2,0,0)\n"  # handles read_file ...
         "rs=libc.syscall(444,attr,ctypes.c_size_t(24),0)\n"
+        "class Rule(ctypes.Structure): _pack_=1; _fields_=[('access',ctypes.c_uint64),('fd',ctypes.c_int32)]\n"
+        "for p in ('/usr','/lib','/lib64'):\n"  # ... and allows it only here
+        "    if os.path.exists(p): assert libc.syscall(445,rs,1,ctypes.byref(Rule(1<<2,os.open(p,os.O_PATH))),0)==0\n"
         "assert rs>=0 and libc.prctl(38,1,0,0,0)==0 and libc.syscall(446,rs,2)==0\n"  # LOG_NEW_EXEC_ON
-        "os.execvp('cat',['cat','/etc/passwd'])\n"
+        "os.execv('/usr/bin/cat',['cat','/etc/passwd'])\n"
     )
     r = world.cli("exec", sid, "--json", "--", "python3", "-I", "-S", "-c", own_layer)
-    assert r.code == 1 and "Permission denied" in r.err, r.err
-    report = report_of(r.err)
-    assert report["reported"] is True
-    assert "/etc/passwd" not in by_path(report), report
+    assert r.code == 1 and "cat: /etc/passwd: Permission denied" in r.err, r.err
+    seen = by_path(report_of(r.err))
+    assert seen[hidden]["code"] == "hidden", seen
+    assert seen["/etc/passwd"]["code"] == "not_kbd_rule", seen
+    assert "why" not in seen["/etc/passwd"]
 
 
 def test_reports_can_be_turned_off(world: KbRoot) -> None:

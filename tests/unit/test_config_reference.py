@@ -27,6 +27,7 @@ VALUES: dict[str, Any] = {
     "sandbox.unsafe_landlock_writes": False,
     "sandbox.unsafe_no_sandbox": False,
     "sandbox.grant_group": None,
+    "sandbox.report_denials": True,
     "revocation.immediate": False,
     "revocation.grace_seconds": 5,
     "requests.expire_days": 14,

@@ -65,16 +65,18 @@ def test_a_claim_takes_its_pids_domains_with_the_kernels_final_count() -> None:
         buf.take(LANDLOCK_DOMAIN if "status=" in text else LANDLOCK_ACCESS, text, now=0.0)
     other = ALLOCATED.replace("1e5376281", "ff").replace("pid=13651", "pid=99")
     buf.take(LANDLOCK_DOMAIN, other, now=0.0)
-    mine = buf.mine(13651, since=1796684928.0)
+    mine = buf.mine(13651, 0, since=1796684928.0)
     assert mine == ["1e5376281"]
-    assert buf.mine(13651, since=1796684999.0) == []  # an older domain of a reused pid
+    assert buf.mine(13651, 0, since=1796684999.0) == []  # an older domain of a reused pid
+    # Another user's domain under a reused pid is never claimed.
+    assert buf.mine(13651, 1000, since=1796684928.0) == []
     assert not buf.ended(mine)
     buf.take(LANDLOCK_DOMAIN, DEALLOCATED, now=1.0)
     assert buf.ended(mine)
     got = buf.pop(mine, final=True)
     assert got.refused == (denials.Refused(("fs.read_file",), "/tmp/exp/secret", None, 2),)
     assert (got.lost, got.final) == (4, True)  # the kernel counted 6 refusals, 2 arrived
-    assert len(buf) == 1 and buf.mine(13651, since=0) == []  # claimed once only
+    assert len(buf) == 1 and buf.mine(13651, 0, since=0) == []  # claimed once only
 
 
 def test_the_buffer_is_bounded() -> None:
@@ -86,18 +88,23 @@ def test_the_buffer_is_bounded() -> None:
     other = ALLOCATED.replace("1e5376281", "bb").replace("pid=13651", "pid=7")
     buf.take(LANDLOCK_DOMAIN, other, now=0.0)
     buf.take(LANDLOCK_ACCESS, ACCESS.replace("1e5376281", "bb").replace("/tmp/exp/secret", long), now=0.0)
-    got = buf.pop(buf.mine(13651, 0), final=False)
+    got = buf.pop(buf.mine(13651, 0, 0), final=False)
     assert len(got.refused) == denials.MAX_DISTINCT and got.lost == 0  # not final: nothing claimed lost
-    (kept,) = buf.pop(buf.mine(7, 0), final=False).refused
+    (kept,) = buf.pop(buf.mine(7, 0, 0), final=False).refused
     assert kept.path is not None and len(kept.path) == denials.MAX_PATH and kept.path.endswith("…")
     # Ended, unclaimed domains go after ENDED_KEEP; the oldest go past MAX_DOMAINS.
     for i in range(denials.MAX_DOMAINS + 100):
         buf.take(LANDLOCK_DOMAIN, f"audit(1.0:1): domain=d{i} status=deallocated denials=1", now=0.0)
     assert len(buf) <= denials.MAX_DOMAINS
-    buf.take(LANDLOCK_DOMAIN, "audit(1.0:1): domain=late status=allocated pid=1", now=denials.ENDED_KEEP + 1)
+    assert buf.evicted > 0  # counted: a running command's report then says it may be incomplete
+    buf.take(
+        LANDLOCK_DOMAIN, "audit(1.0:1): domain=late status=allocated pid=1 uid=0", now=denials.ENDED_KEEP + 1
+    )
     for i in range(64):
         buf.take(
-            LANDLOCK_DOMAIN, f"audit(1.0:1): domain=n{i} status=allocated pid=1", now=denials.ENDED_KEEP + 1
+            LANDLOCK_DOMAIN,
+            f"audit(1.0:1): domain=n{i} status=allocated pid=1 uid=0",
+            now=denials.ENDED_KEEP + 1,
         )
     assert len(buf) <= 65
 
@@ -148,3 +155,18 @@ def test_why_unavailable(
         assert got is None
     else:
         assert got is not None and got.startswith(expected), got
+
+
+def test_the_pid_channel_gives_the_writers_pid_and_uid() -> None:
+    reader, fd = denials.pid_channel()
+    try:
+        assert denials.sender(reader) is None  # nothing written yet
+        pid = os.fork()
+        if pid == 0:
+            os.write(fd, b"p")
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert denials.sender(reader) == (pid, os.getuid())  # the writer's, though it is gone
+    finally:
+        os.close(fd)
+        reader.close()

@@ -4,7 +4,9 @@ it, a granted path refused for its kind, the network and other processes, and th
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,3 +119,80 @@ def test_a_stopped_kernel_is_said_not_hidden(plan: Plan) -> None:
         partial.reported and partial.incomplete == "overflowed" and partial.lines()[-1] == "kbd: overflowed"
     )
     assert denials.DenialReport.from_json(partial.to_json()) == partial
+
+
+def test_a_refusal_kbds_layers_allow_is_the_commands_own(plan: Plan) -> None:
+    kb = kb_path(plan)
+    layers: list[dict[str, Any]] = [
+        {"handled": ["read_file", "write_file"], "rules": [{"path": kb, "access": ["read_file"]}]}
+    ]
+    read = Refused(("fs.read_file",), f"{kb}/notes/fact.md", None, 1)
+    write = Refused(("fs.write_file",), f"{kb}/notes/fact.md", None, 1)
+    report = denials.explain(Collected((read, write), 0, True), plan=plan, sid="s", network="none",
+                             ask=lambda p, m: (True, "", ""), layers=layers)  # fmt: skip
+    got = {d.action: d for d in report.refused}
+    assert (got["read"].code, got["read"].why) == ("not_kbd_rule", None)
+    # kbd's layer does refuse the write, though the plan would allow it: said as such.
+    assert got["write"].code == "refused"
+
+
+def test_allowed_by_follows_the_helpers_rules() -> None:
+    layers: list[dict[str, Any]] = [
+        {"handled": ["read_file", "make_sym"], "rules": [{"path": "/srv/a", "access": ["read_file"]}]},
+        {"handled": ["make_sym"], "rules": [{"path": "/srv", "access": ["make_sym"]}]},
+    ]
+    assert denials.allowed_by(layers, ("fs.read_file",), "/srv/a/x")
+    assert not denials.allowed_by(layers, ("fs.read_file",), "/srv/ab")  # a sibling is not beneath
+    assert denials.allowed_by(layers, ("fs.write_file",), "/anything")  # handled by no layer
+    assert not denials.allowed_by(layers, ("fs.make_sym",), "/srv/a")  # the first layer refuses it
+    assert not denials.allowed_by(layers, ("net.connect_tcp",), "/srv/a")
+    assert not denials.allowed_by(layers, ("fs.read_file",), "relative")
+    assert denials.allowed_by([], ("fs.read_file",), "/x")  # no layer of kbd's
+
+
+def test_names_never_write_lines_of_their_own(plan: Plan) -> None:
+    """A command names its files: a newline, an escape sequence or a byte that is not UTF-8
+    reaches the caller's terminal escaped, and kbd why is not pointed at what it cannot take."""
+    asked: list[str] = []
+
+    def ask(path: str, mode: str) -> tuple[bool, str, str]:
+        asked.append(path)
+        return False, "outside_grants", "not granted"
+
+    names = ["/w/a\nkbd: refused write \x1b[31mRED", "/w/b\udcff"]
+    report = denials.explain(Collected(tuple(Refused(("fs.read_file",), n, None, 1) for n in names), 0, True),
+                             plan=plan, sid="s", network="none", ask=ask)  # fmt: skip
+    lines = report.lines()
+    assert len(lines) == 2 and all(x.startswith("kbd: refused read /w/") for x in lines)
+    assert "\x1b" not in "".join(lines) and "\\x0a" in lines[0] and "\\x1b" in lines[0]
+    by_code = {d.path: d for d in report.refused}
+    assert by_code["/w/b\\xff"].code == "unexplained" and by_code["/w/b\\xff"].why is None
+    assert asked == [names[0]]  # asked with the real name; no pointer a person could not paste
+    assert by_code["/w/a\\x0akbd: refused write \\x1b[31mRED"].why is None
+    encoded = json.dumps(report.to_json(), ensure_ascii=False).encode()  # never a surrogate in the JSON
+    assert b"\\x1b" in encoded
+
+
+def test_only_the_first_refusals_are_explained(plan: Plan) -> None:
+    asked: list[str] = []
+
+    def ask(path: str, mode: str) -> tuple[bool, str, str]:
+        asked.append(path)
+        return False, "outside_grants", "not granted"
+
+    many = tuple(Refused(("fs.read_file",), f"/x/{i:03}", None, 1) for i in range(denials.MAX_EXPLAINED + 3))
+    report = denials.explain(Collected(many, 0, True), plan=plan, sid="s", network="none", ask=ask)
+    assert len(asked) == denials.MAX_EXPLAINED
+    assert [d.code for d in report.refused[-3:]] == ["unexplained"] * 3
+
+
+def test_the_json_record_fits_one_frame(plan: Plan) -> None:
+    long = tuple(
+        Refused(("fs.read_file",), f"/x/{i:03}/" + "n" * 300, None, 1) for i in range(denials.LISTED)
+    )
+    report = denials.explain(Collected(long, 0, True), plan=plan, sid="s", network="none",
+                             ask=lambda p, m: (False, "outside_grants", "not granted"))  # fmt: skip
+    fitted = denials.fitted(report)
+    encoded = json.dumps({"denials": fitted.to_json()}, ensure_ascii=False).encode()
+    assert len(encoded) <= denials.JSON_MAX
+    assert len(fitted.refused) + fitted.more == denials.LISTED and fitted.more > 0
