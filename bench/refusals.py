@@ -4,7 +4,7 @@ kernel reports"), beside ``python3 -S -c pass`` measured in the same run (this m
 Rows, under the Landlock-only backend, in-process (`KBD_NO_DAEMON=1`, as root: CAP_AUDIT_READ):
 ``/bin/true`` with reports off and on (the pid channel, the collector's start and the end-of-command
 settle), and a command refused once (``cat`` of a hidden file) with reports off and on (on: the
-wait for the kernel's end-of-domain record, which gives the final count). Kernel audit is turned on
+refusal explained as ``kbd why`` explains it). Kernel audit is turned on
 for the run (it is left on). Interleaved rounds (``KBD_BENCH_ROUNDS``, default 3), samples pooled;
 p50 and min in ms.
 """

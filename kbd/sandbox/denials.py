@@ -353,9 +353,17 @@ class Collector:
             if self._lock.acquire(timeout=END_WAIT):
                 try:
                     emptied = self._drain()
+                    if emptied and (again := _settle()) is not None:
+                        # A record the kernel had dequeued but not yet delivered at the first
+                        # look has arrived by now: one more look, one more drain.
+                        status = again
+                        emptied = self._drain()
                     late = time.monotonic() >= deadline
                     mine = self._buffer.mine(pid, uid, mark.since)
-                    final = emptied and self._buffer.ended(mine)
+                    # Every domain's end record gives its final count; when the kernel dropped
+                    # no audit record meanwhile, every refusal has arrived already (no wait).
+                    unlost = status is not None and status[6] == mark.lost
+                    final = emptied and (unlost or self._buffer.ended(mine))
                     if final or late:
                         stopped = self._losses(status, mark)
                         if not emptied and stopped is None:
