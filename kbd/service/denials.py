@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from kbd.core.config import SandboxConfig
+from kbd.core.identifiers import one_line
+from kbd.core.importing import shown
 from kbd.core.plan import Plan
 from kbd.core.principals import Actor
 from kbd.core.records import Record, key
@@ -128,23 +130,10 @@ def not_reported(why_not: str) -> DenialReport:
 
 
 def printable(text: str) -> str:
-    """``text`` with every character a terminal would act on escaped (``\\xNN``, ``\\uNNNN``; a
-    byte that is not UTF-8 arrives as a surrogate and leaves as ``\\xNN``; a backslash is doubled
-    when anything needed escaping): a file's name never writes a line of its own."""
-    if text.isprintable():
-        return text
-    out = []
-    for ch in text:
-        code = ord(ch)
-        if 0xDC80 <= code <= 0xDCFF:
-            out.append(f"\\x{code - 0xDC00:02x}")
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch.isprintable():
-            out.append(ch)
-        else:
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
-    return "".join(out)
+    """``text`` with every character a terminal would act on escaped: a byte that is not UTF-8
+    as ``\\xNN`` (:func:`kbd.core.importing.shown`), a control or format character as its Python
+    escape (:func:`kbd.core.identifiers.one_line`): a file's name never writes a line of its own."""
+    return one_line(shown(text), limit=1 << 16)
 
 
 def spelled(plan: Plan, path: str) -> str:

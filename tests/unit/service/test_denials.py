@@ -164,11 +164,11 @@ def test_names_never_write_lines_of_their_own(plan: Plan) -> None:
                              plan=plan, sid="s", network="none", ask=ask)  # fmt: skip
     lines = report.lines()
     assert len(lines) == 2 and all(x.startswith("kbd: refused read /w/") for x in lines)
-    assert "\x1b" not in "".join(lines) and "\\x0a" in lines[0] and "\\x1b" in lines[0]
+    assert "\x1b" not in "".join(lines) and "\\n" in lines[0] and "\\x1b" in lines[0]
     by_code = {d.path: d for d in report.refused}
     assert by_code["/w/b\\xff"].code == "unexplained" and by_code["/w/b\\xff"].why is None
     assert asked == [names[0]]  # asked with the real name; no pointer a person could not paste
-    assert by_code["/w/a\\x0akbd: refused write \\x1b[31mRED"].why is None
+    assert by_code["/w/a\\nkbd: refused write \\x1b[31mRED"].why is None
     encoded = json.dumps(report.to_json(), ensure_ascii=False).encode()  # never a surrogate in the JSON
     assert b"\\x1b" in encoded
 
