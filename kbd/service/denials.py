@@ -19,8 +19,6 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from kbd.core.config import SandboxConfig
-from kbd.core.identifiers import one_line
-from kbd.core.importing import shown
 from kbd.core.plan import Plan
 from kbd.core.principals import Actor
 from kbd.core.records import Record, key
@@ -133,6 +131,11 @@ def printable(text: str) -> str:
     """``text`` with every character a terminal would act on escaped: a byte that is not UTF-8
     as ``\\xNN`` (:func:`kbd.core.importing.shown`), a control or format character as its Python
     escape (:func:`kbd.core.identifiers.one_line`): a file's name never writes a line of its own."""
+    if text.isprintable():
+        return text
+    from kbd.core.identifiers import one_line  # only for a name that needs it: the exec path pays imports
+    from kbd.core.importing import shown
+
     return one_line(shown(text), limit=1 << 16)
 
 
