@@ -13,6 +13,9 @@ from hypothesis import HealthCheck, settings
 from tests import features
 from tests.helpers import EXEC_MODES, KbRoot, exec_mode_for
 
+# The throwaway host user fixture (``user``) for the multi-user tests of any folder.
+pytest_plugins = ["tests.integration.hostusers"]
+
 settings.register_profile(
     "ci",
     max_examples=200,

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import array
 import contextlib
-import grp
 import os
-import pwd
 import select
 import shutil
 import signal
@@ -33,6 +31,7 @@ from kbd.core import wire
 from kbd.core.knowledge import body_of
 from tests.helpers import IN_PROCESS_ENV, CliResult, KbRoot, live_processes
 from tests.integration import daemon
+from tests.integration.hostusers import User, as_user, serving_for
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_landlock(abi=2)]
@@ -553,52 +552,6 @@ IDENTITY = (
 OVERFLOW_GID = "65534"
 
 
-@dataclass
-class User:
-    name: str
-    uid: int
-    gid: int
-    group: str
-    group_gid: int
-
-
-@pytest.fixture
-def user() -> Iterator[User]:
-    """A real non-root user with a supplementary group, removed afterwards."""
-    tag = uuid.uuid4().hex[:8]
-    name, group = f"kbdu{tag}", f"kbdt{tag}"
-    subprocess.run(["groupadd", group], check=True)
-    try:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", "-G", group, name], check=True)
-        try:
-            pw = pwd.getpwnam(name)
-            yield User(name, pw.pw_uid, pw.pw_gid, group, grp.getgrnam(group).gr_gid)
-        finally:
-            subprocess.run(["userdel", name], check=True)
-    finally:
-        subprocess.run(["groupdel", group], check=False)
-
-
-@contextlib.contextmanager
-def _serving_for(kb: KbRoot, base: Path, u: User) -> Iterator[daemon.Daemon]:
-    """The daemon on a socket the user's group may use (the operator's choice;
-    docs/multi-user.md names group kbd, which this test must not create host-wide)."""
-    with daemon.serving(kb.root, sock=base / "run" / "kbd.sock") as served:
-        os.chown(served.sock.parent, -1, u.group_gid)
-        os.chown(served.sock, -1, u.group_gid)
-        yield served
-
-
-def _as_user(u: User, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
-    # The caller's umask and open-file limit differ from the daemon's, so the
-    # test sees whose the command gets.
-    shell = 'umask 027; ulimit -n 777; exec "$@"'
-    return subprocess.run(
-        ["setpriv", "--reuid", str(u.uid), "--regid", str(u.gid), "--init-groups", "sh", "-c", shell, "sh", *argv],
-        capture_output=True, env=env, timeout=60, check=False, cwd="/",
-    )  # fmt: skip
-
-
 @pytest.mark.requires_reachable_checkout
 def test_a_brokered_command_runs_with_exactly_the_callers_identity(user: User) -> None:
     """The root is reachable for the user only through its supplementary group
@@ -623,8 +576,8 @@ def test_a_brokered_command_runs_with_exactly_the_callers_identity(user: User) -
         sid = str(r.json()["session_id"])
         env = {k: v for k, v in os.environ.items() if not k.startswith("KBD_")}
         env.update(HOME="/", PATH="/usr/bin:/bin")
-        own = _as_user(user, ["sh", "-c", f"cd {kb.workflows / 'w'} && {IDENTITY}"], env)
-        with _serving_for(kb, base, user) as served:
+        own = as_user(user, ["sh", "-c", f"cd {kb.workflows / 'w'} && {IDENTITY}"], env)
+        with serving_for(kb, base, user) as served:
             env["KBD_SOCKET"] = str(served.sock)
             kbd = [
                 sys.executable,
@@ -639,7 +592,7 @@ def test_a_brokered_command_runs_with_exactly_the_callers_identity(user: User) -
                 "-c",
                 IDENTITY,
             ]
-            brokered = _as_user(user, kbd, {**env, "PYTHONPATH": str(Path(__file__).parents[2])})
+            brokered = as_user(user, kbd, {**env, "PYTHONPATH": str(Path(__file__).parents[2])})
         assert brokered.returncode == 0, brokered.stderr.decode()
         lines = brokered.stdout.decode().splitlines()
         expected = own.stdout.decode().splitlines()
@@ -668,10 +621,10 @@ def test_an_unmapped_uid_is_refused_not_run_as_the_operator(user: User) -> None:
         sid = str(r.json()["session_id"])
         env = {k: v for k, v in os.environ.items() if not k.startswith("KBD_")}
         env.update(HOME="/", PATH="/usr/bin:/bin", PYTHONPATH=str(Path(__file__).parents[2]))
-        with _serving_for(kb, base, user) as served:
+        with serving_for(kb, base, user) as served:
             env["KBD_SOCKET"] = str(served.sock)
             kbd = [sys.executable, "-m", "kbd", "--root", str(kb.root), "exec", sid, "--", "true"]
-            r2 = _as_user(user, kbd, env)
+            r2 = as_user(user, kbd, env)
         assert r2.returncode == 77, r2.stderr
         assert r2.stderr.decode().startswith("error[unauthenticated]: no credentials")
         # The hint says what to ask the host's operator for, with this user's own login.

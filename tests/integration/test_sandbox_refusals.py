@@ -5,14 +5,21 @@ kbd reads, maps to the plan and explains as ``kbd why`` does — in-process and 
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
+import sys
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests import features
 from tests.helpers import KbRoot
+from tests.integration import daemon
+from tests.integration.hostusers import User, as_user, serving_for
 
 pytestmark = [pytest.mark.requires_landlock_audit, pytest.mark.requires_bwrap]
 
@@ -195,3 +202,39 @@ def test_a_read_only_attachment_under_landlock_alone(world: KbRoot) -> None:
         f"kbd: refused write $WORKFLOW_KB_RTS/notes/fact.md — {reason}; "
         f"see kbd why {sid} '$WORKFLOW_KB_RTS/notes/fact.md' --mode write",
     ], r.err
+
+
+@pytest.mark.requires_reachable_checkout
+def test_a_real_users_brokered_command_gets_its_own_report(user: User) -> None:
+    """A non-root caller's command runs as her, in a user namespace root owns: the helper's pid
+    and uid reach the daemon as the kernel sees them, the audit records name the same, and her
+    report lists what her sandbox refused."""
+    base = Path(tempfile.mkdtemp(prefix="kbd-refusals-", dir="/tmp"))
+    try:
+        os.chown(base, 0, user.group_gid)
+        os.chmod(base, 0o750)  # noqa: S103 - the user's group is its only way in
+        kb = KbRoot.create(base / "root")
+        for folder in (kb.root, kb.workflows):
+            os.chown(folder, 0, user.group_gid)
+        kb.workflow("src", access={"owners": ["alice"], "allowed_kb_writers": ["con"]})
+        kb.workflow("con", access={"owners": ["alice"]},
+                    sources=[{"workflow_id": "src", "alias": "src", "access": "write"}])  # fmt: skip
+        daemon.map_uid(kb.root, "alice", user.uid)
+        sid = open_session(kb, "execution", "read-write")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KBD_")}
+        env.update(HOME="/", PATH="/usr/bin:/bin", PYTHONPATH=str(Path(__file__).parents[2]))
+        argv = [sys.executable, "-m", "kbd", "--root", str(kb.root), "exec", sid, "--json", "--",
+                "sh", "-c", 'ln -s /etc/passwd "$WORKFLOW_KB_SRC/notes/l.md"; id -u']  # fmt: skip
+        with serving_for(kb, base, user) as served:
+            r = as_user(user, argv, {**env, "KBD_SOCKET": str(served.sock)})
+        err = r.stderr.decode()
+        assert (r.returncode, r.stdout.decode()) == (0, f"{user.uid}\n"), err
+        report = report_of(err)
+        assert report["reported"] is True, report
+        (refused,) = report["refused"]
+        assert (refused["action"], refused["path"], refused["code"]) == (
+            "create a symlink in", "$WORKFLOW_KB_SRC/notes", "not_regular"), report  # fmt: skip
+        (event,) = [e for e in kb.audit_events("sandbox_refusals") if e["session"] == sid]
+        assert event["refused"][0]["code"] == "not_regular"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
