@@ -36,7 +36,7 @@ class ExecArgs:
         as_: str | None = None,
         socket: str | None = None,  # the daemon to run it through (else KBD_SOCKET, else the root's socket)
         strict: bool = False,  # --strict-contributions
-        json: bool = False,  # --json: the contributions report as a JSON line on stderr
+        json: bool = False,  # --json: the contributions report and the refusals, JSON lines on stderr
     ) -> None:
         self.sid, self.command, self.cwd, self.as_, self.socket = sid, command, cwd, as_, socket
         self.strict, self.json = strict, json

@@ -204,7 +204,7 @@ def session_close(c: Ctx, sid: str, as_: str | None, as_json: bool) -> None:
     "--json",
     "json_",
     is_flag=True,
-    help="Also print the contributions report as one JSON line on stderr.",
+    help="Also print, on stderr, the contributions report and the sandbox's refusals as JSON lines.",
 )
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_ctx
