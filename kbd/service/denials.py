@@ -409,4 +409,5 @@ def finish(
         if to.json:
             to.say(_json(fitted(report)).decode())
     except Exception as exc:  # the command has run: its status stands whatever happens here
-        to.say(f"kbd: the sandbox's refusals could not be reported: {printable(str(exc))[:300]}")
+        with contextlib.suppress(Exception):  # saying it may fail the same way (a client gone)
+            to.say(f"kbd: the sandbox's refusals could not be reported: {printable(str(exc))[:300]}")

@@ -4,6 +4,7 @@ it, a granted path refused for its kind, the network and other processes, and th
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -196,3 +197,31 @@ def test_the_json_record_fits_one_frame(plan: Plan) -> None:
     encoded = json.dumps({"denials": fitted.to_json()}, ensure_ascii=False).encode()
     assert len(encoded) <= denials.JSON_MAX
     assert len(fitted.refused) + fitted.more == denials.LISTED and fitted.more > 0
+
+
+def test_nothing_in_the_report_reaches_the_exit_status(plan: Plan, tmp_path: Path) -> None:
+    """A report that cannot be made, or said (the broker's client gone), is never an exception
+    out of the command's end."""
+
+    class Broken(denials.Watch):
+        def __init__(self) -> None:
+            self.why_not = None
+            self.layers = []
+            self.pid = None
+
+        def collect(self) -> Collected | str:
+            raise OSError("the audit socket went away")
+
+    host = KbRoot.create(tmp_path / "other").host()
+    sessions = RootSessions(host)
+    said: list[str] = []
+    teller = denials.Teller(said.append, False, contextlib.nullcontext())
+    denials.finish(Broken(), host, sessions, plan, "s", OPERATOR, teller)
+    assert said == ["kbd: the sandbox's refusals could not be reported: the audit socket went away"]
+
+    def gone(line: str) -> None:
+        raise BrokenPipeError("client gone")
+
+    denials.finish(
+        Broken(), host, sessions, plan, "s", OPERATOR, denials.Teller(gone, True, contextlib.nullcontext())
+    )
