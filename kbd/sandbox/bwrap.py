@@ -31,7 +31,7 @@ from kbd.errors import SandboxSetupError, Unavailable
 from kbd.fs.confined import open_beneath, pin_dir
 from kbd.sandbox import limits as rlimits
 from kbd.sandbox import seccomp, spec
-from kbd.sandbox.landlock_helper import RIGHTS
+from kbd.sandbox.landlock_helper import confine_layer
 from kbd.sandbox.spec import (
     HELPER_DEST,
     HELPER_PYC_DEST,
@@ -531,12 +531,7 @@ def build_argv(
 def helper_layers(plan: Plan, *, confine: bool) -> list[dict[str, Any]]:
     """The Landlock layers the inner helper applies in this plan's sandbox, oldest first
     (:func:`build_argv`; empty: no helper runs)."""
-    layers: list[dict[str, Any]] = []
-    if confine:
-        every = list(RIGHTS)
-        layers.append(
-            {"handled": every, "rules": [{"path": "/", "access": every}]}
-        )  # as the helper's confine()
+    layers = [confine_layer()] if confine else []
     inner = spec.inner_landlock(plan)
     if inner is not None:
         layers.append(inner)

@@ -386,13 +386,16 @@ def check_mounts(expected: list[str], prefixes: list[str]) -> None:
         )
 
 
-def confine(log: bool) -> None:
+def confine_layer() -> dict[str, Any]:
     """The layer ``confine`` asks for: every right, and all of them beneath
-    ``/`` (the sandbox's own root), nothing beneath anything else."""
+    ``/`` (the sandbox's own root), nothing beneath anything else (also what
+    kbd.sandbox.bwrap.helper_layers says the sandbox holds)."""
     every = list(RIGHTS)
-    apply(
-        {"handled": every, "rules": [{"path": "/", "access": every}], "min_abi": 1, "scope": True, "log": log}
-    )
+    return {"handled": every, "rules": [{"path": "/", "access": every}], "min_abi": 1, "scope": True}
+
+
+def confine(log: bool) -> None:
+    apply({**confine_layer(), "log": log})
 
 
 def report_pid(fd: object) -> None:

@@ -327,26 +327,26 @@ class Watch:
             self.why_not = "sandbox.report_denials is off in kbd.yaml"
         elif backend not in ("bwrap", "landlock"):
             self.why_not = "this command runs without a sandbox"
-        else:
-            from kbd.sandbox import denials
-
-            self.collector = denials.shared()
-            if self.collector is None:
-                self.why_not = denials.unavailable() or "the kernel's audit records cannot be read"
-            else:
-                self.reader, self.fd = denials.pid_channel()
-                self.mark = self.collector.mark()
 
     def handed(self, layers: list[dict[str, Any]]) -> int | None:
         """The descriptor to hand the helper that applies ``layers`` (helper specs), or None
-        (no layer: nothing the kernel could report)."""
+        (reports off, no layer — nothing the kernel could report —, or a kernel that cannot
+        report). The collector is asked only here, so that a command with no Landlock layer
+        (a bubblewrap read plan: most commands) pays for none of it."""
         self.layers = layers
-        if self.fd is None:
+        if self.why_not is not None:
             return None
         if not layers:
             self.why_not = NO_LAYER
-            self.close_fd()
             return None
+        from kbd.sandbox import denials
+
+        self.collector = denials.shared()
+        if self.collector is None:
+            self.why_not = denials.unavailable() or "the kernel's audit records cannot be read"
+            return None
+        self.reader, self.fd = denials.pid_channel()
+        self.mark = self.collector.mark()
         return self.fd
 
     def close_fd(self) -> None:
@@ -409,5 +409,8 @@ def finish(
         if to.json:
             to.say(_json(fitted(report)).decode())
     except Exception as exc:  # the command has run: its status stands whatever happens here
+        reason = printable(str(exc))[:300]
+        with contextlib.suppress(Exception), to.lock:  # kept, even when it cannot be said
+            host.audit("sandbox_refusals_failed", session=sid, workflow_id=plan.workflow_id, reason=reason)
         with contextlib.suppress(Exception):  # saying it may fail the same way (a client gone)
-            to.say(f"kbd: the sandbox's refusals could not be reported: {printable(str(exc))[:300]}")
+            to.say(f"kbd: the sandbox's refusals could not be reported: {reason}")

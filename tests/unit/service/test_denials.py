@@ -218,6 +218,8 @@ def test_nothing_in_the_report_reaches_the_exit_status(plan: Plan, tmp_path: Pat
     teller = denials.Teller(said.append, False, contextlib.nullcontext())
     denials.finish(Broken(), host, sessions, plan, "s", OPERATOR, teller)
     assert said == ["kbd: the sandbox's refusals could not be reported: the audit socket went away"]
+    (kept,) = [e for e in KbRoot(tmp_path / "other").audit_events("sandbox_refusals_failed")]
+    assert kept["reason"] == "the audit socket went away"
 
     def gone(line: str) -> None:
         raise BrokenPipeError("client gone")
