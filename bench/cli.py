@@ -20,16 +20,13 @@ Rows are interleaved; medians and minimums of RUNS runs.
 
 from __future__ import annotations
 
-import grp
 import os
-import pwd
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import yaml
@@ -39,6 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.helpers import KbRoot  # noqa: E402
 from tests.integration.daemon import serving  # noqa: E402
+from tests.integration.hostusers import User, throwaway_user  # noqa: E402
 
 RUNS = int(os.environ.get("KBD_BENCH_RUNS", "30"))
 
@@ -46,26 +44,17 @@ RUNS = int(os.environ.get("KBD_BENCH_RUNS", "30"))
 def main() -> None:
     if os.geteuid() != 0:
         sys.exit("bench/cli.py makes a throwaway user: run it as root")
-    tag = uuid.uuid4().hex[:8]
-    group, user = f"kbbg{tag}", f"kbbu{tag}"
-    subprocess.run(["groupadd", group], check=True)
-    try:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", "-G", group, user], check=True)
-        try:
-            run(pwd.getpwnam(user), grp.getgrnam(group).gr_gid)
-        finally:
-            subprocess.run(["userdel", user], check=True)
-    finally:
-        subprocess.run(["groupdel", group], check=False)
+    with throwaway_user("kbb") as u:
+        run(u)
 
 
-def run(pw: pwd.struct_passwd, gid: int) -> None:
+def run(u: User) -> None:
     base = Path(tempfile.mkdtemp(prefix="kbd-bench-cli-", dir="/tmp"))
     os.chmod(base, 0o755)  # noqa: S103 - the way to the socket folder, as / is
     try:
         kb = KbRoot.create(base / "root")
         (base / "run").mkdir(mode=0o750)
-        os.chown(base / "run", 0, gid)
+        os.chown(base / "run", 0, u.group_gid)
         sock = base / "run" / "kbd.sock"
         config = kb.root / "kbd.yaml"
         doc = yaml.safe_load(config.read_text())
@@ -74,22 +63,22 @@ def run(pw: pwd.struct_passwd, gid: int) -> None:
         people = yaml.safe_load((kb.root / "principals.yaml").read_text())
         for entry in people["principals"]:
             if entry["id"] == "alice":
-                entry["uid"] = pw.pw_uid
+                entry["uid"] = u.uid
         (kb.root / "principals.yaml").write_text(yaml.safe_dump(people))
         for n in range(20):
             kb.workflow(f"src{n:02d}", access={"owners": ["alice"]})
         kb.workflow("con", access={"owners": ["alice"]},
                     sources=[{"workflow_id": f"src{n:02d}", "alias": f"s{n:02d}"} for n in range(20)])  # fmt: skip
-        os.chown(kb.root, 0, gid)
+        os.chown(kb.root, 0, u.group_gid)
         os.chmod(kb.root, 0o750)  # noqa: S103 - group G is the way in, as on a service host
-        os.chown(config, 0, gid)
+        os.chown(config, 0, u.group_gid)
         os.chmod(config, 0o640)
         os.chmod(kb.root / "state", 0o700)
         env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "PYTHONPATH": str(REPO), "LANG": "C.UTF-8"}
-        as_builder = ["setpriv", "--reuid", str(pw.pw_uid), "--regid", str(pw.pw_gid), "--init-groups"]
+        as_builder = ["setpriv", "--reuid", str(u.uid), "--regid", str(u.gid), "--init-groups"]
         kbd = [sys.executable, "-m", "kbd"]
         with serving(kb.root, sock=sock, home=base / "home") as served:
-            os.chown(served.sock, 0, gid)
+            os.chown(served.sock, 0, u.group_gid)
             os.chmod(served.sock, 0o660)
             rows = {
                 "floor: python3 -S -c pass": (["/usr/bin/python3", "-S", "-c", "pass"], env),

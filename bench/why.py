@@ -101,6 +101,9 @@ def main() -> None:
         s = samples[key]
         return f"| {name} | {statistics.median(s):.2f} | {min(s):.2f} | {anchor} |"
 
+    def times(key: str, base: float, what: str) -> str:
+        return f"{statistics.median(samples[key]) / base:.1f}x {what}"
+
     print("## kbd why and previews through the daemon (p50 / min ms)")
     print("| measure | p50 | min | anchor |")
     print("|---|---|---|---|")
@@ -110,25 +113,13 @@ def main() -> None:
         row(
             "POST …/why, refused write (reasons + fix)",
             "why_refused",
-            f"{statistics.median(samples['why_refused']) / lookup:.1f}x the lookup",
+            times("why_refused", lookup, "the lookup"),
         )
     )
-    print(
-        row(
-            "POST …/why, allowed read",
-            "why_allowed",
-            f"{statistics.median(samples['why_allowed']) / lookup:.1f}x the lookup",
-        )
-    )
+    print(row("POST …/why, allowed read", "why_allowed", times("why_allowed", lookup, "the lookup")))
     py = statistics.median(samples["python_s"])
     print(row("anchor: python3 -S -c pass", "python_s", "interpreter start"))
-    print(
-        row(
-            "`kbd why` CLI through the daemon",
-            "cli_why",
-            f"{statistics.median(samples['cli_why']) / py:.1f}x python3 -S",
-        )
-    )
+    print(row("`kbd why` CLI through the daemon", "cli_why", times("cli_why", py, "python3 -S")))
     hundred = statistics.median(samples["lookups_100"])
     print(row(f"anchor: {SESSIONS} plan lookups over the socket", "lookups_100", "one per affected session"))
     print(row(f"preview of a writer revoke narrowing {SESSIONS} sessions", "preview_100",

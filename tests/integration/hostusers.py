@@ -28,11 +28,12 @@ class User:
     group_gid: int
 
 
-@pytest.fixture
-def user() -> Iterator[User]:
-    """A real non-root user with a supplementary group, removed afterwards."""
+@contextlib.contextmanager
+def throwaway_user(prefix: str = "kbd") -> Iterator[User]:
+    """A real non-root user (``<prefix>u…``) with a supplementary group (``<prefix>t…``),
+    removed afterwards (tests and bench/cli.py alike)."""
     tag = uuid.uuid4().hex[:8]
-    name, group = f"kbdu{tag}", f"kbdt{tag}"
+    name, group = f"{prefix}u{tag}", f"{prefix}t{tag}"
     subprocess.run(["groupadd", group], check=True)
     try:
         subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", "-G", group, name], check=True)
@@ -43,6 +44,13 @@ def user() -> Iterator[User]:
             subprocess.run(["userdel", name], check=True)
     finally:
         subprocess.run(["groupdel", group], check=False)
+
+
+@pytest.fixture
+def user() -> Iterator[User]:
+    """A real non-root user with a supplementary group, removed afterwards."""
+    with throwaway_user() as u:
+        yield u
 
 
 @contextlib.contextmanager
